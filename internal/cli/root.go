@@ -1,0 +1,130 @@
+// Package cli is harmonia-ci's command line: one cobra command per verb, each a thin layer over
+// the packages that do the work.
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"runtime/debug"
+	"syscall"
+
+	"github.com/spf13/cobra"
+
+	"github.com/harmonia-ci/harmonia-ci/internal/config"
+)
+
+// Version is set at link time (-ldflags "-X .../internal/cli.Version=v1.2.3"); otherwise it is
+// read from the build info.
+var Version = ""
+
+func version() string {
+	if Version != "" {
+		return Version
+	}
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, s := range bi.Settings {
+			if s.Key == "vcs.revision" && len(s.Value) >= 12 {
+				return "dev-" + s.Value[:12]
+			}
+		}
+		if bi.Main.Version != "" && bi.Main.Version != "(devel)" {
+			return bi.Main.Version
+		}
+	}
+	return "dev"
+}
+
+// globalFlags are shared by every command that reads the configuration.
+type globalFlags struct {
+	configFile                                   string
+	databaseURL, nodeID, roles, listen, stateDir string
+}
+
+// Execute runs the command line and returns the process exit code.
+func Execute() int {
+	root := newRoot()
+	if err := root.Execute(); err != nil {
+		fmt.Fprintln(os.Stderr, "harmonia-ci:", err)
+		return 1
+	}
+	return 0
+}
+
+func newRoot() *cobra.Command {
+	var g globalFlags
+	root := &cobra.Command{
+		Use:           "harmonia-ci",
+		Short:         "A distributed Nix CI coordinated through PostgreSQL",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		Version:       version(),
+	}
+	pf := root.PersistentFlags()
+	pf.StringVar(&g.configFile, "config", "", "configuration file (default: "+config.DefaultFile+" if present)")
+	pf.StringVar(&g.databaseURL, "database-url", "", "PostgreSQL URL (env HARMONIA_DATABASE_URL; empty: embedded server in the state directory)")
+	pf.StringVar(&g.nodeID, "node-id", "", "node id (default: hostname)")
+	pf.StringVar(&g.roles, "roles", "", "comma-separated roles: frontend,evaluator,signer,cache,builder (default: all)")
+	pf.StringVar(&g.listen, "listen", "", "HTTP listen address (default 127.0.0.1:7777)")
+	pf.StringVar(&g.stateDir, "state-dir", "", "state directory (embedded database, generated tokens)")
+
+	root.AddCommand(newServe(&g), newUp(&g), newNodes(&g), newClusterCmd(&g), newDrain(&g), newMigrate(&g))
+	return root
+}
+
+// load reads the configuration, applying only the flags the user actually gave.
+func (g *globalFlags) load(cmd *cobra.Command) (*config.Config, error) {
+	o := config.Overrides{ConfigFile: g.configFile}
+	set := func(name string, v *string) *string {
+		if cmd.Flags().Changed(name) {
+			return v
+		}
+		return nil
+	}
+	o.DatabaseURL = set("database-url", &g.databaseURL)
+	o.NodeID = set("node-id", &g.nodeID)
+	o.Roles = set("roles", &g.roles)
+	o.Listen = set("listen", &g.listen)
+	o.StateDir = set("state-dir", &g.stateDir)
+	return config.Load(o, os.Getenv)
+}
+
+func newLogger(cfg *config.Config, w io.Writer) *slog.Logger {
+	var level slog.Level
+	_ = level.UnmarshalText([]byte(cfg.LogLevel))
+	opts := &slog.HandlerOptions{Level: level}
+	if cfg.LogFormat == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// signalContext ends its context at the first SIGINT/SIGTERM and closes force at the second.
+func signalContext() (ctx context.Context, force <-chan struct{}, stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	f := make(chan struct{})
+	ch := make(chan os.Signal, 2)
+	signal.Notify(ch, syscall.SIGINT, syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() {
+		select {
+		case <-ch:
+			cancel()
+		case <-done:
+			return
+		}
+		select {
+		case <-ch:
+			close(f)
+		case <-done:
+		}
+	}()
+	return ctx, f, func() {
+		signal.Stop(ch)
+		close(done)
+		cancel()
+	}
+}

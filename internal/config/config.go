@@ -1,0 +1,211 @@
+// Package config loads harmonia-ci's configuration: built-in defaults, then a TOML file,
+// then environment variables, then command-line flags, validated once at start.
+//
+// example.toml in this directory is the annotated reference of every key.
+package config
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"time"
+)
+
+// Roles a node can run.
+const (
+	RoleFrontend  = "frontend"
+	RoleEvaluator = "evaluator"
+	RoleSigner    = "signer"
+	RoleCache     = "cache"
+	RoleBuilder   = "builder"
+)
+
+// AllRoles lists every role, in this order: frontend, evaluator, signer, cache, builder.
+func AllRoles() []string {
+	return []string{RoleFrontend, RoleEvaluator, RoleSigner, RoleCache, RoleBuilder}
+}
+
+// DefaultFile is read when --config is not given and the file exists in the working directory.
+const DefaultFile = "harmonia-ci.toml"
+
+// Config is the whole configuration of one node.
+type Config struct {
+	DatabaseURL string `toml:"database_url"` // empty: embedded PostgreSQL in StateDir
+	StateDir    string `toml:"state_dir"`
+	Listen      string `toml:"listen"`     // HTTP listen address, host:port
+	LogLevel    string `toml:"log_level"`  // debug|info|warn|error
+	LogFormat   string `toml:"log_format"` // text|json
+
+	Node    NodeConfig    `toml:"node"`
+	Auth    AuthConfig    `toml:"auth"`
+	Build   BuildConfig   `toml:"build"`
+	Cluster ClusterConfig `toml:"cluster"`
+
+	// Source is the path of the file that was read, "" if none. Not a TOML key.
+	Source string `toml:"-"`
+}
+
+// NodeConfig describes this node: who it is and what it does.
+type NodeConfig struct {
+	ID       string   `toml:"id"`
+	Roles    []string `toml:"roles"`
+	Endpoint string   `toml:"endpoint"` // "" means derived at run time from the listen address
+	Systems  []string `toml:"systems"`  // Nix system types, e.g. "x86_64-linux"
+	Features []string `toml:"features"` // Nix system features
+	MaxJobs  int      `toml:"max_jobs"`
+	MaxEvals int      `toml:"max_evals"`
+}
+
+// AuthConfig names the files holding the API tokens; Load fills in the tokens.
+type AuthConfig struct {
+	AdminTokenFile   string `toml:"admin_token_file"`   // admin API bearer token
+	ClusterTokenFile string `toml:"cluster_token_file"` // node-to-node token
+
+	// Filled by Load from the files above or from HARMONIA_ADMIN_TOKEN /
+	// HARMONIA_CLUSTER_TOKEN (env wins). Never printed: see String.
+	AdminToken   string `toml:"-" json:"-"`
+	ClusterToken string `toml:"-" json:"-"`
+}
+
+// String redacts the tokens so that logging a Config (%v, %+v, slog) cannot leak them.
+func (a AuthConfig) String() string {
+	return fmt.Sprintf("{AdminTokenFile:%s ClusterTokenFile:%s AdminToken:%s ClusterToken:%s}",
+		a.AdminTokenFile, a.ClusterTokenFile, redact(a.AdminToken), redact(a.ClusterToken))
+}
+
+// GoString redacts the tokens for %#v too.
+func (a AuthConfig) GoString() string {
+	return fmt.Sprintf("config.AuthConfig{AdminTokenFile:%q, ClusterTokenFile:%q, AdminToken:%q, ClusterToken:%q}",
+		a.AdminTokenFile, a.ClusterTokenFile, redact(a.AdminToken), redact(a.ClusterToken))
+}
+
+func redact(token string) string {
+	if token == "" {
+		return ""
+	}
+	return "[redacted]"
+}
+
+// BuildConfig limits individual builds.
+type BuildConfig struct {
+	Timeout       Duration `toml:"timeout"`
+	MaxSilent     Duration `toml:"max_silent"` // without log output
+	MaxOutputSize ByteSize `toml:"max_output_size"`
+	MaxLogSize    ByteSize `toml:"max_log_size"`
+}
+
+// ClusterConfig tunes how nodes find each other and agree on a leader.
+type ClusterConfig struct {
+	Heartbeat      HeartbeatConfig      `toml:"heartbeat"`
+	LeaderElection LeaderElectionConfig `toml:"leader_election"`
+	Shutdown       ShutdownConfig       `toml:"shutdown"`
+}
+
+// HeartbeatConfig controls liveness tracking of nodes.
+type HeartbeatConfig struct {
+	Interval      Duration `toml:"interval"`
+	DeadThreshold Duration `toml:"dead_threshold"` // silence after which a node counts as dead
+	DeadRetention Duration `toml:"dead_retention"` // how long dead node rows are kept
+}
+
+// LeaderElectionConfig controls the leader lease.
+type LeaderElectionConfig struct {
+	CheckInterval   Duration `toml:"check_interval"`
+	LeaseDuration   Duration `toml:"lease_duration"`
+	RefreshInterval Duration `toml:"refresh_interval"`
+}
+
+// ShutdownConfig controls graceful shutdown.
+type ShutdownConfig struct {
+	DrainTimeout Duration `toml:"drain_timeout"` // 0: do not wait for in-flight work
+}
+
+// Seams for tests, which must not depend on the host.
+var (
+	hostname = os.Hostname
+	geteuid  = os.Geteuid
+	// defaultFileDir is where DefaultFile is looked up; "" is the working directory.
+	defaultFileDir = ""
+)
+
+// Default returns the built-in defaults. They depend on the host (hostname,
+// architecture, user), so Default is a function rather than a literal.
+func Default() *Config {
+	return defaults(os.Getenv)
+}
+
+func defaults(getenv func(string) string) *Config {
+	id, _ := hostname() // on failure Validate reports the empty node.id
+	return &Config{
+		StateDir:  defaultStateDir(getenv),
+		Listen:    "127.0.0.1:7777",
+		LogLevel:  "info",
+		LogFormat: "text",
+		Node: NodeConfig{
+			ID:       id,
+			Roles:    AllRoles(),
+			Systems:  []string{runtimeSystem()},
+			Features: []string{},
+			MaxJobs:  4,
+			MaxEvals: 1,
+		},
+		Build: BuildConfig{
+			Timeout:       Duration{4 * time.Hour},
+			MaxSilent:     Duration{30 * time.Minute},
+			MaxOutputSize: 4 * sizeGB,
+			MaxLogSize:    64 * sizeMB,
+		},
+		Cluster: ClusterConfig{
+			Heartbeat: HeartbeatConfig{
+				Interval:      Duration{30 * time.Second},
+				DeadThreshold: Duration{2 * time.Minute},
+				DeadRetention: Duration{24 * time.Hour},
+			},
+			LeaderElection: LeaderElectionConfig{
+				CheckInterval:   Duration{5 * time.Second},
+				LeaseDuration:   Duration{60 * time.Second},
+				RefreshInterval: Duration{20 * time.Second},
+			},
+			Shutdown: ShutdownConfig{
+				DrainTimeout: Duration{5 * time.Minute},
+			},
+		},
+	}
+}
+
+// defaultStateDir follows the XDG base directory spec for users and the FHS for root.
+// It returns "" when no home is known, which Validate reports.
+func defaultStateDir(getenv func(string) string) string {
+	if geteuid() == 0 {
+		return "/var/lib/harmonia-ci"
+	}
+	// The spec says relative XDG paths are invalid and must be ignored.
+	if x := getenv("XDG_STATE_HOME"); filepath.IsAbs(x) {
+		return filepath.Join(x, "harmonia-ci")
+	}
+	if home := getenv("HOME"); home != "" {
+		return filepath.Join(home, ".local", "state", "harmonia-ci")
+	}
+	return ""
+}
+
+// runtimeSystem is the Nix system type of this binary, e.g. "x86_64-linux".
+func runtimeSystem() string {
+	arch := runtime.GOARCH
+	switch arch {
+	case "amd64":
+		arch = "x86_64"
+	case "arm64":
+		arch = "aarch64"
+	case "386":
+		arch = "i686"
+	}
+	return arch + "-" + runtime.GOOS
+}
+
+// HasRole reports whether the node runs role r.
+func (c *Config) HasRole(r string) bool {
+	return slices.Contains(c.Node.Roles, r)
+}

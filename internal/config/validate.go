@@ -1,0 +1,147 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+var (
+	nodeIDRE  = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
+	systemRE  = regexp.MustCompile(`^[a-z0-9_]+-[a-z0-9_]+$`)
+	featureRE = regexp.MustCompile(`^[A-Za-z0-9._+-]+$`)
+)
+
+// Validate reports every impossible value, one per line (errors.Join), so
+// that a user can fix them all in one go. It returns nil if c is usable.
+func (c *Config) Validate() error {
+	return errors.Join(c.problems(nil)...)
+}
+
+// problems lists what is wrong with c. Messages use dotted TOML keys; from
+// adds where a value came from when it was not the file.
+func (c *Config) problems(from origins) []error {
+	var errs []error
+	add := func(key, format string, args ...any) {
+		msg := fmt.Sprintf("config: "+format, args...)
+		if src := from[key]; src != "" {
+			msg += " (from " + src + ")"
+		}
+		errs = append(errs, errors.New(msg))
+	}
+	positive := func(key string, d Duration) {
+		if d.Duration <= 0 {
+			add(key, "%s must be positive, got %s", key, d)
+		}
+	}
+
+	// database_url is not checked: it may be a URL or a key=value DSN, and
+	// echoing it back could leak its password.
+	if c.StateDir == "" {
+		add("state_dir", "state_dir must not be empty (it has no default when HOME is unset)")
+	}
+	if err := checkListen(c.Listen); err != nil {
+		add("listen", "listen: invalid address %q: %v", c.Listen, err)
+	}
+	if !slices.Contains([]string{"debug", "info", "warn", "error"}, c.LogLevel) {
+		add("log_level", "log_level: invalid level %q (want debug, info, warn or error)", c.LogLevel)
+	}
+	if !slices.Contains([]string{"text", "json"}, c.LogFormat) {
+		add("log_format", "log_format: invalid format %q (want text or json)", c.LogFormat)
+	}
+
+	n := &c.Node
+	if !nodeIDRE.MatchString(n.ID) {
+		add("node.id", "node.id: invalid node id %q (letters, digits, '.', '_', '-'; at most 63 characters)", n.ID)
+	}
+	if len(n.Roles) == 0 {
+		add("node.roles", "node.roles must not be empty (known: %s)", strings.Join(AllRoles(), ", "))
+	}
+	for i, r := range n.Roles {
+		switch {
+		case !slices.Contains(AllRoles(), r):
+			add("node.roles", "node.roles: unknown role %q (known: %s)", r, strings.Join(AllRoles(), ", "))
+		case slices.Index(n.Roles, r) < i:
+			add("node.roles", "node.roles: duplicate role %q", r)
+		}
+	}
+	if n.Endpoint != "" {
+		u, err := url.Parse(n.Endpoint)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			add("node.endpoint", "node.endpoint: invalid URL %q (must be an absolute http or https URL with a host)", n.Endpoint)
+		}
+	}
+	for _, s := range n.Systems {
+		if !systemRE.MatchString(s) {
+			add("node.systems", "node.systems: invalid system %q (want ARCH-OS, e.g. %q)", s, runtimeSystem())
+		}
+	}
+	for _, f := range n.Features {
+		if !featureRE.MatchString(f) {
+			add("node.features", "node.features: invalid feature %q (letters, digits, '.', '_', '+', '-')", f)
+		}
+	}
+	if n.MaxJobs < 1 || n.MaxJobs > 1024 {
+		add("node.max_jobs", "node.max_jobs must be between 1 and 1024, got %d", n.MaxJobs)
+	}
+	if n.MaxEvals < 1 || n.MaxEvals > 64 {
+		add("node.max_evals", "node.max_evals must be between 1 and 64, got %d", n.MaxEvals)
+	}
+
+	b := &c.Build
+	positive("build.timeout", b.Timeout)
+	positive("build.max_silent", b.MaxSilent)
+	if b.Timeout.Duration > 0 && b.MaxSilent.Duration > b.Timeout.Duration {
+		add("build.max_silent", "build.max_silent (%s) must be at most build.timeout (%s)", b.MaxSilent, b.Timeout)
+	}
+	if b.MaxOutputSize <= 0 {
+		add("build.max_output_size", "build.max_output_size must be positive, got %s", b.MaxOutputSize)
+	}
+	if b.MaxLogSize <= 0 {
+		add("build.max_log_size", "build.max_log_size must be positive, got %s", b.MaxLogSize)
+	}
+
+	h := &c.Cluster.Heartbeat
+	positive("cluster.heartbeat.interval", h.Interval)
+	if h.Interval.Duration > 0 && h.DeadThreshold.Duration < 2*h.Interval.Duration {
+		add("cluster.heartbeat.dead_threshold", "cluster.heartbeat.dead_threshold (%s) must be at least twice heartbeat.interval (%s)", h.DeadThreshold, h.Interval)
+	} else {
+		positive("cluster.heartbeat.dead_threshold", h.DeadThreshold)
+	}
+	positive("cluster.heartbeat.dead_retention", h.DeadRetention)
+
+	le := &c.Cluster.LeaderElection
+	positive("cluster.leader_election.check_interval", le.CheckInterval)
+	positive("cluster.leader_election.lease_duration", le.LeaseDuration)
+	positive("cluster.leader_election.refresh_interval", le.RefreshInterval)
+	// A holder refreshing at most every lease/3 survives two lost refreshes.
+	if limit := le.LeaseDuration.Duration / 3; le.LeaseDuration.Duration > 0 && le.RefreshInterval.Duration > limit {
+		add("cluster.leader_election.refresh_interval", "cluster.leader_election.refresh_interval (%s) must be at most lease_duration/3 (%s)", le.RefreshInterval, Duration{limit})
+	}
+
+	if d := c.Cluster.Shutdown.DrainTimeout; d.Duration < 0 {
+		add("cluster.shutdown.drain_timeout", "cluster.shutdown.drain_timeout must not be negative, got %s", d)
+	}
+	return errs
+}
+
+func checkListen(addr string) error {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		// The bare reason: net's message repeats the address.
+		var ae *net.AddrError
+		if errors.As(err, &ae) {
+			return errors.New(ae.Err)
+		}
+		return err
+	}
+	if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+		return fmt.Errorf("port %q must be a number between 0 and 65535", port)
+	}
+	return nil
+}

@@ -1,0 +1,260 @@
+// Package node runs one harmonia-ci node: it opens (or starts) the database, migrates it,
+// registers the node, starts the services of its roles and, on a signal or a drain request,
+// shuts them down in the order that loses nothing.
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/harmonia-ci/harmonia-ci/internal/clock"
+	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
+	"github.com/harmonia-ci/harmonia-ci/internal/config"
+	"github.com/harmonia-ci/harmonia-ci/internal/db"
+	"github.com/harmonia-ci/harmonia-ci/internal/pgembed"
+	"github.com/harmonia-ci/harmonia-ci/internal/startstop"
+	"github.com/harmonia-ci/harmonia-ci/internal/web"
+)
+
+// Options are the parts of a node that do not come from the configuration.
+type Options struct {
+	// Version is recorded in the nodes table.
+	Version string
+	// Force, when closed during a drain, stops waiting for in-flight work (a second signal).
+	Force <-chan struct{}
+	// Clock defaults to the real clock.
+	Clock clock.Clock
+}
+
+// OpenDatabase returns the pool for cfg: the configured database, or the embedded server under
+// the state directory (started, or attached to if another process runs it). The returned stop
+// func closes the pool and stops an embedded server this call started.
+func OpenDatabase(ctx context.Context, cfg *config.Config, logger *slog.Logger) (*pgxpool.Pool, func(), error) {
+	url := cfg.DatabaseURL
+	var srv *pgembed.Server
+	if url == "" {
+		var err error
+		srv, err = pgembed.Start(ctx, pgembed.Options{
+			Dir: filepath.Join(cfg.StateDir, "postgres"), Durable: true, Logger: logger,
+		})
+		if err != nil {
+			return nil, nil, err
+		}
+		url = srv.URL("harmonia")
+	}
+	pool, err := db.Connect(ctx, url, db.PoolConfig{
+		ApplicationName: "harmonia-ci " + cfg.Node.ID,
+		// A process paused inside a transaction must not hold row locks (the leader fence)
+		// for longer than a lease.
+		IdleInTransactionTimeout: cfg.Cluster.LeaderElection.LeaseDuration.Duration,
+	})
+	if err != nil {
+		_ = srv.Stop()
+		return nil, nil, err
+	}
+	return pool, func() {
+		pool.Close()
+		if err := srv.Stop(); err != nil {
+			logger.Warn("stop embedded postgres", "error", err)
+		}
+	}, nil
+}
+
+// Run runs the node until ctx ends (a signal), an operator drains it, or it cannot go on.
+// A drain ends with a nil error: the process should exit 0.
+func Run(ctx context.Context, cfg *config.Config, logger *slog.Logger, opts Options) error {
+	clk := opts.Clock
+	if clk == nil {
+		clk = clock.Real{}
+	}
+	pool, closeDB, err := OpenDatabase(ctx, cfg, logger)
+	if err != nil {
+		return err
+	}
+	defer closeDB()
+
+	res, err := db.Migrate(ctx, pool, cfg.Node.ID)
+	if err != nil {
+		return err
+	}
+	if len(res.Applied) > 0 {
+		logger.Info("applied database migrations", "versions", res.Applied, "schema_version", res.Current)
+	}
+
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", cfg.Listen, err)
+	}
+	defer ln.Close()
+
+	n := &node{cfg: cfg, logger: logger, pool: pool, clock: clk, drainReq: make(chan struct{}), fatal: make(chan error, 1)}
+	return n.run(ctx, ln, opts)
+}
+
+type node struct {
+	cfg    *config.Config
+	logger *slog.Logger
+	pool   *pgxpool.Pool
+	clock  clock.Clock
+
+	inFlight  cluster.InFlight
+	drainOnce sync.Once
+	drainReq  chan struct{}
+	fatal     chan error
+}
+
+func (n *node) requestDrain() { n.drainOnce.Do(func() { close(n.drainReq) }) }
+
+func (n *node) run(ctx context.Context, ln net.Listener, opts Options) error {
+	cfg := n.cfg
+	endpoint := cfg.Node.Endpoint
+	if endpoint == "" {
+		endpoint = endpointFor(ln.Addr())
+	}
+	hostname, _ := os.Hostname()
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		cluster.NewNodeCountCollector(n.pool))
+	metrics := cluster.NewMetrics(reg)
+
+	registry := cluster.NewRegistry(n.pool, cluster.NodeInfo{
+		ID: cfg.Node.ID, Roles: cfg.Node.Roles, Endpoint: endpoint, Hostname: hostname,
+		Systems: cfg.Node.Systems, Features: cfg.Node.Features, MaxJobs: cfg.Node.MaxJobs,
+		MaxEvals: cfg.Node.MaxEvals, Version: opts.Version,
+	}, n.logger)
+	if err := registry.Register(ctx); err != nil {
+		return err
+	}
+	id := cluster.Identity{NodeID: cfg.Node.ID, Incarnation: registry.Incarnation()}
+
+	var sampler loadSampler
+	heartbeat := cluster.NewHeartbeat(cluster.HeartbeatConfig{
+		Interval: cfg.Cluster.Heartbeat.Interval.Duration,
+		LoadFunc: func() cluster.Load {
+			return cluster.Load{CurrentJobs: n.inFlight.Count(), CPU: sampler.cpu(), Memory: memory()}
+		},
+		OnDrain:      n.requestDrain,
+		OnSuperseded: func(err error) { n.fatal <- err },
+	}, registry, metrics, n.logger, n.clock)
+
+	httpServer := web.NewServer(web.Config{
+		NodeID: cfg.Node.ID, AdminToken: cfg.Auth.AdminToken, Gatherer: reg,
+		DrainingFunc: n.inFlight.Closed,
+	}, n.pool, ln, n.logger)
+
+	lockConn := cluster.NewLockConn(n.pool, n.logger)
+	defer lockConn.Close()
+	var electors []startstop.Service
+	if cfg.HasRole(config.RoleFrontend) {
+		le := cfg.Cluster.LeaderElection
+		hb := cfg.Cluster.Heartbeat
+		maint := cluster.NewMaintainer(n.pool, cluster.NodeTasks(cluster.NodeTasksConfig{
+			Interval: hb.Interval.Duration, DeadThreshold: hb.DeadThreshold.Duration,
+			DeadRetention: hb.DeadRetention.Duration,
+		}, n.logger), n.logger, n.clock)
+		e, err := cluster.NewElector(cluster.ElectorConfig{
+			Role: cluster.RoleMaintenance, CheckInterval: le.CheckInterval.Duration,
+			LeaseDuration: le.LeaseDuration.Duration, RefreshInterval: le.RefreshInterval.Duration,
+			LeaderFunc: maint.Lead,
+		}, n.pool, lockConn, id, metrics, n.logger, n.clock)
+		if err != nil {
+			return err
+		}
+		electors = append(electors, e)
+	}
+
+	// Services start in dependency order and stop in reverse (see shutdown).
+	services := append([]startstop.Service{httpServer, heartbeat}, electors...)
+	for _, s := range services {
+		if err := s.Start(ctx); err != nil {
+			startstop.StopAll(services...)
+			return err
+		}
+	}
+	if err := registry.SetStatus(ctx, cluster.StatusActive); err != nil {
+		startstop.StopAll(services...)
+		return err
+	}
+	n.logger.Info("node ready", "node_id", cfg.Node.ID, "incarnation", id.Incarnation.String(),
+		"roles", strings.Join(cfg.Node.Roles, ","), "listen", ln.Addr().String(), "endpoint", endpoint)
+
+	var fatalErr error
+	select {
+	case <-ctx.Done():
+		n.logger.Info("shutting down: signal received")
+	case <-n.drainReq:
+		n.logger.Info("shutting down: drain requested")
+	case fatalErr = <-n.fatal:
+		n.logger.Error("shutting down", "error", fatalErr)
+	}
+	return n.shutdown(registry, electors, heartbeat, httpServer, opts.Force, fatalErr)
+}
+
+// shutdown follows seed 003's sequence: stop taking work, mark the node draining, wait for
+// in-flight work (bounded), stop leader work and resign, stop the heartbeat, deregister, and
+// only then close the HTTP server, so health checks see "draining" throughout.
+func (n *node) shutdown(registry *cluster.Registry, electors []startstop.Service, heartbeat, httpServer startstop.Service, force <-chan struct{}, fatalErr error) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	n.inFlight.Close()
+	superseded := errors.Is(fatalErr, cluster.ErrSuperseded)
+	if !superseded {
+		if err := registry.StartDraining(ctx); err != nil {
+			n.logger.Warn("could not mark the node draining", "error", err)
+		}
+	}
+
+	timeout := n.cfg.Cluster.Shutdown.DrainTimeout.Duration
+	wctx, wcancel := context.WithTimeout(context.Background(), timeout)
+	go func() {
+		select {
+		case <-force:
+			n.logger.Warn("second signal: not waiting for in-flight work")
+			wcancel()
+		case <-wctx.Done():
+		}
+	}()
+	if left := n.inFlight.Wait(wctx); left > 0 {
+		n.logger.Warn("drain timeout: work still in flight", "in_flight", left, "drain_timeout", timeout.String())
+	}
+	wcancel()
+
+	startstop.StopAll(electors...) // resigns: leader work has stopped by then
+	heartbeat.Stop()
+	if !superseded {
+		if err := registry.Deregister(ctx); err != nil {
+			n.logger.Warn("could not deregister", "error", err)
+		} else {
+			n.logger.Info("deregistered", "node_id", registry.ID())
+		}
+	}
+	httpServer.Stop()
+	return fatalErr
+}
+
+// endpointFor derives the URL other nodes use to reach this one from the listen address.
+func endpointFor(addr net.Addr) string {
+	host, port, err := net.SplitHostPort(addr.String())
+	if err != nil {
+		return "http://" + addr.String()
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
+		if h, err := os.Hostname(); err == nil {
+			host = h
+		}
+	}
+	return "http://" + net.JoinHostPort(host, port)
+}

@@ -1,0 +1,148 @@
+// Package web is harmonia-ci's HTTP surface shared by every node: health, metrics, the cluster
+// API and node administration. Role-specific handlers (signer, cache, UI) mount on the same mux.
+package web
+
+import (
+	"context"
+	"crypto/subtle"
+	"errors"
+	"log/slog"
+	"net"
+	"net/http"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
+	"github.com/harmonia-ci/harmonia-ci/internal/startstop"
+)
+
+// Config is what the HTTP server needs from the node.
+type Config struct {
+	// NodeID is reported by /healthz.
+	NodeID string
+	// AdminToken authorises administrative requests (Authorization: Bearer). Empty disables
+	// them: every such request gets 401.
+	AdminToken string
+	// Gatherer serves /metrics.
+	Gatherer prometheus.Gatherer
+	// DrainingFunc reports whether the node is draining (healthz says so, with 503).
+	DrainingFunc func() bool
+}
+
+// Server serves the node's HTTP API on one listener.
+type Server struct {
+	startstop.Base
+	cfg    Config
+	pool   *pgxpool.Pool
+	logger *slog.Logger
+	mux    *http.ServeMux
+	srv    *http.Server
+	ln     net.Listener
+}
+
+// NewServer builds the server on ln; Start serves.
+func NewServer(cfg Config, pool *pgxpool.Pool, ln net.Listener, logger *slog.Logger) *Server {
+	s := &Server{cfg: cfg, pool: pool, ln: ln, logger: logger.With("service", "http"), mux: http.NewServeMux()}
+	s.mux.Handle("GET /healthz", s.wrap(s.handleHealthz))
+	s.mux.Handle("GET /metrics", promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{}))
+	s.mux.Handle("GET /api/cluster", s.wrap(s.handleCluster))
+	s.mux.Handle("POST /api/nodes/{id}/drain", s.wrap(s.requireAdmin(s.handleDrain)))
+	s.srv = &http.Server{
+		Handler:           s.mux,
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       time.Minute,
+		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          slog.NewLogLogger(s.logger.Handler(), slog.LevelWarn),
+	}
+	return s
+}
+
+// Mux lets roles mount their handlers.
+func (s *Server) Mux() *http.ServeMux { return s.mux }
+
+// Addr is the address the server listens on.
+func (s *Server) Addr() net.Addr { return s.ln.Addr() }
+
+// Start serves until Stop.
+func (s *Server) Start(ctx context.Context) error {
+	s.Run(ctx, func(ctx context.Context) {
+		errc := make(chan error, 1)
+		go func() { errc <- s.srv.Serve(s.ln) }()
+		select {
+		case err := <-errc:
+			if !errors.Is(err, http.ErrServerClosed) {
+				s.logger.Error("http server stopped", "error", err)
+			}
+			return
+		case <-ctx.Done():
+		}
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = s.srv.Shutdown(sctx)
+		<-errc
+	})
+	return nil
+}
+
+func (s *Server) handleHealthz(w http.ResponseWriter, r *http.Request) error {
+	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+	defer cancel()
+	if err := s.pool.Ping(ctx); err != nil {
+		return &HTTPError{Code: http.StatusServiceUnavailable, Msg: "database unreachable", Err: err}
+	}
+	status, code := "ok", http.StatusOK
+	if s.cfg.DrainingFunc != nil && s.cfg.DrainingFunc() {
+		status, code = "draining", http.StatusServiceUnavailable
+	}
+	writeJSON(w, code, map[string]string{"status": status, "node_id": s.cfg.NodeID})
+	return nil
+}
+
+func (s *Server) handleCluster(w http.ResponseWriter, r *http.Request) error {
+	st, err := cluster.ReadStatus(r.Context(), s.pool)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, st)
+	return nil
+}
+
+var nodeIDPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
+
+func (s *Server) handleDrain(w http.ResponseWriter, r *http.Request) error {
+	id := r.PathValue("id")
+	if !nodeIDPattern.MatchString(id) {
+		return &HTTPError{Code: http.StatusBadRequest, Msg: "invalid node id: letters, digits, '.', '_', '-'; at most 63 characters"}
+	}
+	err := cluster.RequestDrain(r.Context(), s.pool, id)
+	if errors.Is(err, cluster.ErrNodeNotFound) {
+		return &HTTPError{Code: http.StatusNotFound, Msg: "no live node " + id}
+	}
+	if err != nil {
+		return err
+	}
+	s.logger.Info("drain requested through the API", "node_id", id, "remote", r.RemoteAddr)
+	writeJSON(w, http.StatusAccepted, map[string]string{"node_id": id, "status": "draining requested"})
+	return nil
+}
+
+// requireAdmin lets a request through only with the admin bearer token.
+func (s *Server) requireAdmin(h handlerFunc) handlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		if s.cfg.AdminToken == "" {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="harmonia-ci"`)
+			return &HTTPError{Code: http.StatusUnauthorized, Msg: "admin API disabled: no admin token configured (auth.admin_token_file or HARMONIA_ADMIN_TOKEN)"}
+		}
+		token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if !ok || subtle.ConstantTimeCompare([]byte(strings.TrimSpace(token)), []byte(s.cfg.AdminToken)) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="harmonia-ci"`)
+			return &HTTPError{Code: http.StatusUnauthorized, Msg: "missing or invalid admin token"}
+		}
+		return h(w, r)
+	}
+}
