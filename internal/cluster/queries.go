@@ -9,7 +9,7 @@ const (
 	// (NULL for a new node) so the caller can release what that process held.
 	sqlNodeRegister = `
 WITH prev AS (
-    SELECT incarnation FROM nodes WHERE id = $1 FOR UPDATE
+    SELECT incarnation FROM nodes WHERE id = $1  -- snapshot; FOR UPDATE would skip the upserted row
 ), up AS (
     INSERT INTO nodes (id, roles, endpoint, hostname, max_evals, systems, features, max_jobs,
                        status, version, incarnation, started_at, last_seen, draining)

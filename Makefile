@@ -1,0 +1,37 @@
+# harmonia-ci — `make help` lists the targets.
+GO      ?= go
+BIN     ?= bin/harmonia-ci
+PKGS    ?= ./...
+TIMEOUT ?= 25m
+
+.PHONY: help build up test test-race vet fmt lint clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
+
+build: ## build bin/harmonia-ci
+	$(GO) build -o $(BIN) ./cmd/harmonia-ci
+
+up: ## install what is missing, build, and run a single-node cluster on the embedded database
+	scripts/deps.sh run
+	$(MAKE) build
+	$(BIN) up
+
+test: ## install what is missing, then run vet and the whole test suite against real PostgreSQL
+	scripts/deps.sh test
+	$(GO) vet $(PKGS)
+	$(GO) test -count=1 -timeout $(TIMEOUT) $(PKGS)
+
+test-race: ## the test suite under the race detector
+	scripts/deps.sh test
+	$(GO) test -race -count=1 -timeout $(TIMEOUT) $(PKGS)
+
+fmt: ## gofmt every Go file in place
+	gofmt -w $$(git ls-files '*.go')
+
+lint: ## gofmt and go vet, failing on any finding
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
+	$(GO) vet $(PKGS)
+
+clean: ## remove build output
+	rm -rf bin
