@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"strings"
 	"text/tabwriter"
@@ -28,7 +29,7 @@ func withDB(cmd *cobra.Command, g *globalFlags, fn func(ctx context.Context, cfg
 	}
 	ctx, cancel := context.WithTimeout(cmd.Context(), 2*time.Minute)
 	defer cancel()
-	logger := newLogger(cfg, os.Stderr)
+	logger := newLoggerAt(cfg, os.Stderr, slog.LevelWarn)
 	pool, closeDB, err := node.OpenDatabase(ctx, cfg, logger)
 	if err != nil {
 		return err

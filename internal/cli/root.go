@@ -11,6 +11,7 @@ import (
 	"os/signal"
 	"runtime/debug"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -95,6 +96,11 @@ func (g *globalFlags) load(cmd *cobra.Command) (*config.Config, error) {
 func newLogger(cfg *config.Config, w io.Writer) *slog.Logger {
 	var level slog.Level
 	_ = level.UnmarshalText([]byte(cfg.LogLevel))
+	return newLoggerAt(cfg, w, level)
+}
+
+// newLoggerAt logs at level or above; one-shot commands pass warn so their output stays clean.
+func newLoggerAt(cfg *config.Config, w io.Writer, level slog.Level) *slog.Logger {
 	opts := &slog.HandlerOptions{Level: level}
 	if cfg.LogFormat == "json" {
 		return slog.New(slog.NewJSONHandler(w, opts))
@@ -116,10 +122,19 @@ func signalContext() (ctx context.Context, force <-chan struct{}, stop func()) {
 		case <-done:
 			return
 		}
-		select {
-		case <-ch:
-			close(f)
-		case <-done:
+		// The same signal often arrives twice at once (a terminal's process group, or make
+		// forwarding it); only a deliberate second one, later, forces.
+		first := time.Now()
+		for {
+			select {
+			case <-ch:
+				if time.Since(first) < time.Second {
+					continue
+				}
+				close(f)
+			case <-done:
+			}
+			return
 		}
 	}()
 	return ctx, f, func() {

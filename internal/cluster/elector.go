@@ -421,6 +421,12 @@ func (t *Term) RunFenced(ctx context.Context, pool *pgxpool.Pool, fn func(tx pgx
 		return ErrNotLeader
 	}
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		// The fence holds the lease row FOR SHARE, which a takeover must wait for: a process
+		// paused inside this transaction must not block failover past its own lease.
+		if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL idle_in_transaction_session_timeout = %d",
+			t.elector.cfg.LeaseDuration.Milliseconds())); err != nil {
+			return fmt.Errorf("bound fenced transaction: %w", err)
+		}
 		var one int
 		err := tx.QueryRow(ctx, sqlLeaseFence, t.Role, t.NodeID, t.Incarnation, t.Epoch).Scan(&one)
 		if errors.Is(err, pgx.ErrNoRows) {

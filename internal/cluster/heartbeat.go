@@ -50,16 +50,14 @@ func NewHeartbeat(cfg HeartbeatConfig, registry *Registry, metrics *Metrics, log
 // Start beats once right away (so a failure to reach the database shows at start) and then every
 // Interval until Stop.
 func (h *Heartbeat) Start(ctx context.Context) error {
-	h.beat(ctx)
+	stop := h.beat(ctx)
 	h.Run(ctx, func(ctx context.Context) {
-		for {
+		for !stop {
 			select {
 			case <-ctx.Done():
 				return
 			case <-h.clock.After(h.cfg.Interval):
-				if h.beat(ctx) {
-					return
-				}
+				stop = h.beat(ctx)
 			}
 		}
 	})

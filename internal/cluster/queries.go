@@ -181,6 +181,8 @@ SELECT pg_terminate_backend(l.pid)
 FROM pg_locks l
 WHERE l.locktype = 'advisory' AND l.classid = $1 AND l.objid = $2 AND l.objsubid = 2
   AND l.granted AND l.pid <> pg_backend_pid()
+  -- advisory locks are per database; other databases on the server are not ours
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
   AND EXISTS (SELECT 1 FROM leaders WHERE role = $3 AND lease_until < now() - make_interval(secs => $4))`
 
 	sqlMaintenanceRecord = `

@@ -85,8 +85,8 @@ func (r *Registry) Register(ctx context.Context) error {
 			i.Systems, i.Features, i.MaxJobs, i.Version, r.incarnation).Scan(&prev); err != nil {
 			return err
 		}
-		if prev == nil {
-			return nil
+		if prev == nil || *prev == r.incarnation {
+			return nil // a new node id, or this process registering again
 		}
 		r.logger.InfoContext(ctx, "node id was registered before; releasing what the previous process held",
 			"node_id", i.ID, "previous_incarnation", prev.String())

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -69,10 +71,16 @@ func ParsePoolConfig(url string, cfg PoolConfig) (*pgxpool.Config, error) {
 
 // DedicatedConn opens a single connection outside the pool, with the pool's settings, for
 // session state that must not wander between pooled sessions (advisory locks, LISTEN).
+//
+// A cancelled or timed-out context cancels the running statement (a cancel request) instead of
+// closing the connection, pgx's default: losing this session would lose its locks or LISTENs.
 func DedicatedConn(ctx context.Context, pool *pgxpool.Pool, applicationName string) (*pgx.Conn, error) {
 	cc := pool.Config().ConnConfig.Copy()
 	if applicationName != "" {
 		cc.RuntimeParams["application_name"] = applicationName
+	}
+	cc.BuildContextWatcherHandler = func(pc *pgconn.PgConn) ctxwatch.Handler {
+		return &pgconn.CancelRequestContextWatcherHandler{Conn: pc, DeadlineDelay: time.Minute}
 	}
 	conn, err := pgx.ConnectConfig(ctx, cc)
 	if err != nil {
