@@ -72,7 +72,7 @@ func newRoot() *cobra.Command {
 	pf.StringVar(&g.listen, "listen", "", "HTTP listen address (default 127.0.0.1:7777)")
 	pf.StringVar(&g.stateDir, "state-dir", "", "state directory (embedded database, generated tokens)")
 
-	root.AddCommand(newServe(&g), newUp(&g), newNodes(&g), newClusterCmd(&g), newDrain(&g), newMigrate(&g))
+	root.AddCommand(newServe(&g), newUp(&g), newNodes(&g), newClusterCmd(&g), newDrain(&g), newMigrate(&g), newBench(&g))
 	return root
 }
 
@@ -106,6 +106,11 @@ func newLoggerAt(cfg *config.Config, w io.Writer, level slog.Level) *slog.Logger
 		return slog.New(slog.NewJSONHandler(w, opts))
 	}
 	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// benchLogger reports a benchmark's progress on w.
+func benchLogger(w io.Writer) *slog.Logger {
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelInfo}))
 }
 
 // signalContext ends its context at the first SIGINT/SIGTERM and closes force at the second.

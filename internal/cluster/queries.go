@@ -30,45 +30,14 @@ SELECT (SELECT incarnation FROM prev) FROM up`
 UPDATE leaders SET lease_until = now(), renewed_at = now()
 WHERE node_id = $1 AND incarnation <> $2 AND lease_until > now()`
 
-	// Builds the previous incarnation had claimed go back to the queue (or fail once retries are
-	// exhausted), exactly as the dead-node reaper treats them: its local store is not ours.
-	sqlJobsReleaseNode = `
-UPDATE build_jobs SET
-    status      = CASE WHEN retry_count < 3 THEN 'pending' ELSE 'failed' END,
-    claimed_by  = CASE WHEN retry_count < 3 THEN NULL ELSE claimed_by END,
-    claimed_at  = CASE WHEN retry_count < 3 THEN NULL ELSE claimed_at END,
-    started_at  = CASE WHEN retry_count < 3 THEN NULL ELSE started_at END,
-    finished_at = CASE WHEN retry_count < 3 THEN NULL ELSE now() END,
-    retry_count = retry_count + CASE WHEN retry_count < 3 THEN 1 ELSE 0 END
-WHERE claimed_by = $1 AND status IN ('building', 'uploading')
-RETURNING id, status, system, drv_path`
-
-	// A permanently failed job makes every pending job above it in the DAG dep-failed.
-	sqlJobsPropagateFailure = `
-WITH RECURSIVE to_fail AS (
-    SELECT drv_path FROM build_jobs WHERE id = ANY($1) AND status = 'failed'
-  UNION
-    SELECT di.referrer
-    FROM derivation_inputs di
-    JOIN to_fail tf ON tf.drv_path = di.input_drv
-    JOIN build_jobs bj ON bj.drv_path = di.referrer
-    WHERE bj.status = 'pending'
-)
-UPDATE build_jobs SET status = 'dep-failed', finished_at = now()
-WHERE drv_path IN (SELECT drv_path FROM to_fail) AND status = 'pending'
-RETURNING drv_path`
-
-	sqlEvalsReleaseNode = `
-UPDATE evaluations SET status = 'queued', claimed_by = NULL, claimed_at = NULL, started_at = NULL
-WHERE claimed_by = $1 AND status = 'running'`
-
 	// $1 id, $2 incarnation, $3 status (joining|active|draining), $4 current_jobs, $5 cpu,
-	// $6 memory. A dead mark is undone by the node's own beat: it was only slow, and anything
-	// reaped meanwhile is guarded by attempt. Returns nothing if the row is gone or another
-	// incarnation owns it.
+	// $6 memory, $7 speed factor (0: unchanged). A dead mark is undone by the node's own beat:
+	// it was only slow, and anything reaped meanwhile is guarded by attempt. Returns nothing if
+	// the row is gone or another incarnation owns it.
 	sqlNodeBeat = `
 UPDATE nodes SET
     last_seen = now(), current_jobs = $4, cpu_usage = $5, memory_usage = $6,
+    speed_factor = CASE WHEN $7::float8 > 0 THEN $7::float8 ELSE speed_factor END,
     status = CASE WHEN draining THEN 'draining' ELSE $3 END
 WHERE id = $1 AND incarnation = $2
 RETURNING draining`
@@ -189,6 +158,4 @@ WHERE l.locktype = 'advisory' AND l.classid = $1 AND l.objid = $2 AND l.objsubid
 INSERT INTO maintenance_runs (role, task, node_id, epoch, affected) VALUES ($1, $2, $3, $4, $5)`
 
 	sqlMaintenancePrune = `DELETE FROM maintenance_runs WHERE ran_at < now() - make_interval(secs => $1)`
-
-	sqlNotifyBuildJobs = `SELECT pg_notify('build_jobs', $1)`
 )

@@ -2,7 +2,6 @@ package cluster
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -47,6 +46,9 @@ type Load struct {
 	CurrentJobs int
 	CPU         float32 // fraction of all cores busy, 0..1
 	Memory      float32 // fraction of memory in use, 0..1
+	// SpeedFactor is the builder's recent pace (seed 001: a rolling average of build durations,
+	// as builds per minute); 0 keeps the last value.
+	SpeedFactor float64
 }
 
 // Registry is this process's membership in the nodes table: one row per node id, owned by the
@@ -56,6 +58,8 @@ type Registry struct {
 	info        NodeInfo
 	incarnation uuid.UUID
 	logger      *slog.Logger
+
+	releaser ReleaseFunc
 
 	mu     sync.Mutex
 	status string // what this process wants the row to say; draining wins in SQL
@@ -74,11 +78,9 @@ func (r *Registry) Incarnation() uuid.UUID { return r.incarnation }
 
 // Register upserts the node row under this incarnation. If the id belonged to an earlier
 // process, everything that process still held is released in the same transaction: its leases
-// end now, its building/uploading jobs return to the queue (or fail, past 3 retries), and its
-// running evaluations are queued again.
+// end now, and whatever OnReregister gives back (its claimed builds and evaluations).
 func (r *Registry) Register(ctx context.Context) error {
 	i := r.info
-	var released []releasedJob
 	err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
 		var prev *uuid.UUID
 		if err := tx.QueryRow(ctx, sqlNodeRegister, i.ID, i.Roles, i.Endpoint, i.Hostname, i.MaxEvals,
@@ -93,76 +95,24 @@ func (r *Registry) Register(ctx context.Context) error {
 		if _, err := tx.Exec(ctx, sqlLeasesReleaseStale, i.ID, r.incarnation); err != nil {
 			return fmt.Errorf("release leases: %w", err)
 		}
-		var err error
-		if released, err = releaseNodeClaims(ctx, tx, i.ID); err != nil {
-			return err
+		if r.releaser != nil {
+			return r.releaser(ctx, tx, i.ID)
 		}
 		return nil
 	})
 	if err != nil {
 		return fmt.Errorf("register node %s: %w", i.ID, err)
 	}
-	if len(released) > 0 {
-		r.logger.InfoContext(ctx, "released build jobs of the previous incarnation", "node_id", i.ID, "jobs", len(released))
-	}
 	return nil
 }
 
-type releasedJob struct {
-	ID      int64
-	Status  string
-	System  string
-	DrvPath string
-}
+// ReleaseFunc gives back, inside the registration transaction, the work a node id's previous
+// process held (its claimed builds and evaluations). The queue provides it.
+type ReleaseFunc func(ctx context.Context, tx pgx.Tx, nodeID string) error
 
-// releaseNodeClaims returns a node's claimed builds and evaluations to their queues, propagates
-// failures of jobs that ran out of retries, and queues the wake-up notifications (sent at commit).
-func releaseNodeClaims(ctx context.Context, tx pgx.Tx, nodeID string) ([]releasedJob, error) {
-	rows, err := tx.Query(ctx, sqlJobsReleaseNode, nodeID)
-	if err != nil {
-		return nil, fmt.Errorf("release build jobs: %w", err)
-	}
-	jobs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (releasedJob, error) {
-		var j releasedJob
-		return j, row.Scan(&j.ID, &j.Status, &j.System, &j.DrvPath)
-	})
-	if err != nil {
-		return nil, fmt.Errorf("release build jobs: %w", err)
-	}
-	var failed []int64
-	for _, j := range jobs {
-		var payload []byte
-		if j.Status == "failed" {
-			failed = append(failed, j.ID)
-			payload, _ = json.Marshal(map[string]string{"drv_path": j.DrvPath, "status": j.Status})
-		} else {
-			payload, _ = json.Marshal(map[string]string{"system": j.System})
-		}
-		if _, err := tx.Exec(ctx, sqlNotifyBuildJobs, string(payload)); err != nil {
-			return nil, fmt.Errorf("notify build_jobs: %w", err)
-		}
-	}
-	if len(failed) > 0 {
-		rows, err := tx.Query(ctx, sqlJobsPropagateFailure, failed)
-		if err != nil {
-			return nil, fmt.Errorf("propagate failures: %w", err)
-		}
-		depFailed, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			return nil, fmt.Errorf("propagate failures: %w", err)
-		}
-		for _, drv := range depFailed {
-			payload, _ := json.Marshal(map[string]string{"drv_path": drv, "status": "dep-failed"})
-			if _, err := tx.Exec(ctx, sqlNotifyBuildJobs, string(payload)); err != nil {
-				return nil, fmt.Errorf("notify build_jobs: %w", err)
-			}
-		}
-	}
-	if _, err := tx.Exec(ctx, sqlEvalsReleaseNode, nodeID); err != nil {
-		return nil, fmt.Errorf("release evaluations: %w", err)
-	}
-	return jobs, nil
-}
+// OnReregister sets what Register releases when the node id had a previous incarnation, besides
+// its leases. Call before Register.
+func (r *Registry) OnReregister(f ReleaseFunc) { r.releaser = f }
 
 // SetStatus records the lifecycle status this process is in (joining, active, draining).
 // A draining flag set by an operator keeps the row draining whatever the process says.
@@ -195,7 +145,7 @@ func (r *Registry) Beat(ctx context.Context, load Load) (draining bool, err erro
 	status := r.status
 	r.mu.Unlock()
 	err = r.pool.QueryRow(ctx, sqlNodeBeat, r.info.ID, r.incarnation, status,
-		load.CurrentJobs, load.CPU, load.Memory).Scan(&draining)
+		load.CurrentJobs, load.CPU, load.Memory, load.SpeedFactor).Scan(&draining)
 	if err == nil {
 		return draining, nil
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/clock"
 	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
 	"github.com/harmonia-ci/harmonia-ci/internal/dbtest"
+	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 )
 
 func testNodeInfo(id string) cluster.NodeInfo {
@@ -29,6 +30,7 @@ func testNodeInfo(id string) cluster.NodeInfo {
 func register(t testing.TB, pool *pgxpool.Pool, id string) *cluster.Registry {
 	t.Helper()
 	r := cluster.NewRegistry(pool, testNodeInfo(id), discardLogger())
+	r.OnReregister(queue.ReleaseNode) // as the node wires it
 	if err := r.Register(ctxTimeout(t, 10*time.Second)); err != nil {
 		t.Fatalf("Register %s: %v", id, err)
 	}

@@ -42,6 +42,7 @@ type Config struct {
 	Auth    AuthConfig    `toml:"auth"`
 	Build   BuildConfig   `toml:"build"`
 	Cluster ClusterConfig `toml:"cluster"`
+	Queue   QueueConfig   `toml:"queue"`
 
 	// Source is the path of the file that was read, "" if none. Not a TOML key.
 	Source string `toml:"-"`
@@ -122,6 +123,16 @@ type ShutdownConfig struct {
 	DrainTimeout Duration `toml:"drain_timeout"` // 0: do not wait for in-flight work
 }
 
+// QueueConfig tunes the build queue: wake-up polling and the leader's maintenance.
+type QueueConfig struct {
+	PollInterval           Duration `toml:"poll_interval"`            // claim at least this often without a wake-up
+	ReapInterval           Duration `toml:"reap_interval"`            // dead-node reaper
+	UnsupportedInterval    Duration `toml:"unsupported_interval"`     // unsupported-build check
+	UnsupportedGrace       Duration `toml:"unsupported_grace"`        // wait before failing an unsupported build
+	ShareDecayInterval     Duration `toml:"share_decay_interval"`     // consumed_seconds *= 0.95 this often
+	ReadinessAuditInterval Duration `toml:"readiness_audit_interval"` // check the maintained readiness counts
+}
+
 // Seams for tests, which must not depend on the host.
 var (
 	hostname = os.Hostname
@@ -171,6 +182,14 @@ func defaults(getenv func(string) string) *Config {
 			Shutdown: ShutdownConfig{
 				DrainTimeout: Duration{5 * time.Minute},
 			},
+		},
+		Queue: QueueConfig{
+			PollInterval:           Duration{5 * time.Second},
+			ReapInterval:           Duration{30 * time.Second},
+			UnsupportedInterval:    Duration{5 * time.Minute},
+			UnsupportedGrace:       Duration{30 * time.Minute},
+			ShareDecayInterval:     Duration{time.Hour},
+			ReadinessAuditInterval: Duration{10 * time.Minute},
 		},
 	}
 }

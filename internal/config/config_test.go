@@ -176,6 +176,14 @@ refresh_interval = "10s"
 
 [cluster.shutdown]
 drain_timeout = "0s"
+
+[queue]
+poll_interval = "1s"
+reap_interval = "10s"
+unsupported_interval = "1m"
+unsupported_grace = "0s"
+share_decay_interval = "30m"
+readiness_audit_interval = "1h"
 `)
 	got, err := Load(Overrides{ConfigFile: path}, fakeEnv(nil))
 	if err != nil {
@@ -213,6 +221,7 @@ drain_timeout = "0s"
 			LeaderElection: LeaderElectionConfig{d("2s"), d("30s"), d("10s")},
 			Shutdown:       ShutdownConfig{d("0s")},
 		},
+		Queue:  QueueConfig{d("1s"), d("10s"), d("1m"), d("0s"), d("30m"), d("1h")},
 		Source: path,
 	}
 	if !reflect.DeepEqual(got, want) {

@@ -124,6 +124,15 @@ func (c *Config) problems(from origins) []error {
 		add("cluster.leader_election.refresh_interval", "cluster.leader_election.refresh_interval (%s) must be at most lease_duration/3 (%s)", le.RefreshInterval, Duration{limit})
 	}
 
+	q := &c.Queue
+	positive("queue.poll_interval", q.PollInterval)
+	positive("queue.reap_interval", q.ReapInterval)
+	positive("queue.unsupported_interval", q.UnsupportedInterval)
+	if q.UnsupportedGrace.Duration < 0 {
+		add("queue.unsupported_grace", "queue.unsupported_grace must not be negative, got %s", q.UnsupportedGrace)
+	}
+	positive("queue.share_decay_interval", q.ShareDecayInterval)
+	positive("queue.readiness_audit_interval", q.ReadinessAuditInterval)
 	if d := c.Cluster.Shutdown.DrainTimeout; d.Duration < 0 {
 		add("cluster.shutdown.drain_timeout", "cluster.shutdown.drain_timeout must not be negative, got %s", d)
 	}

@@ -23,7 +23,9 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
 	"github.com/harmonia-ci/harmonia-ci/internal/config"
 	"github.com/harmonia-ci/harmonia-ci/internal/db"
+	"github.com/harmonia-ci/harmonia-ci/internal/notify"
 	"github.com/harmonia-ci/harmonia-ci/internal/pgembed"
+	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 	"github.com/harmonia-ci/harmonia-ci/internal/startstop"
 	"github.com/harmonia-ci/harmonia-ci/internal/web"
 )
@@ -135,6 +137,7 @@ func (n *node) run(ctx context.Context, ln net.Listener, opts Options) error {
 		Systems: cfg.Node.Systems, Features: cfg.Node.Features, MaxJobs: cfg.Node.MaxJobs,
 		MaxEvals: cfg.Node.MaxEvals, Version: opts.Version,
 	}, n.logger)
+	registry.OnReregister(queue.ReleaseNode)
 	if err := registry.Register(ctx); err != nil {
 		return err
 	}
@@ -161,10 +164,16 @@ func (n *node) run(ctx context.Context, ln net.Listener, opts Options) error {
 	if cfg.HasRole(config.RoleFrontend) {
 		le := cfg.Cluster.LeaderElection
 		hb := cfg.Cluster.Heartbeat
-		maint := cluster.NewMaintainer(n.pool, cluster.NodeTasks(cluster.NodeTasksConfig{
+		q := cfg.Queue
+		tasks := append(cluster.NodeTasks(cluster.NodeTasksConfig{
 			Interval: hb.Interval.Duration, DeadThreshold: hb.DeadThreshold.Duration,
 			DeadRetention: hb.DeadRetention.Duration,
-		}, n.logger), n.logger, n.clock)
+		}, n.logger), queue.MaintenanceTasks(queue.MaintenanceConfig{
+			DeadThreshold: hb.DeadThreshold.Duration, ReapInterval: q.ReapInterval.Duration,
+			UnsupportedInterval: q.UnsupportedInterval.Duration, UnsupportedGrace: q.UnsupportedGrace.Duration,
+			DecayInterval: q.ShareDecayInterval.Duration, AuditInterval: q.ReadinessAuditInterval.Duration,
+		}, n.logger)...)
+		maint := cluster.NewMaintainer(n.pool, tasks, n.logger, n.clock)
 		e, err := cluster.NewElector(cluster.ElectorConfig{
 			Role: cluster.RoleMaintenance, CheckInterval: le.CheckInterval.Duration,
 			LeaseDuration: le.LeaseDuration.Duration, RefreshInterval: le.RefreshInterval.Duration,
@@ -176,8 +185,12 @@ func (n *node) run(ctx context.Context, ln net.Listener, opts Options) error {
 		electors = append(electors, e)
 	}
 
+	// One LISTEN connection per process; role services subscribe to it.
+	notifier := notify.New(notify.Config{}, n.pool, n.logger, n.clock)
+	defer notifier.Stop()
+
 	// Services start in dependency order and stop in reverse (see shutdown).
-	services := append([]startstop.Service{httpServer, heartbeat}, electors...)
+	services := append([]startstop.Service{httpServer, notifier, heartbeat}, electors...)
 	for _, s := range services {
 		if err := s.Start(ctx); err != nil {
 			startstop.StopAll(services...)

@@ -1,0 +1,357 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"regexp"
+	"runtime"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/harmonia-ci/harmonia-ci/internal/clock"
+	"github.com/harmonia-ci/harmonia-ci/internal/db"
+	"github.com/harmonia-ci/harmonia-ci/internal/notify"
+	"github.com/harmonia-ci/harmonia-ci/internal/pgembed"
+	"github.com/harmonia-ci/harmonia-ci/internal/queue"
+	"github.com/harmonia-ci/harmonia-ci/internal/startstop"
+)
+
+// QueueOptions configures `harmonia-ci bench queue`.
+type QueueOptions struct {
+	Jobs     int // synthetic jobs; default 100000
+	Workers  int // concurrent no-op workers, one build slot each; default 4
+	Projects int // projects with shares 100, 200, ...; default 4
+	// DatabaseURL of an empty harmonia-ci database; "" starts a private server in a temp dir.
+	DatabaseURL string
+	Form        queue.ClaimForm
+	// PgbenchSeconds is how long the pgbench -N reference runs; 0 skips it.
+	PgbenchSeconds int
+	// WakeLinks is the length of the chain used to measure wake latency; 0 skips it.
+	WakeLinks int
+	Seed      uint64
+	System    string
+	Logger    *slog.Logger
+}
+
+// QueueReport is what the benchmark measured.
+type QueueReport struct {
+	Date             string    `json:"date"`
+	Machine          string    `json:"machine"`
+	Postgres         string    `json:"postgres"`
+	ClaimForm        string    `json:"claim_form"`
+	Jobs             int       `json:"jobs"`
+	Workers          int       `json:"workers"`
+	Projects         int       `json:"projects"`
+	EnqueueSeconds   float64   `json:"enqueue_seconds"`
+	BlockedAtStart   int       `json:"blocked_at_start"`
+	RunSeconds       float64   `json:"run_seconds"`
+	JobsPerSecond    float64   `json:"jobs_per_second"`
+	ClaimP50Ms       float64   `json:"claim_p50_ms"`
+	ClaimP99Ms       float64   `json:"claim_p99_ms"`
+	ClaimP99FullMs   float64   `json:"claim_p99_full_queue_ms"` // claims made while over half the jobs were still unclaimed
+	WakeP50Ms        float64   `json:"wake_p50_ms"`
+	WakeP99Ms        float64   `json:"wake_p99_ms"`
+	PgbenchTPS       float64   `json:"pgbench_tps"`
+	RatioToPgbench   float64   `json:"ratio_jobs_per_pgbench_tps"`
+	ProjectBuildTime []float64 `json:"project_build_seconds"`
+}
+
+func (o *QueueOptions) defaults() {
+	if o.Jobs <= 0 {
+		o.Jobs = 100000
+	}
+	if o.Workers <= 0 {
+		o.Workers = 4
+	}
+	if o.Projects <= 0 {
+		o.Projects = 4
+	}
+	if o.Seed == 0 {
+		o.Seed = uint64(time.Now().UnixNano())
+	}
+	if o.System == "" {
+		o.System = "x86_64-linux"
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+}
+
+// Queue runs the queue benchmark: pgbench -N as the reference, then a synthetic package set
+// drained by no-op workers, then a chain that measures wake-up latency.
+func Queue(ctx context.Context, o QueueOptions) (QueueReport, error) {
+	o.defaults()
+	r := QueueReport{
+		Date: time.Now().UTC().Format(time.RFC3339), Jobs: o.Jobs, Workers: o.Workers, Projects: o.Projects,
+		Machine:   fmt.Sprintf("%s/%s, %d CPUs", runtime.GOOS, runtime.GOARCH, runtime.NumCPU()),
+		ClaimForm: map[queue.ClaimForm]string{queue.ClaimReady: "ready", queue.ClaimNotExists: "not-exists"}[o.Form],
+	}
+	url := o.DatabaseURL
+	if url == "" {
+		dir, err := os.MkdirTemp("", "hci-bench-")
+		if err != nil {
+			return r, err
+		}
+		defer os.RemoveAll(dir)
+		srv, err := pgembed.Start(ctx, pgembed.Options{Dir: dir, Durable: false, MaxConnections: 200, Logger: o.Logger})
+		if err != nil {
+			return r, err
+		}
+		defer srv.Stop()
+		url = srv.URL("harmonia")
+	}
+	pool, err := db.Connect(ctx, url, db.PoolConfig{ApplicationName: "harmonia-ci bench", MaxConns: int32(o.Workers + 6)})
+	if err != nil {
+		return r, err
+	}
+	defer pool.Close()
+	if _, err := db.Migrate(ctx, pool, "bench"); err != nil {
+		return r, err
+	}
+	if err := pool.QueryRow(ctx, `SELECT current_setting('server_version')`).Scan(&r.Postgres); err != nil {
+		return r, err
+	}
+	var existing int64
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM build_jobs`).Scan(&existing); err != nil {
+		return r, err
+	}
+	if existing > 0 {
+		return r, fmt.Errorf("bench queue: the database already has %d build jobs; use an empty database (its synthetic jobs would mix with real ones)", existing)
+	}
+
+	if o.PgbenchSeconds > 0 {
+		o.Logger.Info("running pgbench -N as the reference", "seconds", o.PgbenchSeconds)
+		if r.PgbenchTPS, err = runPgbench(ctx, url, o.PgbenchSeconds); err != nil {
+			return r, err
+		}
+	}
+
+	w := GenerateDAG(DAGShape{Jobs: o.Jobs, Projects: o.Projects, Seed: o.Seed}, o.System)
+	projectIDs, err := createProjects(ctx, pool, o.Seed, w.Shares)
+	if err != nil {
+		return r, err
+	}
+	start := time.Now()
+	for i, e := range w.Enqueues {
+		e.ProjectID = &projectIDs[i]
+		if _, err := queue.Enqueue(ctx, pool, e); err != nil {
+			return r, err
+		}
+	}
+	r.EnqueueSeconds = time.Since(start).Seconds()
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM build_jobs WHERE blocked_inputs > 0`).Scan(&r.BlockedAtStart); err != nil {
+		return r, err
+	}
+	o.Logger.Info("enqueued", "jobs", o.Jobs, "blocked", r.BlockedAtStart, "seconds", r.EnqueueSeconds)
+	if _, err := pool.Exec(ctx, `ANALYZE`); err != nil {
+		return r, err
+	}
+
+	notifier := notify.New(notify.Config{}, pool, o.Logger, clock.Real{})
+	if err := notifier.Start(ctx); err != nil {
+		return r, err
+	}
+	defer notifier.Stop()
+
+	announcer := queue.NewAnnouncer(pool, 0, o.Logger)
+	if err := announcer.Start(ctx); err != nil {
+		return r, err
+	}
+	defer announcer.Stop()
+	var (
+		mu           sync.Mutex
+		lat, latFull []time.Duration
+		claimed      atomic.Int64
+	)
+	workers := make([]startstop.Service, o.Workers)
+	for i := range workers {
+		wk, err := queue.NewWorker(queue.WorkerConfig{
+			Claimer:      queue.Claimer{NodeID: fmt.Sprintf("bench-%d", i), Systems: []string{o.System}},
+			MaxJobs:      1,
+			PollInterval: time.Second,
+			Notifier:     notifier,
+			Announcer:    announcer,
+			ClaimForm:    o.Form,
+			Handler:      func(context.Context, queue.Job) queue.Result { return queue.Result{} },
+			ClaimFunc: func(d time.Duration, jobs []queue.Job) {
+				if len(jobs) == 0 {
+					return
+				}
+				n := claimed.Add(int64(len(jobs)))
+				mu.Lock()
+				lat = append(lat, d)
+				if n <= int64(o.Jobs/2) {
+					latFull = append(latFull, d)
+				}
+				mu.Unlock()
+			},
+		}, pool, o.Logger, clock.Real{})
+		if err != nil {
+			return r, err
+		}
+		workers[i] = wk
+	}
+	start = time.Now()
+	for _, wk := range workers {
+		if err := wk.Start(ctx); err != nil {
+			return r, err
+		}
+	}
+	defer startstop.StopAll(workers...)
+	if err := waitDone(ctx, pool, time.Hour); err != nil {
+		return r, err
+	}
+	r.RunSeconds = time.Since(start).Seconds()
+	r.JobsPerSecond = float64(o.Jobs) / r.RunSeconds
+	r.ClaimP50Ms, r.ClaimP99Ms = percentileMs(lat, 50), percentileMs(lat, 99)
+	r.ClaimP99FullMs = percentileMs(latFull, 99)
+	if r.PgbenchTPS > 0 {
+		r.RatioToPgbench = r.JobsPerSecond / r.PgbenchTPS
+	}
+	if r.ProjectBuildTime, err = projectBuildTime(ctx, pool, projectIDs); err != nil {
+		return r, err
+	}
+	o.Logger.Info("drained", "jobs_per_second", r.JobsPerSecond)
+
+	if o.WakeLinks > 1 {
+		if r.WakeP50Ms, r.WakeP99Ms, err = wakeLatency(ctx, pool, o); err != nil {
+			return r, err
+		}
+	}
+	return r, nil
+}
+
+func createProjects(ctx context.Context, pool *pgxpool.Pool, seed uint64, shares []int) ([]int64, error) {
+	ids := make([]int64, len(shares))
+	for i, s := range shares {
+		name := fmt.Sprintf("bench-%d-%d", seed%100000, i)
+		err := pool.QueryRow(ctx, `
+WITH repo AS (
+    INSERT INTO repositories (forge, owner, name, full_name, clone_url)
+    VALUES ('bench', 'bench', $1, 'bench/' || $1, 'https://example.invalid/' || $1) RETURNING id
+)
+INSERT INTO projects (repo_id, name, scheduling_shares) SELECT id, $1, $2 FROM repo RETURNING id`, name, s).Scan(&ids[i])
+		if err != nil {
+			return nil, fmt.Errorf("create bench project: %w", err)
+		}
+	}
+	return ids, nil
+}
+
+// waitDone waits until no job is pending or in progress.
+func waitDone(ctx context.Context, pool *pgxpool.Pool, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		var left int64
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM build_jobs WHERE status IN ('pending', 'building', 'uploading')`).Scan(&left); err != nil {
+			return err
+		}
+		if left == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("bench: %d jobs still unfinished after %s", left, timeout)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+func projectBuildTime(ctx context.Context, pool *pgxpool.Pool, ids []int64) ([]float64, error) {
+	out := make([]float64, len(ids))
+	for i, id := range ids {
+		if err := pool.QueryRow(ctx, `SELECT COALESCE(sum(EXTRACT(EPOCH FROM finished_at - started_at)), 0)::float8 FROM build_jobs WHERE project_id = $1`, id).Scan(&out[i]); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// wakeLatency enqueues a chain on the now idle workers and measures, from the database's own
+// timestamps, the time from one link finishing to the next being claimed.
+func wakeLatency(ctx context.Context, pool *pgxpool.Pool, o QueueOptions) (p50, p99 float64, err error) {
+	chain := Chain(o.WakeLinks, o.Seed^0xa5a5, o.System)
+	if _, err := queue.Enqueue(ctx, pool, queue.EnqueueParams{Derivations: chain}); err != nil {
+		return 0, 0, err
+	}
+	if err := waitDone(ctx, pool, 10*time.Minute); err != nil {
+		return 0, 0, err
+	}
+	paths := make([]string, len(chain))
+	for i, d := range chain {
+		paths[i] = d.DrvPath
+	}
+	rows, err := pool.Query(ctx, `
+SELECT EXTRACT(EPOCH FROM next.claimed_at - cur.finished_at)::float8
+FROM unnest($1::text[]) WITH ORDINALITY AS c(drv, i)
+JOIN unnest($1::text[]) WITH ORDINALITY AS n(drv, i) ON n.i = c.i + 1
+JOIN build_jobs cur ON cur.drv_path = c.drv
+JOIN build_jobs next ON next.drv_path = n.drv`, paths)
+	if err != nil {
+		return 0, 0, err
+	}
+	secs, err := pgx.CollectRows(rows, pgx.RowTo[float64])
+	if err != nil {
+		return 0, 0, err
+	}
+	ds := make([]time.Duration, len(secs))
+	for i, s := range secs {
+		ds[i] = time.Duration(s * float64(time.Second))
+	}
+	return percentileMs(ds, 50), percentileMs(ds, 99), nil
+}
+
+func percentileMs(ds []time.Duration, p float64) float64 {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	i := int(float64(len(s)-1) * p / 100)
+	return float64(s[i].Microseconds()) / 1000
+}
+
+var tpsRE = regexp.MustCompile(`tps = ([0-9.]+) \(without initial connection time\)`)
+
+// runPgbench measures pgbench's simple-update transaction (-N) on the same server, 8 clients
+// on 2 threads, and removes its tables afterwards.
+func runPgbench(ctx context.Context, url string, seconds int) (float64, error) {
+	if _, err := exec.LookPath("pgbench"); err != nil {
+		return 0, errors.New("bench queue: pgbench not found (Debian package postgresql-contrib or postgresql); pass --pgbench-seconds 0 to skip the reference")
+	}
+	run := func(args ...string) (string, error) {
+		cmd := exec.CommandContext(ctx, "pgbench", args...)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			return "", fmt.Errorf("pgbench %v: %w\n%s", args[0], err, out)
+		}
+		return string(out), nil
+	}
+	if _, err := run("-i", "-q", "-s", "10", url); err != nil {
+		return 0, err
+	}
+	defer run("-i", "-I", "d", url)
+	out, err := run("-N", "-c", "8", "-j", "2", "-T", strconv.Itoa(seconds), url)
+	if err != nil {
+		return 0, err
+	}
+	m := tpsRE.FindStringSubmatch(out)
+	if m == nil {
+		return 0, fmt.Errorf("pgbench: no tps in output:\n%s", out)
+	}
+	return strconv.ParseFloat(m[1], 64)
+}

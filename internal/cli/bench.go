@@ -1,0 +1,113 @@
+package cli
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/harmonia-ci/harmonia-ci/internal/bench"
+	"github.com/harmonia-ci/harmonia-ci/internal/queue"
+)
+
+func newBench(g *globalFlags) *cobra.Command {
+	c := &cobra.Command{Use: "bench", Short: "Run benchmarks against a real PostgreSQL"}
+	c.AddCommand(newBenchQueue(g), newBenchWorker(g))
+	return c
+}
+
+func newBenchQueue(g *globalFlags) *cobra.Command {
+	var o bench.QueueOptions
+	var asJSON bool
+	var form string
+	cmd := &cobra.Command{
+		Use:   "queue",
+		Short: "Drain a synthetic package set with no-op workers; report jobs/s, claim and wake latency against pgbench",
+		Long: `queue generates a DAG shaped like a package set (a bootstrap chain, hubs most packages depend
+on, a long spine, many leaves; several projects with shares 100, 200, ...), drains it with
+--workers concurrent no-op workers of one build slot each, then measures wake-up latency on a
+chain. pgbench -N runs first against the same server for reference.
+
+Without --database-url it starts a private PostgreSQL (fsync off) in a temporary directory.
+With one, the database must hold no build jobs.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			switch form {
+			case "ready":
+				o.Form = queue.ClaimReady
+			case "not-exists":
+				o.Form = queue.ClaimNotExists
+			default:
+				return fmt.Errorf("--claim-form: want ready or not-exists, got %q", form)
+			}
+			o.DatabaseURL = g.databaseURL
+			o.Logger = benchLogger(cmd.ErrOrStderr())
+			r, err := bench.Queue(cmd.Context(), o)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(cmd.OutOrStdout(), r)
+			}
+			printQueueReport(cmd.OutOrStdout(), r)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.IntVar(&o.Jobs, "jobs", 100000, "synthetic jobs")
+	f.IntVar(&o.Workers, "workers", 4, "concurrent no-op workers, one build slot each")
+	f.IntVar(&o.Projects, "projects", 4, "projects (shares 100, 200, ...)")
+	f.IntVar(&o.PgbenchSeconds, "pgbench-seconds", 10, "duration of the pgbench -N reference (0 skips it)")
+	f.IntVar(&o.WakeLinks, "wake-links", 200, "chain length for the wake-latency probe (0 skips it)")
+	f.Uint64Var(&o.Seed, "seed", 0, "DAG seed (default: time)")
+	f.StringVar(&form, "claim-form", "ready", "claim statement: ready (maintained readiness) or not-exists (seed 001's)")
+	f.BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+func newBenchWorker(g *globalFlags) *cobra.Command {
+	var o bench.WorkerOptions
+	var systems string
+	cmd := &cobra.Command{
+		Use:   "worker",
+		Short: "Run a builder node whose builds do nothing, to load a queue from another process",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			o.DatabaseURL, o.NodeID = g.databaseURL, g.nodeID
+			if o.NodeID == "" {
+				o.NodeID, _ = os.Hostname()
+			}
+			o.Systems = strings.Split(systems, ",")
+			o.Logger = benchLogger(cmd.ErrOrStderr())
+			ctx, _, stop := signalContext()
+			defer stop()
+			n, err := bench.Worker(ctx, o)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "bench worker %s built %d jobs\n", o.NodeID, n)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.IntVar(&o.Slots, "workers", 4, "build slots")
+	f.BoolVar(&o.UntilEmpty, "until-empty", false, "exit once no job is pending or in progress")
+	f.StringVar(&systems, "systems", "x86_64-linux", "comma-separated systems to build for")
+	return cmd
+}
+
+func printQueueReport(w io.Writer, r bench.QueueReport) {
+	fmt.Fprintf(w, "harmonia-ci bench queue — %s, PostgreSQL %s, %s, claim form %s\n", r.Machine, r.Postgres, r.Date, r.ClaimForm)
+	fmt.Fprintf(w, "  jobs %d (%d blocked at start), workers %d, projects %d\n", r.Jobs, r.BlockedAtStart, r.Workers, r.Projects)
+	fmt.Fprintf(w, "  enqueue            %.1f s\n", r.EnqueueSeconds)
+	fmt.Fprintf(w, "  drain              %.1f s  = %.0f jobs/s\n", r.RunSeconds, r.JobsPerSecond)
+	fmt.Fprintf(w, "  claim latency      p50 %.2f ms  p99 %.2f ms  (p99 while over half unclaimed: %.2f ms)\n", r.ClaimP50Ms, r.ClaimP99Ms, r.ClaimP99FullMs)
+	fmt.Fprintf(w, "  wake latency       p50 %.2f ms  p99 %.2f ms\n", r.WakeP50Ms, r.WakeP99Ms)
+	if r.PgbenchTPS > 0 {
+		fmt.Fprintf(w, "  pgbench -N         %.0f TPS (8 clients, 2 threads, same server)\n", r.PgbenchTPS)
+		fmt.Fprintf(w, "  jobs/s ÷ TPS       %.2f\n", r.RatioToPgbench)
+	}
+	fmt.Fprintf(w, "  builder seconds by project (shares 100, 200, ...): %v\n", r.ProjectBuildTime)
+}

@@ -1,0 +1,124 @@
+-- Readiness kept up to date (seed 001 "Performance note"): blocked_inputs counts a job's input
+-- jobs that have not succeeded, so "ready" is blocked_inputs = 0 and the claim never scans jobs
+-- waiting for their inputs. Semantics are exactly the seed's NOT EXISTS: an input derivation
+-- with no job (already cached) does not block; one whose job is in any status but 'succeeded'
+-- does. See docs/decisions.md for the figures that decided it.
+
+ALTER TABLE build_jobs
+    ADD COLUMN blocked_inputs INT NOT NULL DEFAULT 0,
+    -- denormalised from derivations, like system, so the claim filters without a join
+    ADD COLUMN required_features TEXT[] NOT NULL DEFAULT '{}';
+
+UPDATE build_jobs bj SET required_features = d.required_features
+FROM derivations d WHERE d.drv_path = bj.drv_path;
+
+-- The claim walks this index per (system, project) in priority/FIFO order.
+CREATE INDEX build_jobs_ready_idx
+    ON build_jobs (system, project_id, priority DESC, created_at, id)
+    WHERE status = 'pending' AND blocked_inputs = 0;
+
+-- Concurrency. Two kinds of writer change readiness:
+--  * enqueues (new jobs, new edges) recount absolutely, and take the transaction advisory lock
+--    (class 0x48434931 "HCI1", object 2) EXCLUSIVELY, so they never race each other;
+--  * a status crossing into or out of 'succeeded' applies a +1/-1 delta to its dependents and
+--    takes the same lock SHARED (in its trigger), so it never overlaps an enqueue. Deltas of
+--    concurrent finishes commute; they need nothing more.
+-- An enqueue's count therefore sees every committed crossing, and every crossing after it sees
+-- the enqueue's rows.
+--
+-- Every function below only follows keys (ids, drv paths, edges), so it never wants a
+-- sequential scan; it is forbidden because plpgsql caches plans made while a table was empty
+-- (a fresh database, or one big enqueue) and would otherwise scan for every row.
+
+CREATE FUNCTION recount_blocked(job_ids BIGINT[]) RETURNS void AS $$
+BEGIN
+    UPDATE build_jobs r SET blocked_inputs = c.n
+    FROM (
+        SELECT j.id, (
+            SELECT count(*) FROM derivation_inputs di
+            JOIN build_jobs dep ON dep.drv_path = di.input_drv
+            WHERE di.referrer = j.drv_path AND dep.status <> 'succeeded'
+        )::int AS n
+        FROM build_jobs j WHERE j.id = ANY(job_ids)
+    ) c
+    WHERE r.id = c.id AND r.blocked_inputs <> c.n;
+END;
+$$ LANGUAGE plpgsql SET enable_seqscan = off;
+
+-- New jobs: count their own blocking inputs, and recount every job that now has a new input job.
+CREATE FUNCTION build_jobs_after_insert() RETURNS trigger AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock(1212369201, 2);
+    PERFORM recount_blocked(ARRAY(
+        SELECT n.id FROM new_jobs n
+        UNION
+        SELECT r.id FROM new_jobs n
+        JOIN derivation_inputs di ON di.input_drv = n.drv_path
+        JOIN build_jobs r ON r.drv_path = di.referrer
+    ));
+    RETURN NULL;
+END;
+$$ LANGUAGE plpgsql SET enable_seqscan = off;
+
+CREATE TRIGGER build_jobs_readiness_insert
+    AFTER INSERT ON build_jobs REFERENCING NEW TABLE AS new_jobs
+    FOR EACH STATEMENT EXECUTE FUNCTION build_jobs_after_insert();
+
+-- A job crossing into 'succeeded' unblocks each dependent by one; crossing out blocks it again.
+CREATE FUNCTION build_jobs_after_status() RETURNS trigger AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock_shared(1212369201, 2);
+    -- Lock the dependents in id order first: two finishes sharing dependents would otherwise
+    -- lock them in index order each and could deadlock.
+    PERFORM 1 FROM build_jobs r
+    WHERE r.drv_path IN (SELECT referrer FROM derivation_inputs WHERE input_drv = NEW.drv_path)
+    ORDER BY r.id FOR NO KEY UPDATE;
+    UPDATE build_jobs r
+    SET blocked_inputs = r.blocked_inputs + CASE WHEN NEW.status = 'succeeded' THEN -1 ELSE 1 END
+    FROM derivation_inputs di
+    WHERE di.input_drv = NEW.drv_path AND r.drv_path = di.referrer;
+    RETURN NULL;
+END;
+$$ LANGUAGE plpgsql SET enable_seqscan = off;
+
+CREATE TRIGGER build_jobs_readiness_status
+    AFTER UPDATE OF status ON build_jobs
+    FOR EACH ROW WHEN ((OLD.status = 'succeeded') IS DISTINCT FROM (NEW.status = 'succeeded'))
+    EXECUTE FUNCTION build_jobs_after_status();
+
+-- A deleted job that had not succeeded no longer blocks anyone.
+CREATE FUNCTION build_jobs_after_delete() RETURNS trigger AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock_shared(1212369201, 2);
+    PERFORM 1 FROM build_jobs r
+    WHERE r.drv_path IN (SELECT referrer FROM derivation_inputs WHERE input_drv = OLD.drv_path)
+    ORDER BY r.id FOR NO KEY UPDATE;
+    UPDATE build_jobs r SET blocked_inputs = r.blocked_inputs - 1
+    FROM derivation_inputs di
+    WHERE di.input_drv = OLD.drv_path AND r.drv_path = di.referrer;
+    RETURN NULL;
+END;
+$$ LANGUAGE plpgsql SET enable_seqscan = off;
+
+CREATE TRIGGER build_jobs_readiness_delete
+    AFTER DELETE ON build_jobs
+    FOR EACH ROW WHEN (OLD.status <> 'succeeded')
+    EXECUTE FUNCTION build_jobs_after_delete();
+
+-- New or removed edges: recount the referrers' jobs.
+CREATE FUNCTION derivation_inputs_after_change() RETURNS trigger AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock(1212369201, 2);
+    PERFORM recount_blocked(ARRAY(
+        SELECT j.id FROM changed_edges e JOIN build_jobs j ON j.drv_path = e.referrer));
+    RETURN NULL;
+END;
+$$ LANGUAGE plpgsql SET enable_seqscan = off;
+
+CREATE TRIGGER derivation_inputs_readiness_insert
+    AFTER INSERT ON derivation_inputs REFERENCING NEW TABLE AS changed_edges
+    FOR EACH STATEMENT EXECUTE FUNCTION derivation_inputs_after_change();
+
+CREATE TRIGGER derivation_inputs_readiness_delete
+    AFTER DELETE ON derivation_inputs REFERENCING OLD TABLE AS changed_edges
+    FOR EACH STATEMENT EXECUTE FUNCTION derivation_inputs_after_change();

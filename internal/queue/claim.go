@@ -1,0 +1,69 @@
+package queue
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Claimer is what a worker offers: its node, systems and features.
+type Claimer struct {
+	NodeID   string
+	Systems  []string
+	Features []string
+}
+
+// ClaimForm selects the claim statement.
+type ClaimForm int
+
+const (
+	// ClaimReady reads the maintained readiness (the default, and what nodes use).
+	ClaimReady ClaimForm = iota
+	// ClaimNotExists is seed 001's statement, checking readiness per candidate; kept so the
+	// benchmark can show why it is not used.
+	ClaimNotExists
+)
+
+// Querier runs queries; a pool, a connection or a transaction.
+type Querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// ClaimJobs claims up to limit ready jobs for c in one statement: building, claimed by c's node,
+// started now, attempt incremented. Callers must not claim while draining or with no free slot
+// (the Worker enforces both).
+func ClaimJobs(ctx context.Context, q Querier, c Claimer, limit int) ([]Job, error) {
+	return claimJobs(ctx, q, c, limit, ClaimReady)
+}
+
+func claimJobs(ctx context.Context, q Querier, c Claimer, limit int, form ClaimForm) ([]Job, error) {
+	if limit <= 0 {
+		return nil, nil
+	}
+	features := c.Features
+	if features == nil {
+		features = []string{}
+	}
+	var rows pgx.Rows
+	var err error
+	switch form {
+	case ClaimNotExists:
+		rows, err = q.Query(ctx, sqlClaimNotExists, c.Systems, features, c.NodeID, limit)
+	default:
+		rows, err = q.Query(ctx, sqlClaim, c.Systems, features, c.NodeID, limit, limit)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("claim jobs for %s: %w", c.NodeID, err)
+	}
+	jobs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Job, error) {
+		j := Job{NodeID: c.NodeID}
+		err := row.Scan(&j.ID, &j.DrvPath, &j.System, &j.ProjectID, &j.Priority, &j.Attempt,
+			&j.RetryCount, &j.RequiredFeatures, &j.ClaimedAt)
+		return j, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("claim jobs for %s: %w", c.NodeID, err)
+	}
+	return jobs, nil
+}

@@ -1,0 +1,187 @@
+package queue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// FailKind classifies a failure (seed 001 "Failure Handling and Retries").
+type FailKind int
+
+const (
+	// Transient failures (OOM, disk full, substitution timeout) go back to the queue with
+	// retry_count + 1, and fail for good after 3 retries.
+	Transient FailKind = iota
+	// Permanent failures (the build itself failed) fail the job until a manual rebuild.
+	Permanent
+)
+
+// Outcome is what became of a finished attempt.
+type Outcome struct {
+	Status    string  // the job's status afterwards
+	ProjectID *int64  // the project to charge, if any
+	Seconds   float64 // builder time the attempt took
+	DrvPath   string  // the job's derivation
+	DepFailed int     // dependents marked dep-failed because of it
+}
+
+// Succeed marks a claimed job succeeded. The caller announces it (wakes workers, whose
+// dependents may be ready now, and tells the frontend) with an Announcer, and charges
+// Outcome.Seconds to the project with a Charger; a Worker does both. A claim that no longer
+// holds returns ErrStale.
+func Succeed(ctx context.Context, q Querier, c Claim) (Outcome, error) {
+	out := Outcome{Status: "succeeded"}
+	rows, err := q.Query(ctx, sqlJobSucceed, c.JobID, c.NodeID, c.Attempt)
+	if err == nil {
+		var found bool
+		for rows.Next() {
+			found = true
+			err = rows.Scan(&out.ProjectID, &out.Seconds, &out.DrvPath)
+		}
+		rows.Close()
+		if err == nil {
+			err = rows.Err()
+		}
+		if err == nil && !found {
+			err = ErrStale
+		}
+	}
+	if err != nil {
+		return Outcome{}, fmt.Errorf("succeed %s: %w", c, err)
+	}
+	return out, nil
+}
+
+// MarkUploading moves a claimed job from building to uploading (outputs are being published).
+func MarkUploading(ctx context.Context, pool *pgxpool.Pool, c Claim) error {
+	tag, err := pool.Exec(ctx, sqlJobUploading, c.JobID, c.NodeID, c.Attempt)
+	if err != nil {
+		return fmt.Errorf("mark %s uploading: %w", c, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("mark %s uploading: %w", c, ErrStale)
+	}
+	return nil
+}
+
+// Fail records a failed attempt. A transient failure returns the job to the queue until its
+// retries run out; a permanent one (or the last transient one) fails it and marks every pending
+// job above it dep-failed. exitCode may be nil. As with Succeed, the caller charges the time.
+func Fail(ctx context.Context, pool *pgxpool.Pool, c Claim, kind FailKind, exitCode *int) (Outcome, error) {
+	sql := sqlJobFailTransient
+	if kind == Permanent {
+		sql = sqlJobFailPermanent
+	}
+	var out Outcome
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		var drv, system string
+		err := tx.QueryRow(ctx, sql, c.JobID, c.NodeID, c.Attempt, exitCode).Scan(&out.Status, &out.ProjectID, &out.Seconds, &drv, &system)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return ErrStale
+		}
+		if err != nil {
+			return err
+		}
+		if out.Status == "pending" {
+			return notifyJobs(ctx, tx, map[string]string{"system": system})
+		}
+		if err := notifyJobs(ctx, tx, map[string]string{"drv_path": drv, "status": out.Status}); err != nil {
+			return err
+		}
+		out.DepFailed, err = propagateFailure(ctx, tx, []int64{c.JobID})
+		return err
+	})
+	if err != nil {
+		return Outcome{}, fmt.Errorf("fail %s: %w", c, err)
+	}
+	return out, nil
+}
+
+// Release gives a claim back unfinished, without counting a retry (a draining node that runs
+// out of time). Workers are woken to pick it up.
+func Release(ctx context.Context, pool *pgxpool.Pool, c Claim) error {
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		var system string
+		err := tx.QueryRow(ctx, sqlJobRelease, c.JobID, c.NodeID, c.Attempt).Scan(&system)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return ErrStale
+		}
+		if err != nil {
+			return err
+		}
+		return notifyJobs(ctx, tx, map[string]string{"system": system})
+	})
+	if err != nil {
+		return fmt.Errorf("release %s: %w", c, err)
+	}
+	return nil
+}
+
+// CancelClaimed cancels a job on behalf of the worker holding it.
+func CancelClaimed(ctx context.Context, pool *pgxpool.Pool, c Claim) error {
+	return cancel(ctx, pool, sqlJobCancelClaimed, fmt.Sprint(c), c.JobID, c.NodeID, c.Attempt)
+}
+
+// Cancel cancels a pending or running job on a user's behalf; a builder running it finds its
+// claim gone. It returns ErrStale if the job is already finished.
+func Cancel(ctx context.Context, pool *pgxpool.Pool, jobID int64) error {
+	return cancel(ctx, pool, sqlJobCancel, fmt.Sprintf("job %d", jobID), jobID)
+}
+
+func cancel(ctx context.Context, pool *pgxpool.Pool, sql, what string, args ...any) error {
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		var drv string
+		err := tx.QueryRow(ctx, sql, args...).Scan(&drv)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return ErrStale
+		}
+		if err != nil {
+			return err
+		}
+		return notifyJobs(ctx, tx, map[string]string{"drv_path": drv, "status": "cancelled"})
+	})
+	if err != nil {
+		return fmt.Errorf("cancel %s: %w", what, err)
+	}
+	return nil
+}
+
+// Rebuild resets a failed (or dep-failed, or cancelled) job to pending at priority 100 with fresh
+// retries, and its dep-failed dependents to pending; readiness keeps them waiting for their
+// inputs. It returns how many jobs were reset; 0 means the job was not in a failed state.
+func Rebuild(ctx context.Context, pool *pgxpool.Pool, jobID int64) (int, error) {
+	var n int
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		var systems []string
+		if err := tx.QueryRow(ctx, sqlRebuild, jobID).Scan(&n, &systems); err != nil {
+			return err
+		}
+		for _, s := range systems {
+			if err := notifyJobs(ctx, tx, map[string]string{"system": s}); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("rebuild job %d: %w", jobID, err)
+	}
+	return n, nil
+}
+
+// propagateFailure marks every pending job above the failed ones dep-failed (with a
+// notification each) and returns how many.
+func propagateFailure(ctx context.Context, tx pgx.Tx, failed []int64) (int, error) {
+	if len(failed) == 0 {
+		return 0, nil
+	}
+	var n int
+	if err := tx.QueryRow(ctx, sqlPropagateFailure, failed).Scan(&n); err != nil {
+		return 0, fmt.Errorf("propagate failure: %w", err)
+	}
+	return n, nil
+}

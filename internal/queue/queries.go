@@ -1,0 +1,298 @@
+package queue
+
+// All SQL of the queue. Every claim-holder write is guarded by (id, claimed_by, attempt, status)
+// and trusts rows-affected; times come from now().
+
+const (
+	// Enqueues are serialised by this transaction-scoped lock (class cluster.LockClass, object 2):
+	// two concurrent inserts of a job and its input could otherwise each miss the other, leaving
+	// the dependent ready too early. Status changes need no such lock (their counter deltas
+	// commute).
+	sqlEnqueueLock = `SELECT pg_advisory_xact_lock($1, 2)`
+
+	// $1 drv_path[], $2 hash_part[], $3 name[], $4 system[], $5 features (comma-joined)[],
+	// $6 nar_hash[], $7 nar_size[]
+	sqlDerivationsInsert = `
+INSERT INTO derivations (drv_path, hash_part, name, system, required_features, nar_hash, nar_size)
+SELECT d, h, n, s, CASE WHEN f = '' THEN '{}'::text[] ELSE string_to_array(f, ',') END, nh, ns
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::bigint[])
+     AS t(d, h, n, s, f, nh, ns)
+ON CONFLICT (drv_path) DO NOTHING`
+
+	// $1 drv_path[], $2 output_name[], $3 output_path[] ('' = NULL)
+	sqlOutputsInsert = `
+INSERT INTO derivation_outputs (drv_path, output_name, output_path)
+SELECT d, o, NULLIF(p, '') FROM unnest($1::text[], $2::text[], $3::text[]) AS t(d, o, p)
+ON CONFLICT (drv_path, output_name) DO NOTHING`
+
+	// $1 referrer[], $2 input_drv[], $3 outputs (comma-joined)[]
+	sqlInputsInsert = `
+INSERT INTO derivation_inputs (referrer, input_drv, outputs)
+SELECT r, i, string_to_array(o, ',') FROM unnest($1::text[], $2::text[], $3::text[]) AS t(r, i, o)
+ON CONFLICT (referrer, input_drv) DO NOTHING`
+
+	// $1 drv_path[], $2 project_id (NULL for none). Returns the systems of the jobs created.
+	sqlJobsInsert = `
+INSERT INTO build_jobs (drv_path, project_id, system, required_features)
+SELECT d.drv_path, $2, d.system, d.required_features
+FROM unnest($1::text[]) AS t(drv) JOIN derivations d ON d.drv_path = t.drv
+ON CONFLICT (drv_path) DO NOTHING
+RETURNING system`
+
+	sqlNotify     = `SELECT pg_notify('build_jobs', $1)`
+	sqlNotifyMany = `SELECT pg_notify('build_jobs', p) FROM unnest($1::text[]) AS t(p)`
+
+	// The claim (seed 001 "Work-Stealing via PostgreSQL") over maintained readiness. For each
+	// (system, project) the ready index yields that project's best jobs in priority and FIFO
+	// order; the outer ORDER BY merges them by priority DESC, the project's consumed/shares
+	// ratio, created_at. The candidates are locked SKIP LOCKED inside a MATERIALIZED CTE, so
+	// the statement can neither hand a row to two claimers nor return more than $5 rows.
+	// $1 systems, $2 features, $3 node id, $4 per-(system,project) candidates, $5 limit.
+	sqlClaim = `
+WITH shares AS (
+    SELECT p.id AS project_id, p.consumed_seconds / GREATEST(p.scheduling_shares, 1) AS ratio
+    FROM projects p
+), candidates AS MATERIALIZED (
+    SELECT c.id, c.priority, c.created_at, s.ratio
+    FROM unnest($1::text[]) AS sys(system)
+    CROSS JOIN shares s
+    CROSS JOIN LATERAL (
+        SELECT bj.id, bj.priority, bj.created_at
+        FROM build_jobs bj
+        WHERE bj.status = 'pending' AND bj.blocked_inputs = 0
+          AND bj.system = sys.system AND bj.project_id = s.project_id
+          AND bj.required_features <@ $2::text[]
+        ORDER BY bj.priority DESC, bj.created_at, bj.id
+        LIMIT $4
+        FOR UPDATE SKIP LOCKED
+    ) c
+  UNION ALL
+    SELECT c.id, c.priority, c.created_at, 0
+    FROM unnest($1::text[]) AS sys(system)
+    CROSS JOIN LATERAL (
+        SELECT bj.id, bj.priority, bj.created_at
+        FROM build_jobs bj
+        WHERE bj.status = 'pending' AND bj.blocked_inputs = 0
+          AND bj.system = sys.system AND bj.project_id IS NULL
+          AND bj.required_features <@ $2::text[]
+        ORDER BY bj.priority DESC, bj.created_at, bj.id
+        LIMIT $4
+        FOR UPDATE SKIP LOCKED
+    ) c
+), chosen AS (
+    SELECT id FROM candidates ORDER BY priority DESC, ratio, created_at, id LIMIT $5
+)
+UPDATE build_jobs bj SET
+    status = 'building', claimed_by = $3, claimed_at = now(), started_at = now(),
+    attempt = bj.attempt + 1
+FROM chosen
+WHERE bj.id = chosen.id
+RETURNING bj.id, bj.drv_path, bj.system, bj.project_id, bj.priority, bj.attempt, bj.retry_count,
+          bj.required_features, bj.claimed_at`
+
+	// The seed's claim, verbatim in shape (NOT EXISTS readiness), kept for the benchmark's
+	// comparison only. $1 systems, $2 features, $3 node id, $4 limit.
+	sqlClaimNotExists = `
+WITH ready AS (
+    SELECT bj.id
+    FROM build_jobs bj
+    JOIN derivations d USING (drv_path)
+    LEFT JOIN projects p ON p.id = bj.project_id
+    WHERE bj.status = 'pending'
+      AND d.system = ANY($1::text[])
+      AND d.required_features <@ $2::text[]
+      AND NOT EXISTS (
+          SELECT 1 FROM derivation_inputs di
+          JOIN build_jobs dep ON dep.drv_path = di.input_drv
+          WHERE di.referrer = bj.drv_path AND dep.status NOT IN ('succeeded')
+      )
+    ORDER BY bj.priority DESC,
+             COALESCE(p.consumed_seconds / GREATEST(p.scheduling_shares, 1), 0) ASC,
+             bj.created_at ASC
+    LIMIT $4
+    FOR UPDATE OF bj SKIP LOCKED
+)
+UPDATE build_jobs SET status = 'building', claimed_by = $3, claimed_at = now(), started_at = now(),
+    attempt = build_jobs.attempt + 1
+FROM ready WHERE build_jobs.id = ready.id
+RETURNING build_jobs.id, build_jobs.drv_path, build_jobs.system, build_jobs.project_id,
+          build_jobs.priority, build_jobs.attempt, build_jobs.retry_count,
+          build_jobs.required_features, build_jobs.claimed_at`
+
+	// Guarded finishes: $1 id, $2 node, $3 attempt. Each returns the project and the seconds the
+	// attempt took, which the caller charges to the project (see Charger).
+	//
+	// Success is one statement (one round trip, no explicit transaction). Its notification is
+	// the caller's, batched (see Announcer).
+	sqlJobSucceed = `
+UPDATE build_jobs SET status = 'succeeded', finished_at = now(), exit_code = 0
+WHERE id = $1 AND claimed_by = $2 AND attempt = $3 AND status IN ('building', 'uploading')
+RETURNING project_id, EXTRACT(EPOCH FROM now() - started_at)::float8, drv_path`
+
+	sqlJobUploading = `
+UPDATE build_jobs SET status = 'uploading'
+WHERE id = $1 AND claimed_by = $2 AND attempt = $3 AND status = 'building'`
+
+	// $4 exit code (nullable). Past 3 retries a transient failure is permanent.
+	sqlJobFailTransient = `
+UPDATE build_jobs SET
+    status      = CASE WHEN retry_count < 3 THEN 'pending' ELSE 'failed' END,
+    retry_count = retry_count + CASE WHEN retry_count < 3 THEN 1 ELSE 0 END,
+    claimed_by  = CASE WHEN retry_count < 3 THEN NULL ELSE claimed_by END,
+    claimed_at  = CASE WHEN retry_count < 3 THEN NULL ELSE claimed_at END,
+    finished_at = CASE WHEN retry_count < 3 THEN NULL ELSE now() END,
+    exit_code   = $4
+WHERE id = $1 AND claimed_by = $2 AND attempt = $3 AND status IN ('building', 'uploading')
+RETURNING status, project_id, EXTRACT(EPOCH FROM now() - started_at)::float8, drv_path, system`
+
+	sqlJobFailPermanent = `
+UPDATE build_jobs SET status = 'failed', finished_at = now(), exit_code = $4
+WHERE id = $1 AND claimed_by = $2 AND attempt = $3 AND status IN ('building', 'uploading')
+RETURNING status, project_id, EXTRACT(EPOCH FROM now() - started_at)::float8, drv_path, system`
+
+	// A claim given back unfinished (a draining node past its drain timeout): no retry counted.
+	sqlJobRelease = `
+UPDATE build_jobs SET status = 'pending', claimed_by = NULL, claimed_at = NULL, started_at = NULL
+WHERE id = $1 AND claimed_by = $2 AND attempt = $3 AND status IN ('building', 'uploading')
+RETURNING system`
+
+	// Cancel a claimed job on behalf of its holder (the build was aborted).
+	sqlJobCancelClaimed = `
+UPDATE build_jobs SET status = 'cancelled', finished_at = now()
+WHERE id = $1 AND claimed_by = $2 AND attempt = $3 AND status IN ('building', 'uploading')
+RETURNING drv_path`
+
+	// Cancel by a user: pending or building (the builder learns of it and stops).
+	sqlJobCancel = `
+UPDATE build_jobs SET status = 'cancelled', finished_at = now()
+WHERE id = $1 AND status IN ('pending', 'building', 'uploading')
+RETURNING drv_path`
+
+	// $1 project ids, $2 seconds.
+	sqlProjectsCharge = `
+UPDATE projects p SET consumed_seconds = p.consumed_seconds + t.secs
+FROM unnest($1::bigint[], $2::float8[]) AS t(id, secs)
+WHERE p.id = t.id`
+	// (The caller passes ids sorted; the update visits them in that order.)
+
+	// Seed 001: after a permanent failure every pending job above it becomes dep-failed.
+	// $1 ids of jobs that just failed. Returns the dep-failed drv paths.
+	sqlPropagateFailure = `
+WITH RECURSIVE to_fail AS (
+    SELECT bj.drv_path FROM build_jobs bj WHERE bj.id = ANY($1) AND bj.status = 'failed'
+  UNION
+    SELECT di.referrer
+    FROM derivation_inputs di
+    JOIN to_fail tf ON tf.drv_path = di.input_drv
+    JOIN build_jobs bj ON bj.drv_path = di.referrer
+    WHERE bj.status = 'pending'
+), marked AS (
+    UPDATE build_jobs SET status = 'dep-failed', finished_at = now()
+    WHERE drv_path IN (SELECT drv_path FROM to_fail) AND status = 'pending'
+    RETURNING drv_path
+)
+SELECT count(pg_notify('build_jobs', json_build_object('drv_path', drv_path, 'status', 'dep-failed')::text))
+FROM marked`
+
+	// Seed 001 rebuild: a failed job back to pending at priority 100, with fresh retries, and its
+	// dep-failed dependents back to pending; readiness keeps them waiting for their inputs.
+	// $1 job id. Returns the number of jobs reset (0: the job was not failed).
+	sqlRebuild = `
+WITH RECURSIVE root AS (
+    UPDATE build_jobs SET status = 'pending', priority = 100, retry_count = 0,
+        claimed_by = NULL, claimed_at = NULL, started_at = NULL, finished_at = NULL, exit_code = NULL
+    WHERE id = $1 AND status IN ('failed', 'dep-failed', 'cancelled')
+    RETURNING drv_path, system
+), to_reset AS (
+    SELECT drv_path FROM root
+  UNION
+    SELECT di.referrer FROM derivation_inputs di
+    JOIN to_reset tr ON tr.drv_path = di.input_drv
+    JOIN build_jobs bj ON bj.drv_path = di.referrer
+    WHERE bj.status = 'dep-failed'
+), dependents AS (
+    UPDATE build_jobs SET status = 'pending', finished_at = NULL
+    WHERE drv_path IN (SELECT drv_path FROM to_reset) AND status = 'dep-failed'
+      AND drv_path NOT IN (SELECT drv_path FROM root)
+    RETURNING system
+)
+SELECT (SELECT count(*) FROM root) + (SELECT count(*) FROM dependents),
+       ARRAY(SELECT DISTINCT system FROM (SELECT system FROM root UNION ALL SELECT system FROM dependents) s)`
+
+	// Seed 000 reaper, paginated: claims of nodes silent past the threshold (or with no row at
+	// all) go back to pending, or fail past 3 retries. $1 threshold seconds, $2 page size.
+	sqlReapDeadClaims = `
+WITH stale AS (
+    SELECT bj.id FROM build_jobs bj
+    WHERE bj.status IN ('building', 'uploading')
+      AND NOT EXISTS (SELECT 1 FROM nodes n
+                      WHERE n.id = bj.claimed_by AND n.last_seen >= now() - make_interval(secs => $1))
+    ORDER BY bj.id
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE build_jobs bj SET
+    status      = CASE WHEN retry_count < 3 THEN 'pending' ELSE 'failed' END,
+    claimed_by  = CASE WHEN retry_count < 3 THEN NULL ELSE claimed_by END,
+    claimed_at  = CASE WHEN retry_count < 3 THEN NULL ELSE claimed_at END,
+    started_at  = CASE WHEN retry_count < 3 THEN NULL ELSE started_at END,
+    finished_at = CASE WHEN retry_count < 3 THEN NULL ELSE now() END,
+    retry_count = retry_count + CASE WHEN retry_count < 3 THEN 1 ELSE 0 END
+FROM stale WHERE bj.id = stale.id
+RETURNING bj.id, bj.status, bj.system, bj.drv_path`
+
+	sqlReapDeadEvals = `
+UPDATE evaluations e SET status = 'queued', claimed_by = NULL, claimed_at = NULL, started_at = NULL
+WHERE e.status = 'running'
+  AND NOT EXISTS (SELECT 1 FROM nodes n
+                  WHERE n.id = e.claimed_by AND n.last_seen >= now() - make_interval(secs => $1))`
+
+	// Releases everything one node id holds (its previous incarnation, at re-registration).
+	sqlReleaseNodeClaims = `
+UPDATE build_jobs SET
+    status      = CASE WHEN retry_count < 3 THEN 'pending' ELSE 'failed' END,
+    claimed_by  = CASE WHEN retry_count < 3 THEN NULL ELSE claimed_by END,
+    claimed_at  = CASE WHEN retry_count < 3 THEN NULL ELSE claimed_at END,
+    started_at  = CASE WHEN retry_count < 3 THEN NULL ELSE started_at END,
+    finished_at = CASE WHEN retry_count < 3 THEN NULL ELSE now() END,
+    retry_count = retry_count + CASE WHEN retry_count < 3 THEN 1 ELSE 0 END
+WHERE claimed_by = $1 AND status IN ('building', 'uploading')
+RETURNING id, status, system, drv_path`
+
+	sqlReleaseNodeEvals = `
+UPDATE evaluations SET status = 'queued', claimed_by = NULL, claimed_at = NULL, started_at = NULL
+WHERE claimed_by = $1 AND status = 'running'`
+
+	// Seed 001 unsupported builds: pending past the grace and no live, non-draining node has the
+	// system and every required feature. $1 grace seconds, $2 liveness threshold seconds.
+	sqlFailUnsupported = `
+UPDATE build_jobs bj SET status = 'failed', exit_code = NULL, finished_at = now()
+WHERE bj.status = 'pending'
+  AND bj.created_at < now() - make_interval(secs => $1)
+  AND NOT EXISTS (
+      SELECT 1 FROM nodes n
+      WHERE n.last_seen > now() - make_interval(secs => $2)
+        AND n.status <> 'dead' AND NOT n.draining
+        AND 'builder' = ANY(n.roles)
+        AND bj.system = ANY(n.systems)
+        AND bj.required_features <@ n.features)
+RETURNING bj.id, bj.drv_path`
+
+	// Seed 001 hourly decay.
+	sqlDecayShares = `
+UPDATE projects SET consumed_seconds = consumed_seconds * $1 WHERE consumed_seconds > 0`
+
+	// Jobs whose maintained count disagrees with the truth; a non-empty result is a bug, fixed
+	// here and logged. $1 page size.
+	sqlReadinessAudit = `
+WITH truth AS (
+    SELECT bj.id, bj.blocked_inputs AS have, (
+        SELECT count(*) FROM derivation_inputs di
+        JOIN build_jobs dep ON dep.drv_path = di.input_drv
+        WHERE di.referrer = bj.drv_path AND dep.status <> 'succeeded')::int AS want
+    FROM build_jobs bj WHERE bj.status = 'pending'
+), wrong AS (
+    SELECT id FROM truth WHERE have <> want ORDER BY id LIMIT $1
+)
+SELECT count(*) FROM (SELECT recount_blocked(ARRAY(SELECT id FROM wrong))) r, wrong`
+)

@@ -1,0 +1,249 @@
+// Package queue is the build queue of seed 001: enqueue with dedup, the work-stealing claim
+// (DAG readiness, fair shares, priority, FOR UPDATE SKIP LOCKED), guarded finishes, failure
+// propagation and rebuild, the leader-only maintenance that heals the queue when nodes die,
+// and the Worker loop that ties a node's build slots to it.
+//
+// Readiness is kept up to date by triggers (migration 0002): build_jobs.blocked_inputs counts a
+// job's input jobs that have not succeeded, so the claim reads only ready rows.
+package queue
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
+)
+
+// ErrStale means the claim no longer holds: the job was reaped, re-claimed, cancelled or
+// finished by someone else. The write changed nothing.
+var ErrStale = errors.New("claim no longer holds")
+
+// Derivation is one .drv with what the queue needs to know about it (seed 002 layer 1).
+type Derivation struct {
+	DrvPath          string // /nix/store/<hash>-<name>.drv
+	Name             string
+	System           string
+	RequiredFeatures []string
+	NarHash          string // "sha256:…" of the .drv's NAR
+	NarSize          int64
+	Outputs          []Output
+	Inputs           []Input // input derivations (inputDrvs)
+}
+
+// Output is one output of a derivation.
+type Output struct {
+	Name string
+	Path string // "" for floating CA outputs
+}
+
+// Input is one input derivation edge.
+type Input struct {
+	DrvPath string
+	Outputs []string
+}
+
+// EnqueueParams is one enqueue.
+type EnqueueParams struct {
+	// ProjectID charges the new jobs' builder time to a project; nil for none.
+	ProjectID *int64
+	// Derivations to record (deduplicated against what the database has).
+	Derivations []Derivation
+	// Build lists the derivations that need a build job; nil means all of Derivations.
+	Build []string
+}
+
+// batchSize bounds each INSERT; all batches of one Enqueue share one transaction, so a
+// dependent can never become claimable before its inputs' jobs exist.
+const batchSize = 5000
+
+// EnqueueResult says what an enqueue created.
+type EnqueueResult struct {
+	NewJobs int
+}
+
+// Enqueue records derivations, their outputs and inputs, and a build job for each derivation to
+// build, skipping what already exists (ON CONFLICT DO NOTHING: a second evaluation producing the
+// same derivation shares its job). Builders are woken per system at commit.
+func Enqueue(ctx context.Context, pool *pgxpool.Pool, p EnqueueParams) (EnqueueResult, error) {
+	var res EnqueueResult
+	for _, d := range p.Derivations {
+		if err := validateDerivation(d); err != nil {
+			return res, fmt.Errorf("enqueue: %w", err)
+		}
+	}
+	build := p.Build
+	if build == nil {
+		build = make([]string, len(p.Derivations))
+		for i, d := range p.Derivations {
+			build[i] = d.DrvPath
+		}
+	}
+	systems := map[string]bool{}
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, sqlEnqueueLock, cluster.LockClass); err != nil {
+			return fmt.Errorf("take enqueue lock: %w", err)
+		}
+		for chunk := range slices.Chunk(p.Derivations, batchSize) {
+			if err := insertDerivations(ctx, tx, chunk); err != nil {
+				return err
+			}
+		}
+		for chunk := range slices.Chunk(build, batchSize) {
+			rows, err := tx.Query(ctx, sqlJobsInsert, chunk, p.ProjectID)
+			if err != nil {
+				return fmt.Errorf("insert build jobs: %w", err)
+			}
+			created, err := pgx.CollectRows(rows, pgx.RowTo[string])
+			if err != nil {
+				return fmt.Errorf("insert build jobs: %w", err)
+			}
+			res.NewJobs += len(created)
+			for _, s := range created {
+				systems[s] = true
+			}
+		}
+		for s := range systems {
+			if err := notifyJobs(ctx, tx, map[string]string{"system": s}); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return EnqueueResult{}, fmt.Errorf("enqueue: %w", err)
+	}
+	return res, nil
+}
+
+func insertDerivations(ctx context.Context, tx pgx.Tx, ds []Derivation) error {
+	n := len(ds)
+	drv, hash, name, system, feats, narHash := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	narSize := make([]int64, n)
+	var oDrv, oName, oPath, iRef, iDrv, iOut []string
+	for i, d := range ds {
+		drv[i], name[i], system[i], narHash[i], narSize[i] = d.DrvPath, d.Name, d.System, d.NarHash, d.NarSize
+		hash[i] = hashPart(d.DrvPath)
+		feats[i] = strings.Join(d.RequiredFeatures, ",")
+		for _, o := range d.Outputs {
+			oDrv, oName, oPath = append(oDrv, d.DrvPath), append(oName, o.Name), append(oPath, o.Path)
+		}
+		for _, in := range d.Inputs {
+			iRef, iDrv, iOut = append(iRef, d.DrvPath), append(iDrv, in.DrvPath), append(iOut, strings.Join(in.Outputs, ","))
+		}
+	}
+	if _, err := tx.Exec(ctx, sqlDerivationsInsert, drv, hash, name, system, feats, narHash, narSize); err != nil {
+		return fmt.Errorf("insert derivations: %w", err)
+	}
+	if len(oDrv) > 0 {
+		if _, err := tx.Exec(ctx, sqlOutputsInsert, oDrv, oName, oPath); err != nil {
+			return fmt.Errorf("insert derivation outputs: %w", err)
+		}
+	}
+	if len(iRef) > 0 {
+		if _, err := tx.Exec(ctx, sqlInputsInsert, iRef, iDrv, iOut); err != nil {
+			return fmt.Errorf("insert derivation inputs: %w", err)
+		}
+	}
+	return nil
+}
+
+// hashPart is the 32-character hash of a store path's basename.
+func hashPart(storePath string) string {
+	base := strings.TrimPrefix(storePath, "/nix/store/")
+	if len(base) < 32 {
+		return base
+	}
+	return base[:32]
+}
+
+// validateDerivation rejects what would corrupt the queue: paths outside the store, names
+// that cannot be store path names, lists that cannot survive the comma-joined batch encoding.
+func validateDerivation(d Derivation) error {
+	if !isDrvPath(d.DrvPath) {
+		return fmt.Errorf("derivation %q: not a /nix/store/<32-char hash>-<name>.drv path", d.DrvPath)
+	}
+	if d.System == "" || d.Name == "" || d.NarHash == "" {
+		return fmt.Errorf("derivation %s: name, system and nar hash are required", d.DrvPath)
+	}
+	for _, f := range d.RequiredFeatures {
+		if f == "" || strings.Contains(f, ",") {
+			return fmt.Errorf("derivation %s: invalid required feature %q", d.DrvPath, f)
+		}
+	}
+	for _, in := range d.Inputs {
+		if !isDrvPath(in.DrvPath) {
+			return fmt.Errorf("derivation %s: input %q is not a .drv store path", d.DrvPath, in.DrvPath)
+		}
+		for _, o := range in.Outputs {
+			if o == "" || strings.Contains(o, ",") {
+				return fmt.Errorf("derivation %s: input %s: invalid output name %q", d.DrvPath, in.DrvPath, o)
+			}
+		}
+	}
+	return nil
+}
+
+const nixBase32 = "0123456789abcdfghijklmnpqrsvwxyz"
+
+func isDrvPath(p string) bool {
+	base, ok := strings.CutPrefix(p, "/nix/store/")
+	if !ok || len(base) < 34 || base[32] != '-' || !strings.HasSuffix(base, ".drv") || strings.Contains(base, "/") {
+		return false
+	}
+	for _, c := range base[:32] {
+		if !strings.ContainsRune(nixBase32, c) {
+			return false
+		}
+	}
+	return true
+}
+
+// execer is what single statements need: a pool, a connection or a transaction.
+type execer interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+func notifyJobs(ctx context.Context, q execer, payload map[string]string) error {
+	b, _ := json.Marshal(payload)
+	if _, err := q.Exec(ctx, sqlNotify, string(b)); err != nil {
+		return fmt.Errorf("notify build_jobs: %w", err)
+	}
+	return nil
+}
+
+// Job is a claimed build job.
+type Job struct {
+	ID               int64
+	DrvPath          string
+	System           string
+	ProjectID        *int64
+	Priority         int
+	Attempt          int
+	RetryCount       int
+	RequiredFeatures []string
+	ClaimedAt        time.Time
+	NodeID           string
+}
+
+// Claim identifies one attempt at a job: every write its holder makes is guarded by it.
+func (j *Job) Claim() Claim { return Claim{JobID: j.ID, NodeID: j.NodeID, Attempt: j.Attempt} }
+
+// Claim identifies one attempt at a job.
+type Claim struct {
+	JobID   int64
+	NodeID  string
+	Attempt int
+}
+
+func (c Claim) String() string {
+	return fmt.Sprintf("job %d attempt %d by %s", c.JobID, c.Attempt, c.NodeID)
+}

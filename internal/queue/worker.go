@@ -1,0 +1,345 @@
+package queue
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/harmonia-ci/harmonia-ci/internal/clock"
+	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
+	"github.com/harmonia-ci/harmonia-ci/internal/notify"
+	"github.com/harmonia-ci/harmonia-ci/internal/startstop"
+)
+
+// Result is what a Handler made of a job. A nil Err is success.
+type Result struct {
+	Err      error
+	Kind     FailKind // for a non-nil Err
+	ExitCode *int
+}
+
+// Handler builds one claimed job. Its context ends when the worker stops; a handler that
+// returns because of that has its claim released, not failed.
+type Handler func(ctx context.Context, job Job) Result
+
+// WorkerConfig configures a Worker.
+type WorkerConfig struct {
+	// Claimer is the node's identity, systems and features.
+	Claimer Claimer
+	// MaxJobs is the number of build slots. Default 1.
+	MaxJobs int
+	// PollInterval: the worker claims at least this often even without a wake-up, the fallback
+	// for a lost notification. Default 5s.
+	PollInterval time.Duration
+	// Handler builds a job. Required.
+	Handler Handler
+	// Gate admits work; once it is closed (the node drains) nothing more is claimed. Default: a
+	// gate of the worker's own.
+	Gate *cluster.InFlight
+	// Notifier wakes the worker on build_jobs notifications; nil means polling only.
+	Notifier *notify.Notifier
+	// ClaimForm selects the claim statement (the benchmark compares forms). Default ClaimReady.
+	ClaimForm ClaimForm
+	// Announcer sends the notifications of finished jobs; nil runs one of the worker's own.
+	Announcer *Announcer
+	// ChargeInterval: builder time is added to projects' consumed seconds at least this often
+	// (batched; see Charger). Default 1s.
+	ChargeInterval time.Duration
+	// ClaimFunc, if set, is called after every claim with its latency and the jobs it returned
+	// (the benchmark's instrumentation).
+	ClaimFunc func(latency time.Duration, jobs []Job)
+}
+
+// Worker ties a node's build slots to the queue: whenever a slot is free and the node is not
+// draining, it claims; it wakes on notifications, on a freed slot, after every (re)connect of
+// the notifier, and on a poll timer.
+type Worker struct {
+	startstop.Base
+	cfg    WorkerConfig
+	pool   *pgxpool.Pool
+	logger *slog.Logger
+	clock  clock.Clock
+
+	wake         chan struct{}
+	jobs         sync.WaitGroup
+	charger      Charger
+	ownAnnouncer bool
+
+	mu      sync.Mutex
+	running int
+	avgSecs float64 // rolling average of build durations
+}
+
+// NewWorker builds a worker; Start runs it.
+func NewWorker(cfg WorkerConfig, pool *pgxpool.Pool, logger *slog.Logger, clk clock.Clock) (*Worker, error) {
+	var ownAnnouncer bool
+	if cfg.Handler == nil {
+		return nil, errors.New("queue worker: no handler")
+	}
+	if len(cfg.Claimer.Systems) == 0 {
+		return nil, errors.New("queue worker: no systems to build for")
+	}
+	if cfg.MaxJobs <= 0 {
+		cfg.MaxJobs = 1
+	}
+	if cfg.PollInterval <= 0 {
+		cfg.PollInterval = 5 * time.Second
+	}
+	if cfg.Gate == nil {
+		cfg.Gate = &cluster.InFlight{}
+	}
+	if cfg.Announcer == nil {
+		cfg.Announcer = NewAnnouncer(pool, 0, logger)
+		ownAnnouncer = true
+	}
+	if cfg.ChargeInterval <= 0 {
+		cfg.ChargeInterval = time.Second
+	}
+	return &Worker{
+		cfg: cfg, pool: pool, clock: clk, wake: make(chan struct{}, 1), ownAnnouncer: ownAnnouncer,
+		logger: logger.With("service", "worker", "node_id", cfg.Claimer.NodeID),
+	}, nil
+}
+
+// Start runs the claim loop until Stop. Stop cancels running handlers and releases their claims.
+func (w *Worker) Start(ctx context.Context) error {
+	var sub *notify.Sub
+	if w.cfg.Notifier != nil {
+		var err error
+		if sub, err = w.cfg.Notifier.Subscribe("build_jobs"); err != nil {
+			return fmt.Errorf("queue worker: %w", err)
+		}
+	}
+	if w.ownAnnouncer {
+		if err := w.cfg.Announcer.Start(ctx); err != nil {
+			return err
+		}
+	}
+	w.Run(ctx, func(ctx context.Context) {
+		if sub != nil {
+			defer sub.Close()
+		}
+		w.loop(ctx, sub)
+		w.jobs.Wait()
+		w.flushCharges(context.Background())
+		if w.ownAnnouncer {
+			w.cfg.Announcer.Stop()
+		}
+	})
+	return nil
+}
+
+// Running is the number of jobs being built now.
+func (w *Worker) Running() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.running
+}
+
+// SpeedFactor is builds per minute at the pace of recent builds (0 before the first), so a
+// faster or less loaded node shows a higher factor.
+func (w *Worker) SpeedFactor() float64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.avgSecs <= 0 {
+		return 0
+	}
+	return 60 / math.Max(w.avgSecs, 0.001)
+}
+
+func (w *Worker) loop(ctx context.Context, sub *notify.Sub) {
+	var notes <-chan notify.Notification
+	var resync <-chan struct{}
+	if sub != nil {
+		notes, resync = sub.C, sub.Resync
+	}
+	nextCharge := w.clock.Now().Add(w.cfg.ChargeInterval)
+	for {
+		w.fill(ctx)
+		if now := w.clock.Now(); !now.Before(nextCharge) {
+			w.flushCharges(ctx)
+			nextCharge = now.Add(w.cfg.ChargeInterval)
+		}
+		wait := min(w.cfg.PollInterval, max(nextCharge.Sub(w.clock.Now()), 0))
+		select {
+		case <-ctx.Done():
+			return
+		case n := <-notes:
+			if !w.interested(n.Payload) {
+				continue
+			}
+		case <-resync:
+		case <-w.wake:
+		case <-w.clock.After(wait):
+		}
+	}
+}
+
+func (w *Worker) flushCharges(ctx context.Context) {
+	if err := w.charger.Flush(ctx, w.pool); err != nil && ctx.Err() == nil {
+		w.logger.Warn("could not charge builder time", "error", err)
+	}
+}
+
+// interested reports whether a build_jobs notification can mean a job this worker may claim:
+// a new or requeued job of one of its systems, or a success that may have readied dependents.
+func (w *Worker) interested(payload string) bool {
+	var p struct {
+		System string `json:"system"`
+		Status string `json:"status"`
+	}
+	if json.Unmarshal([]byte(payload), &p) != nil {
+		return true
+	}
+	switch p.Status {
+	case "succeeded":
+		return true
+	case "":
+		return p.System == "" || slices.Contains(w.cfg.Claimer.Systems, p.System)
+	default:
+		return false // failures and cancellations ready nothing
+	}
+}
+
+// fill claims jobs for the free slots, unless the node drains.
+func (w *Worker) fill(ctx context.Context) {
+	for ctx.Err() == nil {
+		w.mu.Lock()
+		free := w.cfg.MaxJobs - w.running
+		w.mu.Unlock()
+		if free <= 0 || w.cfg.Gate.Closed() {
+			return
+		}
+		start := time.Now()
+		jobs, err := claimJobs(ctx, w.pool, w.cfg.Claimer, free, w.cfg.ClaimForm)
+		if w.cfg.ClaimFunc != nil && err == nil {
+			w.cfg.ClaimFunc(time.Since(start), jobs)
+		}
+		if err != nil {
+			if ctx.Err() == nil {
+				w.logger.Warn("claim failed", "error", err)
+			}
+			return
+		}
+		for _, job := range jobs {
+			release, ok := w.cfg.Gate.Acquire()
+			if !ok {
+				// The node began draining between the check and the claim.
+				w.releaseClaim(job)
+				continue
+			}
+			w.mu.Lock()
+			w.running++
+			w.mu.Unlock()
+			w.jobs.Add(1)
+			go w.build(ctx, job, release)
+		}
+		if len(jobs) < free {
+			return // nothing more is ready
+		}
+	}
+}
+
+func (w *Worker) build(ctx context.Context, job Job, release func()) {
+	defer w.jobs.Done()
+	defer func() {
+		w.mu.Lock()
+		w.running--
+		w.mu.Unlock()
+		release()
+		select {
+		case w.wake <- struct{}{}:
+		default:
+		}
+	}()
+	start := time.Now()
+	res := w.cfg.Handler(ctx, job)
+	// Finishing must happen even when the worker is stopping.
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	if ctx.Err() != nil {
+		w.releaseClaim(job)
+		return
+	}
+	elapsed := time.Since(start)
+	out, err := retryFinish(fctx, func() (Outcome, error) {
+		if res.Err == nil {
+			return Succeed(fctx, w.pool, job.Claim())
+		}
+		return Fail(fctx, w.pool, job.Claim(), res.Kind, res.ExitCode)
+	})
+	if err == nil {
+		w.charger.Add(out.ProjectID, out.Seconds)
+		if res.Err == nil {
+			w.cfg.Announcer.Finished(out.DrvPath, out.Status)
+			w.recordDuration(elapsed)
+		} else {
+			w.logger.Info("build failed", "job_id", job.ID, "drv_path", job.DrvPath, "status", out.Status, "error", res.Err)
+		}
+	}
+	if errors.Is(err, ErrStale) {
+		w.logger.Warn("finished a job whose claim no longer holds; nothing recorded", "job_id", job.ID, "attempt", job.Attempt)
+	} else if err != nil {
+		w.logger.Error("could not record a finished job", "job_id", job.ID, "error", err)
+	}
+}
+
+// retryFinish retries a finish that failed for a reason that says nothing about the claim (a
+// deadlock, a serialization failure, a lost connection): giving up would strand the job in
+// building until the node dies.
+func retryFinish(ctx context.Context, finish func() (Outcome, error)) (Outcome, error) {
+	delay := 50 * time.Millisecond
+	for {
+		out, err := finish()
+		if err == nil || !retryable(err) {
+			return out, err
+		}
+		select {
+		case <-ctx.Done():
+			return out, err
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, 2*time.Second)
+	}
+}
+
+// retryable reports whether err is worth retrying: a deadlock or serialization failure, or a
+// connection that failed (the statement may not have run; the guards make a rerun safe).
+func retryable(err error) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Code == "40P01" || pgErr.Code == "40001" || strings.HasPrefix(pgErr.Code, "08")
+	}
+	return pgconn.SafeToRetry(err) || errors.Is(err, io.ErrUnexpectedEOF)
+}
+
+func (w *Worker) releaseClaim(job Job) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := Release(ctx, w.pool, job.Claim()); err != nil && !errors.Is(err, ErrStale) {
+		w.logger.Error("could not release a claim", "job_id", job.ID, "error", err)
+	}
+}
+
+// recordDuration folds a build's duration into the rolling average (weight 0.2 for the newest).
+func (w *Worker) recordDuration(d time.Duration) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	s := d.Seconds()
+	if w.avgSecs == 0 {
+		w.avgSecs = s
+		return
+	}
+	w.avgSecs = 0.8*w.avgSecs + 0.2*s
+}
