@@ -127,22 +127,28 @@ func CancelClaimed(ctx context.Context, pool *pgxpool.Pool, c Claim) error {
 }
 
 // Cancel cancels a pending or running job on a user's behalf; a builder running it finds its
-// claim gone. It returns ErrStale if the job is already finished.
+// claim gone. Its pending dependents become dep-failed (a rebuild restores them). It returns
+// ErrStale if the job is already finished.
 func Cancel(ctx context.Context, pool *pgxpool.Pool, jobID int64) error {
 	return cancel(ctx, pool, sqlJobCancel, fmt.Sprintf("job %d", jobID), jobID)
 }
 
 func cancel(ctx context.Context, pool *pgxpool.Pool, sql, what string, args ...any) error {
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		var id int64
 		var drv string
-		err := tx.QueryRow(ctx, sql, args...).Scan(&drv)
+		err := tx.QueryRow(ctx, sql, args...).Scan(&id, &drv)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return ErrStale
 		}
 		if err != nil {
 			return err
 		}
-		return notifyJobs(ctx, tx, map[string]string{"drv_path": drv, "status": "cancelled"})
+		if err := notifyJobs(ctx, tx, map[string]string{"drv_path": drv, "status": "cancelled"}); err != nil {
+			return err
+		}
+		_, err = propagateFailure(ctx, tx, []int64{id})
+		return err
 	})
 	if err != nil {
 		return fmt.Errorf("cancel %s: %w", what, err)

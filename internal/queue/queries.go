@@ -160,13 +160,13 @@ RETURNING system`
 	sqlJobCancelClaimed = `
 UPDATE build_jobs SET status = 'cancelled', finished_at = now()
 WHERE id = $1 AND claimed_by = $2 AND attempt = $3 AND status IN ('building', 'uploading')
-RETURNING drv_path`
+RETURNING id, drv_path`
 
 	// Cancel by a user: pending or building (the builder learns of it and stops).
 	sqlJobCancel = `
 UPDATE build_jobs SET status = 'cancelled', finished_at = now()
 WHERE id = $1 AND status IN ('pending', 'building', 'uploading')
-RETURNING drv_path`
+RETURNING id, drv_path`
 
 	// $1 project ids, $2 seconds.
 	sqlProjectsCharge = `
@@ -175,11 +175,12 @@ FROM unnest($1::bigint[], $2::float8[]) AS t(id, secs)
 WHERE p.id = t.id`
 	// (The caller passes ids sorted; the update visits them in that order.)
 
-	// Seed 001: after a permanent failure every pending job above it becomes dep-failed.
-	// $1 ids of jobs that just failed. Returns the dep-failed drv paths.
+	// Seed 001: after a permanent failure every pending job above it becomes dep-failed. A
+	// cancelled job propagates the same way: its dependents can no longer build either.
+	// $1 ids of jobs that just failed or were cancelled. Returns how many were marked.
 	sqlPropagateFailure = `
 WITH RECURSIVE to_fail AS (
-    SELECT bj.drv_path FROM build_jobs bj WHERE bj.id = ANY($1) AND bj.status = 'failed'
+    SELECT bj.drv_path FROM build_jobs bj WHERE bj.id = ANY($1) AND bj.status IN ('failed', 'cancelled')
   UNION
     SELECT di.referrer
     FROM derivation_inputs di

@@ -132,7 +132,7 @@ func (w *Worker) Start(ctx context.Context) error {
 		}
 		w.loop(ctx, sub)
 		w.jobs.Wait()
-		w.flushCharges(context.Background())
+		w.flushCharges()
 		if w.ownAnnouncer {
 			w.cfg.Announcer.Stop()
 		}
@@ -164,30 +164,37 @@ func (w *Worker) loop(ctx context.Context, sub *notify.Sub) {
 	if sub != nil {
 		notes, resync = sub.C, sub.Resync
 	}
-	nextCharge := w.clock.Now().Add(w.cfg.ChargeInterval)
+	charge := w.clock.After(w.cfg.ChargeInterval)
+	poll := w.clock.After(w.cfg.PollInterval)
+	claim := true
 	for {
-		w.fill(ctx)
-		if now := w.clock.Now(); !now.Before(nextCharge) {
-			w.flushCharges(ctx)
-			nextCharge = now.Add(w.cfg.ChargeInterval)
+		if claim {
+			w.fill(ctx)
 		}
-		wait := min(w.cfg.PollInterval, max(nextCharge.Sub(w.clock.Now()), 0))
+		claim = true
 		select {
 		case <-ctx.Done():
 			return
 		case n := <-notes:
-			if !w.interested(n.Payload) {
-				continue
-			}
+			claim = w.interested(n.Payload)
 		case <-resync:
 		case <-w.wake:
-		case <-w.clock.After(wait):
+		case <-poll:
+			poll = w.clock.After(w.cfg.PollInterval)
+		case <-charge:
+			w.flushCharges()
+			charge = w.clock.After(w.cfg.ChargeInterval)
+			claim = false // the charge timer is no claim trigger: it would hide lost wake-ups
 		}
 	}
 }
 
-func (w *Worker) flushCharges(ctx context.Context) {
-	if err := w.charger.Flush(ctx, w.pool); err != nil && ctx.Err() == nil {
+// flushCharges writes the pending charges. Stop must not cancel it halfway: a charge that
+// committed but reported the cancellation would be kept and written twice.
+func (w *Worker) flushCharges() {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := w.charger.Flush(ctx, w.pool); err != nil {
 		w.logger.Warn("could not charge builder time", "error", err)
 	}
 }

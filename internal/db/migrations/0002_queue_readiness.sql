@@ -20,9 +20,9 @@ CREATE INDEX build_jobs_ready_idx
 -- Concurrency. Two kinds of writer change readiness:
 --  * enqueues (new jobs, new edges) recount absolutely, and take the transaction advisory lock
 --    (class 0x48434931 "HCI1", object 2) EXCLUSIVELY, so they never race each other;
---  * a status crossing into or out of 'succeeded' applies a +1/-1 delta to its dependents and
---    takes the same lock SHARED (in its trigger), so it never overlaps an enqueue. Deltas of
---    concurrent finishes commute; they need nothing more.
+--  * a status crossing into or out of 'succeeded' applies a +1/-1 delta to its dependents; every
+--    statement that may cross takes the same lock SHARED first, so it never overlaps an
+--    enqueue. Deltas of concurrent finishes commute; they need nothing more.
 -- An enqueue's count therefore sees every committed crossing, and every crossing after it sees
 -- the enqueue's rows.
 --
@@ -65,9 +65,22 @@ CREATE TRIGGER build_jobs_readiness_insert
     FOR EACH STATEMENT EXECUTE FUNCTION build_jobs_after_insert();
 
 -- A job crossing into 'succeeded' unblocks each dependent by one; crossing out blocks it again.
-CREATE FUNCTION build_jobs_after_status() RETURNS trigger AS $$
+-- The shared lock is taken before the statement touches any row: a row trigger runs with its
+-- row already locked, and an enqueue (holding the lock exclusively) may be waiting on that row
+-- (ON CONFLICT on the same drv_path), which would deadlock.
+CREATE FUNCTION build_jobs_before_change() RETURNS trigger AS $$
 BEGIN
     PERFORM pg_advisory_xact_lock_shared(1212369201, 2);
+    RETURN NULL;
+END;
+$$ LANGUAGE plpgsql;
+
+CREATE TRIGGER build_jobs_readiness_lock
+    BEFORE UPDATE OF status OR DELETE ON build_jobs
+    FOR EACH STATEMENT EXECUTE FUNCTION build_jobs_before_change();
+
+CREATE FUNCTION build_jobs_after_status() RETURNS trigger AS $$
+BEGIN
     -- Lock the dependents in id order first: two finishes sharing dependents would otherwise
     -- lock them in index order each and could deadlock.
     PERFORM 1 FROM build_jobs r
@@ -89,7 +102,6 @@ CREATE TRIGGER build_jobs_readiness_status
 -- A deleted job that had not succeeded no longer blocks anyone.
 CREATE FUNCTION build_jobs_after_delete() RETURNS trigger AS $$
 BEGIN
-    PERFORM pg_advisory_xact_lock_shared(1212369201, 2);
     PERFORM 1 FROM build_jobs r
     WHERE r.drv_path IN (SELECT referrer FROM derivation_inputs WHERE input_drv = OLD.drv_path)
     ORDER BY r.id FOR NO KEY UPDATE;
