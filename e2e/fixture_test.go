@@ -17,7 +17,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/proctest"
 )
 
-func TestMain(m *testing.M) { dbtest.Main(m) }
+func TestMain(m *testing.M) { dbtest.Main(m, proctest.Cleanup) }
 
 const (
 	adminToken = "e2e-admin-token-0123456789"

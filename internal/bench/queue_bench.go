@@ -46,25 +46,24 @@ type QueueOptions struct {
 
 // QueueReport is what the benchmark measured.
 type QueueReport struct {
-	Date             string    `json:"date"`
-	Machine          string    `json:"machine"`
-	Postgres         string    `json:"postgres"`
-	ClaimForm        string    `json:"claim_form"`
-	Jobs             int       `json:"jobs"`
-	Workers          int       `json:"workers"`
-	Projects         int       `json:"projects"`
-	EnqueueSeconds   float64   `json:"enqueue_seconds"`
-	BlockedAtStart   int       `json:"blocked_at_start"`
-	RunSeconds       float64   `json:"run_seconds"`
-	JobsPerSecond    float64   `json:"jobs_per_second"`
-	ClaimP50Ms       float64   `json:"claim_p50_ms"`
-	ClaimP99Ms       float64   `json:"claim_p99_ms"`
-	ClaimP99FullMs   float64   `json:"claim_p99_full_queue_ms"` // claims made while over half the jobs were still unclaimed
-	WakeP50Ms        float64   `json:"wake_p50_ms"`
-	WakeP99Ms        float64   `json:"wake_p99_ms"`
-	PgbenchTPS       float64   `json:"pgbench_tps"`
-	RatioToPgbench   float64   `json:"ratio_jobs_per_pgbench_tps"`
-	ProjectBuildTime []float64 `json:"project_build_seconds"`
+	Date           string  `json:"date"`
+	Machine        string  `json:"machine"`
+	Postgres       string  `json:"postgres"`
+	ClaimForm      string  `json:"claim_form"`
+	Jobs           int     `json:"jobs"`
+	Workers        int     `json:"workers"`
+	Projects       int     `json:"projects"`
+	EnqueueSeconds float64 `json:"enqueue_seconds"`
+	BlockedAtStart int     `json:"blocked_at_start"`
+	RunSeconds     float64 `json:"run_seconds"`
+	JobsPerSecond  float64 `json:"jobs_per_second"`
+	ClaimP50Ms     float64 `json:"claim_p50_ms"`
+	ClaimP99Ms     float64 `json:"claim_p99_ms"`
+	ClaimP99FullMs float64 `json:"claim_p99_full_queue_ms"` // claims made while over half the jobs were still unclaimed
+	WakeP50Ms      float64 `json:"wake_p50_ms"`
+	WakeP99Ms      float64 `json:"wake_p99_ms"`
+	PgbenchTPS     float64 `json:"pgbench_tps"`
+	RatioToPgbench float64 `json:"ratio_jobs_per_pgbench_tps"`
 }
 
 func (o *QueueOptions) defaults() {
@@ -219,9 +218,6 @@ func Queue(ctx context.Context, o QueueOptions) (QueueReport, error) {
 	if r.PgbenchTPS > 0 {
 		r.RatioToPgbench = r.JobsPerSecond / r.PgbenchTPS
 	}
-	if r.ProjectBuildTime, err = projectBuildTime(ctx, pool, projectIDs); err != nil {
-		return r, err
-	}
 	o.Logger.Info("drained", "jobs_per_second", r.JobsPerSecond)
 
 	if o.WakeLinks > 1 {
@@ -269,16 +265,6 @@ func waitDone(ctx context.Context, pool *pgxpool.Pool, timeout time.Duration) er
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
-}
-
-func projectBuildTime(ctx context.Context, pool *pgxpool.Pool, ids []int64) ([]float64, error) {
-	out := make([]float64, len(ids))
-	for i, id := range ids {
-		if err := pool.QueryRow(ctx, `SELECT COALESCE(sum(EXTRACT(EPOCH FROM finished_at - started_at)), 0)::float8 FROM build_jobs WHERE project_id = $1`, id).Scan(&out[i]); err != nil {
-			return nil, err
-		}
-	}
-	return out, nil
 }
 
 // wakeLatency enqueues a chain on the now idle workers and measures, from the database's own

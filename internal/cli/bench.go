@@ -44,7 +44,10 @@ With one, the database must hold no build jobs.`,
 			}
 			o.DatabaseURL = g.databaseURL
 			o.Logger = benchLogger(cmd.ErrOrStderr())
-			r, err := bench.Queue(cmd.Context(), o)
+			// Ctrl-C must still stop the private server the benchmark started.
+			ctx, _, stop := signalContext()
+			defer stop()
+			r, err := bench.Queue(ctx, o)
 			if err != nil {
 				return err
 			}
@@ -109,5 +112,4 @@ func printQueueReport(w io.Writer, r bench.QueueReport) {
 		fmt.Fprintf(w, "  pgbench -N         %.0f TPS (8 clients, 2 threads, same server)\n", r.PgbenchTPS)
 		fmt.Fprintf(w, "  jobs/s ÷ TPS       %.2f\n", r.RatioToPgbench)
 	}
-	fmt.Fprintf(w, "  builder seconds by project (shares 100, 200, ...): %v\n", r.ProjectBuildTime)
 }

@@ -3,7 +3,6 @@ package cluster_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"sync"
@@ -19,6 +18,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/clock"
 	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
 	"github.com/harmonia-ci/harmonia-ci/internal/dbtest"
+	"github.com/harmonia-ci/harmonia-ci/internal/waittest"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m) }
@@ -31,39 +31,10 @@ const hashPart = "0123456789abcdfghijklmnpqrsvwxyz"
 
 func discardLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
-// waitFor polls cond every few milliseconds until it holds or timeout passes.
-func waitFor(t testing.TB, timeout time.Duration, cond func() bool, format string, args ...any) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		if cond() {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for: %s", timeout, fmt.Sprintf(format, args...))
-		}
-		<-tick.C
-	}
-}
-
-// observeLeadership samples check every few milliseconds for d: an observation window over
-// which a state must hold, not a wait for something to happen.
-func observeLeadership(t testing.TB, d time.Duration, check func()) {
-	t.Helper()
-	end := time.After(d)
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		check()
-		select {
-		case <-end:
-			return
-		case <-tick.C:
-		}
-	}
-}
+var (
+	waitFor           = waittest.For
+	observeLeadership = waittest.Hold
+)
 
 // ctxTimeout is a context for one test step.
 func ctxTimeout(t testing.TB, d time.Duration) context.Context {

@@ -17,7 +17,9 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"os/exec"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -54,8 +56,9 @@ var (
 	dbCount  atomic.Int64
 )
 
-// Main runs the package's tests and stops the private server afterwards. It calls os.Exit.
-func Main(m *testing.M) {
+// Main runs the package's tests and stops the private server afterwards, then runs after
+// (cleanups of other test fixtures, such as proctest.Cleanup). It calls os.Exit.
+func Main(m *testing.M, after ...func()) {
 	// The server outlives a killed test binary (pg_ctl detaches it), so an interrupt stops it
 	// before exiting. A test timeout panic still leaks it: nothing runs after that.
 	sigs := make(chan os.Signal, 1)
@@ -77,6 +80,9 @@ func Main(m *testing.M) {
 		if code == 0 {
 			code = 1
 		}
+	}
+	for _, f := range after {
+		f()
 	}
 	os.Exit(code)
 }
@@ -108,6 +114,7 @@ func startServer() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
+	reapOrphans()
 	// A short path keeps the socket in the directory itself, not the /tmp fallback.
 	serverDir, serverErr = os.MkdirTemp("", "hci-pg-")
 	if serverErr != nil {
@@ -125,6 +132,9 @@ func startServer() {
 		serverErr = fmt.Errorf("start test PostgreSQL: %w", serverErr)
 		return
 	}
+	// Record the owner: a test binary killed by its timeout panic runs no cleanup, and the next
+	// test binary stops what it left behind.
+	_ = os.WriteFile(filepath.Join(serverDir, ownerFile), []byte(strconv.Itoa(os.Getpid())), 0o644)
 	admin, serverErr = pgxpool.New(ctx, server.URL("postgres"))
 	if serverErr != nil {
 		serverErr = fmt.Errorf("connect to test PostgreSQL: %w", serverErr)
@@ -253,4 +263,30 @@ func dbName(testName string, n int64) string {
 		s = s[:40]
 	}
 	return "t_" + s + "_" + strconv.FormatInt(n, 10)
+}
+
+const ownerFile = "dbtest.owner"
+
+// reapOrphans stops and removes the servers of test binaries that died without cleaning up.
+func reapOrphans() {
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), "hci-pg-*", ownerFile))
+	for _, f := range dirs {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
+		if err != nil || pid <= 0 || syscall.Kill(pid, 0) == nil {
+			continue // malformed, or its owner still runs
+		}
+		dir := filepath.Dir(f)
+		bins, err := pgembed.FindBinaries()
+		if err == nil {
+			_ = exec.Command(bins.PgCtl, "-D", filepath.Join(dir, "data"), "-m", "immediate", "stop").Run()
+			if os.Geteuid() == 0 { // pg_ctl refuses root; the server runs as postgres
+				_ = exec.Command("runuser", "-u", "postgres", "--", bins.PgCtl, "-D", filepath.Join(dir, "data"), "-m", "immediate", "stop").Run()
+			}
+		}
+		_ = os.RemoveAll(dir)
+	}
 }

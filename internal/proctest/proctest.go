@@ -21,6 +21,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/harmonia-ci/harmonia-ci/internal/waittest"
 )
 
 var (
@@ -51,6 +53,13 @@ func Binary(t testing.TB) string {
 		t.Fatalf("proctest: %v", buildErr)
 	}
 	return binPath
+}
+
+// Cleanup removes the binary Binary built. Pass it to dbtest.Main.
+func Cleanup() {
+	if binPath != "" {
+		_ = os.RemoveAll(filepath.Dir(binPath))
+	}
 }
 
 // FastConfig is a configuration with intervals short enough for tests: heartbeats every
@@ -184,19 +193,10 @@ func (p *Proc) Wait(t testing.TB, timeout time.Duration) int {
 // Logs returns everything the process printed so far.
 func (p *Proc) Logs() string { return p.logs.String() }
 
-// WaitFor polls cond every 20ms until it holds or timeout passes, then fails the test with msg.
+// WaitFor polls cond until it holds or timeout passes, then fails the test with msg.
 func WaitFor(t testing.TB, timeout time.Duration, msg string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		if cond() {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for: %s", timeout, msg)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	waittest.For(t, timeout, cond, "%s", msg)
 }
 
 // Metric scrapes endpoint's /metrics and returns the value of the series whose name and labels

@@ -6,10 +6,11 @@ import (
 	"testing"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/dbtest"
+	"github.com/harmonia-ci/harmonia-ci/internal/proctest"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 )
 
-func TestMain(m *testing.M) { dbtest.Main(m) }
+func TestMain(m *testing.M) { dbtest.Main(m, proctest.Cleanup) }
 
 func drv(i int) string { return fmt.Sprintf("/nix/store/%032d-d%d.drv", i, i) }
 

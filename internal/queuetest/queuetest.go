@@ -28,6 +28,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/clock"
 	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
+	"github.com/harmonia-ci/harmonia-ci/internal/waittest"
 )
 
 // NixBase32 is the alphabet of store path hashes.
@@ -278,35 +279,16 @@ func Backdate(t testing.TB, pool *pgxpool.Pool, id string, ago time.Duration) {
 	}
 }
 
-// WaitFor polls cond every few milliseconds until it holds, failing the test after timeout.
+// WaitFor is waittest.For.
 func WaitFor(t testing.TB, timeout time.Duration, cond func() bool, format string, args ...any) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for: %s", timeout, fmt.Sprintf(format, args...))
-		}
-		<-tick.C
-	}
+	waittest.For(t, timeout, cond, format, args...)
 }
 
-// Observe calls check every few milliseconds for d: a window over which a state must hold, not
-// a wait for something to happen.
+// Observe is waittest.Hold.
 func Observe(t testing.TB, d time.Duration, check func()) {
 	t.Helper()
-	end := time.After(d)
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		check()
-		select {
-		case <-end:
-			return
-		case <-tick.C:
-		}
-	}
+	waittest.Hold(t, d, check)
 }
 
 // SteadyElector elects within about 100ms but keeps a 6s lease, so a loaded test machine does
