@@ -101,7 +101,8 @@ func TestLeaderElectionSurvivesFaults(t *testing.T) {
 		SELECT count(pg_terminate_backend(a.pid))
 		FROM pg_stat_activity a JOIN pg_locks l ON l.pid = a.pid
 		WHERE a.application_name = 'harmonia-ci locks' AND l.locktype = 'advisory' AND l.granted
-		  AND l.classid = 1212369201 AND l.objid = 1`).Scan(&terminated); err != nil {
+		  AND l.classid = 1212369201 AND l.objid = 1
+		  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&terminated); err != nil {
 		t.Fatal(err)
 	}
 	if terminated != 1 {

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/clock"
+	"github.com/harmonia-ci/harmonia-ci/internal/notify"
 	"github.com/harmonia-ci/harmonia-ci/internal/startstop"
 )
 
@@ -42,6 +43,9 @@ type ElectorConfig struct {
 	LeaseDuration time.Duration
 	// RefreshInterval is how often the leader renews; at most LeaseDuration/3. Default 20s.
 	RefreshInterval time.Duration
+	// Notifier, if set, wakes this elector when a leader of the role resigns, so it campaigns at
+	// once rather than at its next check.
+	Notifier *notify.Notifier
 	// LeaderFunc runs while this node leads, in its own goroutine; its context ends when the
 	// term ends, and the lease is given up only after it returns.
 	LeaderFunc func(ctx context.Context, term *Term)
@@ -113,7 +117,20 @@ func cmpOr(d, def time.Duration) time.Duration {
 
 // Start campaigns until Stop; Stop resigns gracefully if this node leads.
 func (e *Elector) Start(ctx context.Context) error {
-	e.Run(ctx, e.loop)
+	var resigned <-chan notify.Notification
+	if e.cfg.Notifier != nil {
+		sub, err := e.cfg.Notifier.Subscribe("leaders")
+		if err != nil {
+			return fmt.Errorf("leader election %s: %w", e.cfg.Role, err)
+		}
+		resigned = sub.C
+		e.Run(ctx, func(ctx context.Context) {
+			defer sub.Close()
+			e.loop(ctx, resigned)
+		})
+		return nil
+	}
+	e.Run(ctx, func(ctx context.Context) { e.loop(ctx, nil) })
 	return nil
 }
 
@@ -130,7 +147,7 @@ func (e *Elector) Term() *Term {
 // IsLeader reports whether this node currently leads the role (by its own, local view).
 func (e *Elector) IsLeader() bool { return e.Term() != nil }
 
-func (e *Elector) loop(ctx context.Context) {
+func (e *Elector) loop(ctx context.Context, resigned <-chan notify.Notification) {
 	// A random first delay spreads the campaigns of nodes started together.
 	wait := time.Duration(rand.Int64N(int64(e.cfg.CheckInterval)/4 + 1))
 	for {
@@ -139,6 +156,10 @@ func (e *Elector) loop(ctx context.Context) {
 			e.stepDown(true, "shutting down")
 			return
 		case <-e.kick:
+		case n := <-resigned:
+			if n.Payload != e.cfg.Role || e.currentTerm() != nil {
+				continue
+			}
 		case <-e.clock.After(wait):
 		}
 		if e.currentTerm() == nil {
@@ -349,8 +370,16 @@ func (e *Elector) stepDown(graceful bool, reason string) {
 				return fmt.Errorf("resign lease: %w", err)
 			}
 		}
-		_, err := conn.Exec(ctx, sqlAdvisoryUnlock, LockClass, e.lockID)
-		return err
+		if _, err := conn.Exec(ctx, sqlAdvisoryUnlock, LockClass, e.lockID); err != nil {
+			return err
+		}
+		if graceful {
+			// Standbys woken now find the lock free and take over without waiting for a check.
+			if _, err := conn.Exec(ctx, sqlNotifyResigned, t.Role); err != nil {
+				return fmt.Errorf("announce resignation: %w", err)
+			}
+		}
+		return nil
 	})
 	if err != nil {
 		e.logger.Warn("could not release leadership cleanly", "error", err)

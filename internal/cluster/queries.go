@@ -135,6 +135,9 @@ WHERE role = $1 AND node_id = $2 AND incarnation = $3 AND epoch = $4 AND lease_u
 UPDATE leaders SET lease_until = now(), renewed_at = now()
 WHERE role = $1 AND node_id = $2 AND incarnation = $3 AND epoch = $4`
 
+	// Sent after the unlock, so that woken standbys find the lock free.
+	sqlNotifyResigned = `SELECT pg_notify('leaders', $1)`
+
 	// The fence: the term still holds, and its row stays locked against a new epoch until the
 	// caller's transaction ends.
 	sqlLeaseFence = `

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -112,12 +113,25 @@ type node struct {
 	clock  clock.Clock
 
 	inFlight  cluster.InFlight
+	active    atomic.Bool // set once every service runs
 	drainOnce sync.Once
 	drainReq  chan struct{}
 	fatal     chan error
 }
 
 func (n *node) requestDrain() { n.drainOnce.Do(func() { close(n.drainReq) }) }
+
+// status is the node's lifecycle status as its health check reports it.
+func (n *node) status() string {
+	switch {
+	case n.inFlight.Closed():
+		return cluster.StatusDraining
+	case n.active.Load():
+		return cluster.StatusActive
+	default:
+		return cluster.StatusJoining
+	}
+}
 
 func (n *node) run(ctx context.Context, ln net.Listener, opts Options) error {
 	cfg := n.cfg
@@ -155,8 +169,12 @@ func (n *node) run(ctx context.Context, ln net.Listener, opts Options) error {
 
 	httpServer := web.NewServer(web.Config{
 		NodeID: cfg.Node.ID, AdminToken: cfg.Auth.AdminToken, Gatherer: reg,
-		DrainingFunc: n.inFlight.Closed,
+		StatusFunc: n.status,
 	}, n.pool, ln, n.logger)
+
+	// One LISTEN connection per process; role services subscribe to it.
+	notifier := notify.New(notify.Config{}, n.pool, n.logger, n.clock)
+	defer notifier.Stop()
 
 	lockConn := cluster.NewLockConn(n.pool, n.logger)
 	defer lockConn.Close()
@@ -177,17 +195,13 @@ func (n *node) run(ctx context.Context, ln net.Listener, opts Options) error {
 		e, err := cluster.NewElector(cluster.ElectorConfig{
 			Role: cluster.RoleMaintenance, CheckInterval: le.CheckInterval.Duration,
 			LeaseDuration: le.LeaseDuration.Duration, RefreshInterval: le.RefreshInterval.Duration,
-			LeaderFunc: maint.Lead,
+			LeaderFunc: maint.Lead, Notifier: notifier,
 		}, n.pool, lockConn, id, metrics, n.logger, n.clock)
 		if err != nil {
 			return err
 		}
 		electors = append(electors, e)
 	}
-
-	// One LISTEN connection per process; role services subscribe to it.
-	notifier := notify.New(notify.Config{}, n.pool, n.logger, n.clock)
-	defer notifier.Stop()
 
 	// Services start in dependency order and stop in reverse (see shutdown).
 	services := append([]startstop.Service{httpServer, notifier, heartbeat}, electors...)
@@ -197,10 +211,12 @@ func (n *node) run(ctx context.Context, ln net.Listener, opts Options) error {
 			return err
 		}
 	}
-	if err := registry.SetStatus(ctx, cluster.StatusActive); err != nil {
+	// A signal arriving now must not fail the start half-way: finish it, then shut down below.
+	if err := registry.SetStatus(context.WithoutCancel(ctx), cluster.StatusActive); err != nil {
 		startstop.StopAll(services...)
 		return err
 	}
+	n.active.Store(true)
 	n.logger.Info("node ready", "node_id", cfg.Node.ID, "incarnation", id.Incarnation.String(),
 		"roles", strings.Join(cfg.Node.Roles, ","), "listen", ln.Addr().String(), "endpoint", endpoint)
 

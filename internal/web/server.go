@@ -30,8 +30,10 @@ type Config struct {
 	AdminToken string
 	// Gatherer serves /metrics.
 	Gatherer prometheus.Gatherer
-	// DrainingFunc reports whether the node is draining (healthz says so, with 503).
-	DrainingFunc func() bool
+	// StatusFunc reports the node's lifecycle status (joining, active, draining); /healthz
+	// answers 200 only while it is active, so a load balancer sends nothing to a node that is
+	// starting or leaving. Nil means always active.
+	StatusFunc func() string
 }
 
 // Server serves the node's HTTP API on one listener.
@@ -96,8 +98,10 @@ func (s *Server) handleHealthz(w http.ResponseWriter, r *http.Request) error {
 		return &HTTPError{Code: http.StatusServiceUnavailable, Msg: "database unreachable", Err: err}
 	}
 	status, code := "ok", http.StatusOK
-	if s.cfg.DrainingFunc != nil && s.cfg.DrainingFunc() {
-		status, code = "draining", http.StatusServiceUnavailable
+	if s.cfg.StatusFunc != nil {
+		if st := s.cfg.StatusFunc(); st != cluster.StatusActive {
+			status, code = st, http.StatusServiceUnavailable
+		}
 	}
 	writeJSON(w, code, map[string]string{"status": status, "node_id": s.cfg.NodeID})
 	return nil
