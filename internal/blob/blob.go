@@ -1,0 +1,234 @@
+// Package blob stores the binary cache's objects: a local directory or an S3-compatible bucket.
+//
+// Every key is checked against the binary cache layout by ValidKey before any backend touches
+// it, so a key can never name a path outside the store or an object outside the layout:
+//
+//	nix-cache-info
+//	<hash>.narinfo                  <hash>: 32 nix32 characters
+//	<hash>.ls
+//	nar/<filehash>.nar.zst          <filehash>: 52 nix32 characters
+//	log/<hash>-<name>.drv           <name>: [A-Za-z0-9+\-._?=], not starting with '.'
+//	realisations/<hash>!<out>.doi   <out>: an output name, same characters as <name>
+//
+// nix32 is Nix's base32 alphabet "0123456789abcdfghijklmnpqrsvwxyz" (no e, o, t, u).
+package blob
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+)
+
+// ErrNotFound is returned (possibly wrapped) for a key that does not exist.
+var ErrNotFound = errors.New("blob not found")
+
+// Info describes a stored object.
+type Info struct {
+	Key         string
+	Size        int64
+	ModTime     time.Time
+	ContentType string
+}
+
+// Upload describes a presigned upload: the client PUTs the exact body to URL with Headers.
+//
+// Every header must be sent unchanged; the signature covers them. Headers includes
+// Content-Length: a Go client sets http.Request.ContentLength to it instead (net/http takes
+// the length from there, not from the header map). The server stores nothing unless the body
+// has exactly the signed length and sha256. Expires is when the URL stops working.
+type Upload struct {
+	URL     string
+	Method  string
+	Headers http.Header
+	Expires time.Time
+}
+
+// PutOptions are optional properties of a Put.
+type PutOptions struct {
+	ContentType string
+	// SHA256 is the body's expected sha256; if set, a body with another sum is not stored.
+	SHA256 []byte
+}
+
+// Store is a blob store. Keys must pass ValidKey.
+type Store interface {
+	// Put stores exactly size bytes from r under key, replacing any object there.
+	Put(ctx context.Context, key string, r io.Reader, size int64, o PutOptions) error
+	// Get opens key for reading. ErrNotFound if absent.
+	Get(ctx context.Context, key string) (io.ReadCloser, Info, error)
+	// Head describes key. ErrNotFound if absent.
+	Head(ctx context.Context, key string) (Info, error)
+	// Delete removes key. Deleting an absent key is not an error.
+	Delete(ctx context.Context, key string) error
+	// List calls fn for every object whose key starts with prefix, in key order; an error
+	// from fn stops the listing and is returned.
+	List(ctx context.Context, prefix string, fn func(Info) error) error
+	// PresignPut returns an upload that can write only key, only with exactly size bytes whose
+	// sha256 is sum, until expiry.
+	PresignPut(ctx context.Context, key string, size int64, sum []byte, contentType string, expiry time.Duration) (Upload, error)
+}
+
+const nix32Alphabet = "0123456789abcdfghijklmnpqrsvwxyz"
+
+// maxNameLen is Nix's limit on the name part of a store path (including ".drv").
+const maxNameLen = 211
+
+func isNix32(s string, n int) bool {
+	if len(s) != n {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if strings.IndexByte(nix32Alphabet, s[i]) < 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// validName reports whether s is a valid store path name (or output name) per Nix's rules.
+func validName(s string) error {
+	if s == "" {
+		return errors.New("empty name")
+	}
+	if len(s) > maxNameLen {
+		return fmt.Errorf("name is %d bytes, over %d", len(s), maxNameLen)
+	}
+	if s[0] == '.' {
+		return errors.New("name starts with '.'")
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
+		case strings.IndexByte("+-._?=", c) >= 0:
+		default:
+			return fmt.Errorf("name contains %q (allowed: A-Z a-z 0-9 + - . _ ? =)", c)
+		}
+	}
+	return nil
+}
+
+// ValidKey reports whether key is an object of the binary cache layout (see the package
+// documentation). Anything else, including any path with "..", a leading '/', empty segments
+// or an unknown prefix, is rejected with an error saying why.
+func ValidKey(key string) error {
+	if err := validKey(key); err != nil {
+		return fmt.Errorf("invalid blob key %q: %w", key, err)
+	}
+	return nil
+}
+
+func validKey(key string) error {
+	switch {
+	case key == "":
+		return errors.New("empty key")
+	case key == "nix-cache-info":
+		return nil
+	case strings.HasPrefix(key, "/"):
+		return errors.New("absolute path")
+	case strings.Contains(key, "//"), strings.HasSuffix(key, "/"):
+		return errors.New("empty path segment")
+	case strings.Contains(key, "\\"):
+		return errors.New("backslash in key")
+	}
+	for _, seg := range strings.Split(key, "/") {
+		if seg == "." || seg == ".." {
+			return fmt.Errorf("path segment %q", seg)
+		}
+	}
+	dir, base, nested := strings.Cut(key, "/")
+	if !nested {
+		if h, ok := strings.CutSuffix(key, ".narinfo"); ok {
+			return checkHash(h, 32, "narinfo hash")
+		}
+		if h, ok := strings.CutSuffix(key, ".ls"); ok {
+			return checkHash(h, 32, "listing hash")
+		}
+		return errors.New("not nix-cache-info, <hash>.narinfo or <hash>.ls")
+	}
+	if strings.Contains(base, "/") {
+		return errors.New("too many path segments")
+	}
+	switch dir {
+	case "nar":
+		h, ok := strings.CutSuffix(base, ".nar.zst")
+		if !ok {
+			return errors.New("nar key must be nar/<filehash>.nar.zst")
+		}
+		return checkHash(h, 52, "nar file hash")
+	case "log":
+		rest, ok := strings.CutSuffix(base, ".drv")
+		if !ok {
+			return errors.New("log key must be log/<hash>-<name>.drv")
+		}
+		h, name, ok := strings.Cut(rest, "-")
+		if !ok {
+			return errors.New("log key must be log/<hash>-<name>.drv")
+		}
+		if err := checkHash(h, 32, "derivation hash"); err != nil {
+			return err
+		}
+		if err := validName(name + ".drv"); err != nil {
+			return fmt.Errorf("derivation name: %w", err)
+		}
+		return nil
+	case "realisations":
+		rest, ok := strings.CutSuffix(base, ".doi")
+		if !ok {
+			return errors.New("realisation key must be realisations/<hash>!<out>.doi")
+		}
+		h, out, ok := strings.Cut(rest, "!")
+		if !ok {
+			return errors.New("realisation key must be realisations/<hash>!<out>.doi")
+		}
+		if err := checkHash(h, 32, "derivation hash"); err != nil {
+			return err
+		}
+		if err := validName(out); err != nil {
+			return fmt.Errorf("output name: %w", err)
+		}
+		return nil
+	}
+	return fmt.Errorf("unknown prefix %q (want nar/, log/ or realisations/)", dir+"/")
+}
+
+func checkHash(h string, n int, what string) error {
+	if !isNix32(h, n) {
+		return fmt.Errorf("%s %q is not %d nix32 characters", what, h, n)
+	}
+	return nil
+}
+
+// validPrefix checks a List prefix: any prefix of some valid key is accepted, but nothing that
+// could escape the store.
+func validPrefix(prefix string) error {
+	if strings.HasPrefix(prefix, "/") || strings.Contains(prefix, "\\") || strings.Contains(prefix, "//") {
+		return fmt.Errorf("invalid blob list prefix %q", prefix)
+	}
+	for _, seg := range strings.Split(prefix, "/") {
+		if seg == "." || seg == ".." {
+			return fmt.Errorf("invalid blob list prefix %q: path segment %q", prefix, seg)
+		}
+	}
+	return nil
+}
+
+func checkPresign(key string, size int64, sum []byte, expiry time.Duration) error {
+	if err := ValidKey(key); err != nil {
+		return err
+	}
+	if size < 0 {
+		return fmt.Errorf("presign %s: negative size %d", key, size)
+	}
+	if len(sum) != 32 {
+		return fmt.Errorf("presign %s: sha256 is %d bytes, want 32", key, len(sum))
+	}
+	if expiry < time.Second {
+		return fmt.Errorf("presign %s: expiry %v is under 1s", key, expiry)
+	}
+	return nil
+}
