@@ -43,6 +43,8 @@ type Config struct {
 	Build   BuildConfig   `toml:"build"`
 	Cluster ClusterConfig `toml:"cluster"`
 	Queue   QueueConfig   `toml:"queue"`
+	Cache   CacheConfig   `toml:"cache"`
+	Signer  SignerConfig  `toml:"signer"`
 
 	// Source is the path of the file that was read, "" if none. Not a TOML key.
 	Source string `toml:"-"`
@@ -133,6 +135,44 @@ type QueueConfig struct {
 	ReadinessAuditInterval Duration `toml:"readiness_audit_interval"` // check the maintained readiness counts
 }
 
+// CacheConfig chooses the blob store that holds the binary cache.
+type CacheConfig struct {
+	Store    string   `toml:"store"`    // local or s3
+	Dir      string   `toml:"dir"`      // local: "" means STATE_DIR/cache
+	Priority int      `toml:"priority"` // nix-cache-info Priority
+	S3       S3Config `toml:"s3"`
+}
+
+// S3Config addresses an S3-compatible bucket. Credentials come from files or the environment.
+type S3Config struct {
+	Endpoint      string `toml:"endpoint"` // host:port
+	Region        string `toml:"region"`
+	Bucket        string `toml:"bucket"`
+	UseTLS        bool   `toml:"use_tls"`
+	PathStyle     bool   `toml:"path_style"`
+	AccessKeyFile string `toml:"access_key_file"`
+	SecretKeyFile string `toml:"secret_key_file"`
+
+	// Filled by Load from the files above or HARMONIA_S3_ACCESS_KEY / HARMONIA_S3_SECRET_KEY.
+	AccessKey string `toml:"-" json:"-"`
+	SecretKey string `toml:"-" json:"-"`
+}
+
+// String redacts the credentials.
+func (s S3Config) String() string {
+	return fmt.Sprintf("{Endpoint:%s Region:%s Bucket:%s UseTLS:%v PathStyle:%v AccessKey:%s SecretKey:%s}",
+		s.Endpoint, s.Region, s.Bucket, s.UseTLS, s.PathStyle, redact(s.AccessKey), redact(s.SecretKey))
+}
+
+// GoString redacts the credentials for %#v too.
+func (s S3Config) GoString() string { return "config.S3Config" + s.String() }
+
+// SignerConfig configures the signer role.
+type SignerConfig struct {
+	SigningKeyFile string   `toml:"signing_key_file"` // Nix secret key (harmonia-ci keygen)
+	URLExpiry      Duration `toml:"url_expiry"`       // lifetime of presigned upload URLs
+}
+
 // Seams for tests, which must not depend on the host.
 var (
 	hostname = os.Hostname
@@ -183,6 +223,8 @@ func defaults(getenv func(string) string) *Config {
 				DrainTimeout: Duration{5 * time.Minute},
 			},
 		},
+		Cache:  CacheConfig{Store: "local", Priority: 30, S3: S3Config{Region: "us-east-1", UseTLS: true}},
+		Signer: SignerConfig{URLExpiry: Duration{15 * time.Minute}},
 		Queue: QueueConfig{
 			PollInterval:           Duration{5 * time.Second},
 			ReapInterval:           Duration{30 * time.Second},

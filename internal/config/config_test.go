@@ -222,6 +222,8 @@ readiness_audit_interval = "1h"
 			Shutdown:       ShutdownConfig{d("0s")},
 		},
 		Queue:  QueueConfig{d("1s"), d("10s"), d("1m"), d("0s"), d("30m"), d("1h")},
+		Cache:  CacheConfig{Store: "local", Priority: 30, S3: S3Config{Region: "us-east-1", UseTLS: true}},
+		Signer: SignerConfig{URLExpiry: d("15m")},
 		Source: path,
 	}
 	if !reflect.DeepEqual(got, want) {
@@ -271,6 +273,7 @@ func TestExampleDocumentsEveryKey(t *testing.T) {
 	path := writeFile(t, t.TempDir(), "uncommented.toml", text)
 	if _, err := Load(Overrides{ConfigFile: path}, fakeEnv(map[string]string{
 		"HARMONIA_ADMIN_TOKEN": "a", "HARMONIA_CLUSTER_TOKEN": "c",
+		"HARMONIA_S3_ACCESS_KEY": "ak", "HARMONIA_S3_SECRET_KEY": "sk",
 	})); err != nil {
 		t.Errorf("uncommented example.toml does not load: %v", err)
 	}

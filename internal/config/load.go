@@ -216,6 +216,10 @@ func (ck *checker) value(v any, t reflect.Type, key toml.Key) {
 		if _, ok := v.(string); !ok {
 			bad("string")
 		}
+	case reflect.Bool:
+		if _, ok := v.(bool); !ok {
+			bad("true or false")
+		}
 	case reflect.Int:
 		if i, ok := v.(int64); !ok || int64(int(i)) != i {
 			bad("integer")
@@ -310,6 +314,8 @@ func (c *Config) readTokens(getenv func(string) string) []error {
 	}
 	read(&c.Auth.AdminToken, "HARMONIA_ADMIN_TOKEN", c.Auth.AdminTokenFile, "auth.admin_token_file")
 	read(&c.Auth.ClusterToken, "HARMONIA_CLUSTER_TOKEN", c.Auth.ClusterTokenFile, "auth.cluster_token_file")
+	read(&c.Cache.S3.AccessKey, "HARMONIA_S3_ACCESS_KEY", c.Cache.S3.AccessKeyFile, "cache.s3.access_key_file")
+	read(&c.Cache.S3.SecretKey, "HARMONIA_S3_SECRET_KEY", c.Cache.S3.SecretKeyFile, "cache.s3.secret_key_file")
 	return errs
 }
 

@@ -133,6 +133,28 @@ func (c *Config) problems(from origins) []error {
 	}
 	positive("queue.share_decay_interval", q.ShareDecayInterval)
 	positive("queue.readiness_audit_interval", q.ReadinessAuditInterval)
+	switch c.Cache.Store {
+	case "local":
+	case "s3":
+		s3 := &c.Cache.S3
+		if s3.Endpoint == "" {
+			add("cache.s3.endpoint", "cache.s3.endpoint is required with cache.store = \"s3\"")
+		} else if _, _, err := net.SplitHostPort(s3.Endpoint); err != nil {
+			add("cache.s3.endpoint", "cache.s3.endpoint: want host:port, got %q", s3.Endpoint)
+		}
+		if s3.Bucket == "" {
+			add("cache.s3.bucket", "cache.s3.bucket is required with cache.store = \"s3\"")
+		}
+		if s3.AccessKey == "" || s3.SecretKey == "" {
+			add("cache.s3.access_key_file", "cache.s3: credentials are required with cache.store = \"s3\" (cache.s3.access_key_file and secret_key_file, or HARMONIA_S3_ACCESS_KEY and HARMONIA_S3_SECRET_KEY)")
+		}
+	default:
+		add("cache.store", "cache.store: want local or s3, got %q", c.Cache.Store)
+	}
+	if c.Cache.Priority < 0 {
+		add("cache.priority", "cache.priority must not be negative, got %d", c.Cache.Priority)
+	}
+	positive("signer.url_expiry", c.Signer.URLExpiry)
 	if d := c.Cluster.Shutdown.DrainTimeout; d.Duration < 0 {
 		add("cluster.shutdown.drain_timeout", "cluster.shutdown.drain_timeout must not be negative, got %s", d)
 	}
