@@ -1,0 +1,190 @@
+package cache_test
+
+import (
+	"bytes"
+	"context"
+	"io/fs"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/harmonia-ci/harmonia-ci/internal/blob"
+	"github.com/harmonia-ci/harmonia-ci/internal/cache"
+	"github.com/harmonia-ci/harmonia-ci/internal/nix"
+)
+
+// nixOpts keep every Nix invocation offline: no default substituter, no build-users group
+// (absent on a bare nix-bin install). A test's own --option substituters comes later and wins.
+var nixOpts = []string{"--option", "substituters", "", "--option", "build-users-group", ""}
+
+// tryNix runs a Nix command with a private narinfo disk cache; it fails (never skips) without
+// Nix, since the point is to check against the real client.
+func tryNix(t *testing.T, bin string, args ...string) (stdout, stderr string, err error) {
+	t.Helper()
+	if _, err := exec.LookPath(bin); err != nil {
+		t.Fatalf("%s not found on PATH: install the Debian package nix-bin", bin)
+	}
+	args = append(slices.Clone(nixOpts), args...)
+	if bin == "nix" {
+		args = append([]string{"--extra-experimental-features", "nix-command"}, args...)
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), "XDG_CACHE_HOME="+writableTempDir(t), "NIX_REMOTE=")
+	var o, e bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &o, &e
+	err = cmd.Run()
+	return strings.TrimSpace(o.String()), e.String(), err
+}
+
+func runNix(t *testing.T, bin string, args ...string) string {
+	t.Helper()
+	out, stderr, err := tryNix(t, bin, args...)
+	if err != nil {
+		t.Fatalf("%s %s: %v\n%s", bin, strings.Join(args, " "), err, stderr)
+	}
+	return out
+}
+
+// writableTempDir is t.TempDir for trees Nix fills with read-only store paths.
+func writableTempDir(t *testing.T) string {
+	d := t.TempDir()
+	t.Cleanup(func() {
+		_ = filepath.WalkDir(d, func(p string, e fs.DirEntry, err error) error {
+			if err == nil && e.IsDir() {
+				_ = os.Chmod(p, 0o755)
+			}
+			return nil
+		})
+	})
+	return d
+}
+
+func writeFile(t *testing.T, path, data string, perm fs.FileMode) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(data), perm); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(path, perm); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// publish puts path into store the way harmonia-ci's builders will: a zstd NAR from
+// CompressNAR under nar/<filehash>.nar.zst and a narinfo signed with key. CA is left out so
+// that the signature is what Nix checks.
+func publish(t *testing.T, store blob.Store, key nix.SecretKey, path string) {
+	t.Helper()
+	ctx := context.Background()
+	sp, err := nix.ParseStorePath(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var nar bytes.Buffer
+	sizes, err := nix.CompressNAR(ctx, path, &nar)
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := "nar/" + strings.TrimPrefix(sizes.FileHash, "sha256:") + ".nar.zst"
+	put(t, store, url, nar.Bytes())
+	var refs []string
+	for _, r := range strings.Fields(runNix(t, "nix-store", "-q", "--references", path)) {
+		rsp, err := nix.ParseStorePath(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		refs = append(refs, rsp.Base())
+	}
+	ni := &nix.NarInfo{
+		StorePath: path, URL: url, Compression: "zstd",
+		FileHash: sizes.FileHash, FileSize: sizes.FileSize,
+		NarHash: sizes.NarHash, NarSize: sizes.NarSize,
+		References: refs,
+	}
+	if err := ni.Sign(key); err != nil {
+		t.Fatal(err)
+	}
+	text, err := ni.MarshalText()
+	if err != nil {
+		t.Fatal(err)
+	}
+	put(t, store, sp.Hash+".narinfo", text)
+}
+
+func TestRealNixSubstitutes(t *testing.T) {
+	src := filepath.Join(t.TempDir(), "harmonia-cache-e2e")
+	writeFile(t, filepath.Join(src, "hello.txt"), "hello from the cache\n", 0o644)
+	writeFile(t, filepath.Join(src, "bin", "run"), "#!/bin/sh\necho hi\n", 0o755)
+	writeFile(t, filepath.Join(src, "deep", "er", "leaf"), strings.Repeat("leaf ", 10000), 0o644)
+	path := runNix(t, "nix-store", "--add", src)
+	// A real derivation file, never built: its basename names the log.
+	drv := runNix(t, "nix-instantiate", "--read-write-mode", "-E",
+		`derivation { name = "harmonia-cache-log"; system = "x86_64-linux"; builder = "/bin/sh"; args = ["-c" "echo hi"]; }`)
+	if !strings.HasSuffix(drv, ".drv") {
+		t.Fatalf("nix-instantiate printed %q, want a .drv path", drv)
+	}
+
+	key, err := nix.GenerateKey("harmonia-cache-e2e-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := newLocal(t)
+	publish(t, store, key, path)
+	const buildLog = "configuring\nbuilding harmonia-cache-log\nhi\n"
+	put(t, store, "log/"+filepath.Base(drv), zstdCompress(t, []byte(buildLog)))
+
+	mux := http.NewServeMux()
+	cache.New(cache.Config{Store: store}).Register(mux)
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+
+	chroot := writableTempDir(t)
+	_, stderr, err := tryNix(t, "nix-store", "--store", chroot, "-r", path,
+		"--option", "substituters", srv.URL,
+		"--option", "trusted-public-keys", key.Public().String(),
+		"--option", "require-sigs", "true")
+	if err != nil {
+		t.Fatalf("nix-store -r from the cache failed: %v\n%s", err, stderr)
+	}
+	got, _, err := nix.HashNAR(filepath.Join(chroot, path))
+	if err != nil {
+		t.Fatalf("substituted path missing: %v", err)
+	}
+	if want, _, _ := nix.HashNAR(path); got != want {
+		t.Errorf("%s substituted with NAR hash %s, want %s", path, got, want)
+	}
+
+	// A key Nix does not trust: the same cache must be refused.
+	other, err := nix.GenerateKey("harmonia-cache-e2e-2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, stderr, err = tryNix(t, "nix-store", "--store", writableTempDir(t), "-r", path,
+		"--option", "substituters", srv.URL,
+		"--option", "trusted-public-keys", other.Public().String(),
+		"--option", "require-sigs", "true")
+	if err == nil || !strings.Contains(stderr, "is not signed by any of the keys") {
+		t.Errorf("nix-store -r with an untrusted key: err %v, want a signature failure\n%s", err, stderr)
+	}
+
+	// The build log, as a plain HTTP client (curl) reads it.
+	resp, err := http.Get(srv.URL + "/log/" + filepath.Base(drv))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var body bytes.Buffer
+	if _, err := body.ReadFrom(resp.Body); err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != 200 || body.String() != buildLog {
+		t.Errorf("GET /log/%s: %d %q, want 200 %q", filepath.Base(drv), resp.StatusCode, body.String(), buildLog)
+	}
+}
