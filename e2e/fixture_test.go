@@ -7,17 +7,19 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/harmonia-ci/harmonia-ci/internal/blobtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/dbtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/proctest"
 )
 
-func TestMain(m *testing.M) { dbtest.Main(m, proctest.Cleanup) }
+func TestMain(m *testing.M) { dbtest.Main(m, proctest.Cleanup, blobtest.Cleanup) }
 
 const (
 	adminToken = "e2e-admin-token-0123456789"
@@ -58,8 +60,13 @@ func newFixtureOn(t *testing.T, url, extraConfig string) *fixture {
 // start runs `harmonia-ci serve` as node id.
 func (f *fixture) start(id string, extra ...string) *proctest.Proc {
 	f.t.Helper()
-	args := append([]string{"serve", "--config", f.cfgPath, "--database-url", f.dbURL,
-		"--node-id", id, "--listen", "127.0.0.1:0", "--state-dir", filepath.Join(f.t.TempDir(), "state")}, extra...)
+	args := []string{"serve", "--config", f.cfgPath, "--database-url", f.dbURL,
+		"--node-id", id, "--listen", "127.0.0.1:0", "--state-dir", filepath.Join(f.t.TempDir(), "state")}
+	if !slices.Contains(extra, "--roles") {
+		// Every role but the signer, which needs a signing key (TestPublishAndSubstitute has one).
+		args = append(args, "--roles", "frontend,evaluator,cache,builder")
+	}
+	args = append(args, extra...)
 	p := proctest.Start(f.t, id, nil, args...)
 	f.procs[id] = p
 	return p

@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/config"
+	"github.com/harmonia-ci/harmonia-ci/internal/nix"
 	"github.com/harmonia-ci/harmonia-ci/internal/node"
 )
 
@@ -57,8 +58,13 @@ are generated once into the state directory (admin-token, cluster-token; mode 06
 					return err
 				}
 			}
-			fmt.Fprintf(os.Stderr, "harmonia-ci up: http://%s  (state: %s; admin token in %s)\n",
-				cfg.Listen, cfg.StateDir, filepath.Join(cfg.StateDir, "admin-token"))
+			if cfg.Signer.SigningKeyFile == "" && cfg.HasRole(config.RoleSigner) {
+				if cfg.Signer.SigningKeyFile, err = ensureSigningKey(cfg.StateDir, cfg.Node.ID); err != nil {
+					return err
+				}
+			}
+			fmt.Fprintf(os.Stderr, "harmonia-ci up: http://%s  (state: %s; admin token in %s; cache public key in %s)\n",
+				cfg.Listen, cfg.StateDir, filepath.Join(cfg.StateDir, "admin-token"), filepath.Join(cfg.StateDir, "signing-key.pub"))
 			return runNode(cfg)
 		},
 	}
@@ -69,6 +75,26 @@ func runNode(cfg *config.Config) error {
 	ctx, force, stop := signalContext()
 	defer stop()
 	return node.Run(ctx, cfg, logger, node.Options{Version: version(), Force: force})
+}
+
+// ensureSigningKey returns the path of the state directory's signing key, creating the key (and
+// signing-key.pub, for Nix clients' trusted-public-keys) on first use.
+func ensureSigningKey(stateDir, nodeID string) (string, error) {
+	path := filepath.Join(stateDir, "signing-key")
+	if _, err := os.Stat(path); err == nil {
+		return path, nil
+	}
+	key, err := nix.GenerateKey(nodeID + "-1")
+	if err != nil {
+		return "", fmt.Errorf("generate signing key: %w", err)
+	}
+	if err := key.WriteFile(path, false); err != nil {
+		return "", fmt.Errorf("write signing key: %w", err)
+	}
+	if err := key.Public().WriteFile(path+".pub", true); err != nil {
+		return "", fmt.Errorf("write signing key: %w", err)
+	}
+	return path, nil
 }
 
 // ensureToken returns the token in path, creating it with a random value on first use.

@@ -171,6 +171,11 @@ func (n *node) run(ctx context.Context, ln net.Listener, opts Options) error {
 		NodeID: cfg.Node.ID, AdminToken: cfg.Auth.AdminToken, Gatherer: reg,
 		StatusFunc: n.status,
 	}, n.pool, ln, n.logger)
+	// Finished builds are announced in batches (see queue.Announcer).
+	announcer := queue.NewAnnouncer(n.pool, 0, n.logger)
+	if err := mountRoles(cfg, httpServer.Mux(), n.pool, endpoint, announcer, n.logger); err != nil {
+		return err
+	}
 
 	// One LISTEN connection per process; role services subscribe to it.
 	notifier := notify.New(notify.Config{}, n.pool, n.logger, n.clock)
@@ -204,7 +209,7 @@ func (n *node) run(ctx context.Context, ln net.Listener, opts Options) error {
 	}
 
 	// Services start in dependency order and stop in reverse (see shutdown).
-	services := append([]startstop.Service{httpServer, notifier, heartbeat}, electors...)
+	services := append([]startstop.Service{announcer, httpServer, notifier, heartbeat}, electors...)
 	for _, s := range services {
 		if err := s.Start(ctx); err != nil {
 			startstop.StopAll(services...)
@@ -229,13 +234,13 @@ func (n *node) run(ctx context.Context, ln net.Listener, opts Options) error {
 	case fatalErr = <-n.fatal:
 		n.logger.Error("shutting down", "error", fatalErr)
 	}
-	return n.shutdown(registry, electors, heartbeat, httpServer, opts.Force, fatalErr)
+	return n.shutdown(registry, electors, heartbeat, httpServer, announcer, opts.Force, fatalErr)
 }
 
 // shutdown follows seed 003's sequence: stop taking work, mark the node draining, wait for
 // in-flight work (bounded), stop leader work and resign, stop the heartbeat, deregister, and
 // only then close the HTTP server, so health checks see "draining" throughout.
-func (n *node) shutdown(registry *cluster.Registry, electors []startstop.Service, heartbeat, httpServer startstop.Service, force <-chan struct{}, fatalErr error) error {
+func (n *node) shutdown(registry *cluster.Registry, electors []startstop.Service, heartbeat, httpServer, announcer startstop.Service, force <-chan struct{}, fatalErr error) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	n.inFlight.Close()
@@ -271,6 +276,7 @@ func (n *node) shutdown(registry *cluster.Registry, electors []startstop.Service
 		}
 	}
 	httpServer.Stop()
+	announcer.Stop()
 	return fatalErr
 }
 

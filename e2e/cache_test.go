@@ -1,0 +1,341 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/klauspost/compress/zstd"
+
+	"github.com/harmonia-ci/harmonia-ci/internal/blobtest"
+	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
+	"github.com/harmonia-ci/harmonia-ci/internal/nix"
+	"github.com/harmonia-ci/harmonia-ci/internal/proctest"
+	"github.com/harmonia-ci/harmonia-ci/internal/queue"
+	"github.com/harmonia-ci/harmonia-ci/internal/signer"
+)
+
+const clusterToken = "e2e-cluster-token-0123456789"
+
+// TestPublishAndSubstitute is the binary cache end to end, on each blob store: real Nix builds a
+// small DAG; every output (with its build log) and the .drv closure are published through a real
+// signer node's upload-slots and build-complete; then a fresh Nix store substitutes all of it
+// from the node's cache with signature checking, and refuses it under another key.
+func TestPublishAndSubstitute(t *testing.T) {
+	requireNix(t)
+	for _, backend := range []string{"local", "s3"} {
+		t.Run(backend, func(t *testing.T) {
+			t.Parallel()
+			testPublishAndSubstitute(t, backend)
+		})
+	}
+}
+
+func testPublishAndSubstitute(t *testing.T, backend string) {
+	dir := t.TempDir()
+	keyFile := filepath.Join(dir, "signing-key")
+	code, out := proctest.Run(t, nil, "keygen", "--name", "e2e-cache-1", "--secret-key-file", keyFile)
+	if code != 0 {
+		t.Fatalf("keygen: %s", out)
+	}
+	pub := strings.TrimSpace(out)
+	tokenFile := proctest.WriteFile(t, "cluster-token", clusterToken)
+	extra := fmt.Sprintf("[auth]\ncluster_token_file = %q\n[signer]\nsigning_key_file = %q\n", tokenFile, keyFile)
+	var env []string
+	if backend == "s3" {
+		s3 := blobtest.StartMinIO(t)
+		extra += fmt.Sprintf("[cache]\nstore = \"s3\"\n[cache.s3]\nendpoint = %q\nbucket = %q\nregion = %q\nuse_tls = false\npath_style = true\n",
+			s3.Endpoint, s3.Bucket, cmpOr(s3.Region, "us-east-1"))
+		env = []string{"HARMONIA_S3_ACCESS_KEY=" + s3.AccessKey, "HARMONIA_S3_SECRET_KEY=" + s3.SecretKey}
+	} else {
+		extra += fmt.Sprintf("[cache]\ndir = %q\n", filepath.Join(dir, "cache"))
+	}
+	f := newFixture(t, "")
+	cfg := proctest.WriteFile(t, "node.toml", proctest.FastConfig+extra)
+	node := proctest.Start(t, "signer", env, "serve", "--config", cfg, "--database-url", f.dbURL,
+		"--node-id", "signer-1", "--roles", "signer,cache", "--listen", "127.0.0.1:0", "--state-dir", filepath.Join(dir, "state"))
+	f.procs["signer-1"] = node
+	proctest.WaitFor(t, 30*time.Second, "signer node active", func() bool { return f.nodeStatus("signer-1") == "active" })
+	cacheURL := f.endpoint("signer-1")
+
+	// A DAG real Nix builds: a; b <- a; c <- a, b. The marker makes every run's paths new.
+	d := buildDAG(t, dir)
+	ctx := context.Background()
+	var ds []queue.Derivation
+	for _, name := range []string{"a", "b", "c"} {
+		ds = append(ds, d.derivation(t, name))
+	}
+	if _, err := queue.Enqueue(ctx, f.pool, queue.EnqueueParams{Derivations: ds}); err != nil {
+		t.Fatal(err)
+	}
+	builder := cluster.NewRegistry(f.pool, cluster.NodeInfo{ID: "builder-1", Roles: []string{"builder"}, Endpoint: "http://builder.invalid",
+		Systems: []string{d.system}, Features: []string{}, MaxJobs: 1, MaxEvals: 1}, slog.New(slog.DiscardHandler))
+	if err := builder.Register(ctx); err != nil {
+		t.Fatal(err)
+	}
+	client := signer.NewClient(signer.ClientConfig{Token: clusterToken, GiveUpAfter: 30 * time.Second}, f.pool, slog.New(slog.DiscardHandler))
+
+	// Build order comes from the queue: each claim is ready only once its inputs succeeded.
+	for range 3 {
+		jobs, err := queue.ClaimJobs(ctx, f.pool, queue.Claimer{NodeID: "builder-1", Systems: []string{d.system}}, 1)
+		if err != nil || len(jobs) != 1 {
+			t.Fatalf("claim: %v %v", jobs, err)
+		}
+		job := jobs[0]
+		name := d.nameOf(job.DrvPath)
+		outPath := d.outputs[name]
+		o, nar := publishable(t, outPath, job.DrvPath)
+		logText := nixOut(t, "nix-store", "--read-log", job.DrvPath)
+		logZst := zstdBytes(t, []byte(logText))
+		sum := sha256.Sum256(logZst)
+		logKey := "log/" + filepath.Base(job.DrvPath)
+		slots, err := client.UploadSlots(ctx, signer.UploadSlotsRequest{Outputs: []signer.Output{o},
+			Log: &signer.LogUpload{Key: logKey, Size: int64(len(logZst)), SHA256: hex.EncodeToString(sum[:])}})
+		if err != nil {
+			t.Fatalf("upload-slots for %s: %v", name, err)
+		}
+		if slots.Outputs[0].Upload == nil {
+			t.Fatalf("%s: no upload URL for a new output", name)
+		}
+		put(t, slots.Outputs[0].Upload, nar)
+		put(t, slots.Log, logZst)
+		jobID := job.ID
+		if _, err := client.BuildComplete(ctx, signer.BuildCompleteRequest{JobID: &jobID, NodeID: "builder-1", Attempt: job.Attempt,
+			Outputs: []signer.Output{o}, LogKey: logKey}); err != nil {
+			t.Fatalf("build-complete for %s: %v", name, err)
+		}
+		var status string
+		var logURL *string
+		if err := f.pool.QueryRow(ctx, `SELECT status, log_url FROM build_jobs WHERE id = $1`, job.ID).Scan(&status, &logURL); err != nil {
+			t.Fatal(err)
+		}
+		if status != "succeeded" || logURL == nil || *logURL != logKey {
+			t.Fatalf("%s: job is %s with log_url %v after build-complete", name, status, logURL)
+		}
+	}
+
+	// The evaluator's path: the .drv closure, in one batch and without a job.
+	var drvOuts []signer.Output
+	var drvNARs [][]byte
+	for _, name := range []string{"a", "b", "c"} {
+		o, nar := publishable(t, d.drvs[name], "")
+		drvOuts, drvNARs = append(drvOuts, o), append(drvNARs, nar)
+	}
+	slots, err := client.UploadSlots(ctx, signer.UploadSlotsRequest{Outputs: drvOuts})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, s := range slots.Outputs {
+		if s.Upload != nil {
+			put(t, s.Upload, drvNARs[i])
+		}
+	}
+	if _, err := client.BuildComplete(ctx, signer.BuildCompleteRequest{Outputs: drvOuts}); err != nil {
+		t.Fatalf("publish .drv closure: %v", err)
+	}
+
+	// A fresh store substitutes every output, and the .drv closure, checking signatures.
+	trusted := "e2e-cache-1:" + strings.TrimPrefix(pub, "e2e-cache-1:")
+	store := t.TempDir()
+	args := []string{"--store", store, "-r", d.outputs["c"], d.outputs["b"], d.outputs["a"],
+		"--option", "substituters", cacheURL, "--option", "trusted-public-keys", trusted, "--option", "require-sigs", "true"}
+	if out, err := exec.Command("nix-store", args...).CombinedOutput(); err != nil {
+		t.Fatalf("nix-store -r from the cache: %v\n%s", err, out)
+	}
+	drvStore := t.TempDir()
+	copyOut, err := exec.Command("nix", "--extra-experimental-features", "nix-command", "copy", "--derivation", "--from", cacheURL,
+		"--to", drvStore, "--option", "trusted-public-keys", trusted, d.drvs["c"]).CombinedOutput()
+	if err != nil {
+		t.Fatalf("nix copy of the .drv closure from the cache: %v\n%s", err, copyOut)
+	}
+	for _, name := range []string{"a", "b", "c"} {
+		if _, err := os.Stat(filepath.Join(drvStore, d.drvs[name])); err != nil {
+			files, _ := exec.Command("find", drvStore, "-maxdepth", "4").CombinedOutput()
+			t.Errorf("the .drv of %s did not arrive: %v\nnix copy said:\n%s\nstore:\n%s", name, err, copyOut, files)
+		}
+	}
+
+	// Under another key, Nix refuses the same paths.
+	other, err := nix.GenerateKey("e2e-cache-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	args = []string{"--store", t.TempDir(), "-r", d.outputs["a"], "--option", "substituters", cacheURL,
+		"--option", "trusted-public-keys", other.Public().String(), "--option", "require-sigs", "true"}
+	if out, err := exec.Command("nix-store", args...).CombinedOutput(); err == nil {
+		t.Fatalf("a store trusting another key substituted from the cache:\n%s", out)
+	}
+
+	// The build log, decompressed for a client that does not ask for zstd.
+	resp, err := http.Get(cacheURL + "/log/" + filepath.Base(d.drvs["c"]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), "building c") {
+		t.Fatalf("GET /log/<c.drv>: %d %q", resp.StatusCode, body)
+	}
+}
+
+func cmpOr(s, def string) string {
+	if s != "" {
+		return s
+	}
+	return def
+}
+
+func requireNix(t *testing.T) {
+	t.Helper()
+	if _, err := exec.LookPath("nix-store"); err != nil {
+		t.Fatal("nix-store not found: install the Debian package nix-bin (scripts/deps.sh test does)")
+	}
+}
+
+// dag is a small DAG built with real Nix.
+type dag struct {
+	system  string
+	drvs    map[string]string // name → .drv path
+	outputs map[string]string // name → out path
+}
+
+func buildDAG(t *testing.T, dir string) dag {
+	t.Helper()
+	marker := fmt.Sprintf("%d", time.Now().UnixNano())
+	expr := `let
+  mk = name: deps: builtins.derivation {
+    inherit name;
+    marker = "` + marker + `";
+    system = builtins.currentSystem;
+    builder = "/bin/sh";
+    args = [ "-c" "echo building ${name}; echo ${name} > $out; ${builtins.concatStringsSep ""
+      (map (d: "while IFS= read -r l; do echo \"$l\" >> $out; done < ${d};") deps)}" ];
+  };
+  a = mk "a" [];  b = mk "b" [a];  c = mk "c" [a b];
+in { inherit a b c; }`
+	file := filepath.Join(dir, "dag.nix")
+	if err := os.WriteFile(file, []byte(expr), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d := dag{drvs: map[string]string{}, outputs: map[string]string{}}
+	for _, name := range []string{"a", "b", "c"} {
+		d.drvs[name] = strings.TrimSpace(nixOut(t, "nix-instantiate", file, "-A", name))
+	}
+	// Root runs single-user Nix here: no build users, and the /bin/sh builder needs the host's
+	// /bin outside a sandbox.
+	out := nixOut(t, "nix-store", "--realise", d.drvs["c"], d.drvs["b"], d.drvs["a"], "--option", "substituters", "",
+		"--option", "build-users-group", "", "--option", "sandbox", "false")
+	paths := strings.Fields(out)
+	if len(paths) != 3 {
+		t.Fatalf("nix-store --realise printed %q", out)
+	}
+	d.outputs["c"], d.outputs["b"], d.outputs["a"] = paths[0], paths[1], paths[2]
+	d.system = strings.TrimSpace(nixOut(t, "nix-instantiate", "--eval", "--expr", "builtins.currentSystem", "--json"))
+	d.system = strings.Trim(d.system, `"`)
+	return d
+}
+
+func (d dag) nameOf(drv string) string {
+	for n, p := range d.drvs {
+		if p == drv {
+			return n
+		}
+	}
+	return ""
+}
+
+// derivation describes name's .drv for the queue, with its input derivations.
+func (d dag) derivation(t *testing.T, name string) queue.Derivation {
+	t.Helper()
+	drv := d.drvs[name]
+	narHash, narSize, err := nix.HashNAR(drv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sp, err := nix.ParseStorePath(d.outputs[name])
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := queue.Derivation{DrvPath: drv, Name: name, System: d.system, NarHash: narHash, NarSize: narSize,
+		Outputs: []queue.Output{{Name: "out", Path: sp.String()}}}
+	for _, ref := range strings.Fields(nixOut(t, "nix-store", "-q", "--references", drv)) {
+		if strings.HasSuffix(ref, ".drv") {
+			q.Inputs = append(q.Inputs, queue.Input{DrvPath: ref, Outputs: []string{"out"}})
+		}
+	}
+	return q
+}
+
+// publishable compresses a store path as a builder would and describes it for the signer.
+func publishable(t *testing.T, path, deriver string) (signer.Output, []byte) {
+	t.Helper()
+	var buf bytes.Buffer
+	sizes, err := nix.CompressNAR(context.Background(), path, &buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := signer.Output{StorePath: path, NarHash: sizes.NarHash, NarSize: sizes.NarSize, FileHash: sizes.FileHash,
+		FileSize: sizes.FileSize, References: strings.Fields(nixOut(t, "nix-store", "-q", "--references", path))}
+	if deriver != "" {
+		o.Deriver = filepath.Base(deriver)
+	}
+	return o, buf.Bytes()
+}
+
+func put(t *testing.T, u *signer.Upload, body []byte) {
+	t.Helper()
+	req, err := http.NewRequest(u.Method, u.URL, bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, vs := range u.Headers {
+		if strings.EqualFold(k, "Content-Length") {
+			continue
+		}
+		for _, v := range vs {
+			req.Header.Add(k, v)
+		}
+	}
+	req.ContentLength = int64(len(body))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		t.Fatalf("upload to %s: %d %s", u.URL, resp.StatusCode, msg)
+	}
+}
+
+func zstdBytes(t *testing.T, b []byte) []byte {
+	t.Helper()
+	enc, err := zstd.NewWriter(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return enc.EncodeAll(b, nil)
+}
+
+func nixOut(t *testing.T, name string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(name, args...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("%s %v: %v\n%s", name, args, err, stderr.String())
+	}
+	return string(out)
+}

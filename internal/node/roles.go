@@ -1,0 +1,95 @@
+package node
+
+import (
+	"crypto/rand"
+	"crypto/sha256"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"path/filepath"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/harmonia-ci/harmonia-ci/internal/blob"
+	"github.com/harmonia-ci/harmonia-ci/internal/cache"
+	"github.com/harmonia-ci/harmonia-ci/internal/config"
+	"github.com/harmonia-ci/harmonia-ci/internal/nix"
+	"github.com/harmonia-ci/harmonia-ci/internal/queue"
+	"github.com/harmonia-ci/harmonia-ci/internal/signer"
+)
+
+// openStore opens the binary cache's blob store. For the local store it also returns the
+// handler that accepts presigned uploads, which the node serves at /api/blob/.
+func openStore(cfg *config.Config, endpoint string) (blob.Store, http.Handler, error) {
+	switch cfg.Cache.Store {
+	case "s3":
+		s3 := cfg.Cache.S3
+		st, err := blob.NewS3(blob.S3Config{
+			Endpoint: s3.Endpoint, Region: s3.Region, Bucket: s3.Bucket, AccessKey: s3.AccessKey,
+			SecretKey: s3.SecretKey, UseTLS: s3.UseTLS, PathStyle: s3.PathStyle,
+		})
+		if err != nil {
+			return nil, nil, fmt.Errorf("open s3 cache store: %w", err)
+		}
+		return st, nil, nil
+	default:
+		dir := cfg.Cache.Dir
+		if dir == "" {
+			dir = filepath.Join(cfg.StateDir, "cache")
+		}
+		// Upload URLs are signed with a key derived from the cluster token, which every node of
+		// the cluster shares; without one they are signed with a per-process key (only this
+		// node's own signer can then hand them out, which is all a local store allows anyway).
+		secret := make([]byte, 32)
+		if cfg.Auth.ClusterToken != "" {
+			sum := sha256.Sum256([]byte("harmonia-ci blob upload\x00" + cfg.Auth.ClusterToken))
+			secret = sum[:]
+		} else if _, err := rand.Read(secret); err != nil {
+			return nil, nil, err
+		}
+		st, err := blob.NewLocal(dir, endpoint, secret)
+		if err != nil {
+			return nil, nil, fmt.Errorf("open local cache store %s: %w", dir, err)
+		}
+		return st, st.UploadHandler(), nil
+	}
+}
+
+// mountRoles mounts the HTTP surface of the cache and signer roles.
+func mountRoles(cfg *config.Config, mux *http.ServeMux, pool *pgxpool.Pool, endpoint string, announcer *queue.Announcer, logger *slog.Logger) error {
+	if !cfg.HasRole(config.RoleCache) && !cfg.HasRole(config.RoleSigner) {
+		return nil
+	}
+	store, uploads, err := openStore(cfg, endpoint)
+	if err != nil {
+		return err
+	}
+	if cfg.HasRole(config.RoleCache) {
+		cache.New(cache.Config{Store: store, Priority: cfg.Cache.Priority, Logger: logger}).Register(mux)
+	}
+	if !cfg.HasRole(config.RoleSigner) {
+		return nil
+	}
+	if cfg.Signer.SigningKeyFile == "" {
+		return fmt.Errorf("the signer role needs signer.signing_key_file (create one with harmonia-ci keygen)")
+	}
+	if cfg.Auth.ClusterToken == "" {
+		return fmt.Errorf("the signer role needs a cluster token (auth.cluster_token_file or HARMONIA_CLUSTER_TOKEN)")
+	}
+	key, err := nix.LoadSecretKeyFile(cfg.Signer.SigningKeyFile)
+	if err != nil {
+		return fmt.Errorf("signer.signing_key_file: %w", err)
+	}
+	s, err := signer.New(signer.Config{
+		Store: store, Key: key, ClusterToken: cfg.Auth.ClusterToken,
+		URLExpiry: cfg.Signer.URLExpiry.Duration, Announcer: announcer, Logger: logger,
+	}, pool)
+	if err != nil {
+		return err
+	}
+	s.Register(mux)
+	if uploads != nil {
+		mux.Handle("PUT /api/blob/{key...}", uploads)
+	}
+	return nil
+}

@@ -1,0 +1,194 @@
+package signer
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// ErrUnavailable means no signer answered within ClientConfig.GiveUpAfter: a transient failure
+// the caller may retry later.
+var ErrUnavailable = errors.New("no signer answered")
+
+// StatusError is a 4xx answer from a signer: the request itself is wrong (or the claim is
+// stale) and was not retried. Msg is the server's message.
+type StatusError struct {
+	Code int
+	Msg  string
+}
+
+func (e *StatusError) Error() string {
+	return fmt.Sprintf("signer: %d %s: %s", e.Code, http.StatusText(e.Code), e.Msg)
+}
+
+// ClientConfig configures a Client.
+type ClientConfig struct {
+	Token       string        // the cluster token
+	HTTP        *http.Client  // default: a client with a 2 minute timeout
+	GiveUpAfter time.Duration // default 5m
+	MinBackoff  time.Duration // default 1s
+	MaxBackoff  time.Duration // default 30s
+}
+
+// Client calls the cluster's signers: it finds them in the nodes table, tries them in turn
+// and fails over on connection errors, timeouts and 5xx answers.
+type Client struct {
+	cfg    ClientConfig
+	pool   *pgxpool.Pool
+	logger *slog.Logger
+	next   atomic.Uint64 // round-robin start
+}
+
+// NewClient returns a client discovering signers through pool.
+func NewClient(cfg ClientConfig, pool *pgxpool.Pool, logger *slog.Logger) *Client {
+	if cfg.HTTP == nil {
+		cfg.HTTP = &http.Client{Timeout: 2 * time.Minute}
+	}
+	if cfg.GiveUpAfter <= 0 {
+		cfg.GiveUpAfter = 5 * time.Minute
+	}
+	if cfg.MinBackoff <= 0 {
+		cfg.MinBackoff = time.Second
+	}
+	if cfg.MaxBackoff <= 0 {
+		cfg.MaxBackoff = 30 * time.Second
+	}
+	if cfg.MaxBackoff < cfg.MinBackoff {
+		cfg.MaxBackoff = cfg.MinBackoff
+	}
+	if logger == nil {
+		logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	return &Client{cfg: cfg, pool: pool, logger: logger.With("service", "signer-client")}
+}
+
+// UploadSlots asks a signer for presigned upload URLs.
+func (c *Client) UploadSlots(ctx context.Context, req UploadSlotsRequest) (UploadSlotsResponse, error) {
+	var resp UploadSlotsResponse
+	err := c.call(ctx, "/api/upload-slots", req, &resp)
+	return resp, err
+}
+
+// BuildComplete asks a signer to verify, sign and publish the outputs and finish the job.
+// It is idempotent, so retrying it on another signer is safe.
+func (c *Client) BuildComplete(ctx context.Context, req BuildCompleteRequest) (BuildCompleteResponse, error) {
+	var resp BuildCompleteResponse
+	err := c.call(ctx, "/api/build-complete", req, &resp)
+	return resp, err
+}
+
+const sqlSigners = `
+SELECT endpoint FROM nodes
+WHERE 'signer' = ANY(capabilities) AND last_seen > now() - interval '2 minutes' AND status <> 'dead'
+ORDER BY id`
+
+func (c *Client) signers(ctx context.Context) ([]string, error) {
+	rows, err := c.pool.Query(ctx, sqlSigners)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
+}
+
+// call posts req to path on the signers, round robin, until one answers 2xx or 4xx. After a
+// round in which every signer failed it backs off (MinBackoff doubling to MaxBackoff, with
+// jitter) and looks the signers up again; after GiveUpAfter it returns ErrUnavailable.
+func (c *Client) call(ctx context.Context, path string, req, resp any) error {
+	body, err := json.Marshal(req)
+	if err != nil {
+		return fmt.Errorf("signer %s: %w", path, err)
+	}
+	deadline := time.Now().Add(c.cfg.GiveUpAfter)
+	backoff := c.cfg.MinBackoff
+	var lastErr error
+	for {
+		endpoints, err := c.signers(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			lastErr = fmt.Errorf("look up signers: %w", err)
+		} else if len(endpoints) == 0 {
+			lastErr = errors.New("no live signer in the nodes table")
+		}
+		start := int(c.next.Add(1) - 1)
+		for i := range endpoints {
+			ep := endpoints[(start+i)%len(endpoints)]
+			done, err := c.try(ctx, ep, path, body, resp)
+			if done {
+				return err
+			}
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			c.logger.Debug("signer failed; trying the next", "endpoint", ep, "error", err)
+			lastErr = err
+		}
+		remaining := time.Until(deadline)
+		if remaining <= 0 {
+			return fmt.Errorf("signer %s: %w within %v: %v", path, ErrUnavailable, c.cfg.GiveUpAfter, lastErr)
+		}
+		// Jitter in [backoff/2, backoff): signers restarting together are not hit together.
+		sleep := backoff/2 + rand.N(backoff/2+1)
+		sleep = min(sleep, remaining)
+		c.logger.Warn("no signer answered; backing off", "path", path, "backoff", sleep, "error", lastErr)
+		t := time.NewTimer(sleep)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+		backoff = min(backoff*2, c.cfg.MaxBackoff)
+	}
+}
+
+// try posts once. done reports whether the answer is final: a 2xx (err nil, resp decoded) or a
+// 4xx (a *StatusError). Otherwise err says why this signer failed.
+func (c *Client) try(ctx context.Context, endpoint, path string, body []byte, resp any) (done bool, err error) {
+	url := strings.TrimRight(endpoint, "/") + path
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return false, fmt.Errorf("signer %s: %w", endpoint, err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+c.cfg.Token)
+	res, err := c.cfg.HTTP.Do(req)
+	if err != nil {
+		return false, fmt.Errorf("signer %s: %w", endpoint, err)
+	}
+	defer res.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(res.Body, MaxRequestBody*4))
+	if err != nil {
+		return false, fmt.Errorf("signer %s: read answer: %w", endpoint, err)
+	}
+	switch {
+	case res.StatusCode >= 200 && res.StatusCode < 300:
+		if err := json.Unmarshal(data, resp); err != nil {
+			// A signer answering garbage is broken; another one may not be.
+			return false, fmt.Errorf("signer %s: decode answer: %w", endpoint, err)
+		}
+		return true, nil
+	case res.StatusCode >= 400 && res.StatusCode < 500:
+		var eb errorBody
+		msg := strings.TrimSpace(string(data))
+		if json.Unmarshal(data, &eb) == nil && eb.Error != "" {
+			msg = eb.Error
+		}
+		return true, &StatusError{Code: res.StatusCode, Msg: msg}
+	default:
+		return false, fmt.Errorf("signer %s: %s", endpoint, res.Status)
+	}
+}
