@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -338,4 +339,96 @@ func nixOut(t *testing.T, name string, args ...string) string {
 		t.Fatalf("%s %v: %v\n%s", name, args, err, stderr.String())
 	}
 	return string(out)
+}
+
+// TestSignerFailover: two signer processes share a bucket and a key; one is killed with -9 in the
+// middle of publishing, and the builder's uploads go on through the other, its claims intact.
+func TestSignerFailover(t *testing.T) {
+	requireNix(t)
+	dir := t.TempDir()
+	keyFile := filepath.Join(dir, "signing-key")
+	if code, out := proctest.Run(t, nil, "keygen", "--name", "e2e-failover-1", "--secret-key-file", keyFile); code != 0 {
+		t.Fatalf("keygen: %s", out)
+	}
+	tokenFile := proctest.WriteFile(t, "cluster-token", clusterToken)
+	s3 := blobtest.StartMinIO(t)
+	cfg := proctest.WriteFile(t, "node.toml", proctest.FastConfig+fmt.Sprintf(
+		"[auth]\ncluster_token_file = %q\n[signer]\nsigning_key_file = %q\n"+
+			"[cache]\nstore = \"s3\"\n[cache.s3]\nendpoint = %q\nbucket = %q\nregion = %q\nuse_tls = false\npath_style = true\n",
+		tokenFile, keyFile, s3.Endpoint, s3.Bucket, cmpOr(s3.Region, "us-east-1")))
+	env := []string{"HARMONIA_S3_ACCESS_KEY=" + s3.AccessKey, "HARMONIA_S3_SECRET_KEY=" + s3.SecretKey}
+	f := newFixture(t, "")
+	for _, id := range []string{"signer-1", "signer-2"} {
+		f.procs[id] = proctest.Start(t, id, env, "serve", "--config", cfg, "--database-url", f.dbURL,
+			"--node-id", id, "--roles", "signer,cache", "--listen", "127.0.0.1:0", "--state-dir", filepath.Join(dir, id))
+	}
+	for _, id := range []string{"signer-1", "signer-2"} {
+		proctest.WaitFor(t, 30*time.Second, id+" active", func() bool { return f.nodeStatus(id) == "active" })
+	}
+
+	d := buildDAG(t, dir)
+	ctx := context.Background()
+	var ds []queue.Derivation
+	for _, name := range []string{"a", "b", "c"} {
+		ds = append(ds, d.derivation(t, name))
+	}
+	if _, err := queue.Enqueue(ctx, f.pool, queue.EnqueueParams{Derivations: ds}); err != nil {
+		t.Fatal(err)
+	}
+	builder := cluster.NewRegistry(f.pool, cluster.NodeInfo{ID: "builder-1", Roles: []string{"builder"}, Endpoint: "http://builder.invalid",
+		Systems: []string{d.system}, Features: []string{}, MaxJobs: 1, MaxEvals: 1}, slog.New(slog.DiscardHandler))
+	if err := builder.Register(ctx); err != nil {
+		t.Fatal(err)
+	}
+	client := signer.NewClient(signer.ClientConfig{Token: clusterToken, GiveUpAfter: 30 * time.Second,
+		MinBackoff: 50 * time.Millisecond, MaxBackoff: time.Second}, f.pool, slog.New(slog.DiscardHandler))
+
+	for i := range 3 {
+		if i == 1 {
+			// The dead signer's row stays fresh for a while: the client must get past it.
+			f.procs["signer-1"].Signal(t, syscall.SIGKILL)
+			f.procs["signer-1"].Wait(t, 10*time.Second)
+		}
+		jobs, err := queue.ClaimJobs(ctx, f.pool, queue.Claimer{NodeID: "builder-1", Systems: []string{d.system}}, 1)
+		if err != nil || len(jobs) != 1 {
+			t.Fatalf("claim: %v %v", jobs, err)
+		}
+		job := jobs[0]
+		o, nar := publishable(t, d.outputs[d.nameOf(job.DrvPath)], job.DrvPath)
+		slots, err := client.UploadSlots(ctx, signer.UploadSlotsRequest{Outputs: []signer.Output{o}})
+		if err != nil {
+			t.Fatalf("upload-slots (step %d): %v", i, err)
+		}
+		if slots.Outputs[0].Upload != nil {
+			put(t, slots.Outputs[0].Upload, nar)
+		}
+		jobID := job.ID
+		if _, err := client.BuildComplete(ctx, signer.BuildCompleteRequest{JobID: &jobID, NodeID: "builder-1",
+			Attempt: job.Attempt, Outputs: []signer.Output{o}}); err != nil {
+			t.Fatalf("build-complete (step %d): %v", i, err)
+		}
+	}
+	var succeeded int
+	if err := f.pool.QueryRow(ctx, `SELECT count(*) FROM build_jobs WHERE status = 'succeeded'`).Scan(&succeeded); err != nil {
+		t.Fatal(err)
+	}
+	if succeeded != 3 {
+		t.Fatalf("%d of 3 builds succeeded", succeeded)
+	}
+	// The survivor serves everything, including what the dead signer published.
+	store := t.TempDir()
+	args := []string{"--store", store, "-r", d.outputs["c"], "--option", "substituters", f.endpoint("signer-2"),
+		"--option", "trusted-public-keys", publicKeyOf(t, keyFile), "--option", "require-sigs", "true"}
+	if out, err := exec.Command("nix-store", args...).CombinedOutput(); err != nil {
+		t.Fatalf("substitute from the surviving signer's cache: %v\n%s", err, out)
+	}
+}
+
+func publicKeyOf(t *testing.T, secretFile string) string {
+	t.Helper()
+	key, err := nix.LoadSecretKeyFile(secretFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return key.Public().String()
 }
