@@ -155,12 +155,31 @@ func (s *Server) serveBlob(w http.ResponseWriter, r *http.Request, key, ctype, c
 		return
 	}
 	defer rc.Close()
+	// Small objects (narinfo, .ls, the requests Nix makes most) are read whole and written once,
+	// so headers and body leave in one write; copying would flush the headers, then send the
+	// body separately. NARs keep the zero-copy path.
+	if info.Size >= 0 && info.Size <= smallObject {
+		body, err := io.ReadAll(io.LimitReader(rc, smallObject+1))
+		if err != nil || int64(len(body)) != info.Size {
+			s.storeError(w, r, key, fmt.Errorf("read %s: %d of %d bytes: %w", key, len(body), info.Size, err))
+			return
+		}
+		setHeaders(w, ctype, cacheControl, info.Size)
+		w.WriteHeader(http.StatusOK)
+		if _, err := w.Write(body); err != nil {
+			s.copyError(r, key, 0, err)
+		}
+		return
+	}
 	setHeaders(w, ctype, cacheControl, info.Size)
 	w.WriteHeader(http.StatusOK)
 	if n, err := io.Copy(w, rc); err != nil {
 		s.copyError(r, key, n, err)
 	}
 }
+
+// smallObject is the size up to which an object is sent from memory.
+const smallObject = 64 << 10
 
 func (s *Server) serveLog(w http.ResponseWriter, r *http.Request) {
 	key := "log/" + r.PathValue("drv")

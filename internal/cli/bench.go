@@ -14,7 +14,7 @@ import (
 
 func newBench(g *globalFlags) *cobra.Command {
 	c := &cobra.Command{Use: "bench", Short: "Run benchmarks against a real PostgreSQL"}
-	c.AddCommand(newBenchQueue(g), newBenchWorker(g))
+	c.AddCommand(newBenchQueue(g), newBenchWorker(g), newBenchCache())
 	return c
 }
 
@@ -111,5 +111,60 @@ func printQueueReport(w io.Writer, r bench.QueueReport) {
 	if r.PgbenchTPS > 0 {
 		fmt.Fprintf(w, "  pgbench -N         %.0f TPS (8 clients, 2 threads, same server)\n", r.PgbenchTPS)
 		fmt.Fprintf(w, "  jobs/s ÷ TPS       %.2f\n", r.RatioToPgbench)
+	}
+}
+
+func newBenchCache() *cobra.Command {
+	var o bench.CacheOptions
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "cache",
+		Short: "Serve the same files with the cache role and nginx under wrk; time the upload pipeline against nix copy",
+		Long: `cache adds a large store path and a closure of small ones (random and text content) with
+nix-store --add, publishes them into a local blob directory, then serves that directory with the
+cache role and with nginx, alternately driven by wrk: narinfo requests/s (cycling through every
+narinfo) and the large NAR's MB/s. Finally it times the upload pipeline (CompressNAR and a signed
+narinfo per path) against nix copy --to 'file://DIR?compression=zstd' on the same paths.
+Needs nginx, wrk and nix-bin (scripts/deps.sh bench). The store paths are deleted afterwards.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			o.Logger = benchLogger(cmd.ErrOrStderr())
+			ctx, _, stop := signalContext()
+			defer stop()
+			r, err := bench.Cache(ctx, o)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(cmd.OutOrStdout(), r)
+			}
+			printCacheReport(cmd.OutOrStdout(), r)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.IntVar(&o.Duration, "duration", 10, "seconds per wrk run")
+	f.IntVar(&o.Connections, "connections", 32, "wrk connections")
+	f.IntVar(&o.Threads, "threads", 2, "wrk threads")
+	f.IntVar(&o.Rounds, "rounds", 2, "runs per server and kind, and per pipeline side; the best is kept")
+	f.IntVar(&o.NarMB, "nar-mb", 64, "content of the large store path, MB")
+	f.IntVar(&o.Closure, "closure", 50, "small store paths besides the large one")
+	f.IntVar(&o.ClosureMB, "closure-mb", 192, "total content of the small store paths, MB")
+	f.Uint64Var(&o.Seed, "seed", 0, "content seed (default: time)")
+	f.BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+func printCacheReport(w io.Writer, r bench.CacheReport) {
+	fmt.Fprintf(w, "harmonia-ci bench cache — %s, %s, %s, %s, %s\n", r.Machine, r.Nginx, r.Wrk, r.Nix, r.Date)
+	fmt.Fprintf(w, "  wrk: %d threads, %d connections, %d s per run, best of %d\n", r.Threads, r.Connections, r.Duration, r.Rounds)
+	fmt.Fprintf(w, "  narinfo (%d, cycled)   cache %.0f req/s   nginx %.0f req/s   ratio %.2f\n", r.Narinfos, r.CacheNarinfoRPS, r.NginxNarinfoRPS, r.NarinfoRatio)
+	fmt.Fprintf(w, "  NAR (%.1f MB .nar.zst)  cache %.0f MB/s   nginx %.0f MB/s   ratio %.2f\n", r.NarFileMB, r.CacheNarMBps, r.NginxNarMBps, r.NarRatio)
+	fmt.Fprintf(w, "  upload, %d paths, %.0f MB NAR:\n", r.ClosurePaths, r.ClosureNarMB)
+	fmt.Fprintf(w, "    pipeline (%d workers)  %.2f s = %.0f MB/s   (%.0f MB zstd)\n", r.PipelineWorkers, r.PipelineSeconds, r.PipelineMBps, r.PipelineFileMB)
+	fmt.Fprintf(w, "    nix copy               %.2f s = %.0f MB/s   (%.0f MB zstd)\n", r.NixCopySeconds, r.NixCopyMBps, r.NixCopyFileMB)
+	fmt.Fprintf(w, "    ratio                  %.2f\n", r.PipelineRatio)
+	if r.WrkSocketErrors != "" {
+		fmt.Fprintf(w, "  wrk socket errors: %s\n", r.WrkSocketErrors)
 	}
 }
