@@ -45,55 +45,17 @@ func TestPublishAndSubstitute(t *testing.T) {
 
 func testPublishAndSubstitute(t *testing.T, backend string) {
 	dir := t.TempDir()
-	keyFile := filepath.Join(dir, "signing-key")
-	code, out := proctest.Run(t, nil, "keygen", "--name", "e2e-cache-1", "--secret-key-file", keyFile)
-	if code != 0 {
-		t.Fatalf("keygen: %s", out)
-	}
-	pub := strings.TrimSpace(out)
-	tokenFile := proctest.WriteFile(t, "cluster-token", clusterToken)
-	extra := fmt.Sprintf("[auth]\ncluster_token_file = %q\n[signer]\nsigning_key_file = %q\n", tokenFile, keyFile)
-	var env []string
-	if backend == "s3" {
-		s3 := blobtest.StartMinIO(t)
-		extra += fmt.Sprintf("[cache]\nstore = \"s3\"\n[cache.s3]\nendpoint = %q\nbucket = %q\nregion = %q\nuse_tls = false\npath_style = true\n",
-			s3.Endpoint, s3.Bucket, cmpOr(s3.Region, "us-east-1"))
-		env = []string{"HARMONIA_S3_ACCESS_KEY=" + s3.AccessKey, "HARMONIA_S3_SECRET_KEY=" + s3.SecretKey}
-	} else {
-		extra += fmt.Sprintf("[cache]\ndir = %q\n", filepath.Join(dir, "cache"))
-	}
+	cfg, env, pub := signerConfig(t, dir, "e2e-cache-1", backend)
 	f := newFixture(t, "")
-	cfg := proctest.WriteFile(t, "node.toml", proctest.FastConfig+extra)
-	node := proctest.Start(t, "signer", env, "serve", "--config", cfg, "--database-url", f.dbURL,
-		"--node-id", "signer-1", "--roles", "signer,cache", "--listen", "127.0.0.1:0", "--state-dir", filepath.Join(dir, "state"))
-	f.procs["signer-1"] = node
-	proctest.WaitFor(t, 30*time.Second, "signer node active", func() bool { return f.nodeStatus("signer-1") == "active" })
+	f.startSigners(cfg, env, dir, "signer-1")
 	cacheURL := f.endpoint("signer-1")
-
 	// A DAG real Nix builds: a; b <- a; c <- a, b. The marker makes every run's paths new.
-	d := buildDAG(t, dir)
+	d, client := f.queueDAG(dir, signer.ClientConfig{GiveUpAfter: 30 * time.Second})
 	ctx := context.Background()
-	var ds []queue.Derivation
-	for _, name := range []string{"a", "b", "c"} {
-		ds = append(ds, d.derivation(t, name))
-	}
-	if _, err := queue.Enqueue(ctx, f.pool, queue.EnqueueParams{Derivations: ds}); err != nil {
-		t.Fatal(err)
-	}
-	builder := cluster.NewRegistry(f.pool, cluster.NodeInfo{ID: "builder-1", Roles: []string{"builder"}, Endpoint: "http://builder.invalid",
-		Systems: []string{d.system}, Features: []string{}, MaxJobs: 1, MaxEvals: 1}, slog.New(slog.DiscardHandler))
-	if err := builder.Register(ctx); err != nil {
-		t.Fatal(err)
-	}
-	client := signer.NewClient(signer.ClientConfig{Token: clusterToken, GiveUpAfter: 30 * time.Second}, f.pool, slog.New(slog.DiscardHandler))
 
 	// Build order comes from the queue: each claim is ready only once its inputs succeeded.
 	for range 3 {
-		jobs, err := queue.ClaimJobs(ctx, f.pool, queue.Claimer{NodeID: "builder-1", Systems: []string{d.system}}, 1)
-		if err != nil || len(jobs) != 1 {
-			t.Fatalf("claim: %v %v", jobs, err)
-		}
-		job := jobs[0]
+		job := f.claimNext(d)
 		name := d.nameOf(job.DrvPath)
 		outPath := d.outputs[name]
 		o, nar := publishable(t, outPath, job.DrvPath)
@@ -147,7 +109,7 @@ func testPublishAndSubstitute(t *testing.T, backend string) {
 	}
 
 	// A fresh store substitutes every output, and the .drv closure, checking signatures.
-	trusted := "e2e-cache-1:" + strings.TrimPrefix(pub, "e2e-cache-1:")
+	trusted := pub
 	store := t.TempDir()
 	args := []string{"--store", store, "-r", d.outputs["c"], d.outputs["b"], d.outputs["a"],
 		"--option", "substituters", cacheURL, "--option", "trusted-public-keys", trusted, "--option", "require-sigs", "true"}
@@ -346,42 +308,11 @@ func nixOut(t *testing.T, name string, args ...string) string {
 func TestSignerFailover(t *testing.T) {
 	requireNix(t)
 	dir := t.TempDir()
-	keyFile := filepath.Join(dir, "signing-key")
-	if code, out := proctest.Run(t, nil, "keygen", "--name", "e2e-failover-1", "--secret-key-file", keyFile); code != 0 {
-		t.Fatalf("keygen: %s", out)
-	}
-	tokenFile := proctest.WriteFile(t, "cluster-token", clusterToken)
-	s3 := blobtest.StartMinIO(t)
-	cfg := proctest.WriteFile(t, "node.toml", proctest.FastConfig+fmt.Sprintf(
-		"[auth]\ncluster_token_file = %q\n[signer]\nsigning_key_file = %q\n"+
-			"[cache]\nstore = \"s3\"\n[cache.s3]\nendpoint = %q\nbucket = %q\nregion = %q\nuse_tls = false\npath_style = true\n",
-		tokenFile, keyFile, s3.Endpoint, s3.Bucket, cmpOr(s3.Region, "us-east-1")))
-	env := []string{"HARMONIA_S3_ACCESS_KEY=" + s3.AccessKey, "HARMONIA_S3_SECRET_KEY=" + s3.SecretKey}
+	cfg, env, pub := signerConfig(t, dir, "e2e-failover-1", "s3")
 	f := newFixture(t, "")
-	for _, id := range []string{"signer-1", "signer-2"} {
-		f.procs[id] = proctest.Start(t, id, env, "serve", "--config", cfg, "--database-url", f.dbURL,
-			"--node-id", id, "--roles", "signer,cache", "--listen", "127.0.0.1:0", "--state-dir", filepath.Join(dir, id))
-	}
-	for _, id := range []string{"signer-1", "signer-2"} {
-		proctest.WaitFor(t, 30*time.Second, id+" active", func() bool { return f.nodeStatus(id) == "active" })
-	}
-
-	d := buildDAG(t, dir)
+	f.startSigners(cfg, env, dir, "signer-1", "signer-2")
+	d, client := f.queueDAG(dir, signer.ClientConfig{GiveUpAfter: 30 * time.Second, MinBackoff: 50 * time.Millisecond, MaxBackoff: time.Second})
 	ctx := context.Background()
-	var ds []queue.Derivation
-	for _, name := range []string{"a", "b", "c"} {
-		ds = append(ds, d.derivation(t, name))
-	}
-	if _, err := queue.Enqueue(ctx, f.pool, queue.EnqueueParams{Derivations: ds}); err != nil {
-		t.Fatal(err)
-	}
-	builder := cluster.NewRegistry(f.pool, cluster.NodeInfo{ID: "builder-1", Roles: []string{"builder"}, Endpoint: "http://builder.invalid",
-		Systems: []string{d.system}, Features: []string{}, MaxJobs: 1, MaxEvals: 1}, slog.New(slog.DiscardHandler))
-	if err := builder.Register(ctx); err != nil {
-		t.Fatal(err)
-	}
-	client := signer.NewClient(signer.ClientConfig{Token: clusterToken, GiveUpAfter: 30 * time.Second,
-		MinBackoff: 50 * time.Millisecond, MaxBackoff: time.Second}, f.pool, slog.New(slog.DiscardHandler))
 
 	for i := range 3 {
 		if i == 1 {
@@ -389,11 +320,7 @@ func TestSignerFailover(t *testing.T) {
 			f.procs["signer-1"].Signal(t, syscall.SIGKILL)
 			f.procs["signer-1"].Wait(t, 10*time.Second)
 		}
-		jobs, err := queue.ClaimJobs(ctx, f.pool, queue.Claimer{NodeID: "builder-1", Systems: []string{d.system}}, 1)
-		if err != nil || len(jobs) != 1 {
-			t.Fatalf("claim: %v %v", jobs, err)
-		}
-		job := jobs[0]
+		job := f.claimNext(d)
 		o, nar := publishable(t, d.outputs[d.nameOf(job.DrvPath)], job.DrvPath)
 		slots, err := client.UploadSlots(ctx, signer.UploadSlotsRequest{Outputs: []signer.Output{o}})
 		if err != nil {
@@ -418,17 +345,76 @@ func TestSignerFailover(t *testing.T) {
 	// The survivor serves everything, including what the dead signer published.
 	store := t.TempDir()
 	args := []string{"--store", store, "-r", d.outputs["c"], "--option", "substituters", f.endpoint("signer-2"),
-		"--option", "trusted-public-keys", publicKeyOf(t, keyFile), "--option", "require-sigs", "true"}
+		"--option", "trusted-public-keys", pub, "--option", "require-sigs", "true"}
 	if out, err := exec.Command("nix-store", args...).CombinedOutput(); err != nil {
 		t.Fatalf("substitute from the surviving signer's cache: %v\n%s", err, out)
 	}
 }
 
-func publicKeyOf(t *testing.T, secretFile string) string {
+// signerConfig writes a signing key, the cluster token and a node configuration for the signer
+// and cache roles on backend ("local" or "s3"); it returns the configuration file, the
+// environment the node needs, and the key's public half for trusted-public-keys.
+func signerConfig(t *testing.T, dir, keyName, backend string) (cfg string, env []string, pub string) {
 	t.Helper()
-	key, err := nix.LoadSecretKeyFile(secretFile)
-	if err != nil {
+	keyFile := filepath.Join(dir, "signing-key")
+	code, out := proctest.Run(t, nil, "keygen", "--name", keyName, "--secret-key-file", keyFile)
+	if code != 0 {
+		t.Fatalf("keygen: %s", out)
+	}
+	tokenFile := proctest.WriteFile(t, "cluster-token", clusterToken)
+	extra := fmt.Sprintf("[auth]\ncluster_token_file = %q\n[signer]\nsigning_key_file = %q\n", tokenFile, keyFile)
+	if backend == "s3" {
+		s3 := blobtest.StartMinIO(t)
+		extra += fmt.Sprintf("[cache]\nstore = \"s3\"\n[cache.s3]\nendpoint = %q\nbucket = %q\nregion = %q\nuse_tls = false\npath_style = true\n",
+			s3.Endpoint, s3.Bucket, cmpOr(s3.Region, "us-east-1"))
+		env = []string{"HARMONIA_S3_ACCESS_KEY=" + s3.AccessKey, "HARMONIA_S3_SECRET_KEY=" + s3.SecretKey}
+	} else {
+		extra += fmt.Sprintf("[cache]\ndir = %q\n", filepath.Join(dir, "cache"))
+	}
+	return proctest.WriteFile(t, "node.toml", proctest.FastConfig+extra), env, strings.TrimSpace(out)
+}
+
+// startSigners runs signer-and-cache nodes with cfg and waits until they are active.
+func (f *fixture) startSigners(cfg string, env []string, stateDir string, ids ...string) {
+	f.t.Helper()
+	for _, id := range ids {
+		f.procs[id] = proctest.Start(f.t, id, env, "serve", "--config", cfg, "--database-url", f.dbURL,
+			"--node-id", id, "--roles", "signer,cache", "--listen", "127.0.0.1:0", "--state-dir", filepath.Join(stateDir, id))
+	}
+	for _, id := range ids {
+		proctest.WaitFor(f.t, 30*time.Second, id+" active", func() bool { return f.nodeStatus(id) == "active" })
+	}
+}
+
+// queueDAG builds the DAG with real Nix, enqueues its three jobs, registers builder-1 to claim
+// them, and returns the DAG and a signer client such as a builder uses.
+func (f *fixture) queueDAG(dir string, client signer.ClientConfig) (dag, *signer.Client) {
+	t := f.t
+	t.Helper()
+	d := buildDAG(t, dir)
+	ctx := context.Background()
+	var ds []queue.Derivation
+	for _, name := range []string{"a", "b", "c"} {
+		ds = append(ds, d.derivation(t, name))
+	}
+	if _, err := queue.Enqueue(ctx, f.pool, queue.EnqueueParams{Derivations: ds}); err != nil {
 		t.Fatal(err)
 	}
-	return key.Public().String()
+	builder := cluster.NewRegistry(f.pool, cluster.NodeInfo{ID: "builder-1", Roles: []string{"builder"}, Endpoint: "http://builder.invalid",
+		Systems: []string{d.system}, Features: []string{}, MaxJobs: 1, MaxEvals: 1}, slog.New(slog.DiscardHandler))
+	if err := builder.Register(ctx); err != nil {
+		t.Fatal(err)
+	}
+	client.Token = clusterToken
+	return d, signer.NewClient(client, f.pool, slog.New(slog.DiscardHandler))
+}
+
+// claimNext claims builder-1's next ready job.
+func (f *fixture) claimNext(d dag) queue.Job {
+	f.t.Helper()
+	jobs, err := queue.ClaimJobs(context.Background(), f.pool, queue.Claimer{NodeID: "builder-1", Systems: []string{d.system}}, 1)
+	if err != nil || len(jobs) != 1 {
+		f.t.Fatalf("claim: %v %v", jobs, err)
+	}
+	return jobs[0]
 }
