@@ -474,14 +474,11 @@ func publishOne(ctx context.Context, dir, path string, key nix.SecretKey) (narin
 	if err != nil {
 		return "", "", s, err
 	}
-	narKey = "nar/" + strings.TrimPrefix(s.FileHash, "sha256:") + ".nar.zst"
+	narKey = nix.NarURL(s.FileHash)
 	if err = os.Rename(f.Name(), filepath.Join(dir, filepath.FromSlash(narKey))); err != nil {
 		return "", "", s, err
 	}
-	ni := &nix.NarInfo{
-		StorePath: path, URL: narKey, Compression: "zstd",
-		FileHash: s.FileHash, FileSize: s.FileSize, NarHash: s.NarHash, NarSize: s.NarSize,
-	}
+	ni := nix.NewNarInfo(path, s, nil)
 	if err = ni.Sign(key); err != nil {
 		return "", "", s, err
 	}

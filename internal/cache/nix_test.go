@@ -92,7 +92,7 @@ func publish(t *testing.T, store blob.Store, key nix.SecretKey, path string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	url := "nar/" + strings.TrimPrefix(sizes.FileHash, "sha256:") + ".nar.zst"
+	url := nix.NarURL(sizes.FileHash)
 	put(t, store, url, nar.Bytes())
 	var refs []string
 	for _, r := range strings.Fields(runNix(t, "nix-store", "-q", "--references", path)) {
@@ -102,12 +102,7 @@ func publish(t *testing.T, store blob.Store, key nix.SecretKey, path string) {
 		}
 		refs = append(refs, rsp.Base())
 	}
-	ni := &nix.NarInfo{
-		StorePath: path, URL: url, Compression: "zstd",
-		FileHash: sizes.FileHash, FileSize: sizes.FileSize,
-		NarHash: sizes.NarHash, NarSize: sizes.NarSize,
-		References: refs,
-	}
+	ni := nix.NewNarInfo(path, sizes, refs)
 	if err := ni.Sign(key); err != nil {
 		t.Fatal(err)
 	}

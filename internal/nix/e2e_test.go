@@ -51,7 +51,7 @@ func pushToCache(t *testing.T, dir string, key SecretKey, paths []string) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		url := "nar/" + strings.TrimPrefix(sizes.FileHash, "sha256:") + ".nar.zst"
+		url := NarURL(sizes.FileHash)
 		if err := os.Rename(tmp.Name(), filepath.Join(dir, url)); err != nil {
 			t.Fatal(err)
 		}
@@ -63,12 +63,7 @@ func pushToCache(t *testing.T, dir string, key SecretKey, paths []string) {
 			}
 			refs = append(refs, rsp.Base())
 		}
-		ni := &NarInfo{
-			StorePath: p, URL: url, Compression: "zstd",
-			FileHash: sizes.FileHash, FileSize: sizes.FileSize,
-			NarHash: sizes.NarHash, NarSize: sizes.NarSize,
-			References: refs,
-		}
+		ni := NewNarInfo(p, sizes, refs)
 		if err := ni.Sign(key); err != nil {
 			t.Fatal(err)
 		}

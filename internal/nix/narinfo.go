@@ -201,6 +201,22 @@ func parseSize(s string) (int64, error) {
 	return n, nil
 }
 
+// NarURL is where a binary cache keeps a zstd-compressed NAR, relative to the cache root:
+// nar/<nix32 file hash>.nar.zst (fileHash as "sha256:<nix32>").
+func NarURL(fileHash string) string {
+	return "nar/" + strings.TrimPrefix(fileHash, "sha256:") + ".nar.zst"
+}
+
+// NewNarInfo describes a store path that CompressNAR turned into s, as a zstd binary cache
+// serves it; references are basenames. Sign it before publishing.
+func NewNarInfo(storePath string, s Sizes, references []string) *NarInfo {
+	return &NarInfo{
+		StorePath: storePath, URL: NarURL(s.FileHash), Compression: "zstd",
+		FileHash: s.FileHash, FileSize: s.FileSize, NarHash: s.NarHash, NarSize: s.NarSize,
+		References: references,
+	}
+}
+
 // Fingerprint returns the string Nix signs for a store path:
 // "1;<store path>;<nar hash>;<nar size>;<comma-separated full reference paths>", with the
 // references sorted as Nix's ordered set sorts them. refs are basenames.

@@ -338,7 +338,7 @@ func parseOutput(o Output) (output, error) {
 			return p, fmt.Errorf("deriver: %w", err)
 		}
 	}
-	p.narKey = "nar/" + strings.TrimPrefix(nix.FormatSHA256(p.fileSum), "sha256:") + ".nar.zst"
+	p.narKey = nix.NarURL(nix.FormatSHA256(p.fileSum))
 	p.infoKey = p.path.Hash + ".narinfo"
 	for _, k := range []string{p.narKey, p.infoKey} {
 		if err := blob.ValidKey(k); err != nil {
