@@ -67,7 +67,6 @@ CREATE TRIGGER build_jobs_readiness_insert
     AFTER INSERT ON build_jobs REFERENCING NEW TABLE AS new_jobs
     FOR EACH STATEMENT EXECUTE FUNCTION build_jobs_after_insert();
 
--- A job crossing into 'succeeded' unblocks each dependent by one; crossing out blocks it again.
 -- The shared lock is taken before the statement touches any row: a row trigger runs with its
 -- row already locked, and an enqueue (holding the lock exclusively) may be waiting on that row
 -- (ON CONFLICT on the same drv_path), which would deadlock.
@@ -82,21 +81,28 @@ CREATE TRIGGER build_jobs_readiness_lock
     BEFORE UPDATE OF status OR DELETE ON build_jobs
     FOR EACH STATEMENT EXECUTE FUNCTION build_jobs_before_change();
 
-CREATE FUNCTION build_jobs_after_status() RETURNS trigger AS $$
+-- shift_dependents moves the count of every job that has input_drv as an input by delta. The
+-- dependents are locked in id order first: two finishes sharing dependents would otherwise lock
+-- them in index order each and could deadlock.
+CREATE FUNCTION shift_dependents(input_drv TEXT, delta INT) RETURNS void AS $$
 BEGIN
-    -- Lock the dependents in id order first: two finishes sharing dependents would otherwise
-    -- lock them in index order each and could deadlock.
     PERFORM 1 FROM build_jobs r
-    WHERE r.drv_path IN (SELECT referrer FROM derivation_inputs WHERE input_drv = NEW.drv_path)
+    WHERE r.drv_path IN (SELECT di.referrer FROM derivation_inputs di WHERE di.input_drv = shift_dependents.input_drv)
     ORDER BY r.id FOR NO KEY UPDATE;
-    UPDATE build_jobs r
-    SET blocked_inputs = r.blocked_inputs + CASE WHEN NEW.status = 'succeeded' THEN -1 ELSE 1 END
+    UPDATE build_jobs r SET blocked_inputs = r.blocked_inputs + delta
     FROM derivation_inputs di
-    WHERE di.input_drv = NEW.drv_path AND r.drv_path = di.referrer;
-    RETURN NULL;
+    WHERE di.input_drv = shift_dependents.input_drv AND r.drv_path = di.referrer;
 END;
 $$ LANGUAGE plpgsql
     SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off;
+
+-- A job crossing into 'succeeded' unblocks each dependent by one; crossing out blocks it again.
+CREATE FUNCTION build_jobs_after_status() RETURNS trigger AS $$
+BEGIN
+    PERFORM shift_dependents(NEW.drv_path, CASE WHEN NEW.status = 'succeeded' THEN -1 ELSE 1 END);
+    RETURN NULL;
+END;
+$$ LANGUAGE plpgsql;
 
 CREATE TRIGGER build_jobs_readiness_status
     AFTER UPDATE OF status ON build_jobs
@@ -106,16 +112,10 @@ CREATE TRIGGER build_jobs_readiness_status
 -- A deleted job that had not succeeded no longer blocks anyone.
 CREATE FUNCTION build_jobs_after_delete() RETURNS trigger AS $$
 BEGIN
-    PERFORM 1 FROM build_jobs r
-    WHERE r.drv_path IN (SELECT referrer FROM derivation_inputs WHERE input_drv = OLD.drv_path)
-    ORDER BY r.id FOR NO KEY UPDATE;
-    UPDATE build_jobs r SET blocked_inputs = r.blocked_inputs - 1
-    FROM derivation_inputs di
-    WHERE di.input_drv = OLD.drv_path AND r.drv_path = di.referrer;
+    PERFORM shift_dependents(OLD.drv_path, -1);
     RETURN NULL;
 END;
-$$ LANGUAGE plpgsql
-    SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off;
+$$ LANGUAGE plpgsql;
 
 CREATE TRIGGER build_jobs_readiness_delete
     AFTER DELETE ON build_jobs
