@@ -7,7 +7,9 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"os/signal"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -23,12 +25,22 @@ import (
 // withDB runs fn against the configured database (or the embedded one, attached to or started
 // for the duration of the command).
 func withDB(cmd *cobra.Command, g *globalFlags, fn func(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool) error) error {
+	return withDBFor(cmd, g, 2*time.Minute, fn)
+}
+
+// withDBFor is withDB with a time limit for the whole command; 0 means none (until a signal).
+func withDBFor(cmd *cobra.Command, g *globalFlags, limit time.Duration, fn func(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool) error) error {
 	cfg, err := g.load(cmd)
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(cmd.Context(), 2*time.Minute)
-	defer cancel()
+	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if limit > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, limit)
+		defer cancel()
+	}
 	logger := newLoggerAt(cfg, os.Stderr, slog.LevelWarn)
 	pool, closeDB, err := node.OpenDatabase(ctx, cfg, logger)
 	if err != nil {

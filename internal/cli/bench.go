@@ -14,7 +14,7 @@ import (
 
 func newBench(g *globalFlags) *cobra.Command {
 	c := &cobra.Command{Use: "bench", Short: "Run benchmarks against a real PostgreSQL"}
-	c.AddCommand(newBenchQueue(g), newBenchWorker(g), newBenchCache())
+	c.AddCommand(newBenchQueue(g), newBenchWorker(g), newBenchCache(), newBenchEval())
 	return c
 }
 
@@ -112,6 +112,44 @@ func printQueueReport(w io.Writer, r bench.QueueReport) {
 		fmt.Fprintf(w, "  pgbench -N         %.0f TPS (8 clients, 2 threads, same server)\n", r.PgbenchTPS)
 		fmt.Fprintf(w, "  jobs/s ÷ TPS       %.2f\n", r.RatioToPgbench)
 	}
+}
+
+func newBenchEval() *cobra.Command {
+	var o bench.EvalOptions
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "eval",
+		Short: "Evaluate a generated 10,000-derivation project against bare nix-instantiate",
+		Long: `eval generates two projects of the same shape (layers of --width derivations, each depending
+on two of the layer below) with different salts, so both runs write new .drv files. It times bare
+nix-instantiate of one, then an evaluation of the other by a node running the frontend, evaluator,
+signer and cache roles in this process (private PostgreSQL, local cache): from the request to the
+evaluation's success, including ingestion and publication of the .drv closure. Needs nix-bin.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			o.Logger = benchLogger(cmd.ErrOrStderr())
+			ctx, _, stop := signalContext()
+			defer stop()
+			r, err := bench.Eval(ctx, o)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(cmd.OutOrStdout(), r)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "harmonia-ci bench eval — %s, %s, PostgreSQL %s, %s\n", r.Machine, r.Nix, r.Postgres, r.Date)
+			fmt.Fprintf(cmd.OutOrStdout(), "  %d derivations (layers of %d)\n", r.Derivations, r.Width)
+			fmt.Fprintf(cmd.OutOrStdout(), "  nix-instantiate   %.2f s\n", r.NixSeconds)
+			fmt.Fprintf(cmd.OutOrStdout(), "  harmonia-ci eval  %.2f s   ratio %.2f\n", r.EvalSeconds, r.Ratio)
+			fmt.Fprintf(cmd.OutOrStdout(), "  ingested %d rows = %.0f rows/s; %d jobs; %d narinfos published\n", r.Rows, r.RowsPerSecond, r.Jobs, r.Published)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.IntVar(&o.Derivations, "derivations", 10000, "derivations in the generated project")
+	f.IntVar(&o.Width, "width", 100, "derivations per layer")
+	f.BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
 }
 
 func newBenchCache() *cobra.Command {

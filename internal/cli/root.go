@@ -72,7 +72,8 @@ func newRoot() *cobra.Command {
 	pf.StringVar(&g.listen, "listen", "", "HTTP listen address (default 127.0.0.1:7777)")
 	pf.StringVar(&g.stateDir, "state-dir", "", "state directory (embedded database, generated tokens)")
 
-	root.AddCommand(newServe(&g), newUp(&g), newNodes(&g), newClusterCmd(&g), newDrain(&g), newMigrate(&g), newBench(&g), newKeygen())
+	root.AddCommand(newServe(&g), newUp(&g), newProjectCmd(&g), newEvalCmd(&g), newNodes(&g), newClusterCmd(&g), newDrain(&g),
+		newMigrate(&g), newBench(&g), newKeygen())
 	return root
 }
 

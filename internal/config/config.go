@@ -45,6 +45,9 @@ type Config struct {
 	Queue   QueueConfig   `toml:"queue"`
 	Cache   CacheConfig   `toml:"cache"`
 	Signer  SignerConfig  `toml:"signer"`
+	Eval    EvalConfig    `toml:"eval"`
+
+	Substituters SubstitutersConfig `toml:"substituters"`
 
 	// Source is the path of the file that was read, "" if none. Not a TOML key.
 	Source string `toml:"-"`
@@ -173,6 +176,19 @@ type SignerConfig struct {
 	URLExpiry      Duration `toml:"url_expiry"`       // lifetime of presigned upload URLs
 }
 
+// EvalConfig configures the evaluator role.
+type EvalConfig struct {
+	Timeout      Duration `toml:"timeout"`       // one evaluation; .harmonia-ci.toml's eval-timeout overrides it
+	PollInterval Duration `toml:"poll_interval"` // look for queued evaluations at least this often
+}
+
+// SubstitutersConfig names the upstream binary caches whose contents need no build job and
+// which builders substitute from.
+type SubstitutersConfig struct {
+	URLs              []string `toml:"urls"`                // http(s) binary cache URLs
+	TrustedPublicKeys []string `toml:"trusted_public_keys"` // "name:base64" keys their narinfos must be signed with
+}
+
 // Seams for tests, which must not depend on the host.
 var (
 	hostname = os.Hostname
@@ -225,6 +241,11 @@ func defaults(getenv func(string) string) *Config {
 		},
 		Cache:  CacheConfig{Store: "local", Priority: 30, S3: S3Config{Region: "us-east-1", UseTLS: true}},
 		Signer: SignerConfig{URLExpiry: Duration{15 * time.Minute}},
+		Eval:   EvalConfig{Timeout: Duration{time.Hour}, PollInterval: Duration{5 * time.Second}},
+		Substituters: SubstitutersConfig{
+			URLs:              []string{},
+			TrustedPublicKeys: []string{},
+		},
 		Queue: QueueConfig{
 			PollInterval:           Duration{5 * time.Second},
 			ReapInterval:           Duration{30 * time.Second},

@@ -184,6 +184,14 @@ unsupported_interval = "1m"
 unsupported_grace = "0s"
 share_decay_interval = "30m"
 readiness_audit_interval = "1h"
+
+[eval]
+timeout = "20m"
+poll_interval = "2s"
+
+[substituters]
+urls = ["https://cache.example.org"]
+trusted_public_keys = ["cache.example.org-1:6NCHdD59X431o0gWypbMrAURkbJ16ZPMQFGspcDShjY="]
 `)
 	got, err := Load(Overrides{ConfigFile: path}, fakeEnv(nil))
 	if err != nil {
@@ -224,6 +232,11 @@ readiness_audit_interval = "1h"
 		Queue:  QueueConfig{d("1s"), d("10s"), d("1m"), d("0s"), d("30m"), d("1h")},
 		Cache:  CacheConfig{Store: "local", Priority: 30, S3: S3Config{Region: "us-east-1", UseTLS: true}},
 		Signer: SignerConfig{URLExpiry: d("15m")},
+		Eval:   EvalConfig{Timeout: d("20m"), PollInterval: d("2s")},
+		Substituters: SubstitutersConfig{
+			URLs:              []string{"https://cache.example.org"},
+			TrustedPublicKeys: []string{"cache.example.org-1:6NCHdD59X431o0gWypbMrAURkbJ16ZPMQFGspcDShjY="},
+		},
 		Source: path,
 	}
 	if !reflect.DeepEqual(got, want) {
@@ -459,6 +472,16 @@ func TestValidate(t *testing.T) {
 			[]string{`config: node.roles: duplicate role "cache"`}},
 		{"no roles", func(c *Config) { c.Node.Roles = nil },
 			[]string{"config: node.roles must not be empty"}},
+		{"eval timeout", func(c *Config) { c.Eval.Timeout = d("0s") },
+			[]string{"config: eval.timeout must be positive, got 0s"}},
+		{"substituter url", func(c *Config) {
+			c.Substituters.URLs = []string{"s3://bucket"}
+			c.Substituters.TrustedPublicKeys = []string{"k-1:6NCHdD59X431o0gWypbMrAURkbJ16ZPMQFGspcDShjY="}
+		}, []string{`config: substituters.urls[0]: want an http or https URL, got "s3://bucket"`}},
+		{"substituters without keys", func(c *Config) { c.Substituters.URLs = []string{"https://cache.example.org"} },
+			[]string{"config: substituters.trusted_public_keys: required with substituters.urls (their narinfos must be signed by a trusted key)"}},
+		{"bad trusted key", func(c *Config) { c.Substituters.TrustedPublicKeys = []string{"nokey"} },
+			[]string{"config: substituters.trusted_public_keys[0]: "}},
 		{"dead threshold", func(c *Config) { c.Cluster.Heartbeat.DeadThreshold = d("45s") },
 			[]string{"config: cluster.heartbeat.dead_threshold (45s) must be at least twice heartbeat.interval (30s)"}},
 		{"listen no port", func(c *Config) { c.Listen = "nope" },

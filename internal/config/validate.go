@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/harmonia-ci/harmonia-ci/internal/nix"
 )
 
 var (
@@ -155,6 +157,21 @@ func (c *Config) problems(from origins) []error {
 		add("cache.priority", "cache.priority must not be negative, got %d", c.Cache.Priority)
 	}
 	positive("signer.url_expiry", c.Signer.URLExpiry)
+	positive("eval.timeout", c.Eval.Timeout)
+	positive("eval.poll_interval", c.Eval.PollInterval)
+	for i, u := range c.Substituters.URLs {
+		if pu, err := url.Parse(u); err != nil || (pu.Scheme != "http" && pu.Scheme != "https") || pu.Host == "" {
+			add("substituters.urls", "substituters.urls[%d]: want an http or https URL, got %q", i, u)
+		}
+	}
+	for i, k := range c.Substituters.TrustedPublicKeys {
+		if _, err := nix.ParsePublicKey(k); err != nil {
+			add("substituters.trusted_public_keys", "substituters.trusted_public_keys[%d]: %v", i, err)
+		}
+	}
+	if len(c.Substituters.URLs) > 0 && len(c.Substituters.TrustedPublicKeys) == 0 {
+		add("substituters.trusted_public_keys", "substituters.trusted_public_keys: required with substituters.urls (their narinfos must be signed by a trusted key)")
+	}
 	if d := c.Cluster.Shutdown.DrainTimeout; d.Duration < 0 {
 		add("cluster.shutdown.drain_timeout", "cluster.shutdown.drain_timeout must not be negative, got %s", d)
 	}

@@ -208,8 +208,13 @@ func (n *node) run(ctx context.Context, ln net.Listener, opts Options) error {
 		electors = append(electors, e)
 	}
 
+	workers, err := n.roleWorkers(notifier)
+	if err != nil {
+		return err
+	}
+
 	// Services start in dependency order and stop in reverse (see shutdown).
-	services := append([]startstop.Service{announcer, httpServer, notifier, heartbeat}, electors...)
+	services := append(append([]startstop.Service{announcer, httpServer, notifier, heartbeat}, electors...), workers...)
 	for _, s := range services {
 		if err := s.Start(ctx); err != nil {
 			startstop.StopAll(services...)
@@ -234,13 +239,13 @@ func (n *node) run(ctx context.Context, ln net.Listener, opts Options) error {
 	case fatalErr = <-n.fatal:
 		n.logger.Error("shutting down", "error", fatalErr)
 	}
-	return n.shutdown(registry, electors, heartbeat, httpServer, announcer, opts.Force, fatalErr)
+	return n.shutdown(registry, workers, electors, heartbeat, httpServer, announcer, opts.Force, fatalErr)
 }
 
 // shutdown follows seed 003's sequence: stop taking work, mark the node draining, wait for
 // in-flight work (bounded), stop leader work and resign, stop the heartbeat, deregister, and
 // only then close the HTTP server, so health checks see "draining" throughout.
-func (n *node) shutdown(registry *cluster.Registry, electors []startstop.Service, heartbeat, httpServer, announcer startstop.Service, force <-chan struct{}, fatalErr error) error {
+func (n *node) shutdown(registry *cluster.Registry, workers, electors []startstop.Service, heartbeat, httpServer, announcer startstop.Service, force <-chan struct{}, fatalErr error) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	n.inFlight.Close()
@@ -266,6 +271,7 @@ func (n *node) shutdown(registry *cluster.Registry, electors []startstop.Service
 	}
 	wcancel()
 
+	startstop.StopAll(workers...)  // what is still running is killed and handed back
 	startstop.StopAll(electors...) // resigns: leader work has stopped by then
 	heartbeat.Stop()
 	if !superseded {

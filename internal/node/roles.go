@@ -13,9 +13,13 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/blob"
 	"github.com/harmonia-ci/harmonia-ci/internal/cache"
 	"github.com/harmonia-ci/harmonia-ci/internal/config"
+	"github.com/harmonia-ci/harmonia-ci/internal/eval"
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
+	"github.com/harmonia-ci/harmonia-ci/internal/notify"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 	"github.com/harmonia-ci/harmonia-ci/internal/signer"
+	"github.com/harmonia-ci/harmonia-ci/internal/startstop"
+	"github.com/harmonia-ci/harmonia-ci/internal/upload"
 )
 
 // openStore opens the binary cache's blob store. For the local store it also returns the
@@ -92,4 +96,35 @@ func mountRoles(cfg *config.Config, mux *http.ServeMux, pool *pgxpool.Pool, endp
 		mux.Handle("PUT /api/blob/{key...}", uploads)
 	}
 	return nil
+}
+
+// roleWorkers builds the services that claim work: the evaluator (the builder comes with
+// issue 6).
+func (n *node) roleWorkers(notifier *notify.Notifier) ([]startstop.Service, error) {
+	cfg := n.cfg
+	var workers []startstop.Service
+	if cfg.HasRole(config.RoleEvaluator) {
+		upstream, err := eval.NewUpstream(cfg.Substituters.URLs, cfg.Substituters.TrustedPublicKeys)
+		if err != nil {
+			return nil, err
+		}
+		ecfg := eval.Config{
+			NodeID: cfg.Node.ID, StateDir: cfg.StateDir, MaxEvals: cfg.Node.MaxEvals,
+			PollInterval: cfg.Eval.PollInterval.Duration, Timeout: cfg.Eval.Timeout.Duration,
+			Gate: &n.inFlight, Notifier: notifier, Upstream: upstream,
+		}
+		if cfg.Auth.ClusterToken != "" {
+			client := signer.NewClient(signer.ClientConfig{Token: cfg.Auth.ClusterToken}, n.pool, n.logger)
+			ecfg.Cache = client
+			ecfg.Publisher = &upload.Publisher{Signer: client, Logger: n.logger}
+		} else {
+			n.logger.Warn("evaluator without a cluster token: .drv closures are not published to the cache and outputs are not looked up there (set auth.cluster_token_file)")
+		}
+		ev, err := eval.New(ecfg, n.pool, n.logger, n.clock)
+		if err != nil {
+			return nil, err
+		}
+		workers = append(workers, ev)
+	}
+	return workers, nil
 }

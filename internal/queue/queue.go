@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -75,6 +76,21 @@ type EnqueueResult struct {
 // same derivation shares its job). Builders are woken per system at commit.
 func Enqueue(ctx context.Context, pool *pgxpool.Pool, p EnqueueParams) (EnqueueResult, error) {
 	var res EnqueueResult
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		var err error
+		res, err = EnqueueTx(ctx, tx, p)
+		return err
+	})
+	if err != nil {
+		return EnqueueResult{}, err
+	}
+	return res, nil
+}
+
+// EnqueueTx is Enqueue inside the caller's transaction (the evaluator records its attributes
+// in the same one). The builders' wake-ups are sent at the transaction's commit.
+func EnqueueTx(ctx context.Context, tx pgx.Tx, p EnqueueParams) (EnqueueResult, error) {
+	var res EnqueueResult
 	for _, d := range p.Derivations {
 		if err := validateDerivation(d); err != nil {
 			return res, fmt.Errorf("enqueue: %w", err)
@@ -88,7 +104,7 @@ func Enqueue(ctx context.Context, pool *pgxpool.Pool, p EnqueueParams) (EnqueueR
 		}
 	}
 	systems := map[string]bool{}
-	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+	err := func() error {
 		if _, err := tx.Exec(ctx, sqlEnqueueLock, cluster.LockClass); err != nil {
 			return fmt.Errorf("take enqueue lock: %w", err)
 		}
@@ -111,13 +127,13 @@ func Enqueue(ctx context.Context, pool *pgxpool.Pool, p EnqueueParams) (EnqueueR
 				systems[s] = true
 			}
 		}
-		for s := range systems {
+		for _, s := range slices.Sorted(maps.Keys(systems)) {
 			if err := notifyJobs(ctx, tx, map[string]string{"system": s}); err != nil {
 				return err
 			}
 		}
 		return nil
-	})
+	}()
 	if err != nil {
 		return EnqueueResult{}, fmt.Errorf("enqueue: %w", err)
 	}

@@ -89,6 +89,13 @@ func (c *Client) BuildComplete(ctx context.Context, req BuildCompleteRequest) (B
 	return resp, err
 }
 
+// CacheLookup returns the store paths (of at most MaxLookup) whose narinfo the cache holds.
+func (c *Client) CacheLookup(ctx context.Context, paths []string) ([]string, error) {
+	var resp CacheLookupResponse
+	err := c.call(ctx, "/api/cache-lookup", CacheLookupRequest{StorePaths: paths}, &resp)
+	return resp.Present, err
+}
+
 const sqlSigners = `
 SELECT endpoint FROM nodes
 WHERE 'signer' = ANY(capabilities) AND last_seen > now() - interval '2 minutes' AND status <> 'dead'

@@ -15,7 +15,8 @@
 //     records the canonical NAR hashes and marks the job succeeded.
 //
 // The evaluator publishes .drv closures the same way, without a claim: a batch of store paths
-// in one call.
+// in one call. It also asks POST /api/cache-lookup which outputs the cache already holds, so
+// they get no build job.
 //
 // A narinfo is never rewritten to a different NarHash: the first writer wins and a
 // non-reproducible rebuild is logged and counted as a conflict.
@@ -38,6 +39,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/blob"
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
@@ -103,9 +105,23 @@ func New(cfg Config, pool *pgxpool.Pool) (*Server, error) {
 func (s *Server) Register(mux *http.ServeMux) {
 	mux.Handle("POST /api/upload-slots", s.wrap(s.handleUploadSlots))
 	mux.Handle("POST /api/build-complete", s.wrap(s.handleBuildComplete))
+	mux.Handle("POST /api/cache-lookup", s.wrap(s.handleCacheLookup))
 }
 
 // ---- wire format ----
+
+// CacheLookupRequest asks which store paths the cache holds (has a narinfo for).
+type CacheLookupRequest struct {
+	StorePaths []string `json:"store_paths"`
+}
+
+// CacheLookupResponse lists the store paths of the request that the cache holds.
+type CacheLookupResponse struct {
+	Present []string `json:"present"`
+}
+
+// MaxLookup bounds the store paths of one cache lookup.
+const MaxLookup = 1000
 
 // Output is one store path to publish.
 type Output struct {
@@ -370,6 +386,44 @@ func (s *Server) head(ctx context.Context, key string, size int64) (bool, error)
 	return size < 0 || info.Size == size, nil
 }
 
+func (s *Server) handleCacheLookup(ctx context.Context, body io.Reader) (any, error) {
+	var req CacheLookupRequest
+	if err := decode(body, &req); err != nil {
+		return nil, err
+	}
+	if len(req.StorePaths) > MaxLookup {
+		return nil, badRequest("store_paths: at most %d per request, got %d", MaxLookup, len(req.StorePaths))
+	}
+	keys := make([]string, len(req.StorePaths))
+	for i, p := range req.StorePaths {
+		sp, err := nix.ParseStorePath(p)
+		if err != nil {
+			return nil, badRequest("store_paths[%d]: %v", i, err)
+		}
+		keys[i] = sp.Hash + ".narinfo"
+	}
+	present := make([]bool, len(keys))
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(16)
+	for i, k := range keys {
+		g.Go(func() error {
+			have, err := s.head(gctx, k, -1)
+			present[i] = have
+			return err
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, err
+	}
+	resp := CacheLookupResponse{Present: []string{}}
+	for i, p := range req.StorePaths {
+		if present[i] {
+			resp.Present = append(resp.Present, p)
+		}
+	}
+	return resp, nil
+}
+
 func (s *Server) handleUploadSlots(ctx context.Context, body io.Reader) (any, error) {
 	var req UploadSlotsRequest
 	if err := decode(body, &req); err != nil {
@@ -393,22 +447,22 @@ func (s *Server) handleUploadSlots(ctx context.Context, body io.Reader) (any, er
 		}
 	}
 	resp := UploadSlotsResponse{Outputs: make([]OutputSlot, len(outs))}
-	for i, o := range outs {
+	err = eachOutput(ctx, outs, func(ctx context.Context, i int, o output) error {
 		slot := OutputSlot{StorePath: o.path.String()}
 		have, err := s.head(ctx, o.narKey, o.fileSize)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		if have {
 			slot.Skipped = true
-		} else {
-			u, err := s.presign(ctx, o.narKey, o.fileSize, o.fileSum[:])
-			if err != nil {
-				return nil, err
-			}
-			slot.Upload = u
+		} else if slot.Upload, err = s.presign(ctx, o.narKey, o.fileSize, o.fileSum[:]); err != nil {
+			return err
 		}
 		resp.Outputs[i] = slot
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	if req.Log != nil {
 		if resp.Log, err = s.presign(ctx, req.Log.Key, req.Log.Size, logSum); err != nil {
@@ -454,14 +508,18 @@ func (s *Server) handleBuildComplete(ctx context.Context, body io.Reader) (any, 
 	}
 
 	// Everything is checked before anything is written.
-	for i, o := range outs {
+	err = eachOutput(ctx, outs, func(ctx context.Context, i int, o output) error {
 		have, err := s.head(ctx, o.narKey, o.fileSize)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		if !have {
-			return nil, badRequest("outputs[%d]: nar not uploaded (%s with %d bytes)", i, o.narKey, o.fileSize)
+			return badRequest("outputs[%d]: nar not uploaded (%s with %d bytes)", i, o.narKey, o.fileSize)
 		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	if req.LogKey != "" {
 		have, err := s.head(ctx, req.LogKey, -1)
@@ -474,12 +532,17 @@ func (s *Server) handleBuildComplete(ctx context.Context, body io.Reader) (any, 
 	}
 
 	var resp BuildCompleteResponse
-	canon := make([]canonical, 0, len(outs))
-	for _, o := range outs {
-		c, result, err := s.publish(ctx, o)
-		if err != nil {
-			return nil, err
-		}
+	canon := make([]canonical, len(outs))
+	results := make([]publishResult, len(outs))
+	err = eachOutput(ctx, outs, func(ctx context.Context, i int, o output) error {
+		var err error
+		canon[i], results[i], err = s.publish(ctx, o)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	for _, result := range results {
 		switch result {
 		case written:
 			resp.Written++
@@ -488,7 +551,6 @@ func (s *Server) handleBuildComplete(ctx context.Context, body io.Reader) (any, 
 		case conflict:
 			resp.Conflicts++
 		}
-		canon = append(canon, c)
 	}
 	if err := s.recordHashes(ctx, canon); err != nil {
 		return nil, internal("recording NAR hashes failed", err)
@@ -505,6 +567,17 @@ func (s *Server) handleBuildComplete(ctx context.Context, body io.Reader) (any, 
 			"drv", drvPath, "written", resp.Written, "skipped", resp.Skipped, "conflicts", resp.Conflicts)
 	}
 	return resp, nil
+}
+
+// eachOutput runs fn for every output, several at once: a batch of .drv files is hundreds of
+// small objects, and each blob store round trip (an fsync, an S3 request) is latency-bound.
+func eachOutput(ctx context.Context, outs []output, fn func(ctx context.Context, i int, o output) error) error {
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(16)
+	for i, o := range outs {
+		g.Go(func() error { return fn(gctx, i, o) })
+	}
+	return g.Wait()
 }
 
 func staleClaim(c queue.Claim) error {

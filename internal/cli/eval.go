@@ -1,0 +1,255 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/spf13/cobra"
+
+	"github.com/harmonia-ci/harmonia-ci/internal/config"
+	"github.com/harmonia-ci/harmonia-ci/internal/eval"
+)
+
+func newEvalCmd(g *globalFlags) *cobra.Command {
+	var p eval.TriggerParams
+	var wait, asJSON bool
+	cmd := &cobra.Command{
+		Use:   "eval PROJECT [--commit SHA] [--branch B] [--wait] [--json]",
+		Short: "Queue an evaluation of a project's commit (default: the head of its branch)",
+		Long: `Queue an evaluation of a project's commit. The same commit and branch twice is one
+evaluation; a commit with the same tree as an evaluation that succeeded is recorded as
+skipped, reusing its results. With --wait, follow it to the end and print its attributes.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			p.Project = args[0]
+			var limit time.Duration
+			if !wait {
+				limit = 2 * time.Minute
+			}
+			return withDBFor(cmd, g, limit, func(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool) error {
+				p.StateDir = cfg.StateDir
+				e, created, err := eval.Trigger(ctx, pool, p)
+				if err != nil {
+					return err
+				}
+				if !asJSON {
+					verb := "queued"
+					switch {
+					case !created:
+						verb = "already requested:"
+					case e.Status == "skipped":
+						verb = fmt.Sprintf("skipped (same tree as evaluation %d):", *e.ReusesEvalID)
+					}
+					fmt.Fprintf(cmd.ErrOrStderr(), "%s evaluation %d of %s at %s on %s\n", verb, e.ID, e.Project, short(e.Commit), e.Branch)
+				}
+				if !wait {
+					return showEval(ctx, cmd.OutOrStdout(), pool, e, false, asJSON)
+				}
+				if e, err = waitEval(ctx, pool, e.ID); err != nil {
+					return err
+				}
+				if err := showEval(ctx, cmd.OutOrStdout(), pool, e, true, asJSON); err != nil {
+					return err
+				}
+				return waitResult(e)
+			})
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&p.Commit, "commit", "", "commit to evaluate (default: the head of the branch)")
+	f.StringVar(&p.Branch, "branch", "", "branch (default: the project's branch)")
+	f.BoolVar(&wait, "wait", false, "wait for the evaluation to finish and print its attributes")
+	f.BoolVar(&asJSON, "json", false, "print JSON")
+	cmd.AddCommand(newEvalCancel(g), newEvalShow(g), newEvalList(g))
+	return cmd
+}
+
+func newEvalCancel(g *globalFlags) *cobra.Command {
+	return &cobra.Command{
+		Use:   "cancel ID",
+		Short: "Cancel a queued or running evaluation",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			id, err := parseID(args[0])
+			if err != nil {
+				return err
+			}
+			return withDB(cmd, g, func(ctx context.Context, _ *config.Config, pool *pgxpool.Pool) error {
+				if err := eval.Cancel(ctx, pool, id, "cancelled by a user"); err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "cancelled evaluation %d\n", id)
+				return nil
+			})
+		},
+	}
+}
+
+func newEvalShow(g *globalFlags) *cobra.Command {
+	var asJSON, wait bool
+	cmd := &cobra.Command{
+		Use:   "show ID",
+		Short: "Show an evaluation and its attributes",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			id, err := parseID(args[0])
+			if err != nil {
+				return err
+			}
+			var limit time.Duration
+			if !wait {
+				limit = 2 * time.Minute
+			}
+			return withDBFor(cmd, g, limit, func(ctx context.Context, _ *config.Config, pool *pgxpool.Pool) error {
+				e, err := eval.Get(ctx, pool, id)
+				if err != nil {
+					return err
+				}
+				if !wait {
+					return showEval(ctx, cmd.OutOrStdout(), pool, e, true, asJSON)
+				}
+				if e, err = waitEval(ctx, pool, id); err != nil {
+					return err
+				}
+				if err := showEval(ctx, cmd.OutOrStdout(), pool, e, true, asJSON); err != nil {
+					return err
+				}
+				return waitResult(e)
+			})
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	cmd.Flags().BoolVar(&wait, "wait", false, "wait for the evaluation to finish")
+	return cmd
+}
+
+func newEvalList(g *globalFlags) *cobra.Command {
+	var asJSON bool
+	var limit int
+	cmd := &cobra.Command{
+		Use:   "list [PROJECT]",
+		Short: "List the newest evaluations",
+		Args:  cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			name := ""
+			if len(args) == 1 {
+				name = args[0]
+			}
+			return withDB(cmd, g, func(ctx context.Context, _ *config.Config, pool *pgxpool.Pool) error {
+				es, err := eval.List(ctx, pool, name, limit)
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					return printJSON(cmd.OutOrStdout(), es)
+				}
+				tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+				fmt.Fprintln(tw, "ID\tPROJECT\tBRANCH\tCOMMIT\tSTATUS\tCREATED")
+				for _, e := range es {
+					fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\n", e.ID, e.Project, e.Branch, short(e.Commit), e.Status,
+						e.CreatedAt.Local().Format(time.DateTime))
+				}
+				return tw.Flush()
+			})
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	cmd.Flags().IntVar(&limit, "limit", 25, "how many")
+	return cmd
+}
+
+// waitEval follows an evaluation until it finishes.
+func waitEval(ctx context.Context, pool *pgxpool.Pool, id int64) (eval.Evaluation, error) {
+	for {
+		e, err := eval.Get(ctx, pool, id)
+		if err != nil || e.Finished() {
+			return e, err
+		}
+		select {
+		case <-ctx.Done():
+			return e, fmt.Errorf("waiting for evaluation %d: %w", id, context.Cause(ctx))
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+// evalView is the JSON form of an evaluation with its attributes.
+type evalView struct {
+	eval.Evaluation
+	Attrs []eval.AttrResult `json:"attrs"`
+}
+
+func showEval(ctx context.Context, w io.Writer, pool *pgxpool.Pool, e eval.Evaluation, withAttrs, asJSON bool) error {
+	var attrs []eval.AttrResult
+	if withAttrs {
+		var err error // a skipped evaluation has a copy of the attributes it reuses
+		if attrs, err = eval.Attrs(ctx, pool, e.ID); err != nil {
+			return err
+		}
+	}
+	if asJSON {
+		if attrs == nil {
+			attrs = []eval.AttrResult{}
+		}
+		return printJSON(w, evalView{Evaluation: e, Attrs: attrs})
+	}
+	fmt.Fprintf(w, "evaluation %d of %s at %s on %s: %s\n", e.ID, e.Project, short(e.Commit), e.Branch, e.Status)
+	if e.Error != "" {
+		fmt.Fprintf(w, "error: %s\n", e.Error)
+	}
+	if !withAttrs {
+		return nil
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ATTRIBUTE\tDERIVATION\tJOB")
+	for _, a := range attrs {
+		job := a.JobStatus
+		if job == "" && a.DrvPath != "" {
+			job = "cached"
+		}
+		drv := a.DrvPath
+		if a.Error != "" {
+			drv, job = "error: "+strings.TrimPrefix(firstLine(a.Error), "error: "), "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\n", a.Attr, drv, job)
+	}
+	return tw.Flush()
+}
+
+// waitResult is the exit status of a command that waited: failing when the evaluation did.
+func waitResult(e eval.Evaluation) error {
+	if e.Status == "failed" || e.Status == "cancelled" {
+		return fmt.Errorf("evaluation %d %s", e.ID, e.Status)
+	}
+	return nil
+}
+
+func parseID(s string) (int64, error) {
+	id, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || id <= 0 {
+		return 0, fmt.Errorf("evaluation id: want a positive number, got %q", s)
+	}
+	return id, nil
+}
+
+func short(sha string) string {
+	if len(sha) > 12 {
+		return sha[:12]
+	}
+	return sha
+}
+
+func firstLine(s string) string {
+	for i, c := range s {
+		if c == '\n' {
+			return s[:i]
+		}
+	}
+	return s
+}

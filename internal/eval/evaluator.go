@@ -1,0 +1,531 @@
+package eval
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	neturl "net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/harmonia-ci/harmonia-ci/internal/clock"
+	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
+	"github.com/harmonia-ci/harmonia-ci/internal/gitrepo"
+	"github.com/harmonia-ci/harmonia-ci/internal/nix"
+	"github.com/harmonia-ci/harmonia-ci/internal/notify"
+	"github.com/harmonia-ci/harmonia-ci/internal/startstop"
+)
+
+// Config configures an Evaluator.
+type Config struct {
+	NodeID string
+	// StateDir holds the repository mirrors (git/) and Nix's HOME (eval-home/).
+	StateDir string
+	// MaxEvals is how many evaluations run at once; default 1.
+	MaxEvals int
+	// PollInterval: claim at least this often without a notification; default 5s.
+	PollInterval time.Duration
+	// Timeout of one evaluation unless .harmonia-ci.toml sets eval-timeout; default 1h.
+	Timeout time.Duration
+	// BatchAttrs and BatchWait bound a batch: it is ingested at 50 attributes or 2 s.
+	BatchAttrs int
+	BatchWait  time.Duration
+	// StatusInterval is how often a running evaluation re-reads its status (cancel,
+	// supersede, reap); default 1s.
+	StatusInterval time.Duration
+	// StoreRoot is the Nix store evaluated into: "" for the system store, or a chroot store
+	// directory.
+	StoreRoot string
+	// Gate admits evaluations; once closed (drain) nothing more is claimed.
+	Gate *cluster.InFlight
+	// Notifier wakes the evaluator on "evaluations" notifications; nil means polling only.
+	Notifier *notify.Notifier
+	// Cache tells which outputs the project's cache holds (the signer client); nil: only the
+	// database's record.
+	Cache CacheLookup
+	// Upstream substituters; nil for none.
+	Upstream *Upstream
+	// Publisher publishes the .drv closure; nil publishes nothing.
+	Publisher Publisher
+	// Runner evaluates; default a NixRunner with HOME in StateDir.
+	Runner *NixRunner
+}
+
+// Evaluator is the evaluator role: it claims queued evaluations, walks the project's
+// attributes with Nix, and ingests what it finds in batches.
+type Evaluator struct {
+	startstop.Base
+	cfg    Config
+	pool   *pgxpool.Pool
+	logger *slog.Logger
+	clock  clock.Clock
+	wake   chan struct{}
+
+	mu      sync.Mutex
+	running int
+	wg      sync.WaitGroup
+}
+
+// New returns an evaluator; Start runs it.
+func New(cfg Config, pool *pgxpool.Pool, logger *slog.Logger, clk clock.Clock) (*Evaluator, error) {
+	if cfg.NodeID == "" || cfg.StateDir == "" {
+		return nil, errors.New("evaluator: node id and state dir are required")
+	}
+	if cfg.MaxEvals <= 0 {
+		cfg.MaxEvals = 1
+	}
+	if cfg.PollInterval <= 0 {
+		cfg.PollInterval = 5 * time.Second
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = time.Hour
+	}
+	if cfg.BatchAttrs <= 0 {
+		cfg.BatchAttrs = 50
+	}
+	if cfg.BatchWait <= 0 {
+		cfg.BatchWait = 2 * time.Second
+	}
+	if cfg.StatusInterval <= 0 {
+		cfg.StatusInterval = time.Second
+	}
+	if cfg.Gate == nil {
+		cfg.Gate = &cluster.InFlight{}
+	}
+	if cfg.Runner == nil {
+		cfg.Runner = &NixRunner{}
+	}
+	if cfg.Runner.Home == "" {
+		cfg.Runner.Home = filepath.Join(cfg.StateDir, "eval-home")
+	}
+	if cfg.Runner.Store == "" {
+		cfg.Runner.Store = cfg.StoreRoot
+	}
+	if err := os.MkdirAll(cfg.Runner.Home, 0o700); err != nil {
+		return nil, fmt.Errorf("evaluator: %w", err)
+	}
+	if clk == nil {
+		clk = clock.Real{}
+	}
+	return &Evaluator{cfg: cfg, pool: pool, clock: clk, wake: make(chan struct{}, 1),
+		logger: logger.With("service", "evaluator", "node_id", cfg.NodeID)}, nil
+}
+
+// Start runs the claim loop until Stop; Stop kills running evaluations and hands them back
+// to the queue.
+func (e *Evaluator) Start(ctx context.Context) error {
+	var sub *notify.Sub
+	if e.cfg.Notifier != nil {
+		var err error
+		if sub, err = e.cfg.Notifier.Subscribe("evaluations"); err != nil {
+			return fmt.Errorf("evaluator: %w", err)
+		}
+	}
+	e.Run(ctx, func(ctx context.Context) {
+		if sub != nil {
+			defer sub.Close()
+		}
+		e.loop(ctx, sub)
+		e.wg.Wait()
+	})
+	return nil
+}
+
+// Running is the number of evaluations running now.
+func (e *Evaluator) Running() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.running
+}
+
+func (e *Evaluator) loop(ctx context.Context, sub *notify.Sub) {
+	var notes <-chan notify.Notification
+	var resync <-chan struct{}
+	if sub != nil {
+		notes, resync = sub.C, sub.Resync
+	}
+	poll := e.clock.After(e.cfg.PollInterval)
+	for {
+		e.fill(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-notes:
+		case <-resync:
+		case <-e.wake:
+		case <-poll:
+			poll = e.clock.After(e.cfg.PollInterval)
+		}
+	}
+}
+
+func (e *Evaluator) fill(ctx context.Context) {
+	for ctx.Err() == nil {
+		e.mu.Lock()
+		free := e.cfg.MaxEvals - e.running
+		e.mu.Unlock()
+		if free <= 0 || e.cfg.Gate.Closed() {
+			return
+		}
+		var c claim
+		err := e.pool.QueryRow(ctx, sqlClaimEval, e.cfg.NodeID).Scan(&c.id, &c.attempt)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return
+		}
+		if err != nil {
+			if ctx.Err() == nil {
+				e.logger.Warn("claim evaluation failed", "error", err)
+			}
+			return
+		}
+		c.node = e.cfg.NodeID
+		release, ok := e.cfg.Gate.Acquire()
+		if !ok {
+			e.release(c)
+			return
+		}
+		e.mu.Lock()
+		e.running++
+		e.mu.Unlock()
+		e.wg.Add(1)
+		go func() {
+			defer e.wg.Done()
+			defer func() {
+				e.mu.Lock()
+				e.running--
+				e.mu.Unlock()
+				release()
+				select {
+				case e.wake <- struct{}{}:
+				default:
+				}
+			}()
+			e.evaluate(ctx, c)
+		}()
+	}
+}
+
+// claim is one attempt at an evaluation.
+type claim struct {
+	id      int64
+	node    string
+	attempt int
+}
+
+// maxCoalesced bounds the attributes of one ingest transaction.
+const maxCoalesced = 1000
+
+// Errors that end an evaluation, and how they are recorded.
+var (
+	errTimeout = errors.New("evaluation timed out")
+	errGone    = errors.New("evaluation no longer ours")
+)
+
+// evaluate runs one claimed evaluation to its end and records the outcome.
+func (e *Evaluator) evaluate(ctx context.Context, c claim) {
+	log := e.logger.With("eval_id", c.id, "attempt", c.attempt)
+	start := time.Now()
+	stats, err := e.run(ctx, c, log)
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	switch {
+	case err == nil:
+		err := e.finish(fctx, c, sqlSucceedEval, "succeeded")
+		if err != nil {
+			log.Warn("could not record success", "error", err)
+			return
+		}
+		log.Info("evaluation succeeded", "attrs", stats.Attrs, "derivations", stats.Derivations,
+			"jobs", stats.Jobs, "published", stats.Published, "seconds", time.Since(start).Seconds())
+	case errors.Is(err, errGone) || errors.Is(err, errStale):
+		log.Info("evaluation stopped: cancelled, superseded or reaped elsewhere")
+	case ctx.Err() != nil:
+		// Stopping (drain, shutdown): hand it back; the next claim starts over.
+		e.release(c)
+		log.Info("evaluation handed back to the queue")
+	default:
+		if err := e.fail(fctx, c, err.Error()); err != nil {
+			log.Warn("could not record failure", "error", err)
+			return
+		}
+		log.Info("evaluation failed", "error", err)
+	}
+}
+
+// run evaluates; a nil error means every attribute was ingested.
+func (e *Evaluator) run(ctx context.Context, c claim, log *slog.Logger) (ingestStats, error) {
+	var url, commit, branch string
+	var projectID int64
+	if _, err := e.pool.Exec(ctx, sqlClearAttrs, c.id); err != nil {
+		return ingestStats{}, fmt.Errorf("clear attributes of an earlier attempt: %w", err)
+	}
+	if err := e.pool.QueryRow(ctx, sqlRepoOfEval, c.id).Scan(&url, &commit, &branch); err != nil {
+		return ingestStats{}, fmt.Errorf("read evaluation: %w", err)
+	}
+	if err := e.pool.QueryRow(ctx, `SELECT project_id FROM evaluations WHERE id = $1`, c.id).Scan(&projectID); err != nil {
+		return ingestStats{}, fmt.Errorf("read evaluation: %w", err)
+	}
+	mirror, err := gitrepo.New(MirrorDir(e.cfg.StateDir, projectID), url)
+	if err != nil {
+		return ingestStats{}, err
+	}
+	if err := mirror.Fetch(ctx); err != nil {
+		return ingestStats{}, err
+	}
+	if _, err := mirror.ResolveCommit(ctx, commit); err != nil {
+		return ingestStats{}, err
+	}
+	spec, settings, err := e.plan(ctx, mirror, commit, branch)
+	if err != nil {
+		return ingestStats{}, err
+	}
+
+	storeDB, err := nix.OpenStoreDB(e.cfg.StoreRoot)
+	if err != nil {
+		return ingestStats{}, err
+	}
+	defer storeDB.Close()
+	in := &ingester{pool: e.pool, storeRoot: e.cfg.StoreRoot, storeDB: storeDB, cache: e.cfg.Cache,
+		upstream: e.cfg.Upstream, publisher: e.cfg.Publisher, logger: log,
+		evalID: c.id, node: c.node, attempt: c.attempt, projectID: projectID,
+		known: map[string]bool{}, published: map[string]bool{}}
+
+	wctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	tctx, tcancel := context.WithTimeoutCause(wctx, settings.EvalTimeout,
+		fmt.Errorf("%w after %s", errTimeout, settings.EvalTimeout))
+	defer tcancel()
+	go e.watchStatus(tctx, c, cancel)
+
+	batches := make(chan []Attr, maxCoalesced/50)
+	ingestDone := make(chan error, 1)
+	go func() {
+		var err error
+		for b := range batches {
+			// Batches that queued up while the previous one was ingested go in together, up to
+			// maxCoalesced attributes: the walk never waits for one round trip per 50 attributes.
+		more:
+			for len(b) < maxCoalesced {
+				select {
+				case next, ok := <-batches:
+					if !ok {
+						break more
+					}
+					b = append(b, next...)
+				default:
+					break more
+				}
+			}
+			if err == nil {
+				if err = in.flush(tctx, b); err != nil {
+					cancel(err)
+				}
+			}
+		}
+		ingestDone <- err
+	}()
+	// A batch goes to ingestion at BatchAttrs attributes, or BatchWait after its first one.
+	var (
+		mu    sync.Mutex
+		batch []Attr
+		timer <-chan time.Time
+		kick  = make(chan struct{}, 1)
+	)
+	send := func() { // with mu held
+		if len(batch) > 0 {
+			batches <- batch
+			batch = nil
+		}
+	}
+	tickDone, stopTick := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(tickDone)
+		for {
+			select {
+			case <-stopTick:
+				return
+			case <-kick:
+				timer = e.clock.After(e.cfg.BatchWait)
+			case <-timer:
+				mu.Lock()
+				send()
+				mu.Unlock()
+				timer = nil
+			}
+		}
+	}()
+	walkErr := e.cfg.Runner.Walk(tctx, spec, func(a Attr) error {
+		mu.Lock()
+		defer mu.Unlock()
+		batch = append(batch, a)
+		if len(batch) == 1 {
+			select {
+			case kick <- struct{}{}:
+			default:
+			}
+		}
+		if len(batch) >= e.cfg.BatchAttrs {
+			send()
+		}
+		return nil
+	})
+	close(stopTick)
+	<-tickDone
+	mu.Lock()
+	send()
+	mu.Unlock()
+	close(batches)
+	ingestErr := <-ingestDone
+	if cause := context.Cause(tctx); tctx.Err() != nil && ctx.Err() == nil {
+		return in.stats, cause
+	}
+	if walkErr != nil {
+		return in.stats, walkErr
+	}
+	if ingestErr != nil {
+		return in.stats, ingestErr
+	}
+	log.Debug("walk done", "mode", spec.Mode)
+	return in.stats, nil
+}
+
+// plan reads the in-tree settings and decides what to evaluate.
+func (e *Evaluator) plan(ctx context.Context, m *gitrepo.Mirror, commit, branch string) (Spec, Settings, error) {
+	_, isFlake, err := m.ReadFile(ctx, commit, "flake.nix")
+	if err != nil {
+		return Spec{}, Settings{}, err
+	}
+	raw, _, err := m.ReadFile(ctx, commit, SettingsFile)
+	if err != nil {
+		return Spec{}, Settings{}, err
+	}
+	settings, err := ParseSettings(raw, isFlake, e.cfg.Timeout)
+	if err != nil {
+		return Spec{}, Settings{}, err
+	}
+	spec := Spec{AllowIFD: settings.AllowIFD}
+	if isFlake {
+		spec.Mode, spec.Force = "flake", 2
+		if spec.FlakeRef, err = flakeRef(ctx, m, commit, branch); err != nil {
+			return Spec{}, Settings{}, err
+		}
+	} else {
+		spec.Mode, spec.Force, spec.URL, spec.Rev = "file", 1, "file://"+m.Dir, commit
+		for _, f := range []string{"ci.nix", "default.nix"} {
+			_, ok, err := m.ReadFile(ctx, commit, f)
+			if err != nil {
+				return Spec{}, Settings{}, err
+			}
+			if ok {
+				spec.File = f
+				break
+			}
+		}
+		if spec.File == "" {
+			return Spec{}, Settings{}, fmt.Errorf("commit %s has neither flake.nix, ci.nix nor default.nix", commit)
+		}
+	}
+	if len(settings.Attrs) == 0 {
+		spec.Roots = [][]string{{}}
+	}
+	for _, a := range settings.Attrs {
+		p, _ := SplitAttrPath(a) // validated by ParseSettings
+		spec.Roots = append(spec.Roots, p)
+	}
+	return spec, settings, nil
+}
+
+// flakeRef names commit in the mirror for builtins.getFlake. allRefs lets a Nix that reads it
+// from the URL fetch any commit; Nix 2.8 ignores it there and fetches only the ref (by default
+// refs/heads/master), so ref names one that contains the commit: the branch if it does.
+func flakeRef(ctx context.Context, m *gitrepo.Mirror, commit, branch string) (string, error) {
+	cmd := exec.CommandContext(ctx, "git", "--git-dir="+m.Dir, "for-each-ref", "--contains", commit, "--format=%(refname)")
+	cmd.Env = append(os.Environ(), "GIT_CONFIG_NOSYSTEM=1", "GIT_CONFIG_GLOBAL=/dev/null", "LC_ALL=C")
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("find a ref containing %s: %w", commit, err)
+	}
+	q := neturl.Values{"rev": {commit}, "allRefs": {"1"}}
+	if refs := strings.Fields(string(out)); slices.Contains(refs, "refs/heads/"+branch) {
+		q.Set("ref", "refs/heads/"+branch)
+	} else if len(refs) > 0 {
+		q.Set("ref", refs[0])
+	}
+	return "git+file://" + m.Dir + "?" + q.Encode(), nil
+}
+
+// watchStatus cancels the evaluation once its row says it is no longer ours to run.
+func (e *Evaluator) watchStatus(ctx context.Context, c claim, cancel context.CancelCauseFunc) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-e.clock.After(e.cfg.StatusInterval):
+		}
+		var status string
+		err := e.pool.QueryRow(ctx, sqlEvalStatus, c.id, c.node, c.attempt).Scan(&status)
+		if errors.Is(err, pgx.ErrNoRows) || (err == nil && status != "running") {
+			cancel(errGone)
+			return
+		}
+	}
+}
+
+func (e *Evaluator) finish(ctx context.Context, c claim, sql, status string) error {
+	return pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, sql, c.id, c.node, c.attempt)
+		if err != nil {
+			return err
+		}
+		if tag.RowsAffected() == 0 {
+			return errStale
+		}
+		return notifyEvaluation(ctx, tx, c.id, status)
+	})
+}
+
+// fail rolls an evaluation back: its jobs that nothing else needs are cancelled, its
+// attributes deleted, and it is marked failed with the error.
+func (e *Evaluator) fail(ctx context.Context, c claim, msg string) error {
+	return pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, sqlFailEval, c.id, c.node, c.attempt, msg)
+		if err != nil {
+			return err
+		}
+		if tag.RowsAffected() == 0 {
+			return errStale
+		}
+		if err := rollback(ctx, tx, []int64{c.id}); err != nil {
+			return err
+		}
+		return notifyEvaluation(ctx, tx, c.id, "failed")
+	})
+}
+
+// rollback cancels the jobs only evaluations ids needed and deletes their attributes.
+func rollback(ctx context.Context, tx pgx.Tx, ids []int64) error {
+	if err := cancelUnneeded(ctx, tx, ids); err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, `DELETE FROM eval_attrs WHERE eval_id = ANY($1)`, ids); err != nil {
+		return fmt.Errorf("delete attributes: %w", err)
+	}
+	return nil
+}
+
+func (e *Evaluator) release(c claim) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := e.pool.Exec(ctx, sqlReleaseEval, c.id, c.node, c.attempt); err != nil {
+		e.logger.Warn("could not hand evaluation back", "eval_id", c.id, "error", err)
+	}
+}

@@ -1,0 +1,382 @@
+package eval
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
+	"github.com/harmonia-ci/harmonia-ci/internal/nix"
+	"github.com/harmonia-ci/harmonia-ci/internal/queue"
+	"github.com/harmonia-ci/harmonia-ci/internal/upload"
+)
+
+// errStale means the evaluation's claim no longer holds (cancelled, superseded or reaped).
+var errStale = errors.New("evaluation claim no longer holds")
+
+// CacheLookup tells which store paths a binary cache holds. The signer client is one.
+type CacheLookup interface {
+	CacheLookup(ctx context.Context, paths []string) ([]string, error)
+}
+
+// Publisher puts store paths into the cache.
+type Publisher interface {
+	Publish(ctx context.Context, paths []upload.Path, done upload.Request) (upload.Response, error)
+}
+
+// ingester turns batches of attributes into rows: the derivation closure (layer 1), the
+// attributes and the build jobs, after publishing the new .drv files and sources.
+type ingester struct {
+	pool      *pgxpool.Pool
+	storeRoot string
+	storeDB   *nix.StoreDB
+	cache     CacheLookup // nil: only the database's record of the cache
+	upstream  *Upstream   // nil: none
+	publisher Publisher   // nil: nothing is published (tests of ingestion alone)
+	logger    *slog.Logger
+
+	evalID    int64
+	node      string
+	attempt   int
+	projectID int64
+
+	known     map[string]bool // derivations in the database (found there or ingested)
+	published map[string]bool // store paths published by this evaluation
+
+	stats ingestStats
+}
+
+type ingestStats struct {
+	Attrs, Derivations, Jobs, Published int
+}
+
+// flush ingests one batch of attributes in one transaction.
+func (in *ingester) flush(ctx context.Context, attrs []Attr) error {
+	if len(attrs) == 0 {
+		return nil
+	}
+	var roots []string
+	for _, a := range attrs {
+		if a.DrvPath != "" {
+			roots = append(roots, a.DrvPath)
+		}
+	}
+	fresh, preexisting, err := in.closure(ctx, roots)
+	if err != nil {
+		return err
+	}
+	newDrvs := slices.Sorted(maps.Keys(fresh))
+
+	// What Nix's database says about the new .drv files and their sources.
+	var infoPaths []string
+	for _, p := range newDrvs {
+		infoPaths = append(infoPaths, p)
+		for _, src := range fresh[p].InputSrcs {
+			if !in.published[src] {
+				infoPaths = append(infoPaths, src)
+			}
+		}
+	}
+	infos, err := in.storeDB.PathInfos(ctx, infoPaths)
+	if err != nil {
+		return fmt.Errorf("read store database: %w", err)
+	}
+	derivs := make([]queue.Derivation, 0, len(newDrvs))
+	for _, p := range newDrvs {
+		d := fresh[p]
+		info, ok := infos[p]
+		if !ok {
+			return fmt.Errorf("derivation %s is not valid in the evaluator's store", p)
+		}
+		qd := queue.Derivation{DrvPath: p, Name: d.Name(), System: d.Platform,
+			RequiredFeatures: d.RequiredSystemFeatures(), NarHash: info.NarHash, NarSize: info.NarSize}
+		for _, name := range d.OutputNames() {
+			qd.Outputs = append(qd.Outputs, queue.Output{Name: name, Path: d.Outputs[name].Path})
+		}
+		for _, in := range slices.Sorted(maps.Keys(d.InputDrvs)) {
+			qd.Inputs = append(qd.Inputs, queue.Input{DrvPath: in, Outputs: d.InputDrvs[in]})
+		}
+		if qd.Name == "" {
+			qd.Name = drvName(p)
+		}
+		derivs = append(derivs, qd)
+	}
+
+	build, err := in.needBuild(ctx, roots, fresh)
+	if err != nil {
+		return err
+	}
+	if err := in.publish(ctx, newDrvs, fresh, infos); err != nil {
+		return err
+	}
+
+	names, drvs, errs := make([]string, len(attrs)), make([]string, len(attrs)), make([]string, len(attrs))
+	for i, a := range attrs {
+		names[i], drvs[i], errs[i] = a.Name, a.DrvPath, a.Error
+	}
+	var res queue.EnqueueResult
+	err = pgx.BeginFunc(ctx, in.pool, func(tx pgx.Tx) error {
+		var status string
+		err := tx.QueryRow(ctx, sqlHoldClaim, in.evalID, in.node, in.attempt).Scan(&status)
+		if errors.Is(err, pgx.ErrNoRows) || (err == nil && status != "running") {
+			return errStale
+		}
+		if err != nil {
+			return err
+		}
+		// Job-need lock before the enqueue lock: cancelUnneeded takes them in this order too.
+		if _, err := tx.Exec(ctx, sqlNeedLock, cluster.LockClass); err != nil {
+			return fmt.Errorf("take job-need lock: %w", err)
+		}
+		pid := in.projectID
+		res, err = queue.EnqueueTx(ctx, tx, queue.EnqueueParams{ProjectID: &pid, Derivations: derivs, Build: build})
+		if err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, sqlInsertAttrs, in.evalID, names, drvs, errs); err != nil {
+			return fmt.Errorf("insert attributes: %w", err)
+		}
+		if len(preexisting) > 0 {
+			rows, err := tx.Query(ctx, sqlRevive, preexisting)
+			if err != nil {
+				return fmt.Errorf("revive cancelled jobs: %w", err)
+			}
+			systems, err := pgx.CollectRows(rows, pgx.RowTo[string])
+			if err != nil {
+				return fmt.Errorf("revive cancelled jobs: %w", err)
+			}
+			for _, s := range uniq(systems) {
+				if _, err := tx.Exec(ctx, `SELECT pg_notify('build_jobs', json_build_object('system', $1::text)::text)`, s); err != nil {
+					return fmt.Errorf("notify build_jobs: %w", err)
+				}
+			}
+			res.NewJobs += len(systems)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("ingest %d attributes: %w", len(attrs), err)
+	}
+	for _, p := range newDrvs {
+		in.known[p] = true
+	}
+	in.stats.Attrs += len(attrs)
+	in.stats.Derivations += len(newDrvs)
+	in.stats.Jobs += res.NewJobs
+	return nil
+}
+
+// closure walks the derivation graph from roots, one database round trip per level: it returns
+// the derivations the database lacks (parsed) and the known ones it met, whose cancelled jobs
+// this evaluation may need again. A known derivation's closure is known too (every ingest
+// writes a closure whole), so the walk stops there.
+func (in *ingester) closure(ctx context.Context, roots []string) (map[string]*nix.Derivation, []string, error) {
+	fresh := map[string]*nix.Derivation{}
+	var preexisting []string
+	frontier := uniq(roots)
+	for len(frontier) > 0 {
+		var ask []string
+		for _, p := range frontier {
+			if in.known[p] {
+				preexisting = append(preexisting, p)
+			} else if fresh[p] == nil {
+				ask = append(ask, p)
+			}
+		}
+		var found []string
+		if len(ask) > 0 {
+			rows, err := in.pool.Query(ctx, sqlKnownDerivations, ask)
+			if err != nil {
+				return nil, nil, fmt.Errorf("look up derivations: %w", err)
+			}
+			if found, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil {
+				return nil, nil, fmt.Errorf("look up derivations: %w", err)
+			}
+		}
+		for _, p := range found {
+			in.known[p] = true
+			preexisting = append(preexisting, p)
+		}
+		var next []string
+		for _, p := range ask {
+			if in.known[p] || fresh[p] != nil {
+				continue
+			}
+			d, err := nix.ReadDerivation(in.storeRoot, p)
+			if err != nil {
+				return nil, nil, err
+			}
+			fresh[p] = d
+			for input := range d.InputDrvs {
+				if !in.known[input] && fresh[input] == nil {
+					next = append(next, input)
+				}
+			}
+		}
+		frontier = uniq(next)
+	}
+	return fresh, uniq(preexisting), nil
+}
+
+// needBuild decides which new derivations get a job: a derivation needs one unless all its
+// outputs are in the cache or upstream, and only if an attribute needs it (itself, or through
+// a dependent that is built): the inputs of something already cached are never built.
+func (in *ingester) needBuild(ctx context.Context, roots []string, fresh map[string]*nix.Derivation) ([]string, error) {
+	var outs []string
+	for _, d := range fresh {
+		for _, o := range d.Outputs {
+			if o.Path != "" {
+				outs = append(outs, o.Path)
+			}
+		}
+	}
+	have, err := in.cachedOutputs(ctx, outs)
+	if err != nil {
+		return nil, err
+	}
+	cached := func(d *nix.Derivation) bool {
+		for _, o := range d.Outputs {
+			if o.Path == "" || !have[o.Path] {
+				return false
+			}
+		}
+		return len(d.Outputs) > 0
+	}
+	need := map[string]bool{}
+	var stack []string
+	for _, r := range uniq(roots) {
+		if d := fresh[r]; d != nil && !cached(d) && !need[r] {
+			need[r] = true
+			stack = append(stack, r)
+		}
+	}
+	for len(stack) > 0 {
+		p := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		for input := range fresh[p].InputDrvs {
+			if d := fresh[input]; d != nil && !need[input] && !cached(d) {
+				need[input] = true
+				stack = append(stack, input)
+			}
+		}
+	}
+	build := slices.Sorted(maps.Keys(need))
+	if build == nil {
+		build = []string{}
+	}
+	return build, nil
+}
+
+// cachedOutputs returns the output paths the cache holds, by the signer's record in the
+// database, by asking the cache, or signed by a trusted upstream substituter.
+func (in *ingester) cachedOutputs(ctx context.Context, outs []string) (map[string]bool, error) {
+	have := map[string]bool{}
+	if len(outs) == 0 {
+		return have, nil
+	}
+	rows, err := in.pool.Query(ctx, sqlCachedOutputs, outs)
+	if err != nil {
+		return nil, fmt.Errorf("look up cached outputs: %w", err)
+	}
+	recorded, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("look up cached outputs: %w", err)
+	}
+	for _, p := range recorded {
+		have[p] = true
+	}
+	rest := missing(outs, have)
+	if in.cache != nil && len(rest) > 0 {
+		for chunk := range slices.Chunk(rest, 1000) {
+			present, err := in.cache.CacheLookup(ctx, chunk)
+			if err != nil {
+				return nil, fmt.Errorf("ask the cache: %w", err)
+			}
+			for _, p := range present {
+				have[p] = true
+			}
+		}
+		rest = missing(rest, have)
+	}
+	if in.upstream != nil && len(rest) > 0 {
+		present, err := in.upstream.Have(ctx, rest)
+		if err != nil {
+			return nil, err
+		}
+		for _, p := range present {
+			have[p] = true
+		}
+	}
+	return have, nil
+}
+
+// publish uploads the new .drv files and the sources they need, so that a builder on another
+// machine can fetch the closure from the cache.
+func (in *ingester) publish(ctx context.Context, newDrvs []string, fresh map[string]*nix.Derivation, infos map[string]nix.PathInfo) error {
+	if in.publisher == nil {
+		return nil
+	}
+	var paths []upload.Path
+	add := func(p string, refs []string) {
+		if !in.published[p] {
+			in.published[p] = true
+			paths = append(paths, upload.Path{StorePath: p, References: refs})
+		}
+	}
+	for _, p := range newDrvs {
+		for _, src := range fresh[p].InputSrcs {
+			info, ok := infos[src]
+			if !ok {
+				return fmt.Errorf("source %s of %s is not valid in the evaluator's store", src, p)
+			}
+			add(src, info.References)
+		}
+		add(p, fresh[p].References())
+	}
+	if len(paths) == 0 {
+		return nil
+	}
+	if _, err := in.publisher.Publish(ctx, paths, upload.Request{}); err != nil {
+		for _, p := range paths {
+			delete(in.published, p.StorePath)
+		}
+		return fmt.Errorf("publish .drv closure: %w", err)
+	}
+	in.stats.Published += len(paths)
+	return nil
+}
+
+func missing(all []string, have map[string]bool) []string {
+	var out []string
+	for _, p := range all {
+		if !have[p] {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func uniq(s []string) []string {
+	s = slices.Clone(s)
+	slices.Sort(s)
+	return slices.Compact(s)
+}
+
+// drvName is the name part of a .drv path: /nix/store/<hash>-<name>.drv.
+func drvName(p string) string {
+	sp, err := nix.ParseStorePath(p)
+	if err != nil {
+		return p
+	}
+	name := sp.Name
+	if len(name) > 4 {
+		name = name[:len(name)-4]
+	}
+	return name
+}

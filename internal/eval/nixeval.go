@@ -1,0 +1,319 @@
+package eval
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	_ "embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+)
+
+//go:embed walker.nix
+var walkerNix []byte
+
+// Attr is one attribute the walk reached: a derivation, or the error that stopped it.
+type Attr struct {
+	Name    string   // rendered attribute path, e.g. checks.x86_64-linux.foo
+	Path    []string // the path's components
+	DrvPath string   // "" when Error is set
+	Error   string
+}
+
+// Spec says what to evaluate.
+type Spec struct {
+	Mode     string     // "flake" or "file"
+	FlakeRef string     // flake: git+file://…?rev=…
+	URL      string     // file: the repository, for builtins.fetchGit
+	Rev      string     // file: the commit
+	File     string     // file: ci.nix or default.nix
+	Roots    [][]string // attribute paths to walk; one empty path walks the whole value
+	Force    int        // levels walked without recurseForDerivations (1: the root's attributes)
+	AllowIFD bool
+}
+
+// NixRunner runs the walk with nix-instantiate.
+type NixRunner struct {
+	// Bin is nix-instantiate; default from PATH.
+	Bin string
+	// Home is the child's HOME (Nix's fetcher cache lives there); required.
+	Home string
+	// Store is passed as --store when set (a chroot store directory).
+	Store string
+	// Env is the child's whole environment besides HOME; nil means DefaultChildEnv().
+	Env []string
+	// OnStart, if set, is called with each child's pid (tests kill it).
+	OnStart func(pid int)
+}
+
+// DefaultChildEnv is the environment the Nix child gets: only what Nix itself needs from this
+// process. Database URLs, tokens and keys never reach evaluated code (builtins.getEnv).
+func DefaultChildEnv() []string {
+	var env []string
+	for _, k := range []string{"PATH", "TMPDIR", "TZ", "LANG", "LC_ALL", "NIX_REMOTE", "NIX_CONF_DIR", "NIX_USER_CONF_FILES", "NIX_STORE_DIR", "NIX_STATE_DIR"} {
+		if v, ok := os.LookupEnv(k); ok {
+			env = append(env, k+"="+v)
+		}
+	}
+	return env
+}
+
+// ErrCancelled is returned by Walk when its context was cancelled.
+var ErrCancelled = errors.New("evaluation stopped")
+
+// walkSpec is spec in the walker's JSON form.
+type walkSpec struct {
+	Mode     string     `json:"mode"`
+	FlakeRef string     `json:"flakeRef,omitempty"`
+	URL      string     `json:"url,omitempty"`
+	Rev      string     `json:"rev,omitempty"`
+	File     string     `json:"file,omitempty"`
+	Roots    [][]string `json:"roots"`
+	Force    int        `json:"force"`
+	Skip     []string   `json:"skip"`
+	Probe    []string   `json:"probe,omitempty"`
+}
+
+// record is one trace line of the walker.
+type record struct {
+	Begin  *string  `json:"begin"`
+	Walk   bool     `json:"walk"`
+	Attr   string   `json:"attr"`
+	Path   []string `json:"path"`
+	Drv    string   `json:"drv"`
+	Failed bool     `json:"failed"`
+	Error  string   `json:"error"`
+}
+
+const recordPrefix = "trace: @hci "
+
+// Walk evaluates spec and calls emit for every attribute as Nix reaches it. An attribute whose
+// evaluation fails is emitted with its error, and the walk goes on. Walk fails when Nix fails
+// outside any attribute (a syntax error in ci.nix, a missing flake.nix), is killed, or ctx ends.
+func (r *NixRunner) Walk(ctx context.Context, spec Spec, emit func(Attr) error) error {
+	dir, err := os.MkdirTemp("", "harmonia-eval-")
+	if err != nil {
+		return fmt.Errorf("walk: %w", err)
+	}
+	defer os.RemoveAll(dir)
+	if err := os.WriteFile(filepath.Join(dir, "walker.nix"), walkerNix, 0o644); err != nil {
+		return fmt.Errorf("walk: %w", err)
+	}
+	ws := walkSpec{Mode: spec.Mode, FlakeRef: spec.FlakeRef, URL: spec.URL, Rev: spec.Rev, File: spec.File,
+		Roots: spec.Roots, Force: spec.Force, Skip: []string{}}
+	done := map[string]bool{}
+	var failed []Attr
+	for {
+		res, err := r.run(ctx, dir, spec, ws, func(rec record) error {
+			done[rec.Attr] = true
+			a := Attr{Name: rec.Attr, Path: rec.Path, DrvPath: rec.Drv, Error: rec.Error}
+			if rec.Failed {
+				failed = append(failed, a) // probed below, for the message
+				return nil
+			}
+			return emit(a)
+		})
+		if err != nil {
+			return err
+		}
+		if res.ok {
+			break
+		}
+		if res.culprit == nil {
+			return fmt.Errorf("nix-instantiate failed: %s", res.message)
+		}
+		// An uncatchable error in one attribute: record it and walk again without it.
+		c := *res.culprit
+		done[c] = true
+		if err := emit(Attr{Name: c, Path: nil, Error: res.message}); err != nil {
+			return err
+		}
+		ws.Skip = ws.Skip[:0]
+		for a := range done {
+			ws.Skip = append(ws.Skip, a)
+		}
+	}
+	for _, a := range failed {
+		msg, err := r.probe(ctx, dir, spec, ws, a.Path)
+		if err != nil {
+			return err
+		}
+		a.Error = msg
+		if err := emit(a); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+type runResult struct {
+	ok      bool
+	culprit *string // the attribute begun last, when Nix failed inside one
+	message string  // Nix's error output
+}
+
+func (r *NixRunner) command(ctx context.Context, dir string, spec Spec, ws walkSpec) (*exec.Cmd, error) {
+	specFile := filepath.Join(dir, "spec.json")
+	b, _ := json.Marshal(ws)
+	if err := os.WriteFile(specFile, b, 0o644); err != nil {
+		return nil, err
+	}
+	bin := r.Bin
+	if bin == "" {
+		bin = "nix-instantiate"
+	}
+	args := []string{"--eval", "--strict", "--read-write-mode",
+		"--extra-experimental-features", "nix-command flakes",
+		"--option", "substituters", "",
+		"--option", "allow-import-from-derivation", fmt.Sprint(spec.AllowIFD),
+		"--option", "pure-eval", "false",
+		"--argstr", "specFile", specFile,
+		filepath.Join(dir, "walker.nix"),
+	}
+	if r.Store != "" {
+		args = append([]string{"--store", r.Store}, args...)
+	}
+	cmd := exec.CommandContext(ctx, bin, args...)
+	env := r.Env
+	if env == nil {
+		env = DefaultChildEnv()
+	}
+	cmd.Env = append(append([]string{}, env...), "HOME="+r.Home)
+	cmd.Dir = dir
+	// The child gets its own process group so a timeout or cancel kills everything it started.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = 5 * time.Second
+	return cmd, nil
+}
+
+// run runs the walker once, passing each record to onRecord.
+func (r *NixRunner) run(ctx context.Context, dir string, spec Spec, ws walkSpec, onRecord func(record) error) (runResult, error) {
+	cmd, err := r.command(ctx, dir, spec, ws)
+	if err != nil {
+		return runResult{}, fmt.Errorf("walk: %w", err)
+	}
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		return runResult{}, fmt.Errorf("walk: %w", err)
+	}
+	cmd.Stdout = io.Discard
+	if err := cmd.Start(); err != nil {
+		return runResult{}, fmt.Errorf("start nix-instantiate: %w", err)
+	}
+	if r.OnStart != nil {
+		r.OnStart(cmd.Process.Pid)
+	}
+	var (
+		walking bool
+		begun   *string
+		tail    tailBuffer
+		emitErr error
+		sc      = bufio.NewScanner(stderr)
+	)
+	sc.Buffer(make([]byte, 64<<10), 16<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		js, ok := strings.CutPrefix(line, recordPrefix)
+		if !ok {
+			if !strings.HasPrefix(line, "warning: ") {
+				tail.add(line)
+			}
+			continue
+		}
+		var rec record
+		if err := json.Unmarshal([]byte(js), &rec); err != nil {
+			tail.add(line)
+			continue
+		}
+		switch {
+		case rec.Walk:
+			walking = true
+		case rec.Begin != nil:
+			b := *rec.Begin
+			begun = &b
+			tail.reset()
+		case emitErr == nil:
+			begun = nil
+			tail.reset()
+			if emitErr = onRecord(rec); emitErr != nil {
+				_ = cmd.Cancel()
+			}
+		}
+	}
+	_, _ = io.Copy(io.Discard, stderr)
+	waitErr := cmd.Wait()
+	if emitErr != nil {
+		return runResult{}, emitErr
+	}
+	if ctx.Err() != nil {
+		return runResult{}, fmt.Errorf("%w: %w", ErrCancelled, context.Cause(ctx))
+	}
+	if waitErr == nil {
+		return runResult{ok: true}, nil
+	}
+	var exit *exec.ExitError
+	if !errors.As(waitErr, &exit) {
+		return runResult{}, fmt.Errorf("nix-instantiate: %w", waitErr)
+	}
+	if ws, ok := exit.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		return runResult{}, fmt.Errorf("nix-instantiate was killed by signal %s", ws.Signal())
+	}
+	msg := tail.String()
+	if msg == "" {
+		msg = fmt.Sprintf("nix-instantiate exited with code %d", exit.ExitCode())
+	}
+	res := runResult{message: msg}
+	if walking && begun != nil && *begun != "" {
+		res.culprit = begun
+	}
+	return res, nil
+}
+
+// probe evaluates one attribute on its own to get the message of the error tryEval swallowed.
+func (r *NixRunner) probe(ctx context.Context, dir string, spec Spec, ws walkSpec, path []string) (string, error) {
+	ws.Probe = path
+	cmd, err := r.command(ctx, dir, spec, ws)
+	if err != nil {
+		return "", fmt.Errorf("probe: %w", err)
+	}
+	var out bytes.Buffer
+	cmd.Stderr = &out
+	cmd.Stdout = io.Discard
+	err = cmd.Run()
+	if ctx.Err() != nil {
+		return "", fmt.Errorf("%w: %w", ErrCancelled, context.Cause(ctx))
+	}
+	var tail tailBuffer
+	for line := range strings.SplitSeq(out.String(), "\n") {
+		if line != "" && !strings.HasPrefix(line, "warning: ") && !strings.HasPrefix(line, recordPrefix) {
+			tail.add(line)
+		}
+	}
+	if err == nil || tail.String() == "" {
+		return "evaluation failed", nil
+	}
+	return tail.String(), nil
+}
+
+// tailBuffer keeps the last lines of Nix's error output, bounded.
+type tailBuffer struct{ lines []string }
+
+const maxErrorLines = 60
+
+func (t *tailBuffer) add(l string) {
+	t.lines = append(t.lines, l)
+	if len(t.lines) > maxErrorLines {
+		t.lines = t.lines[len(t.lines)-maxErrorLines:]
+	}
+}
+func (t *tailBuffer) reset()         { t.lines = t.lines[:0] }
+func (t *tailBuffer) String() string { return strings.TrimSpace(strings.Join(t.lines, "\n")) }

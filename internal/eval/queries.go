@@ -1,0 +1,171 @@
+package eval
+
+// All SQL of the evaluator and of evaluation requests. Evaluator writes are guarded by
+// (id, claimed_by, attempt, status = 'running') and trust rows-affected; times come from now().
+
+const (
+	evalColumns = `e.id, e.project_id, p.name, e.flake_url, e.commit_sha, e.branch, COALESCE(e.tree_hash, ''),
+       e.status, COALESCE(e.skipped_reason, ''), e.reuses_eval_id, COALESCE(e.claimed_by, ''), e.attempt,
+       COALESCE(e.error, ''), e.created_at, e.started_at, e.finished_at`
+
+	sqlEvalByID = `SELECT ` + evalColumns + ` FROM evaluations e JOIN projects p ON p.id = e.project_id WHERE e.id = $1`
+
+	sqlEvalByKey = `SELECT ` + evalColumns + ` FROM evaluations e JOIN projects p ON p.id = e.project_id
+WHERE e.project_id = $1 AND e.commit_sha = $2 AND e.branch = $3`
+
+	// Tree-hash dedup: the newest succeeded evaluation of the project with the same tree, if
+	// any of its derivations is still known. $1 project, $2 tree hash.
+	sqlTreeHit = `
+SELECT e.id FROM evaluations e
+WHERE e.project_id = $1 AND e.tree_hash = $2 AND e.status = 'succeeded'
+  AND EXISTS (SELECT 1 FROM eval_attrs ea JOIN derivations d ON d.drv_path = ea.drv_path WHERE ea.eval_id = e.id)
+ORDER BY e.id DESC LIMIT 1`
+
+	// $1 project, $2 flake url, $3 commit, $4 branch, $5 tree hash ('' = NULL)
+	sqlInsertQueued = `
+INSERT INTO evaluations (project_id, flake_url, commit_sha, branch, tree_hash)
+VALUES ($1, $2, $3, $4, NULLIF($5, ''))
+ON CONFLICT (project_id, commit_sha, branch) DO NOTHING
+RETURNING id`
+
+	// $6 the evaluation reused
+	sqlInsertSkipped = `
+INSERT INTO evaluations (project_id, flake_url, commit_sha, branch, tree_hash, status, skipped_reason,
+                         reuses_eval_id, finished_at)
+VALUES ($1, $2, $3, $4, NULLIF($5, ''), 'skipped', 'tree_hash_hit', $6, now())
+ON CONFLICT (project_id, commit_sha, branch) DO NOTHING
+RETURNING id`
+
+	sqlCopyAttrs = `
+INSERT INTO eval_attrs (eval_id, attr, drv_path, error)
+SELECT $1, attr, drv_path, error FROM eval_attrs WHERE eval_id = $2`
+
+	// Superseding: older queued or running evaluations of the project and branch. $1 project,
+	// $2 branch, $3 the new evaluation.
+	sqlSupersede = `
+UPDATE evaluations SET status = 'cancelled', finished_at = now(),
+    error = 'superseded by evaluation ' || $3::bigint
+WHERE project_id = $1 AND branch = $2 AND id < $3 AND status IN ('queued', 'running')
+RETURNING id`
+
+	sqlCancelEval = `
+UPDATE evaluations SET status = 'cancelled', finished_at = now(), error = $2
+WHERE id = $1 AND status IN ('queued', 'running')
+RETURNING id`
+
+	// Cancelling, superseding and failing evaluations, and ingesting attributes, are serialised by
+	// this transaction lock (class cluster.LockClass, object 3): a job is never cancelled as
+	// unneeded while an evaluation that needs it commits its attributes.
+	sqlNeedLock = `SELECT pg_advisory_xact_lock($1, 3)`
+
+	// Pending jobs in the closure of evaluations $1 that no live evaluation needs are cancelled.
+	// "Needed" is searched from the pending jobs upwards: any derivation that depends on a
+	// pending job is in "up", a live evaluation's attribute in "up" needs every pending job
+	// below it, and the walk down from such attributes stays inside "up".
+	sqlCancelUnneeded = `
+WITH RECURSIVE cand(drv_path) AS (
+    SELECT ea.drv_path FROM eval_attrs ea WHERE ea.eval_id = ANY($1) AND ea.drv_path IS NOT NULL
+  UNION
+    SELECT di.input_drv FROM derivation_inputs di JOIN cand c ON di.referrer = c.drv_path
+), pending AS MATERIALIZED (
+    SELECT bj.drv_path FROM build_jobs bj
+    WHERE bj.status = 'pending' AND bj.drv_path IN (SELECT drv_path FROM cand)
+), up(drv_path) AS (
+    SELECT drv_path FROM pending
+  UNION
+    SELECT di.referrer FROM derivation_inputs di JOIN up u ON di.input_drv = u.drv_path
+), up_set AS MATERIALIZED (
+    SELECT drv_path FROM up
+), needed(drv_path) AS (
+    SELECT ea.drv_path FROM eval_attrs ea JOIN evaluations e ON e.id = ea.eval_id
+    WHERE ea.drv_path IN (SELECT drv_path FROM up_set)
+      AND e.status IN ('queued', 'running', 'succeeded', 'skipped') AND NOT (e.id = ANY($1))
+  UNION
+    SELECT di.input_drv FROM derivation_inputs di JOIN needed n ON di.referrer = n.drv_path
+    WHERE di.input_drv IN (SELECT drv_path FROM up_set)
+)
+UPDATE build_jobs bj SET status = 'cancelled', finished_at = now()
+WHERE bj.status = 'pending'
+  AND bj.drv_path IN (SELECT drv_path FROM pending EXCEPT SELECT drv_path FROM needed)
+RETURNING bj.drv_path`
+
+	sqlNotifyEvaluations = `SELECT pg_notify('evaluations', $1)`
+
+	// The evaluator's claim: the oldest queued evaluation of an enabled project. A new claim
+	// forgets what an earlier, reaped attempt recorded. $1 node.
+	sqlClaimEval = `
+WITH next AS (
+    SELECT e.id FROM evaluations e JOIN projects p ON p.id = e.project_id
+    WHERE e.status = 'queued' AND p.enabled
+    ORDER BY e.id LIMIT 1
+    FOR UPDATE OF e SKIP LOCKED
+)
+UPDATE evaluations e SET status = 'running', claimed_by = $1, claimed_at = now(), started_at = now(),
+    attempt = e.attempt + 1, error = NULL
+FROM next WHERE e.id = next.id
+RETURNING e.id, e.attempt`
+
+	sqlClearAttrs = `DELETE FROM eval_attrs WHERE eval_id = $1`
+
+	sqlRepoOfEval = `
+SELECT r.clone_url, e.commit_sha, e.branch FROM evaluations e
+JOIN projects p ON p.id = e.project_id JOIN repositories r ON r.id = p.repo_id
+WHERE e.id = $1`
+
+	// Proves the claim inside an ingest transaction and keeps it until commit. $1 id, $2 node,
+	// $3 attempt.
+	sqlHoldClaim = `
+SELECT status FROM evaluations WHERE id = $1 AND claimed_by = $2 AND attempt = $3 FOR SHARE`
+
+	sqlEvalStatus = `SELECT status FROM evaluations WHERE id = $1 AND claimed_by = $2 AND attempt = $3`
+
+	sqlKnownDerivations = `SELECT drv_path FROM derivations WHERE drv_path = ANY($1)`
+
+	// Outputs the cache holds by the signer's record (canonical NAR hash set). $1 output paths.
+	sqlCachedOutputs = `
+SELECT DISTINCT output_path FROM derivation_outputs WHERE output_path = ANY($1) AND nar_hash IS NOT NULL`
+
+	// $1 eval, $2 attr[], $3 drv_path[] ('' = NULL), $4 error[] ('' = NULL)
+	sqlInsertAttrs = `
+INSERT INTO eval_attrs (eval_id, attr, drv_path, error)
+SELECT $1, a, NULLIF(d, ''), NULLIF(e, '') FROM unnest($2::text[], $3::text[], $4::text[]) AS t(a, d, e)
+ON CONFLICT (eval_id, attr) DO NOTHING`
+
+	// A new evaluation needs a cancelled job again (superseded earlier): back to pending.
+	// $1 derivations whose closure to search.
+	sqlRevive = `
+WITH RECURSIVE clo(drv_path) AS (
+    SELECT unnest($1::text[])
+  UNION
+    SELECT di.input_drv FROM derivation_inputs di JOIN clo c ON di.referrer = c.drv_path
+)
+UPDATE build_jobs bj SET status = 'pending', finished_at = NULL, claimed_by = NULL, claimed_at = NULL,
+    started_at = NULL
+WHERE bj.status = 'cancelled' AND bj.drv_path IN (SELECT drv_path FROM clo)
+RETURNING bj.system`
+
+	// Finishes. $1 id, $2 node, $3 attempt.
+	sqlSucceedEval = `
+UPDATE evaluations SET status = 'succeeded', finished_at = now()
+WHERE id = $1 AND claimed_by = $2 AND attempt = $3 AND status = 'running'`
+
+	// $4 error
+	sqlFailEval = `
+UPDATE evaluations SET status = 'failed', finished_at = now(), error = $4
+WHERE id = $1 AND claimed_by = $2 AND attempt = $3 AND status = 'running'`
+
+	// An evaluator stopping (drain) hands its evaluation back.
+	sqlReleaseEval = `
+UPDATE evaluations SET status = 'queued', claimed_by = NULL, claimed_at = NULL, started_at = NULL
+WHERE id = $1 AND claimed_by = $2 AND attempt = $3 AND status = 'running'`
+
+	sqlAttrsOfEval = `
+SELECT ea.attr, COALESCE(ea.drv_path, ''), COALESCE(ea.error, ''), COALESCE(bj.id, 0), COALESCE(bj.status, ''),
+       COALESCE((SELECT array_agg(o.output_path ORDER BY o.output_name) FROM derivation_outputs o
+                 WHERE o.drv_path = ea.drv_path), '{}')
+FROM eval_attrs ea LEFT JOIN build_jobs bj ON bj.drv_path = ea.drv_path
+WHERE ea.eval_id = $1 ORDER BY ea.attr`
+
+	sqlListEvals = `SELECT ` + evalColumns + ` FROM evaluations e JOIN projects p ON p.id = e.project_id
+WHERE ($1 = '' OR p.name = $1) ORDER BY e.id DESC LIMIT $2`
+)

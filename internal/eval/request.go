@@ -1,0 +1,281 @@
+package eval
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
+)
+
+// ErrNotFound is returned for an evaluation id that does not exist.
+var ErrNotFound = errors.New("no such evaluation")
+
+// ErrFinished is returned when cancelling an evaluation that has already finished.
+var ErrFinished = errors.New("evaluation already finished")
+
+// Evaluation is one row of evaluations with its project's name.
+type Evaluation struct {
+	ID            int64      `json:"id"`
+	ProjectID     int64      `json:"project_id"`
+	Project       string     `json:"project"`
+	FlakeURL      string     `json:"flake_url"`
+	Commit        string     `json:"commit"`
+	Branch        string     `json:"branch"`
+	TreeHash      string     `json:"tree_hash,omitempty"`
+	Status        string     `json:"status"`
+	SkippedReason string     `json:"skipped_reason,omitempty"`
+	ReusesEvalID  *int64     `json:"reuses_eval_id,omitempty"`
+	ClaimedBy     string     `json:"claimed_by,omitempty"`
+	Attempt       int        `json:"attempt"`
+	Error         string     `json:"error,omitempty"`
+	CreatedAt     time.Time  `json:"created_at"`
+	StartedAt     *time.Time `json:"started_at,omitempty"`
+	FinishedAt    *time.Time `json:"finished_at,omitempty"`
+}
+
+// Finished reports whether the evaluation will not change any more.
+func (e Evaluation) Finished() bool {
+	return e.Status != "queued" && e.Status != "running"
+}
+
+func scanEval(row pgx.CollectableRow) (Evaluation, error) {
+	var e Evaluation
+	err := row.Scan(&e.ID, &e.ProjectID, &e.Project, &e.FlakeURL, &e.Commit, &e.Branch, &e.TreeHash,
+		&e.Status, &e.SkippedReason, &e.ReusesEvalID, &e.ClaimedBy, &e.Attempt, &e.Error, &e.CreatedAt,
+		&e.StartedAt, &e.FinishedAt)
+	return e, err
+}
+
+// Querier is a pool, connection or transaction.
+type Querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// Get returns evaluation id.
+func Get(ctx context.Context, q Querier, id int64) (Evaluation, error) {
+	rows, err := q.Query(ctx, sqlEvalByID, id)
+	if err != nil {
+		return Evaluation{}, fmt.Errorf("get evaluation %d: %w", id, err)
+	}
+	e, err := pgx.CollectExactlyOneRow(rows, scanEval)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Evaluation{}, fmt.Errorf("evaluation %d: %w", id, ErrNotFound)
+	}
+	if err != nil {
+		return Evaluation{}, fmt.Errorf("get evaluation %d: %w", id, err)
+	}
+	return e, nil
+}
+
+// List returns the newest evaluations, of one project or ("") of all.
+func List(ctx context.Context, q Querier, project string, limit int) ([]Evaluation, error) {
+	rows, err := q.Query(ctx, sqlListEvals, project, limit)
+	if err != nil {
+		return nil, fmt.Errorf("list evaluations: %w", err)
+	}
+	es, err := pgx.CollectRows(rows, scanEval)
+	if err != nil {
+		return nil, fmt.Errorf("list evaluations: %w", err)
+	}
+	return es, nil
+}
+
+// AttrResult is one evaluated attribute with its build job, if any.
+type AttrResult struct {
+	Attr      string   `json:"attr"`
+	DrvPath   string   `json:"drv_path,omitempty"`
+	Error     string   `json:"error,omitempty"`
+	JobID     int64    `json:"job_id,omitempty"`
+	JobStatus string   `json:"job_status,omitempty"` // "" when no job was needed (cached)
+	Outputs   []string `json:"outputs,omitempty"`
+}
+
+// Attrs returns an evaluation's attributes, by name.
+func Attrs(ctx context.Context, q Querier, id int64) ([]AttrResult, error) {
+	rows, err := q.Query(ctx, sqlAttrsOfEval, id)
+	if err != nil {
+		return nil, fmt.Errorf("attributes of evaluation %d: %w", id, err)
+	}
+	as, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (AttrResult, error) {
+		var a AttrResult
+		err := row.Scan(&a.Attr, &a.DrvPath, &a.Error, &a.JobID, &a.JobStatus, &a.Outputs)
+		return a, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("attributes of evaluation %d: %w", id, err)
+	}
+	return as, nil
+}
+
+// RequestParams ask for one evaluation.
+type RequestParams struct {
+	ProjectID int64
+	FlakeURL  string // the repository the commit comes from
+	Commit    string // full sha
+	Branch    string
+	TreeHash  string // "" when unknown: no dedup
+}
+
+// Request queues an evaluation of a commit on a branch, idempotently: the same (project,
+// commit, branch) twice is one evaluation. A commit whose tree equals that of a succeeded
+// evaluation of the project is recorded skipped, reusing that evaluation's attributes. A new
+// evaluation supersedes older unfinished ones of its branch (see Supersedes). created is false
+// when the evaluation already existed.
+func Request(ctx context.Context, pool *pgxpool.Pool, p RequestParams) (e Evaluation, created bool, err error) {
+	for attempt := 0; ; attempt++ {
+		e, created, err = request(ctx, pool, p)
+		var pe *pgconn.PgError
+		if errors.As(err, &pe) && (pe.Code == "40001" || pe.Code == "40P01") && attempt < 20 {
+			time.Sleep(time.Duration(attempt+1) * 5 * time.Millisecond)
+			continue
+		}
+		if err != nil {
+			return Evaluation{}, false, fmt.Errorf("request evaluation of %s on %s: %w", p.Commit, p.Branch, err)
+		}
+		return e, created, nil
+	}
+}
+
+func request(ctx context.Context, pool *pgxpool.Pool, p RequestParams) (Evaluation, bool, error) {
+	var id int64
+	created := false
+	err := pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.Serializable}, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, sqlEvalByKey, p.ProjectID, p.Commit, p.Branch)
+		if err != nil {
+			return err
+		}
+		existing, err := pgx.CollectRows(rows, scanEval)
+		if err != nil {
+			return err
+		}
+		if len(existing) > 0 {
+			id = existing[0].ID
+			return nil
+		}
+		var reuse int64
+		if p.TreeHash != "" {
+			err := tx.QueryRow(ctx, sqlTreeHit, p.ProjectID, p.TreeHash).Scan(&reuse)
+			if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+				return err
+			}
+		}
+		if reuse != 0 {
+			err = tx.QueryRow(ctx, sqlInsertSkipped, p.ProjectID, p.FlakeURL, p.Commit, p.Branch, p.TreeHash, reuse).Scan(&id)
+			if err == nil {
+				_, err = tx.Exec(ctx, sqlCopyAttrs, id, reuse)
+			}
+		} else {
+			err = tx.QueryRow(ctx, sqlInsertQueued, p.ProjectID, p.FlakeURL, p.Commit, p.Branch, p.TreeHash).Scan(&id)
+		}
+		if err != nil {
+			return err
+		}
+		created = true
+		if Supersedes(p.Branch) {
+			rows, err := tx.Query(ctx, sqlSupersede, p.ProjectID, p.Branch, id)
+			if err != nil {
+				return err
+			}
+			old, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+			if err != nil {
+				return err
+			}
+			if err := rollback(ctx, tx, old); err != nil {
+				return err
+			}
+			for _, o := range old {
+				if err := notifyEvaluation(ctx, tx, o, "cancelled"); err != nil {
+					return err
+				}
+			}
+		}
+		status := "queued"
+		if reuse != 0 {
+			status = "skipped"
+		}
+		return notifyEvaluation(ctx, tx, id, status)
+	})
+	if err != nil {
+		return Evaluation{}, false, err
+	}
+	e, err := Get(ctx, pool, id)
+	return e, created, err
+}
+
+// Supersedes reports whether a new evaluation on branch cancels older unfinished ones there.
+// Merge-queue and bors branches never do: each of their commits is a candidate of its own.
+func Supersedes(branch string) bool {
+	switch {
+	case strings.HasPrefix(branch, "gh-readonly-queue/"), branch == "staging", branch == "trying",
+		strings.HasPrefix(branch, "staging.tmp"), strings.HasPrefix(branch, "trying.tmp"):
+		return false
+	}
+	return true
+}
+
+// Cancel stops an evaluation: queued or running → cancelled and rolled back (its attributes
+// deleted, the pending jobs no other live evaluation needs cancelled). A running evaluator notices within a second and kills Nix.
+func Cancel(ctx context.Context, pool *pgxpool.Pool, id int64, reason string) error {
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		var got int64
+		err := tx.QueryRow(ctx, sqlCancelEval, id, reason).Scan(&got)
+		if errors.Is(err, pgx.ErrNoRows) {
+			if _, err := Get(ctx, tx, id); err != nil {
+				return err
+			}
+			return ErrFinished
+		}
+		if err != nil {
+			return err
+		}
+		if err := rollback(ctx, tx, []int64{id}); err != nil {
+			return err
+		}
+		return notifyEvaluation(ctx, tx, id, "cancelled")
+	})
+	if err != nil {
+		return fmt.Errorf("cancel evaluation %d: %w", id, err)
+	}
+	return nil
+}
+
+// cancelUnneeded cancels the pending jobs of evaluations ids that no live evaluation needs.
+func cancelUnneeded(ctx context.Context, tx pgx.Tx, ids []int64) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	if _, err := tx.Exec(ctx, sqlNeedLock, cluster.LockClass); err != nil {
+		return fmt.Errorf("take job-need lock: %w", err)
+	}
+	rows, err := tx.Query(ctx, sqlCancelUnneeded, ids)
+	if err != nil {
+		return fmt.Errorf("cancel unneeded jobs: %w", err)
+	}
+	drvs, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return fmt.Errorf("cancel unneeded jobs: %w", err)
+	}
+	for _, d := range drvs {
+		b, _ := json.Marshal(map[string]string{"drv_path": d, "status": "cancelled"})
+		if _, err := tx.Exec(ctx, `SELECT pg_notify('build_jobs', $1)`, string(b)); err != nil {
+			return fmt.Errorf("notify build_jobs: %w", err)
+		}
+	}
+	return nil
+}
+
+func notifyEvaluation(ctx context.Context, tx pgx.Tx, id int64, status string) error {
+	b, _ := json.Marshal(map[string]any{"id": id, "status": status})
+	if _, err := tx.Exec(ctx, sqlNotifyEvaluations, string(b)); err != nil {
+		return fmt.Errorf("notify evaluations: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,114 @@
+package eval
+
+import (
+	"bytes"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/BurntSushi/toml"
+)
+
+// SettingsFile is the in-tree configuration a project may commit.
+const SettingsFile = ".harmonia-ci.toml"
+
+// Settings are a project's in-tree settings (rest-of-design §6: the only place for them).
+type Settings struct {
+	Attrs       []string // attribute paths to evaluate
+	EvalTimeout time.Duration
+	AllowIFD    bool
+	Retention   string // accepted for the GC; not used by the evaluator
+}
+
+type settingsFile struct {
+	Attrs       *[]string `toml:"attrs"`
+	EvalTimeout *string   `toml:"eval-timeout"`
+	AllowIFD    *bool     `toml:"allow-ifd"`
+	Retention   *string   `toml:"retention"`
+}
+
+// ParseSettings reads .harmonia-ci.toml. Defaults: attrs ["checks"] for flakes, the whole
+// attribute set otherwise (flake false: nil Attrs); allow-ifd true; eval-timeout the server's.
+func ParseSettings(b []byte, flake bool, defaultTimeout time.Duration) (Settings, error) {
+	s := Settings{EvalTimeout: defaultTimeout, AllowIFD: true}
+	if flake {
+		s.Attrs = []string{"checks"}
+	}
+	var f settingsFile
+	md, err := toml.NewDecoder(bytes.NewReader(b)).Decode(&f)
+	if err != nil {
+		return s, fmt.Errorf("%s: %w", SettingsFile, err)
+	}
+	if un := md.Undecoded(); len(un) > 0 {
+		keys := make([]string, len(un))
+		for i, k := range un {
+			keys[i] = k.String()
+		}
+		return s, fmt.Errorf("%s: unknown keys %s (known: attrs, eval-timeout, allow-ifd, retention)", SettingsFile, strings.Join(keys, ", "))
+	}
+	if f.Attrs != nil {
+		if len(*f.Attrs) == 0 {
+			return s, fmt.Errorf("%s: attrs is empty", SettingsFile)
+		}
+		for _, a := range *f.Attrs {
+			if _, err := SplitAttrPath(a); err != nil {
+				return s, fmt.Errorf("%s: attrs: %w", SettingsFile, err)
+			}
+		}
+		s.Attrs = *f.Attrs
+	}
+	if f.EvalTimeout != nil {
+		d, err := time.ParseDuration(*f.EvalTimeout)
+		if err != nil || d <= 0 {
+			return s, fmt.Errorf("%s: eval-timeout: want a positive duration such as \"30m\", got %q", SettingsFile, *f.EvalTimeout)
+		}
+		s.EvalTimeout = d
+	}
+	if f.AllowIFD != nil {
+		s.AllowIFD = *f.AllowIFD
+	}
+	if f.Retention != nil {
+		s.Retention = *f.Retention
+	}
+	return s, nil
+}
+
+// SplitAttrPath splits "a.b.\"c.d\"" into its components.
+func SplitAttrPath(s string) ([]string, error) {
+	if s == "" {
+		return nil, fmt.Errorf("empty attribute path")
+	}
+	var parts []string
+	var cur strings.Builder
+	quoted, started := false, false
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case quoted && c == '\\' && i+1 < len(s):
+			i++
+			cur.WriteByte(s[i])
+		case c == '"':
+			quoted = !quoted
+			started = true
+		case c == '.' && !quoted:
+			if !started && cur.Len() == 0 {
+				return nil, fmt.Errorf("attribute path %q has an empty component", s)
+			}
+			parts = append(parts, cur.String())
+			cur.Reset()
+			started = false
+		case c < 0x20 || c == 0x7f:
+			return nil, fmt.Errorf("attribute path %q contains a control character", s)
+		default:
+			cur.WriteByte(c)
+			started = true
+		}
+	}
+	if quoted {
+		return nil, fmt.Errorf("attribute path %q has an unterminated quote", s)
+	}
+	if !started && cur.Len() == 0 {
+		return nil, fmt.Errorf("attribute path %q has an empty component", s)
+	}
+	return append(parts, cur.String()), nil
+}

@@ -1,0 +1,63 @@
+# The evaluator's walk over a project's attributes: the facts nix-eval-jobs reports, from plain
+# Nix. Every record is a trace line "@hci <json>" on stderr, written as the walk goes, so the
+# evaluator ingests while Nix evaluates. A catchable error (throw, assert) is recorded on its
+# attribute; an uncatchable one stops Nix right after the "begin" record of the attribute at
+# fault, and the evaluator runs the walk again with that attribute (and everything already
+# reported) in spec.skip.
+{ specFile }:
+let
+  spec = builtins.fromJSON (builtins.readFile specFile);
+  skip = builtins.listToAttrs (map (a: { name = a; value = true; }) spec.skip);
+  say = msg: builtins.trace ("@hci " + builtins.toJSON msg);
+
+  root =
+    if spec.mode == "flake" then
+      let f = builtins.getFlake spec.flakeRef; in f.outputs or f
+    else
+      let
+        src = builtins.fetchGit { url = spec.url; rev = spec.rev; allRefs = true; };
+        raw = import (src + "/${spec.file}");
+      in if builtins.isFunction raw then raw { } else raw;
+
+  isDrv = x: builtins.isAttrs x && (x.type or null) == "derivation";
+  quote = n: if builtins.match "[a-zA-Z_][a-zA-Z0-9_'-]*" n != null then n else builtins.toJSON n;
+  render = path: builtins.concatStringsSep "." (map quote path);
+
+  # force: levels below a root that are walked without recurseForDerivations.
+  walk = force: path: x:
+    let a = render path; in
+    if skip ? ${a} then [ ] else
+    say { begin = a; } (
+      let t = builtins.tryEval x; in
+      if !t.success then [ (say { attr = a; inherit path; failed = true; } null) ]
+      else if isDrv t.value then
+        let d = builtins.tryEval t.value.drvPath; in
+        [ (say (if d.success then { attr = a; inherit path; drv = d.value; } else { attr = a; inherit path; failed = true; }) null) ]
+      else if builtins.isAttrs t.value && (force > 0 || (t.value.recurseForDerivations or false) == true) then
+        builtins.concatMap (n: walk (force - 1) (path ++ [ n ]) t.value.${n})
+          (builtins.filter (n: n != "recurseForDerivations") (builtins.attrNames t.value))
+      else [ ]);
+
+  lookup = path: builtins.foldl' (acc: n:
+    if acc.found && builtins.isAttrs acc.value && acc.value ? ${n}
+    then { found = true; value = acc.value.${n}; } else { found = false; value = null; })
+    { found = true; value = root; } path;
+
+  walkRoot = path:
+    let
+      a = render path;
+      l = lookup path;
+    in
+    if path == [ ] then walk spec.force [ ] root
+    else if skip ? ${a} then [ ]
+    else say { begin = a; } (
+      if l.found then walk spec.force path l.value
+      else [ (say { attr = a; inherit path; error = "attribute '${a}' does not exist"; } null) ]);
+
+  # probe: evaluate one attribute without tryEval, so Nix prints the real error.
+  probe = let l = lookup spec.probe; in l.value.drvPath;
+
+  count = builtins.foldl' (acc: e: builtins.seq e (acc + 1)) 0;
+in
+if spec ? probe then probe
+else builtins.seq root (say { walk = true; } (count (builtins.concatMap walkRoot spec.roots)))

@@ -1,0 +1,43 @@
+// Package nixgen writes Nix expressions of trivial /bin/sh derivations, which real Nix
+// evaluates and builds offline (no nixpkgs): the projects of tests, benchmarks and examples.
+package nixgen
+
+import "fmt"
+
+// Lib is a Nix prelude defining mk: mk NAME DEPS is a derivation whose output lists its name and
+// then its dependencies' outputs. salt changes every derivation's hash.
+func Lib(salt string) string {
+	return `let
+  mk = name: deps: builtins.derivation {
+    inherit name;
+    system = builtins.currentSystem;
+    builder = "/bin/sh";
+    salt = "` + salt + `";
+    args = [ "-c" "echo building ${name}; echo ${name} > $out; ${builtins.concatStringsSep ""
+      (map (d: "while IFS= read -r l; do echo \"$l\" >> $out; done < ${d};") deps)}" ];
+  };
+  fail = name: deps: builtins.derivation {
+    inherit name;
+    system = builtins.currentSystem;
+    builder = "/bin/sh";
+    salt = "` + salt + `";
+    args = [ "-c" "echo failing ${name} >&2; exit 1" ];
+    inherit deps;
+  };
+in`
+}
+
+// Layered returns a Nix expression (an attribute set d0…d(n-1)) of n derivations in layers of
+// width, each depending on two derivations of the layer below: wide and deep.
+func Layered(salt string, n, width int) string {
+	return Lib(salt) + fmt.Sprintf(`
+let
+  n = %d; width = %d;
+  mod = a: b: a - (a / b) * b;
+  layer = prev: l: builtins.genList (j: mk "d${toString (l * width + j)}"
+    (if prev == [ ] then [ ] else [ (builtins.elemAt prev j) (builtins.elemAt prev (mod (j * 7 + 3) width)) ])) width;
+  layers = builtins.foldl' (acc: l: acc ++ [ (layer (if acc == [ ] then [ ] else builtins.elemAt acc (l - 1)) l) ])
+    [ ] (builtins.genList (l: l) (n / width));
+in builtins.listToAttrs (map (d: { name = d.name; value = d; }) (builtins.concatLists layers))
+`, n, width)
+}

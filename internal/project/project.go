@@ -1,0 +1,215 @@
+// Package project manages projects and their repositories (seed 002's repositories and
+// projects rows): what the CI evaluates, from where, and with which share of the builders.
+package project
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/harmonia-ci/harmonia-ci/internal/gitrepo"
+)
+
+// ErrNotFound is returned for a project name that does not exist.
+var ErrNotFound = errors.New("no such project")
+
+// ErrExists is returned when adding a project whose name or repository is taken.
+var ErrExists = errors.New("project already exists")
+
+// Project is one project with its repository.
+type Project struct {
+	ID        int64     `json:"id"`
+	Name      string    `json:"name"`
+	RepoURL   string    `json:"repo_url"`
+	Branch    string    `json:"branch"` // the repository's default branch
+	Shares    int       `json:"shares"`
+	Enabled   bool      `json:"enabled"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+// AddParams describe a new project.
+type AddParams struct {
+	Name    string
+	RepoURL string // a local path (absolute, or relative to the working directory), file://, git, ssh or http(s) URL
+	Branch  string // default "main"
+	Shares  int    // default 100
+}
+
+var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
+
+// ValidateName checks a project name: letters, digits, '.', '_' and '-', at most 63
+// characters, starting with a letter or digit (it appears in URLs and file names).
+func ValidateName(name string) error {
+	if !nameRE.MatchString(name) {
+		return fmt.Errorf("project name %q: want letters, digits, '.', '_' or '-', at most 63, starting with a letter or digit", name)
+	}
+	return nil
+}
+
+// NormalizeURL makes a local path absolute and validates the result.
+func NormalizeURL(u string) (string, error) {
+	if u != "" && !strings.Contains(u, "://") && !strings.HasPrefix(u, "-") && !looksSCP(u) {
+		abs, err := filepath.Abs(u)
+		if err != nil {
+			return "", fmt.Errorf("repository %q: %w", u, err)
+		}
+		u = abs
+	}
+	if err := gitrepo.ValidateURL(u); err != nil {
+		return "", fmt.Errorf("repository: %w", err)
+	}
+	return u, nil
+}
+
+// looksSCP reports whether git would take u for a remote rather than a local path: a colon
+// before any slash, as in scp-like [user@]host:path or a remote helper's transport::address.
+// ValidateURL then accepts or rejects it as such; it must not become a local path.
+func looksSCP(u string) bool {
+	colon := strings.Index(u, ":")
+	return colon >= 0 && !strings.Contains(u[:colon], "/")
+}
+
+// Add creates a project and its repository row.
+func Add(ctx context.Context, pool *pgxpool.Pool, p AddParams) (Project, error) {
+	if err := ValidateName(p.Name); err != nil {
+		return Project{}, err
+	}
+	url, err := NormalizeURL(p.RepoURL)
+	if err != nil {
+		return Project{}, err
+	}
+	if p.Branch == "" {
+		p.Branch = "main"
+	}
+	if err := gitrepo.ValidateBranch(p.Branch); err != nil {
+		return Project{}, fmt.Errorf("branch: %w", err)
+	}
+	if p.Shares == 0 {
+		p.Shares = 100
+	}
+	if p.Shares < 1 {
+		return Project{}, fmt.Errorf("shares must be at least 1, got %d", p.Shares)
+	}
+	var pr Project
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		var repoID int64
+		if err := tx.QueryRow(ctx, sqlInsertRepository, url, p.Name, p.Branch).Scan(&repoID); err != nil {
+			return err
+		}
+		return tx.QueryRow(ctx, sqlInsertProject, repoID, p.Name, p.Shares).Scan(
+			&pr.ID, &pr.Name, &pr.RepoURL, &pr.Branch, &pr.Shares, &pr.Enabled, &pr.CreatedAt)
+	})
+	if pe := (*pgconn.PgError)(nil); errors.As(err, &pe) && pe.Code == "23505" {
+		return Project{}, fmt.Errorf("add project %s: %w (the name or the repository %s is already used)", p.Name, ErrExists, url)
+	}
+	if err != nil {
+		return Project{}, fmt.Errorf("add project %s: %w", p.Name, err)
+	}
+	return pr, nil
+}
+
+// List returns every project, by name.
+func List(ctx context.Context, pool *pgxpool.Pool) ([]Project, error) {
+	rows, err := pool.Query(ctx, sqlSelectProjects+` ORDER BY p.name`)
+	if err != nil {
+		return nil, fmt.Errorf("list projects: %w", err)
+	}
+	ps, err := pgx.CollectRows(rows, scanProject)
+	if err != nil {
+		return nil, fmt.Errorf("list projects: %w", err)
+	}
+	return ps, nil
+}
+
+// Get returns the project called name.
+func Get(ctx context.Context, q Querier, name string) (Project, error) {
+	rows, err := q.Query(ctx, sqlSelectProjects+` WHERE p.name = $1`, name)
+	if err != nil {
+		return Project{}, fmt.Errorf("get project %s: %w", name, err)
+	}
+	p, err := pgx.CollectExactlyOneRow(rows, scanProject)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Project{}, fmt.Errorf("project %q: %w", name, ErrNotFound)
+	}
+	if err != nil {
+		return Project{}, fmt.Errorf("get project %s: %w", name, err)
+	}
+	return p, nil
+}
+
+// Querier is a pool, connection or transaction.
+type Querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// SetParams change a project; nil fields are left alone.
+type SetParams struct {
+	Shares  *int
+	Enabled *bool
+	Branch  *string
+}
+
+// Set changes a project's settings.
+func Set(ctx context.Context, pool *pgxpool.Pool, name string, s SetParams) (Project, error) {
+	if s.Shares != nil && *s.Shares < 1 {
+		return Project{}, fmt.Errorf("shares must be at least 1, got %d", *s.Shares)
+	}
+	if s.Branch != nil {
+		if err := gitrepo.ValidateBranch(*s.Branch); err != nil {
+			return Project{}, fmt.Errorf("branch: %w", err)
+		}
+	}
+	tag, err := pool.Exec(ctx, sqlUpdateProject, name, s.Shares, s.Enabled, s.Branch)
+	if err != nil {
+		return Project{}, fmt.Errorf("set project %s: %w", name, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return Project{}, fmt.Errorf("project %q: %w", name, ErrNotFound)
+	}
+	return Get(ctx, pool, name)
+}
+
+func scanProject(row pgx.CollectableRow) (Project, error) {
+	var p Project
+	err := row.Scan(&p.ID, &p.Name, &p.RepoURL, &p.Branch, &p.Shares, &p.Enabled, &p.CreatedAt)
+	return p, err
+}
+
+const (
+	// A repository added by hand has forge 'git' and its clone URL as its full name.
+	sqlInsertRepository = `
+INSERT INTO repositories (forge, owner, name, full_name, clone_url, default_branch)
+VALUES ('git', '', $2, $1, $1, $3)
+RETURNING id`
+
+	sqlInsertProject = `
+WITH p AS (
+    INSERT INTO projects (repo_id, name, scheduling_shares) VALUES ($1, $2, $3)
+    RETURNING id, repo_id, name, scheduling_shares, enabled, created_at
+)
+SELECT p.id, p.name, r.clone_url, r.default_branch, p.scheduling_shares, p.enabled, p.created_at
+FROM p JOIN repositories r ON r.id = p.repo_id`
+
+	sqlSelectProjects = `
+SELECT p.id, p.name, r.clone_url, r.default_branch, p.scheduling_shares, p.enabled, p.created_at
+FROM projects p JOIN repositories r ON r.id = p.repo_id`
+
+	// $1 name, $2 shares, $3 enabled, $4 branch (NULL = unchanged)
+	sqlUpdateProject = `
+WITH p AS (
+    UPDATE projects SET scheduling_shares = COALESCE($2, scheduling_shares),
+                        enabled = COALESCE($3, enabled)
+    WHERE name = $1
+    RETURNING repo_id
+)
+UPDATE repositories r SET default_branch = COALESCE($4, r.default_branch)
+FROM p WHERE r.id = p.repo_id`
+)

@@ -1,0 +1,309 @@
+// Package upload publishes store paths to the binary cache through the signer: each path is
+// serialised as a NAR, hashed and compressed in one pass, PUT to a presigned URL, and then
+// signed and announced by build-complete. Evaluators publish .drv closures with it, builders
+// their outputs.
+package upload
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/klauspost/compress/zstd"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/harmonia-ci/harmonia-ci/internal/nix"
+	"github.com/harmonia-ci/harmonia-ci/internal/signer"
+)
+
+// Path is one store path to publish.
+type Path struct {
+	StorePath  string   // /nix/store/…
+	References []string // full store paths
+	Deriver    string   // full path or basename; "" for none
+}
+
+// Publisher publishes store paths from one Nix store.
+type Publisher struct {
+	// Signer is the signer client.
+	Signer *signer.Client
+	// StoreRoot is the directory the store paths live under: "" for the system store, or a
+	// chroot store's directory.
+	StoreRoot string
+	// HTTP does the PUTs; default: a client with a 10 minute timeout.
+	HTTP *http.Client
+	// Parallel bounds concurrent compressions and PUTs; default 16.
+	Parallel int
+	// Batch bounds the paths of one upload-slots or build-complete call; default 500.
+	Batch int
+	// Logger; default discards.
+	Logger *slog.Logger
+}
+
+// memLimit is the largest NAR compressed in memory; bigger ones go through a temporary file.
+const memLimit = 4 << 20
+
+var (
+	encOnce sync.Once
+	enc     *zstd.Encoder
+)
+
+// encoder is shared: EncodeAll is safe for concurrent use, and one encoder per small path
+// would cost more than the compression.
+func encoder() *zstd.Encoder {
+	encOnce.Do(func() { enc, _ = zstd.NewWriter(nil, zstd.WithEncoderConcurrency(1)) })
+	return enc
+}
+
+// prepared is one path serialised, hashed and compressed.
+type prepared struct {
+	out  signer.Output
+	body []byte // compressed NAR, or nil when in file
+	file string
+}
+
+func (p *prepared) open() (io.ReadCloser, error) {
+	if p.file != "" {
+		return os.Open(p.file)
+	}
+	return io.NopCloser(bytes.NewReader(p.body)), nil
+}
+
+// Request carries the build-complete fields besides the outputs: a job claim and log key for
+// a build, nothing for a .drv closure.
+type Request = signer.BuildCompleteRequest
+
+// Response totals the build-complete answers.
+type Response = signer.BuildCompleteResponse
+
+// Publish uploads paths and completes with done (whose Outputs it fills). A failed or expired
+// upload is retried with fresh slots; what already landed is skipped by the signer. It returns
+// the build-complete answers' totals.
+func (p *Publisher) Publish(ctx context.Context, paths []Path, done Request) (Response, error) {
+	var total Response
+	parallel, batch := p.Parallel, p.Batch
+	if parallel <= 0 {
+		parallel = 16
+	}
+	if batch <= 0 {
+		batch = 500
+	}
+	tmp, err := os.MkdirTemp("", "harmonia-upload-")
+	if err != nil {
+		return total, fmt.Errorf("publish: %w", err)
+	}
+	defer os.RemoveAll(tmp)
+
+	prep := make([]*prepared, len(paths))
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(parallel)
+	for i, path := range paths {
+		g.Go(func() error {
+			pr, err := p.prepare(gctx, path, tmp, i)
+			prep[i] = pr
+			return err
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return total, err
+	}
+	// Outputs of one build must complete together; a .drv closure may complete in batches.
+	chunk := batch
+	if done.JobID != nil {
+		chunk = len(prep)
+	}
+	for start := 0; start < len(prep); start += chunk {
+		part := prep[start:min(start+chunk, len(prep))]
+		if err := p.uploadAll(ctx, part, parallel); err != nil {
+			return total, err
+		}
+		req := done
+		req.Outputs = make([]signer.Output, len(part))
+		for i, pr := range part {
+			req.Outputs[i] = pr.out
+		}
+		resp, err := p.Signer.BuildComplete(ctx, req)
+		if err != nil {
+			return total, fmt.Errorf("publish: build-complete: %w", err)
+		}
+		total.Written += resp.Written
+		total.Skipped += resp.Skipped
+		total.Conflicts += resp.Conflicts
+	}
+	return total, nil
+}
+
+func (p *Publisher) prepare(ctx context.Context, path Path, tmp string, i int) (*prepared, error) {
+	fsPath := filepath.Join(p.root(), path.StorePath)
+	pr := &prepared{out: signer.Output{StorePath: path.StorePath, References: path.References}}
+	if path.Deriver != "" {
+		pr.out.Deriver = filepath.Base(path.Deriver)
+	}
+	if pr.out.References == nil {
+		pr.out.References = []string{}
+	}
+	var nar bytes.Buffer
+	lw := &limitedWriter{w: &nar, left: memLimit}
+	err := nix.WriteNAR(lw, fsPath)
+	switch {
+	case err == nil:
+		sizes, body := compressSmall(nar.Bytes())
+		pr.body = body
+		pr.setSizes(sizes)
+		return pr, nil
+	case errors.Is(err, errTooBig):
+		pr.file = filepath.Join(tmp, fmt.Sprintf("%d.nar.zst", i))
+		f, err := os.Create(pr.file)
+		if err != nil {
+			return nil, fmt.Errorf("publish %s: %w", path.StorePath, err)
+		}
+		defer f.Close()
+		sizes, err := nix.CompressNAR(ctx, fsPath, f)
+		if err != nil {
+			return nil, fmt.Errorf("publish %s: %w", path.StorePath, err)
+		}
+		pr.setSizes(sizes)
+		return pr, f.Close()
+	default:
+		return nil, fmt.Errorf("publish %s: %w", path.StorePath, err)
+	}
+}
+
+func (p *Publisher) root() string {
+	if p.StoreRoot == "" {
+		return "/"
+	}
+	return p.StoreRoot
+}
+
+func (pr *prepared) setSizes(s nix.Sizes) {
+	pr.out.NarHash, pr.out.NarSize, pr.out.FileHash, pr.out.FileSize = s.NarHash, s.NarSize, s.FileHash, s.FileSize
+}
+
+func compressSmall(nar []byte) (nix.Sizes, []byte) {
+	body := encoder().EncodeAll(nar, make([]byte, 0, len(nar)/2+64))
+	return nix.Sizes{
+		NarHash: nix.FormatSHA256(sha256.Sum256(nar)), NarSize: int64(len(nar)),
+		FileHash: nix.FormatSHA256(sha256.Sum256(body)), FileSize: int64(len(body)),
+	}, body
+}
+
+var errTooBig = errors.New("nar too big for memory")
+
+type limitedWriter struct {
+	w    io.Writer
+	left int
+}
+
+func (l *limitedWriter) Write(b []byte) (int, error) {
+	if len(b) > l.left {
+		return 0, errTooBig
+	}
+	l.left -= len(b)
+	return l.w.Write(b)
+}
+
+// uploadAll gets slots for part and PUTs what the store lacks, retrying failed uploads with
+// fresh slots (a URL may expire, a PUT may fail) up to three times.
+func (p *Publisher) uploadAll(ctx context.Context, part []*prepared, parallel int) error {
+	todo := part
+	var lastErr error
+	for round := 0; round < 3 && len(todo) > 0; round++ {
+		if round > 0 {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(time.Duration(round) * time.Second):
+			}
+		}
+		req := signer.UploadSlotsRequest{Outputs: make([]signer.Output, len(todo))}
+		for i, pr := range todo {
+			req.Outputs[i] = pr.out
+		}
+		slots, err := p.Signer.UploadSlots(ctx, req)
+		if err != nil {
+			return fmt.Errorf("publish: upload-slots: %w", err)
+		}
+		if len(slots.Outputs) != len(todo) {
+			return fmt.Errorf("publish: upload-slots answered %d slots for %d paths", len(slots.Outputs), len(todo))
+		}
+		var mu sync.Mutex
+		var failed []*prepared
+		g, gctx := errgroup.WithContext(ctx)
+		g.SetLimit(parallel)
+		for i, slot := range slots.Outputs {
+			if slot.Skipped || slot.Upload == nil {
+				continue
+			}
+			pr := todo[i]
+			g.Go(func() error {
+				if err := p.put(gctx, slot.Upload, pr); err != nil {
+					if gctx.Err() != nil {
+						return gctx.Err()
+					}
+					mu.Lock()
+					failed, lastErr = append(failed, pr), err
+					mu.Unlock()
+				}
+				return nil
+			})
+		}
+		if err := g.Wait(); err != nil {
+			return err
+		}
+		todo = failed
+	}
+	if len(todo) > 0 {
+		return fmt.Errorf("publish: %d uploads failed: %w", len(todo), lastErr)
+	}
+	return nil
+}
+
+func (p *Publisher) put(ctx context.Context, u *signer.Upload, pr *prepared) error {
+	body, err := pr.open()
+	if err != nil {
+		return err
+	}
+	defer body.Close()
+	req, err := http.NewRequestWithContext(ctx, u.Method, u.URL, body)
+	if err != nil {
+		return fmt.Errorf("put %s: %w", pr.out.StorePath, err)
+	}
+	for k, vs := range u.Headers {
+		if strings.EqualFold(k, "Content-Length") {
+			continue
+		}
+		for _, v := range vs {
+			req.Header.Add(k, v)
+		}
+	}
+	req.ContentLength = pr.out.FileSize
+	client := p.HTTP
+	if client == nil {
+		client = defaultHTTP
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return fmt.Errorf("put %s: %w", pr.out.StorePath, err)
+	}
+	defer resp.Body.Close()
+	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	if resp.StatusCode/100 != 2 {
+		return fmt.Errorf("put %s: %s: %s", pr.out.StorePath, resp.Status, strings.TrimSpace(string(msg)))
+	}
+	return nil
+}
+
+var defaultHTTP = &http.Client{Timeout: 10 * time.Minute, Transport: &http.Transport{
+	Proxy: http.ProxyFromEnvironment, MaxIdleConnsPerHost: 32, IdleConnTimeout: 90 * time.Second,
+}}
