@@ -29,6 +29,7 @@ import (
 type EvalOptions struct {
 	Derivations int // default 10000
 	Width       int // derivations per layer; default 100
+	Rounds      int // each side runs this often with fresh salts; the best is kept; default 2
 	Logger      *slog.Logger
 }
 
@@ -40,6 +41,7 @@ type EvalReport struct {
 	Postgres    string `json:"postgres"`
 	Derivations int    `json:"derivations"`
 	Width       int    `json:"width"`
+	Rounds      int    `json:"rounds"`
 	// NixSeconds is bare nix-instantiate of the same kind of expression (another salt, so its
 	// .drv files are new too).
 	NixSeconds float64 `json:"nix_instantiate_seconds"`
@@ -60,6 +62,9 @@ func (o *EvalOptions) defaults() {
 	if o.Width <= 0 {
 		o.Width = 100
 	}
+	if o.Rounds <= 0 {
+		o.Rounds = 2
+	}
 	if o.Derivations < o.Width {
 		o.Width = o.Derivations
 	}
@@ -75,7 +80,7 @@ func (o *EvalOptions) defaults() {
 func Eval(ctx context.Context, o EvalOptions) (EvalReport, error) {
 	o.defaults()
 	r := EvalReport{
-		Date: time.Now().UTC().Format(time.RFC3339), Derivations: o.Derivations, Width: o.Width,
+		Date: time.Now().UTC().Format(time.RFC3339), Derivations: o.Derivations, Width: o.Width, Rounds: o.Rounds,
 		Machine: fmt.Sprintf("%s/%s, %d CPUs", runtime.GOOS, runtime.GOARCH, runtime.NumCPU()),
 		Nix:     toolVersion("nix-instantiate", "--version"),
 	}
@@ -99,26 +104,6 @@ func Eval(ctx context.Context, o EvalOptions) (EvalReport, error) {
 	}
 	defer srv.Stop()
 	url := srv.URL("harmonia")
-
-	salt := randomHex(8)
-	bare, err := makeRepo(filepath.Join(dir, "bare"), nixgen.Layered("bare-"+salt, o.Derivations, o.Width))
-	if err != nil {
-		return r, err
-	}
-	ours, err := makeRepo(filepath.Join(dir, "ours"), nixgen.Layered("ours-"+salt, o.Derivations, o.Width))
-	if err != nil {
-		return r, err
-	}
-
-	o.Logger.Info("bare nix-instantiate", "derivations", o.Derivations)
-	start := time.Now()
-	cmd := exec.CommandContext(ctx, "nix-instantiate", filepath.Join(bare, "ci.nix"), "--option", "substituters", "")
-	var stderr strings.Builder
-	cmd.Stdout, cmd.Stderr = io.Discard, &stderr
-	if err := cmd.Run(); err != nil {
-		return r, fmt.Errorf("nix-instantiate: %w: %s", err, stderr.String())
-	}
-	r.NixSeconds = time.Since(start).Seconds()
 
 	pool, err := db.Connect(ctx, url, db.PoolConfig{ApplicationName: "harmonia-ci bench eval", MaxConns: 4})
 	if err != nil {
@@ -150,25 +135,51 @@ func Eval(ctx context.Context, o EvalOptions) (EvalReport, error) {
 	if err := pool.QueryRow(ctx, `SELECT current_setting('server_version')`).Scan(&r.Postgres); err != nil {
 		return r, err
 	}
-	if _, err := project.Add(ctx, pool, project.AddParams{Name: "bench", RepoURL: ours}); err != nil {
-		return r, err
-	}
+	for round := 1; round <= o.Rounds; round++ {
+		salt := randomHex(8)
+		bare, err := makeRepo(filepath.Join(dir, "bare-"+salt), nixgen.Layered("bare-"+salt, o.Derivations, o.Width))
+		if err != nil {
+			return r, err
+		}
+		ours, err := makeRepo(filepath.Join(dir, "ours-"+salt), nixgen.Layered("ours-"+salt, o.Derivations, o.Width))
+		if err != nil {
+			return r, err
+		}
+		o.Logger.Info("bare nix-instantiate", "round", round, "derivations", o.Derivations)
+		start := time.Now()
+		cmd := exec.CommandContext(ctx, "nix-instantiate", filepath.Join(bare, "ci.nix"), "--option", "substituters", "")
+		var stderr strings.Builder
+		cmd.Stdout, cmd.Stderr = io.Discard, &stderr
+		if err := cmd.Run(); err != nil {
+			return r, fmt.Errorf("nix-instantiate: %w: %s", err, stderr.String())
+		}
+		if secs := time.Since(start).Seconds(); r.NixSeconds == 0 || secs < r.NixSeconds {
+			r.NixSeconds = secs
+		}
 
-	o.Logger.Info("harmonia-ci evaluation", "derivations", o.Derivations)
-	start = time.Now()
-	e, _, err := eval.Trigger(ctx, pool, eval.TriggerParams{Project: "bench", StateDir: filepath.Join(dir, "cli")})
-	if err != nil {
-		return r, err
-	}
-	if err := waitFor(ctx, nodeDone, func() (bool, error) {
-		e, err = eval.Get(ctx, pool, e.ID)
-		return e.Finished(), err
-	}); err != nil {
-		return r, err
-	}
-	r.EvalSeconds = time.Since(start).Seconds()
-	if e.Status != "succeeded" {
-		return r, fmt.Errorf("evaluation %s: %s", e.Status, e.Error)
+		name := "bench-" + salt
+		if _, err := project.Add(ctx, pool, project.AddParams{Name: name, RepoURL: ours}); err != nil {
+			return r, err
+		}
+		o.Logger.Info("harmonia-ci evaluation", "round", round, "derivations", o.Derivations)
+		start = time.Now()
+		e, _, err := eval.Trigger(ctx, pool, eval.TriggerParams{Project: name, StateDir: filepath.Join(dir, "cli")})
+		if err != nil {
+			return r, err
+		}
+		if err := waitFor(ctx, nodeDone, func() (bool, error) {
+			e, err = eval.Get(ctx, pool, e.ID)
+			return e.Finished(), err
+		}); err != nil {
+			return r, err
+		}
+		secs := time.Since(start).Seconds()
+		if e.Status != "succeeded" {
+			return r, fmt.Errorf("evaluation %s: %s", e.Status, e.Error)
+		}
+		if r.EvalSeconds == 0 || secs < r.EvalSeconds {
+			r.EvalSeconds = secs
+		}
 	}
 	r.Ratio = r.EvalSeconds / r.NixSeconds
 	err = pool.QueryRow(ctx, `SELECT
@@ -179,9 +190,11 @@ func Eval(ctx context.Context, o EvalOptions) (EvalReport, error) {
 	if err != nil {
 		return r, err
 	}
+	r.Rows /= int64(o.Rounds) // every round ingests the same number of rows
+	r.Jobs /= int64(o.Rounds)
 	r.RowsPerSecond = float64(r.Rows) / r.EvalSeconds
 	narinfos, _ := filepath.Glob(filepath.Join(cfg.StateDir, "cache", "*.narinfo"))
-	r.Published = int64(len(narinfos))
+	r.Published = int64(len(narinfos)) / int64(o.Rounds)
 	if r.Jobs != int64(o.Derivations) {
 		return r, fmt.Errorf("evaluation made %d jobs for %d derivations", r.Jobs, o.Derivations)
 	}

@@ -72,6 +72,12 @@ type Store interface {
 	PresignPut(ctx context.Context, key string, size int64, sum []byte, contentType string, expiry time.Duration) (Upload, error)
 }
 
+// Syncer is a Store whose writes become durable only when Sync returns (the local directory).
+// Callers sync before they record anything that refers to what they wrote.
+type Syncer interface {
+	Sync(ctx context.Context) error
+}
+
 const nix32Alphabet = "0123456789abcdfghijklmnpqrsvwxyz"
 
 // maxNameLen is Nix's limit on the name part of a store path (including ".drv").

@@ -7,10 +7,7 @@ import (
 	"log/slog"
 	neturl "net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -448,17 +445,13 @@ func (e *Evaluator) plan(ctx context.Context, m *gitrepo.Mirror, commit, branch 
 // from the URL fetch any commit; Nix 2.8 ignores it there and fetches only the ref (by default
 // refs/heads/master), so ref names one that contains the commit: the branch if it does.
 func flakeRef(ctx context.Context, m *gitrepo.Mirror, commit, branch string) (string, error) {
-	cmd := exec.CommandContext(ctx, "git", "--git-dir="+m.Dir, "for-each-ref", "--contains", commit, "--format=%(refname)")
-	cmd.Env = append(os.Environ(), "GIT_CONFIG_NOSYSTEM=1", "GIT_CONFIG_GLOBAL=/dev/null", "LC_ALL=C")
-	out, err := cmd.Output()
-	if err != nil {
-		return "", fmt.Errorf("find a ref containing %s: %w", commit, err)
-	}
 	q := neturl.Values{"rev": {commit}, "allRefs": {"1"}}
-	if refs := strings.Fields(string(out)); slices.Contains(refs, "refs/heads/"+branch) {
-		q.Set("ref", "refs/heads/"+branch)
-	} else if len(refs) > 0 {
-		q.Set("ref", refs[0])
+	ref, err := m.RefContaining(ctx, commit, branch)
+	if err != nil {
+		return "", err
+	}
+	if ref != "" {
+		q.Set("ref", ref)
 	}
 	return "git+file://" + m.Dir + "?" + q.Encode(), nil
 }

@@ -175,6 +175,29 @@ func (m *Mirror) Tree(ctx context.Context, commit string) (string, error) {
 	return tree, nil
 }
 
+// RefContaining returns a ref that contains commit, preferring refs/heads/<branch>; "" if none
+// does. Fetchers that take a ref and a revision (Nix's git fetcher) need one.
+func (m *Mirror) RefContaining(ctx context.Context, commit, branch string) (string, error) {
+	id, err := m.ResolveCommit(ctx, commit)
+	if err != nil {
+		return "", err
+	}
+	patterns := []string{"refs/"}
+	if ValidateBranch(branch) == nil {
+		patterns = []string{"refs/heads/" + branch, "refs/"}
+	}
+	for _, pattern := range patterns {
+		out, err := run(ctx, nil, m.Dir, "for-each-ref", "--count=1", "--contains", id, "--format=%(refname)", pattern)
+		if err != nil {
+			return "", fmt.Errorf("refs containing %s: %w", id, err)
+		}
+		if ref := strings.TrimSpace(string(out)); ref != "" {
+			return ref, nil
+		}
+	}
+	return "", nil
+}
+
 // ReadFile returns the contents of the file at path in commit, and false when there is none.
 // path is slash-separated and relative to the repository root. A symlink yields its target.
 func (m *Mirror) ReadFile(ctx context.Context, commit, path string) ([]byte, bool, error) {

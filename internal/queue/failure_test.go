@@ -76,7 +76,7 @@ func TestPermanentFailurePropagatesAndRebuildRestores(t *testing.T) {
 			if got := jobStatuses(t, pool, append(tc.depFailed, "a", "bystander")...); !maps.Equal(got, want) {
 				t.Fatalf("after the failure: %v, want %v", got, want)
 			}
-			qt.WaitFor(t, 5*time.Second, func() bool { return slices.Equal(notes.withStatus("dep-failed"), tc.depFailed) },
+			qt.WaitFor(t, 20*time.Second, func() bool { return slices.Equal(notes.withStatus("dep-failed"), tc.depFailed) },
 				"a dep-failed notification for each of %v (have %v)", tc.depFailed, notes.withStatus("dep-failed"))
 			if got := notes.withStatus("failed"); !slices.Equal(got, []string{"a"}) {
 				t.Fatalf("failed notifications for %v, want [a]", got)

@@ -42,12 +42,15 @@ func TestWorkerCatchesUpAfterListenerKilled(t *testing.T) {
 	pool, _ := newPool(t, 12)
 	// A fixed reconnect delay of ~2s leaves room to enqueue while the session is down.
 	n := startNotifier(t, pool, notify.Config{MinBackoff: 2 * time.Second, MaxBackoff: 2 * time.Second})
-	startWorker(t, pool, queue.WorkerConfig{
+	w := startWorker(t, pool, queue.WorkerConfig{
 		Claimer: claimer("worker"), MaxJobs: 4, PollInterval: time.Minute, Notifier: n, Handler: noop,
 		ChargeInterval: time.Hour, // the loop also wakes to flush charges; keep that out of the way
 	})
 	qt.Enqueue(t, pool, nil, qt.Drv("warm-up", sys))
-	qt.WaitFor(t, 5*time.Second, func() bool { return qt.Status(t, pool, "warm-up") == "succeeded" }, "the worker to build a job")
+	qt.WaitFor(t, 20*time.Second, func() bool { return qt.Status(t, pool, "warm-up") == "succeeded" }, "the worker to build a job")
+	// The finished build's slot is freed (and its claim-more wake-up sent) after the status
+	// changed; on a loaded machine that wake-up could otherwise claim the gap's jobs.
+	qt.WaitFor(t, 20*time.Second, func() bool { return w.Running() == 0 }, "the worker to be idle")
 
 	reconnects := n.Reconnects()
 	pid := n.BackendPID()
@@ -58,7 +61,7 @@ func TestWorkerCatchesUpAfterListenerKilled(t *testing.T) {
 	if err := pool.QueryRow(qt.Ctx(t, 10*time.Second), `SELECT pg_terminate_backend($1)`, int32(pid)).Scan(&killed); err != nil || !killed {
 		t.Fatalf("terminate the LISTEN session %d: %v, %v", pid, killed, err)
 	}
-	qt.WaitFor(t, 5*time.Second, func() bool { return !n.Connected() }, "the notifier to notice its session is gone")
+	qt.WaitFor(t, 20*time.Second, func() bool { return !n.Connected() }, "the notifier to notice its session is gone")
 	// A chain and some independent jobs, enqueued in the gap.
 	ds := append(independent("gap", 10), qt.Drv("chain-0", sys), qt.Drv("chain-1", sys, "chain-0"), qt.Drv("chain-2", sys, "chain-1"))
 	qt.Enqueue(t, pool, nil, ds...)
@@ -102,7 +105,7 @@ func TestWorkerWakesWhenInputSucceeds(t *testing.T) {
 					return queue.Result{}
 				},
 			})
-			qt.WaitFor(t, 5*time.Second, func() bool { return count(t, pool, "building", "other-node") == 1 }, "the other node to build the input")
+			qt.WaitFor(t, 20*time.Second, func() bool { return count(t, pool, "building", "other-node") == 1 }, "the other node to build the input")
 
 			var n *notify.Notifier
 			idleAfter := int64(1) // claims the worker makes at start: one, plus one on the first Resync
@@ -124,11 +127,11 @@ func TestWorkerWakesWhenInputSucceeds(t *testing.T) {
 					}
 				},
 			})
-			qt.WaitFor(t, 5*time.Second, func() bool { return claims.Load() >= idleAfter }, "the worker to look for work and go idle")
+			qt.WaitFor(t, 20*time.Second, func() bool { return claims.Load() >= idleAfter }, "the worker to look for work and go idle")
 
 			start := time.Now()
 			close(finishInput)
-			qt.WaitFor(t, 5*time.Second, func() bool { return qt.Status(t, pool, "input") == "succeeded" }, "the input to succeed")
+			qt.WaitFor(t, 20*time.Second, func() bool { return qt.Status(t, pool, "input") == "succeeded" }, "the input to succeed")
 			if !tc.notifier {
 				qt.Observe(t, time.Second, func() {
 					if s := qt.Status(t, pool, "dependent"); s != "pending" {
@@ -144,7 +147,7 @@ func TestWorkerWakesWhenInputSucceeds(t *testing.T) {
 				t.Fatalf("the idle worker did not claim the dependent within 2s of its input's success (poll interval 1m); status %s",
 					qt.Status(t, pool, "dependent"))
 			}
-			qt.WaitFor(t, 5*time.Second, func() bool { return qt.Status(t, pool, "dependent") == "succeeded" }, "the dependent to be built")
+			qt.WaitFor(t, 20*time.Second, func() bool { return qt.Status(t, pool, "dependent") == "succeeded" }, "the dependent to be built")
 		})
 	}
 }
@@ -171,7 +174,7 @@ func TestDrainingWorkerClaimsNothing(t *testing.T) {
 		})
 		// The jobs were claimable all along.
 		startWorker(t, pool, queue.WorkerConfig{Claimer: claimer("open"), MaxJobs: 4, PollInterval: 50 * time.Millisecond, Handler: noop})
-		qt.WaitFor(t, 5*time.Second, func() bool { return count(t, pool, "succeeded", "open") == 5 }, "another worker to build the jobs")
+		qt.WaitFor(t, 20*time.Second, func() bool { return count(t, pool, "succeeded", "open") == 5 }, "another worker to build the jobs")
 	})
 	t.Run("drains while building", func(t *testing.T) {
 		t.Parallel()
@@ -189,15 +192,15 @@ func TestDrainingWorkerClaimsNothing(t *testing.T) {
 				return queue.Result{}
 			},
 		})
-		qt.WaitFor(t, 5*time.Second, func() bool { return count(t, pool, "building", "node") == 1 }, "the worker to claim a job")
+		qt.WaitFor(t, 20*time.Second, func() bool { return count(t, pool, "building", "node") == 1 }, "the worker to claim a job")
 		drained := make(chan int, 1)
 		go func() { drained <- gate.Wait(context.Background()) }() // the node starts draining
-		qt.WaitFor(t, 5*time.Second, gate.Closed, "the gate to close")
+		qt.WaitFor(t, 20*time.Second, gate.Closed, "the gate to close")
 		close(finish)
 		if left := <-drained; left != 0 {
 			t.Fatalf("drain ended with %d builds in flight", left)
 		}
-		qt.WaitFor(t, 5*time.Second, func() bool { return count(t, pool, "succeeded", "node") == 1 }, "the running build to finish")
+		qt.WaitFor(t, 20*time.Second, func() bool { return count(t, pool, "succeeded", "node") == 1 }, "the running build to finish")
 		qt.Observe(t, 400*time.Millisecond, func() {
 			if b, p := count(t, pool, "building", ""), count(t, pool, "pending", ""); b != 0 || p != 4 {
 				t.Fatalf("after draining: %d building, %d pending; want 0 and 4", b, p)
@@ -251,14 +254,14 @@ func TestWorkerNeverExceedsMaxJobs(t *testing.T) {
 		}
 	}()
 
-	qt.WaitFor(t, 5*time.Second, func() bool { return count(t, pool, "building", node) == 2 }, "two claims")
+	qt.WaitFor(t, 20*time.Second, func() bool { return count(t, pool, "building", node) == 2 }, "two claims")
 	qt.Observe(t, 400*time.Millisecond, func() { // eight poll intervals with both slots busy
 		if b, p := count(t, pool, "building", node), count(t, pool, "pending", ""); b != 2 || p != 4 || w.Running() > 2 {
 			t.Fatalf("with both slots busy: %d building, %d pending, %d running; want 2, 4, ≤2", b, p, w.Running())
 		}
 	})
 	finish <- struct{}{} // one build ends: one slot frees
-	qt.WaitFor(t, 5*time.Second, func() bool {
+	qt.WaitFor(t, 20*time.Second, func() bool {
 		return count(t, pool, "succeeded", node) == 1 && count(t, pool, "building", node) == 2
 	}, "the freed slot to be refilled")
 	if p := count(t, pool, "pending", ""); p != 3 {

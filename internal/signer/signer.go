@@ -532,6 +532,11 @@ func (s *Server) handleBuildComplete(ctx context.Context, body io.Reader) (any, 
 	}
 
 	var resp BuildCompleteResponse
+	// The uploads become durable before any narinfo refers to them, and the narinfos before
+	// the build is recorded (stores that buffer writes; see blob.Syncer).
+	if err := s.sync(ctx); err != nil {
+		return nil, err
+	}
 	canon := make([]canonical, len(outs))
 	results := make([]publishResult, len(outs))
 	err = eachOutput(ctx, outs, func(ctx context.Context, i int, o output) error {
@@ -552,6 +557,9 @@ func (s *Server) handleBuildComplete(ctx context.Context, body io.Reader) (any, 
 			resp.Conflicts++
 		}
 	}
+	if err := s.sync(ctx); err != nil {
+		return nil, err
+	}
 	if err := s.recordHashes(ctx, canon); err != nil {
 		return nil, internal("recording NAR hashes failed", err)
 	}
@@ -567,6 +575,15 @@ func (s *Server) handleBuildComplete(ctx context.Context, body io.Reader) (any, 
 			"drv", drvPath, "written", resp.Written, "skipped", resp.Skipped, "conflicts", resp.Conflicts)
 	}
 	return resp, nil
+}
+
+func (s *Server) sync(ctx context.Context) error {
+	if syncer, ok := s.cfg.Store.(blob.Syncer); ok {
+		if err := syncer.Sync(ctx); err != nil {
+			return unavailable("blob store sync failed", err)
+		}
+	}
+	return nil
 }
 
 // eachOutput runs fn for every output, several at once: a batch of .drv files is hundreds of
