@@ -8,8 +8,6 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
-	"net/http"
-	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -23,20 +21,17 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/harmonia-ci/harmonia-ci/internal/blob"
-	"github.com/harmonia-ci/harmonia-ci/internal/cache"
 	"github.com/harmonia-ci/harmonia-ci/internal/dbtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/eval"
-	"github.com/harmonia-ci/harmonia-ci/internal/nix"
 	"github.com/harmonia-ci/harmonia-ci/internal/nixtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/project"
 	"github.com/harmonia-ci/harmonia-ci/internal/signer"
+	"github.com/harmonia-ci/harmonia-ci/internal/signertest"
 	"github.com/harmonia-ci/harmonia-ci/internal/upload"
 	"github.com/harmonia-ci/harmonia-ci/internal/waittest"
 )
 
 const (
-	clusterToken = "eval-test-cluster-token-0123456789"
 	// finishTimeout bounds the wait for one evaluation; they take well under a second alone,
 	// a few seconds with every test of the package running in parallel.
 	finishTimeout = 45 * time.Second
@@ -62,32 +57,9 @@ func newHarness(t *testing.T) *harness {
 	nixtest.RequireNix(t)
 	pool := dbtest.NewPool(t)
 	logger := testLogger(t)
-	key, err := nix.GenerateKey("eval-test-1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	mux := http.NewServeMux()
-	ts := httptest.NewServer(mux)
-	t.Cleanup(ts.Close)
-	store, err := blob.NewLocal(t.TempDir(), ts.URL, []byte("0123456789abcdef0123456789abcdef"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = store.Close() })
-	mux.Handle("PUT /api/blob/{key...}", store.UploadHandler())
-	cache.New(cache.Config{Store: store, Logger: logger}).Register(mux)
-	srv, err := signer.New(signer.Config{Store: store, Key: key, ClusterToken: clusterToken, Logger: logger}, pool)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv.Register(mux)
-
-	h := &harness{t: t, pool: pool, logger: logger, salt: salt(t), cacheURL: ts.URL,
-		publicKey: key.Public().String(), triggerDir: t.TempDir()}
-	// The signer client finds signers in the nodes table.
-	h.exec(`INSERT INTO nodes (id, roles, endpoint, status, incarnation) VALUES ('signer-1', '{signer}', $1, 'active', gen_random_uuid())`, ts.URL)
-	h.client = signer.NewClient(signer.ClientConfig{Token: clusterToken, GiveUpAfter: 20 * time.Second,
-		MinBackoff: 50 * time.Millisecond, MaxBackoff: time.Second}, pool, logger)
+	c := signertest.Start(t, pool, signertest.Options{KeyName: "eval-test-1"})
+	h := &harness{t: t, pool: pool, logger: logger, salt: salt(t), cacheURL: c.URL,
+		publicKey: c.PublicKey(), triggerDir: t.TempDir(), client: c.Client}
 	h.publisher = &upload.Publisher{Signer: h.client, Logger: logger}
 	return h
 }

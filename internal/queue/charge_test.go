@@ -188,3 +188,34 @@ func (c *gatedConn) noteDeadline(t time.Time) {
 		c.g.dlOnce.Do(func() { close(c.g.deadline) })
 	}
 }
+
+// TestWorkerRecordedSuccess: a handler whose success is already recorded (the signer marks a
+// job succeeded at build-complete) is not finished a second time, and its time is charged.
+func TestWorkerRecordedSuccess(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.NewPool(t)
+	project := qt.NewProject(t, pool, "recorded", 100)
+	qt.Enqueue(t, pool, &project, qt.Drv("recorded-job", sys))
+	var finishes sync.WaitGroup
+	finishes.Add(1)
+	w := startWorker(t, pool, queue.WorkerConfig{
+		Claimer: claimer("recorder"), MaxJobs: 1, PollInterval: 50 * time.Millisecond, ChargeInterval: 20 * time.Millisecond,
+		Handler: func(ctx context.Context, job queue.Job) queue.Result {
+			defer finishes.Done()
+			time.Sleep(50 * time.Millisecond) // builder time to charge, not synchronisation
+			if _, err := queue.Succeed(ctx, pool, job.Claim()); err != nil {
+				return queue.Result{Err: err}
+			}
+			return queue.Result{Recorded: true}
+		},
+	})
+	finishes.Wait()
+	qt.WaitFor(t, 20*time.Second, func() bool { return consumedSeconds(t, pool, project) >= 0.05 }, "the build time to be charged")
+	if s := qt.Status(t, pool, "recorded-job"); s != "succeeded" {
+		t.Fatalf("job %s, want succeeded", s)
+	}
+	w.Stop()
+	if s := consumedSeconds(t, pool, project); s > 5 {
+		t.Fatalf("charged %.2f s for a 50 ms build", s)
+	}
+}

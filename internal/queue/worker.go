@@ -27,6 +27,9 @@ type Result struct {
 	Err      error
 	Kind     FailKind // for a non-nil Err
 	ExitCode *int
+	// Recorded means the handler's success is already in the database (the signer marked the
+	// job succeeded at build-complete): the worker only charges the project for the time.
+	Recorded bool
 }
 
 // Handler builds one claimed job. Its context ends when the worker stops; a handler that
@@ -280,6 +283,11 @@ func (w *Worker) build(ctx context.Context, job Job, release func()) {
 		return
 	}
 	elapsed := time.Since(start)
+	if res.Err == nil && res.Recorded {
+		w.charger.Add(job.ProjectID, elapsed.Seconds())
+		w.recordDuration(elapsed)
+		return
+	}
 	out, err := retryFinish(fctx, func() (Outcome, error) {
 		if res.Err == nil {
 			return Succeed(fctx, w.pool, job.Claim())

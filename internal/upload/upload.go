@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -86,10 +87,30 @@ type Request = signer.BuildCompleteRequest
 // Response totals the build-complete answers.
 type Response = signer.BuildCompleteResponse
 
+// Log is a build log to upload with a build's outputs; it is stored zstd-compressed under Key
+// (log/<drv basename>, where the cache's /log/<drv> finds it).
+type Log struct {
+	Key  string
+	Data []byte // uncompressed
+}
+
+// preparedLog is a log compressed and hashed for its upload slot.
+type preparedLog struct {
+	key  string
+	body []byte
+	done bool
+}
+
 // Publish uploads paths and completes with done (whose Outputs it fills). A failed or expired
 // upload is retried with fresh slots; what already landed is skipped by the signer. It returns
 // the build-complete answers' totals.
 func (p *Publisher) Publish(ctx context.Context, paths []Path, done Request) (Response, error) {
+	return p.PublishWithLog(ctx, paths, nil, done)
+}
+
+// PublishWithLog is Publish for a build: the log, if any, is uploaded with the outputs and named
+// in build-complete (done.LogKey), so the job's log_url is set when it succeeds.
+func (p *Publisher) PublishWithLog(ctx context.Context, paths []Path, log *Log, done Request) (Response, error) {
 	var total Response
 	parallel, batch := p.Parallel, p.Batch
 	if parallel <= 0 {
@@ -117,6 +138,11 @@ func (p *Publisher) Publish(ctx context.Context, paths []Path, done Request) (Re
 	if err := g.Wait(); err != nil {
 		return total, err
 	}
+	var pl *preparedLog
+	if log != nil {
+		pl = &preparedLog{key: log.Key, body: encoder().EncodeAll(log.Data, nil)}
+		done.LogKey = log.Key
+	}
 	// Outputs of one build must complete together; a .drv closure may complete in batches.
 	chunk := batch
 	if done.JobID != nil {
@@ -124,7 +150,7 @@ func (p *Publisher) Publish(ctx context.Context, paths []Path, done Request) (Re
 	}
 	for start := 0; start < len(prep); start += chunk {
 		part := prep[start:min(start+chunk, len(prep))]
-		if err := p.uploadAll(ctx, part, parallel); err != nil {
+		if err := p.uploadAll(ctx, part, pl, parallel); err != nil {
 			return total, err
 		}
 		req := done
@@ -215,10 +241,10 @@ func (l *limitedWriter) Write(b []byte) (int, error) {
 
 // uploadAll gets slots for part and PUTs what the store lacks, retrying failed uploads with
 // fresh slots (a URL may expire, a PUT may fail) up to three times.
-func (p *Publisher) uploadAll(ctx context.Context, part []*prepared, parallel int) error {
+func (p *Publisher) uploadAll(ctx context.Context, part []*prepared, log *preparedLog, parallel int) error {
 	todo := part
 	var lastErr error
-	for round := 0; round < 3 && len(todo) > 0; round++ {
+	for round := 0; round < 3 && (len(todo) > 0 || (log != nil && !log.done)); round++ {
 		if round > 0 {
 			select {
 			case <-ctx.Done():
@@ -229,6 +255,10 @@ func (p *Publisher) uploadAll(ctx context.Context, part []*prepared, parallel in
 		req := signer.UploadSlotsRequest{Outputs: make([]signer.Output, len(todo))}
 		for i, pr := range todo {
 			req.Outputs[i] = pr.out
+		}
+		if log != nil && !log.done {
+			sum := sha256.Sum256(log.body)
+			req.Log = &signer.LogUpload{Key: log.key, Size: int64(len(log.body)), SHA256: hex.EncodeToString(sum[:])}
 		}
 		slots, err := p.Signer.UploadSlots(ctx, req)
 		if err != nil {
@@ -258,6 +288,19 @@ func (p *Publisher) uploadAll(ctx context.Context, part []*prepared, parallel in
 				return nil
 			})
 		}
+		if req.Log != nil && slots.Log != nil {
+			g.Go(func() error {
+				err := p.putBody(gctx, slots.Log, log.key, log.body)
+				mu.Lock()
+				defer mu.Unlock()
+				if err == nil {
+					log.done = true
+				} else if gctx.Err() == nil {
+					lastErr = err
+				}
+				return gctx.Err()
+			})
+		}
 		if err := g.Wait(); err != nil {
 			return err
 		}
@@ -265,6 +308,9 @@ func (p *Publisher) uploadAll(ctx context.Context, part []*prepared, parallel in
 	}
 	if len(todo) > 0 {
 		return fmt.Errorf("publish: %d uploads failed: %w", len(todo), lastErr)
+	}
+	if log != nil && !log.done {
+		return fmt.Errorf("publish: log upload failed: %w", lastErr)
 	}
 	return nil
 }
@@ -275,9 +321,17 @@ func (p *Publisher) put(ctx context.Context, u *signer.Upload, pr *prepared) err
 		return err
 	}
 	defer body.Close()
+	return p.send(ctx, u, pr.out.StorePath, body, pr.out.FileSize)
+}
+
+func (p *Publisher) putBody(ctx context.Context, u *signer.Upload, what string, body []byte) error {
+	return p.send(ctx, u, what, bytes.NewReader(body), int64(len(body)))
+}
+
+func (p *Publisher) send(ctx context.Context, u *signer.Upload, what string, body io.Reader, size int64) error {
 	req, err := http.NewRequestWithContext(ctx, u.Method, u.URL, body)
 	if err != nil {
-		return fmt.Errorf("put %s: %w", pr.out.StorePath, err)
+		return fmt.Errorf("put %s: %w", what, err)
 	}
 	for k, vs := range u.Headers {
 		if strings.EqualFold(k, "Content-Length") {
@@ -287,19 +341,19 @@ func (p *Publisher) put(ctx context.Context, u *signer.Upload, pr *prepared) err
 			req.Header.Add(k, v)
 		}
 	}
-	req.ContentLength = pr.out.FileSize
+	req.ContentLength = size
 	client := p.HTTP
 	if client == nil {
 		client = defaultHTTP
 	}
 	resp, err := client.Do(req)
 	if err != nil {
-		return fmt.Errorf("put %s: %w", pr.out.StorePath, err)
+		return fmt.Errorf("put %s: %w", what, err)
 	}
 	defer resp.Body.Close()
 	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 	if resp.StatusCode/100 != 2 {
-		return fmt.Errorf("put %s: %s: %s", pr.out.StorePath, resp.Status, strings.TrimSpace(string(msg)))
+		return fmt.Errorf("put %s: %s: %s", what, resp.Status, strings.TrimSpace(string(msg)))
 	}
 	return nil
 }

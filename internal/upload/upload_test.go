@@ -10,7 +10,6 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -22,19 +21,16 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/harmonia-ci/harmonia-ci/internal/blob"
-	"github.com/harmonia-ci/harmonia-ci/internal/cache"
 	"github.com/harmonia-ci/harmonia-ci/internal/dbtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
+	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 	"github.com/harmonia-ci/harmonia-ci/internal/queuetest"
 	"github.com/harmonia-ci/harmonia-ci/internal/signer"
+	"github.com/harmonia-ci/harmonia-ci/internal/signertest"
 )
 
-const token = "upload-test-cluster-token"
-
-// env is an in-process signer and binary cache on a local blob store, discovered through a
-// nodes row like a real signer node. Presigned uploads go to a separate server that counts
-// them and fails the first failPuts with 500.
+// env is an in-process signer and binary cache (signertest) whose presigned uploads go through a
+// counting server that fails the first failPuts with 500.
 type env struct {
 	pool     *pgxpool.Pool
 	key      nix.SecretKey
@@ -47,40 +43,17 @@ type env struct {
 func newEnv(t *testing.T) *env {
 	t.Helper()
 	e := &env{pool: dbtest.NewPool(t)}
-	var err error
-	if e.key, err = nix.GenerateKey("upload-test-1"); err != nil {
-		t.Fatal(err)
-	}
-	var local *blob.Local
-	uploads := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		e.puts.Add(1)
-		if e.failPuts.Add(-1) >= 0 {
-			http.Error(w, "injected failure", http.StatusInternalServerError)
-			return
-		}
-		local.UploadHandler().ServeHTTP(w, r)
-	}))
-	t.Cleanup(uploads.Close)
-	if local, err = blob.NewLocal(t.TempDir(), uploads.URL, []byte("0123456789abcdef0123456789abcdef")); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { local.Close() })
-
-	mux := http.NewServeMux()
-	srv, err := signer.New(signer.Config{Store: local, Key: e.key, ClusterToken: token, Logger: queuetest.TestLogger(t)}, e.pool)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv.Register(mux)
-	cache.New(cache.Config{Store: local, Logger: queuetest.TestLogger(t)}).Register(mux)
-	ts := httptest.NewServer(mux)
-	t.Cleanup(ts.Close)
-	e.url = ts.URL
-
-	queuetest.InsertNode(t, e.pool, queuetest.Node{ID: "signer-1", Roles: []string{"signer", "cache"}})
-	queuetest.Exec(t, e.pool, `UPDATE nodes SET endpoint = $1 WHERE id = 'signer-1'`, ts.URL)
-	e.client = signer.NewClient(signer.ClientConfig{Token: token, GiveUpAfter: 10 * time.Second, MinBackoff: 50 * time.Millisecond},
-		e.pool, queuetest.TestLogger(t))
+	c := signertest.Start(t, e.pool, signertest.Options{KeyName: "upload-test-1", Uploads: func(h http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			e.puts.Add(1)
+			if e.failPuts.Add(-1) >= 0 {
+				http.Error(w, "injected failure", http.StatusInternalServerError)
+				return
+			}
+			h.ServeHTTP(w, r)
+		})
+	}})
+	e.key, e.url, e.client = c.Key, c.URL, c.Client
 	return e
 }
 
@@ -436,7 +409,7 @@ func TestCacheLookup(t *testing.T) {
 
 	// Without the cluster token, or with another one: 401, whatever is asked.
 	body, _ := json.Marshal(signer.CacheLookupRequest{StorePaths: []string{published[0].StorePath}})
-	for _, auth := range []string{"", "Bearer wrong-token", token} {
+	for _, auth := range []string{"", "Bearer wrong-token", signertest.Token} {
 		req, err := http.NewRequestWithContext(ctx(t), http.MethodPost, e.url+"/api/cache-lookup", bytes.NewReader(body))
 		if err != nil {
 			t.Fatal(err)
@@ -453,5 +426,42 @@ func TestCacheLookup(t *testing.T) {
 		if resp.StatusCode != http.StatusUnauthorized || bytes.Contains(msg, []byte(published[0].StorePath)) {
 			t.Fatalf("cache-lookup with Authorization %q: %d %s, want 401 without an answer", auth, resp.StatusCode, msg)
 		}
+	}
+}
+
+// TestPublishBuildWithLog: a build's outputs and its log go up together; build-complete marks
+// the job succeeded with its log_url, and the cache serves the log.
+func TestPublishBuildWithLog(t *testing.T) {
+	requireNix(t)
+	e := newEnv(t)
+	paths := storePaths(t, "build")[:1]
+	queuetest.Enqueue(t, e.pool, nil, queuetest.Drv("logged", "x86_64-linux"))
+	jobs, err := queue.ClaimJobs(ctx(t), e.pool, queue.Claimer{NodeID: "builder-1", Systems: []string{"x86_64-linux"}}, 1)
+	if err != nil || len(jobs) != 1 {
+		t.Fatalf("claim: %v, %d jobs", err, len(jobs))
+	}
+	job := jobs[0]
+	key := "log/" + filepath.Base(job.DrvPath)
+	text := strings.Repeat("building logged\n", 1000)
+	_, err = e.publisher(t).PublishWithLog(ctx(t), paths, &Log{Key: key, Data: []byte(text)},
+		Request{JobID: &job.ID, NodeID: job.NodeID, Attempt: job.Attempt})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var status, logURL string
+	if err := e.pool.QueryRow(ctx(t), `SELECT status, COALESCE(log_url, '') FROM build_jobs WHERE id = $1`, job.ID).Scan(&status, &logURL); err != nil {
+		t.Fatal(err)
+	}
+	if status != "succeeded" || logURL != key {
+		t.Fatalf("job %s with log_url %q, want succeeded with %q", status, logURL, key)
+	}
+	resp, err := http.Get(e.url + "/" + key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || string(body) != text {
+		t.Fatalf("GET /%s: %s, %d bytes; want the log (%d bytes)", key, resp.Status, len(body), len(text))
 	}
 }

@@ -1,0 +1,524 @@
+package build
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/harmonia-ci/harmonia-ci/internal/dbtest"
+	"github.com/harmonia-ci/harmonia-ci/internal/nix"
+	"github.com/harmonia-ci/harmonia-ci/internal/nixgen"
+	"github.com/harmonia-ci/harmonia-ci/internal/nixtest"
+	"github.com/harmonia-ci/harmonia-ci/internal/queuetest"
+	"github.com/harmonia-ci/harmonia-ci/internal/signertest"
+	"github.com/harmonia-ci/harmonia-ci/internal/upload"
+	"github.com/harmonia-ci/harmonia-ci/internal/waittest"
+)
+
+// storeTestCache is the cluster's cache the builder substitutes from: an in-process signer and
+// cache, with a publisher for what the evaluator and earlier builds put there.
+type storeTestCache struct {
+	url string
+	key nix.SecretKey
+	pub *upload.Publisher
+}
+
+func newStoreTestCache(t *testing.T) *storeTestCache {
+	t.Helper()
+	c := signertest.Start(t, dbtest.NewPool(t), signertest.Options{KeyName: "build-store-test-1"})
+	return &storeTestCache{url: c.URL, key: c.Key, pub: &upload.Publisher{Signer: c.Client, Logger: queuetest.TestLogger(t)}}
+}
+
+// store is a fresh chroot store substituting from the cache only.
+func (c *storeTestCache) store(t *testing.T) *Store {
+	return &Store{Root: t.TempDir(), Substituters: []string{c.url}, TrustedKeys: []string{c.key.Public().String()}}
+}
+
+// publish publishes system-store paths, as the evaluator and earlier builds did.
+func (c *storeTestCache) publish(t *testing.T, paths ...string) {
+	t.Helper()
+	infos := storeTestSystemInfos(t, paths)
+	var ps []upload.Path
+	for _, p := range paths {
+		info, ok := infos[p]
+		if !ok {
+			t.Fatalf("publish: %s is not valid in the system store", p)
+		}
+		ps = append(ps, upload.Path{StorePath: p, References: info.References, Deriver: info.Deriver})
+	}
+	if _, err := c.pub.Publish(storeTestCtx(t), ps, upload.Request{}); err != nil {
+		t.Fatalf("publish: %v", err)
+	}
+}
+
+func storeTestCtx(t *testing.T) context.Context { return queuetest.Ctx(t, time.Minute) }
+
+func storeTestSystemInfos(t *testing.T, paths []string) map[string]nix.PathInfo {
+	t.Helper()
+	infos, err := (&Store{}).pathInfos(storeTestCtx(t), paths)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return infos
+}
+
+// storeTestSystemHashes is the Canonical of these tests: the system store built and published
+// every path first, so its hashes are the cache's.
+func storeTestSystemHashes(ctx context.Context, paths []string) (map[string]string, error) {
+	infos, err := (&Store{}).pathInfos(ctx, paths)
+	if err != nil {
+		return nil, err
+	}
+	m := map[string]string{}
+	for p, info := range infos {
+		m[p] = info.NarHash
+	}
+	return m, nil
+}
+
+func storeTestRun(t *testing.T, name string, args ...string) string {
+	t.Helper()
+	var stderr bytes.Buffer
+	cmd := exec.Command(name, args...)
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("%s %v: %v\n%s", name, args, err, stderr.String())
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// storeTestInstantiate instantiates attrs of expr into the store at root ("" = system store).
+func storeTestInstantiate(t *testing.T, root, expr string, attrs ...string) map[string]string {
+	t.Helper()
+	file := filepath.Join(t.TempDir(), "default.nix")
+	if err := os.WriteFile(file, []byte(expr), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	drvs := map[string]string{}
+	for _, a := range attrs {
+		args := []string{file, "-A", a, "--option", "substituters", ""}
+		if root != "" {
+			args = append(args, "--store", root)
+		}
+		drvs[a] = storeTestRun(t, "nix-instantiate", args...)
+	}
+	return drvs
+}
+
+// storeTestBuildSystem builds drvs in the system store, as the cluster's earlier builds did.
+func storeTestBuildSystem(t *testing.T, drvs ...string) {
+	t.Helper()
+	storeTestRun(t, "nix-store", append([]string{"--realise", "--option", "build-users-group", "",
+		"--option", "sandbox", "false", "--option", "substituters", ""}, drvs...)...)
+}
+
+func storeTestOut(t *testing.T, root, drvPath string) string {
+	t.Helper()
+	d, err := nix.ReadDerivation(root, drvPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d.Outputs["out"].Path
+}
+
+func storeTestValid(t *testing.T, s *Store, path string) (nix.PathInfo, bool) {
+	t.Helper()
+	infos, err := s.pathInfos(storeTestCtx(t), []string{path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, ok := infos[path]
+	return info, ok
+}
+
+func storeTestSalt(t *testing.T) string {
+	return fmt.Sprintf("%s-%d", t.Name(), time.Now().UnixNano())
+}
+
+// TestStoreFetchInputsAndBuild is a builder's way through a job: the .drv closure and the
+// inputs come from the cache into a fresh store, rooted, and the build succeeds there.
+func TestStoreFetchInputsAndBuild(t *testing.T) {
+	nixtest.RequireNix(t)
+	t.Parallel()
+	c := newStoreTestCache(t)
+	ctx := storeTestCtx(t)
+	expr := nixgen.Lib(storeTestSalt(t)) + ` let a = mk "a" [ ]; b = mk "b" [ a ]; c = mk "c" [ b ]; in { inherit a b c; }`
+	drvs := storeTestInstantiate(t, "", expr, "a", "b", "c")
+	storeTestBuildSystem(t, drvs["a"], drvs["b"])
+	outA, outB := storeTestOut(t, "", drvs["a"]), storeTestOut(t, "", drvs["b"])
+	c.publish(t, outA, outB)
+	c.publish(t, strings.Fields(storeTestRun(t, "nix-store", "--query", "--requisites", drvs["c"]))...)
+
+	s := c.store(t)
+	if err := s.FetchDerivation(ctx, drvs["c"]); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"a", "b", "c"} {
+		if _, ok := storeTestValid(t, s, drvs[name]); !ok {
+			t.Fatalf("the .drv of %s is not valid after FetchDerivation", name)
+		}
+	}
+	// Valid already: no substituter is asked (this one would refuse the connection).
+	offline := *s
+	offline.Substituters = []string{"http://127.0.0.1:1"}
+	if err := offline.FetchDerivation(ctx, drvs["c"]); err != nil {
+		t.Fatalf("FetchDerivation of a valid .drv: %v", err)
+	}
+
+	inputs, err := s.InputPaths(drvs["c"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(inputs, []string{outB}) {
+		t.Fatalf("InputPaths(c) = %v, want just b's output %s", inputs, outB)
+	}
+	mismatches, err := s.EnsureInputs(ctx, inputs, storeTestSystemHashes, queuetest.TestLogger(t))
+	if err != nil || len(mismatches) != 0 {
+		t.Fatalf("EnsureInputs = %v, %v; want no mismatches", mismatches, err)
+	}
+	info, ok := storeTestValid(t, s, outB)
+	if want := storeTestSystemInfos(t, inputs)[outB].NarHash; !ok || info.NarHash != want {
+		t.Fatalf("b's output after EnsureInputs: valid %v, NAR hash %s, want %s", ok, info.NarHash, want)
+	}
+	// Valid and canonical now: nothing to substitute.
+	if _, err := offline.EnsureInputs(ctx, inputs, storeTestSystemHashes, nil); err != nil {
+		t.Fatalf("EnsureInputs of valid inputs: %v", err)
+	}
+
+	remove, err := s.AddRoots("job-42", inputs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(s.Root, "nix/var/nix/gcroots/harmonia-ci/job-42-0")
+	if target, err := os.Readlink(link); err != nil || target != outB {
+		t.Fatalf("GC root %s → %q, %v; want %s", link, target, err, outB)
+	}
+
+	var log bytes.Buffer
+	outs, err := s.Build(ctx, drvs["c"], BuildLimits{Timeout: time.Minute, MaxSilent: time.Minute, MaxOutputSize: 1 << 20}, &log)
+	if err != nil {
+		t.Fatalf("Build: %v\n%s", err, log.String())
+	}
+	outC := storeTestOut(t, "", drvs["c"])
+	if want := map[string]string{"out": outC}; !maps.Equal(outs, want) {
+		t.Fatalf("Build = %v, want %v", outs, want)
+	}
+	if got, err := os.ReadFile(filepath.Join(s.Root, outC)); err != nil || string(got) != "c\nb\na\n" {
+		t.Fatalf("c's output holds %q, %v", got, err)
+	}
+	if !strings.Contains(log.String(), "building c") {
+		t.Errorf("build log %q lacks the builder's output", log.String())
+	}
+	infos, err := s.OutputInfos(ctx, []string{outC})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if i := infos[outC]; i.Deriver != drvs["c"] || !strings.HasPrefix(i.NarHash, "sha256:") || i.NarSize == 0 {
+		t.Errorf("OutputInfos = %+v", i)
+	}
+	if _, err := s.OutputInfos(ctx, []string{outA}); err == nil {
+		t.Errorf("OutputInfos of a path not in the store succeeded")
+	}
+
+	// Nix honours the root, and after remove nothing is left of it.
+	del := []string{"--store", s.Root, "--delete", outB, "--option", "build-users-group", ""}
+	if out, err := exec.Command("nix-store", del...).CombinedOutput(); err == nil {
+		t.Fatalf("nix-store --delete of a rooted input succeeded:\n%s", out)
+	}
+	remove()
+	remove() // idempotent
+	if _, err := os.Lstat(link); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("GC root still there after remove: %v", err)
+	}
+	storeTestRun(t, "nix-store", del...)
+}
+
+// TestEnsureInputsUnavailable: an input no cache has is an error, and nothing is built,
+// although its .drv is in the store.
+func TestEnsureInputsUnavailable(t *testing.T) {
+	nixtest.RequireNix(t)
+	t.Parallel()
+	c := newStoreTestCache(t)
+	ctx := storeTestCtx(t)
+	expr := nixgen.Lib(storeTestSalt(t)) + ` let a = mk "a" [ ]; b = mk "b" [ a ]; in { inherit a b; }`
+	drvs := storeTestInstantiate(t, "", expr, "a", "b")
+	c.publish(t, strings.Fields(storeTestRun(t, "nix-store", "--query", "--requisites", drvs["b"]))...)
+
+	s := c.store(t)
+	if err := s.FetchDerivation(ctx, drvs["b"]); err != nil {
+		t.Fatal(err)
+	}
+	outA := storeTestOut(t, s.Root, drvs["a"])
+	_, err := s.EnsureInputs(ctx, []string{outA}, storeTestSystemHashes, nil)
+	if !errors.Is(err, ErrInputUnavailable) {
+		t.Fatalf("EnsureInputs of an input no cache has = %v, want ErrInputUnavailable", err)
+	}
+	// Nor does Build make up for it by building the input.
+	var be *BuildError
+	if _, err := s.Build(ctx, drvs["b"], BuildLimits{}, nil); !errors.As(err, &be) || be.Kind != "nix" || !strings.Contains(be.Message, outA) {
+		t.Fatalf("Build with a missing input = %v, want a nix BuildError naming %s", err, outA)
+	}
+	if _, ok := storeTestValid(t, s, outA); ok {
+		t.Fatalf("%s was built", outA)
+	}
+	// Nor does a .drv no cache has arrive from anywhere.
+	other := storeTestInstantiate(t, "", nixgen.Lib(storeTestSalt(t))+` { x = mk "x" [ ]; }`, "x")["x"]
+	if err := s.FetchDerivation(ctx, other); !errors.Is(err, ErrInputUnavailable) {
+		t.Fatalf("FetchDerivation of a .drv no cache has = %v, want ErrInputUnavailable", err)
+	}
+}
+
+// TestEnsureInputsFrankenbuild: a local build of an input that differs from the cache's is
+// accepted while there is no canonical hash, then deleted (with what refers to it) and
+// substituted again once there is.
+func TestEnsureInputsFrankenbuild(t *testing.T) {
+	nixtest.RequireNix(t)
+	t.Parallel()
+	c := newStoreTestCache(t)
+	ctx := storeTestCtx(t)
+	// imp reads a file the sandbox hides: the system store's unsandboxed build differs from the
+	// builder's.
+	marker := filepath.Join(t.TempDir(), "marker")
+	if err := os.WriteFile(marker, []byte("canonical build\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	salt := storeTestSalt(t)
+	expr := fmt.Sprintf(`let
+  drv = name: script: builtins.derivation {
+    inherit name;
+    system = builtins.currentSystem;
+    builder = "/bin/sh";
+    salt = "%s";
+    args = [ "-c" script ];
+  };
+  imp = drv "imp" "if [ -e %s ]; then read -r v < %s; else v=frankenbuild; fi; echo \"$v\" > $out";
+  user = drv "user" "echo ${imp} > $out";
+in { inherit imp user; }`, salt, marker, marker)
+	drvs := storeTestInstantiate(t, "", expr, "imp", "user")
+	storeTestBuildSystem(t, drvs["imp"])
+	imp := storeTestOut(t, "", drvs["imp"])
+	c.publish(t, imp)
+	c.publish(t, strings.Fields(storeTestRun(t, "nix-store", "--query", "--requisites", drvs["user"]))...)
+
+	s := c.store(t)
+	if err := s.FetchDerivation(ctx, drvs["user"]); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"imp", "user"} {
+		if _, err := s.Build(ctx, drvs[name], BuildLimits{}, nil); err != nil {
+			t.Fatalf("local build of %s: %v", name, err)
+		}
+	}
+	user := storeTestOut(t, "", drvs["user"])
+	canonical := storeTestSystemInfos(t, []string{imp})[imp].NarHash
+	local, _ := storeTestValid(t, s, imp)
+	if local.NarHash == canonical {
+		t.Fatalf("the local build of imp has the canonical NAR hash %s: the test needs a Frankenbuild", canonical)
+	}
+
+	var logs bytes.Buffer
+	logger := slog.New(slog.NewTextHandler(&logs, nil))
+	tests := []struct {
+		name      string
+		canonical Canonical
+		mismatch  bool
+		wantHash  string
+	}{
+		{"no canonical hash yet: the local build is accepted", func(context.Context, []string) (map[string]string, error) {
+			return map[string]string{}, nil
+		}, false, local.NarHash},
+		{"canonical hash differs: substituted again", storeTestSystemHashes, true, canonical},
+		{"canonical now", storeTestSystemHashes, false, canonical},
+	}
+	for _, tt := range tests {
+		logs.Reset()
+		mismatches, err := s.EnsureInputs(ctx, []string{imp}, tt.canonical, logger)
+		if err != nil {
+			t.Fatalf("%s: EnsureInputs: %v", tt.name, err)
+		}
+		if got := len(mismatches) > 0; got != tt.mismatch || (got && !slices.Equal(mismatches, []string{imp})) {
+			t.Fatalf("%s: mismatches %v", tt.name, mismatches)
+		}
+		if tt.mismatch != strings.Contains(logs.String(), imp) {
+			t.Errorf("%s: warning log %q", tt.name, logs.String())
+		}
+		if info, ok := storeTestValid(t, s, imp); !ok || info.NarHash != tt.wantHash {
+			t.Fatalf("%s: imp valid %v with NAR hash %s, want %s", tt.name, ok, info.NarHash, tt.wantHash)
+		}
+	}
+	if got, err := os.ReadFile(filepath.Join(s.Root, imp)); err != nil || string(got) != "canonical build\n" {
+		t.Fatalf("imp holds %q, %v after substitution", got, err)
+	}
+	// user was built against the Frankenbuild: it went with it.
+	if _, ok := storeTestValid(t, s, user); ok {
+		t.Fatalf("%s, which refers to the deleted Frankenbuild, is still valid", user)
+	}
+}
+
+// storeTestLog is a build log that cancels the build when it sees a string.
+type storeTestLog struct {
+	mu       sync.Mutex
+	buf      bytes.Buffer
+	cancelOn string
+	cancel   context.CancelFunc
+}
+
+func (l *storeTestLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.buf.Write(p)
+	if l.cancelOn != "" && strings.Contains(l.buf.String(), l.cancelOn) {
+		l.cancel()
+	}
+	return len(p), nil
+}
+
+func (l *storeTestLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
+}
+
+// storeTestProcesses returns the pids of processes whose command line contains s.
+func storeTestProcesses(s string) []string {
+	entries, _ := os.ReadDir("/proc")
+	var pids []string
+	for _, e := range entries {
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err == nil && bytes.Contains(b, []byte(s)) {
+			pids = append(pids, e.Name())
+		}
+	}
+	return pids
+}
+
+// TestBuildFailures: each way a build ends badly is its BuildError, and neither Nix's process
+// group nor the builder (in a session of its own) outlives Build.
+func TestBuildFailures(t *testing.T) {
+	nixtest.RequireNix(t)
+	t.Parallel()
+	root := t.TempDir()
+	salt := storeTestSalt(t)
+	// Every builder's command line names its case, to find leftovers in /proc.
+	expr := nixgen.Lib(salt) + fmt.Sprintf(` let
+  sh = name: script: builtins.derivation {
+    inherit name;
+    system = builtins.currentSystem;
+    builder = "/bin/sh";
+    args = [ "-c" ": %s-${name}; ${script}" ];
+  };
+  spin = "while :; do :; done";
+in {
+  failing = fail "failing" [ ];
+  timeout = sh "timeout" spin;
+  killed = sh "killed" spin;
+  silent = sh "silent" "echo once; ${spin}";
+  cancelled = sh "cancelled" "echo spinning; ${spin}";
+  big = sh "big" "i=0; while [ $i -lt 2000 ]; do echo 0123456789012345678901234567890123456789012345678901234567890123456789012345678901234567890123456789; i=$((i+1)); done > $out";
+}`, salt)
+	names := []string{"failing", "timeout", "killed", "silent", "cancelled", "big"}
+	drvs := storeTestInstantiate(t, root, expr, names...)
+
+	tests := []struct {
+		name      string
+		limits    BuildLimits
+		killGrace time.Duration
+		cancelOn  string
+		kind      string
+		message   string // a substring
+		exitCode  int
+		log       string
+	}{
+		{name: "failing", limits: BuildLimits{Timeout: time.Minute}, kind: "failed",
+			message: "failed with exit code 1", exitCode: 100, log: "failing failing"},
+		{name: "timeout", limits: BuildLimits{Timeout: 2 * time.Second}, kind: "timeout",
+			message: "build timed out after 2s", exitCode: -1},
+		// Nix gets no time to stop its builder: Build kills it.
+		{name: "killed", limits: BuildLimits{Timeout: time.Second}, killGrace: time.Nanosecond, kind: "timeout",
+			message: "build timed out after 1s", exitCode: -1},
+		{name: "silent", limits: BuildLimits{Timeout: time.Minute, MaxSilent: time.Second}, kind: "silent",
+			message: "no output for 1s", exitCode: -1, log: "once"},
+		{name: "cancelled", limits: BuildLimits{Timeout: time.Minute}, cancelOn: "spinning"},
+		{name: "big", limits: BuildLimits{Timeout: time.Minute, MaxOutputSize: 1000}, kind: "output-size",
+			message: "KB, over max_output_size 1 KB", exitCode: 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			var pid int
+			s := &Store{Root: root, onStart: func(p int) { pid = p }, killGrace: tt.killGrace}
+			ctx, cancel := context.WithCancel(storeTestCtx(t))
+			defer cancel()
+			log := &storeTestLog{cancelOn: tt.cancelOn, cancel: cancel}
+			start := time.Now()
+			outs, err := s.Build(ctx, drvs[tt.name], tt.limits, log)
+			elapsed := time.Since(start)
+
+			var be *BuildError
+			switch {
+			case tt.cancelOn != "":
+				if !errors.Is(err, context.Canceled) || errors.As(err, &be) {
+					t.Fatalf("cancelled Build = %v, %v; want context.Canceled", outs, err)
+				}
+			case !errors.As(err, &be):
+				t.Fatalf("Build = %v, %v; want a BuildError\nlog:\n%s", outs, err, log.String())
+			case be.Kind != tt.kind || !strings.Contains(be.Message, tt.message) || be.ExitCode != tt.exitCode:
+				t.Fatalf("Build = %+v, want kind %s, message with %q, exit code %d\nlog:\n%s", be, tt.kind, tt.message, tt.exitCode, log.String())
+			}
+			if !strings.Contains(log.String(), tt.log) {
+				t.Errorf("log %q lacks %q", log.String(), tt.log)
+			}
+			if tt.kind == "timeout" && elapsed < tt.limits.Timeout {
+				t.Errorf("timed out after %s, before %s", elapsed, tt.limits.Timeout)
+			}
+			if err := syscall.Kill(-pid, 0); !errors.Is(err, syscall.ESRCH) {
+				t.Errorf("Nix's process group %d after Build: %v, want it gone", pid, err)
+			}
+			// A SIGKILLed builder may take a moment to die.
+			marker := salt + "-" + tt.name
+			waittest.For(t, 5*time.Second, func() bool { return len(storeTestProcesses(marker)) == 0 },
+				"the builder of %s to be gone", tt.name)
+			if tt.name == "big" {
+				if _, ok := storeTestValid(t, s, storeTestOut(t, root, drvs["big"])); ok {
+					t.Errorf("the oversized output is still in the store")
+				}
+			}
+		})
+	}
+}
+
+func TestApproxSize(t *testing.T) {
+	tests := []struct {
+		n    int64
+		want string
+	}{
+		{0, "0 B"}, {999, "999 B"}, {1000, "1 KB"}, {204_000, "204 KB"}, {5_200_000_000, "5.2 GB"},
+		{4_000_000_000, "4 GB"}, {1_260_000, "1.3 MB"},
+	}
+	for _, tt := range tests {
+		if got := approxSize(tt.n); got != tt.want {
+			t.Errorf("approxSize(%d) = %q, want %q", tt.n, got, tt.want)
+		}
+	}
+}
+
+func TestNixBuildFailed(t *testing.T) {
+	for code, want := range map[int]bool{0: false, 1: false, 100: true, 101: true, 102: true, 104: false, 111: true, 112: false} {
+		if got := nixBuildFailed(code); got != want {
+			t.Errorf("nixBuildFailed(%d) = %v, want %v", code, got, want)
+		}
+	}
+}
