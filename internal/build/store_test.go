@@ -38,7 +38,7 @@ type storeTestCache struct {
 func newStoreTestCache(t *testing.T) *storeTestCache {
 	t.Helper()
 	c := signertest.Start(t, dbtest.NewPool(t), signertest.Options{KeyName: "build-store-test-1"})
-	return &storeTestCache{url: c.URL, key: c.Key, pub: &upload.Publisher{Signer: c.Client, Logger: queuetest.TestLogger(t)}}
+	return &storeTestCache{url: c.URL, key: c.Key, pub: &upload.Publisher{Signer: c.Client}}
 }
 
 // store is a fresh chroot store substituting from the cache only.

@@ -262,13 +262,10 @@ func (e *Evaluator) evaluate(ctx context.Context, c claim) {
 func (e *Evaluator) run(ctx context.Context, c claim, log *slog.Logger) (ingestStats, error) {
 	var url, commit, branch string
 	var projectID int64
-	if _, err := e.pool.Exec(ctx, sqlClearAttrs, c.id); err != nil {
+	if _, err := e.pool.Exec(ctx, sqlDeleteAttrs, []int64{c.id}); err != nil {
 		return ingestStats{}, fmt.Errorf("clear attributes of an earlier attempt: %w", err)
 	}
-	if err := e.pool.QueryRow(ctx, sqlRepoOfEval, c.id).Scan(&url, &commit, &branch); err != nil {
-		return ingestStats{}, fmt.Errorf("read evaluation: %w", err)
-	}
-	if err := e.pool.QueryRow(ctx, `SELECT project_id FROM evaluations WHERE id = $1`, c.id).Scan(&projectID); err != nil {
+	if err := e.pool.QueryRow(ctx, sqlRepoOfEval, c.id).Scan(&projectID, &url, &commit, &branch); err != nil {
 		return ingestStats{}, fmt.Errorf("read evaluation: %w", err)
 	}
 	mirror, err := gitrepo.New(MirrorDir(e.cfg.StateDir, projectID), url)
@@ -292,7 +289,7 @@ func (e *Evaluator) run(ctx context.Context, c claim, log *slog.Logger) (ingestS
 	}
 	defer storeDB.Close()
 	in := &ingester{pool: e.pool, storeRoot: e.cfg.StoreRoot, storeDB: storeDB, cache: e.cfg.Cache,
-		upstream: e.cfg.Upstream, publisher: e.cfg.Publisher, logger: log,
+		upstream: e.cfg.Upstream, publisher: e.cfg.Publisher,
 		evalID: c.id, node: c.node, attempt: c.attempt, projectID: projectID,
 		known: map[string]bool{}, published: map[string]bool{}}
 
@@ -509,7 +506,7 @@ func rollback(ctx context.Context, tx pgx.Tx, ids []int64) error {
 	if err := cancelUnneeded(ctx, tx, ids); err != nil {
 		return err
 	}
-	if _, err := tx.Exec(ctx, `DELETE FROM eval_attrs WHERE eval_id = ANY($1)`, ids); err != nil {
+	if _, err := tx.Exec(ctx, sqlDeleteAttrs, ids); err != nil {
 		return fmt.Errorf("delete attributes: %w", err)
 	}
 	return nil

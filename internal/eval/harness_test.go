@@ -60,7 +60,7 @@ func newHarness(t *testing.T) *harness {
 	c := signertest.Start(t, pool, signertest.Options{KeyName: "eval-test-1"})
 	h := &harness{t: t, pool: pool, logger: logger, salt: salt(t), cacheURL: c.URL,
 		publicKey: c.PublicKey(), triggerDir: t.TempDir(), client: c.Client}
-	h.publisher = &upload.Publisher{Signer: h.client, Logger: logger}
+	h.publisher = &upload.Publisher{Signer: h.client}
 	return h
 }
 

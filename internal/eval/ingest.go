@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"maps"
 	"slices"
 
@@ -39,7 +38,6 @@ type ingester struct {
 	cache     CacheLookup // nil: only the database's record of the cache
 	upstream  *Upstream   // nil: none
 	publisher Publisher   // nil: nothing is published (tests of ingestion alone)
-	logger    *slog.Logger
 
 	evalID    int64
 	node      string
@@ -152,8 +150,8 @@ func (in *ingester) flush(ctx context.Context, attrs []Attr) error {
 				return fmt.Errorf("revive cancelled jobs: %w", err)
 			}
 			for _, s := range uniq(systems) {
-				if _, err := tx.Exec(ctx, `SELECT pg_notify('build_jobs', json_build_object('system', $1::text)::text)`, s); err != nil {
-					return fmt.Errorf("notify build_jobs: %w", err)
+				if err := queue.NotifyJobs(ctx, tx, map[string]string{"system": s}); err != nil {
+					return err
 				}
 			}
 			res.NewJobs += len(systems)

@@ -2,7 +2,6 @@ package eval
 
 import (
 	"context"
-	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -109,5 +108,4 @@ func TestWalkFailsOutsideAttributes(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "syntax error") {
 		t.Fatalf("got %v, want the syntax error", err)
 	}
-	_ = os.Getenv
 }

@@ -105,10 +105,11 @@ UPDATE evaluations e SET status = 'running', claimed_by = $1, claimed_at = now()
 FROM next WHERE e.id = next.id
 RETURNING e.id, e.attempt`
 
-	sqlClearAttrs = `DELETE FROM eval_attrs WHERE eval_id = $1`
+	// Attributes of rolled-back evaluations, and of an earlier attempt at a re-claimed one. $1 ids.
+	sqlDeleteAttrs = `DELETE FROM eval_attrs WHERE eval_id = ANY($1)`
 
 	sqlRepoOfEval = `
-SELECT r.clone_url, e.commit_sha, e.branch FROM evaluations e
+SELECT e.project_id, r.clone_url, e.commit_sha, e.branch FROM evaluations e
 JOIN projects p ON p.id = e.project_id JOIN repositories r ON r.id = p.repo_id
 WHERE e.id = $1`
 

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
+	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 )
 
 // ErrNotFound is returned for an evaluation id that does not exist.
@@ -264,9 +265,8 @@ func cancelUnneeded(ctx context.Context, tx pgx.Tx, ids []int64) error {
 		return fmt.Errorf("cancel unneeded jobs: %w", err)
 	}
 	for _, d := range drvs {
-		b, _ := json.Marshal(map[string]string{"drv_path": d, "status": "cancelled"})
-		if _, err := tx.Exec(ctx, `SELECT pg_notify('build_jobs', $1)`, string(b)); err != nil {
-			return fmt.Errorf("notify build_jobs: %w", err)
+		if err := queue.NotifyJobs(ctx, tx, map[string]string{"drv_path": d, "status": "cancelled"}); err != nil {
+			return err
 		}
 	}
 	return nil

@@ -116,7 +116,7 @@ func (n *node) roleWorkers(notifier *notify.Notifier) ([]startstop.Service, erro
 		if cfg.Auth.ClusterToken != "" {
 			client := signer.NewClient(signer.ClientConfig{Token: cfg.Auth.ClusterToken}, n.pool, n.logger)
 			ecfg.Cache = client
-			ecfg.Publisher = &upload.Publisher{Signer: client, Logger: n.logger}
+			ecfg.Publisher = &upload.Publisher{Signer: client}
 		} else {
 			n.logger.Warn("evaluator without a cluster token: .drv closures are not published to the cache and outputs are not looked up there (set auth.cluster_token_file)")
 		}

@@ -228,6 +228,12 @@ type execer interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }
 
+// NotifyJobs sends one build_jobs notification (a JSON object: {"system"} wakes builders,
+// {"drv_path","status"} announces a finish) at the commit of tx.
+func NotifyJobs(ctx context.Context, tx pgx.Tx, payload map[string]string) error {
+	return notifyJobs(ctx, tx, payload)
+}
+
 func notifyJobs(ctx context.Context, q execer, payload map[string]string) error {
 	b, _ := json.Marshal(payload)
 	if _, err := q.Exec(ctx, sqlNotify, string(b)); err != nil {

@@ -12,7 +12,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -47,8 +46,6 @@ type Publisher struct {
 	Parallel int
 	// Batch bounds the paths of one upload-slots or build-complete call; default 500.
 	Batch int
-	// Logger; default discards.
-	Logger *slog.Logger
 }
 
 // memLimit is the largest NAR compressed in memory; bigger ones go through a temporary file.

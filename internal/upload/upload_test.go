@@ -58,7 +58,7 @@ func newEnv(t *testing.T) *env {
 }
 
 func (e *env) publisher(t *testing.T) *Publisher {
-	return &Publisher{Signer: e.client, Logger: queuetest.TestLogger(t)}
+	return &Publisher{Signer: e.client}
 }
 
 func ctx(t *testing.T) context.Context {
