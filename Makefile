@@ -4,13 +4,18 @@ BIN     ?= bin/harmonia-ci
 PKGS    ?= ./...
 TIMEOUT ?= 25m
 
-.PHONY: help build up test test-race vet fmt lint clean
+.PHONY: help build example up test test-race vet fmt lint clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
 
 build: ## build bin/harmonia-ci
 	$(GO) build -o $(BIN) ./cmd/harmonia-ci
+
+example: ## install what is missing, build, and build the example project with `harmonia-ci run`
+	scripts/deps.sh run
+	$(MAKE) build
+	$(BIN) run examples/dag
 
 up: ## install what is missing, build, and run a single-node cluster on the embedded database
 	scripts/deps.sh run

@@ -63,8 +63,9 @@ func (f *fixture) start(id string, extra ...string) *proctest.Proc {
 	args := []string{"serve", "--config", f.cfgPath, "--database-url", f.dbURL,
 		"--node-id", id, "--listen", "127.0.0.1:0", "--state-dir", filepath.Join(f.t.TempDir(), "state")}
 	if !slices.Contains(extra, "--roles") {
-		// Every role but the signer, which needs a signing key (TestPublishAndSubstitute has one).
-		args = append(args, "--roles", "frontend,evaluator,cache,builder")
+		// Every role but the signer, which needs a signing key, and the builder, which needs the
+		// signer (the build tests start both).
+		args = append(args, "--roles", "frontend,evaluator,cache")
 	}
 	args = append(args, extra...)
 	p := proctest.Start(f.t, id, nil, args...)

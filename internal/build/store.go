@@ -30,7 +30,7 @@ type Store struct {
 	Root         string   // "" = system store, else the chroot store directory (passed as --store)
 	Substituters []string // binary cache URLs to fetch from (the cluster's cache nodes, then upstream)
 	TrustedKeys  []string // "name:base64" public keys
-	SandboxPaths []string // extra sandbox paths for chroot-store builds; default: those of /bin/sh /lib /lib64 /usr/lib that exist
+	SandboxPaths []string // chroot-store builds see these besides those of /bin/sh /lib /lib64 /usr/lib that exist
 	Env          []string // the Nix children's environment; nil = PATH, TMPDIR, NIX_REMOTE, NIX_CONF_DIR of this process; HOME is added unless set
 
 	onStart   func(pid int) // tests: called with the pid of each build's Nix
@@ -255,6 +255,28 @@ func (s *Store) AddRoots(name string, paths []string) (remove func(), err error)
 		made = append(made, link)
 	}
 	return remove, nil
+}
+
+// ClearRoots removes the GC roots AddRoots made under names starting with prefix: a builder
+// calls it at start, when no job of its own runs, to drop what a crashed predecessor left.
+func (s *Store) ClearRoots(prefix string) error {
+	dir := filepath.Join(s.rootDir(), "nix/var/nix/gcroots/harmonia-ci")
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("clear gc roots: %w", err)
+	}
+	for _, e := range entries {
+		if !strings.HasPrefix(e.Name(), prefix) {
+			continue
+		}
+		if err := os.Remove(filepath.Join(dir, e.Name())); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("clear gc roots: %w", err)
+		}
+	}
+	return nil
 }
 
 // Build realises drvPath with nothing substituted and no other derivation built, streaming Nix's
@@ -656,12 +678,14 @@ func (s *Store) childEnv(home string) []string {
 // sandboxPaths are what a sandboxed /bin/sh builder needs: the shell and the libraries of a
 // dynamically linked one (Debian's dash).
 func (s *Store) sandboxPaths() []string {
-	if s.SandboxPaths != nil {
-		return s.SandboxPaths
-	}
 	var paths []string
 	for _, p := range []string{"/bin/sh", "/lib", "/lib64", "/usr/lib"} {
 		if _, err := os.Stat(p); err == nil {
+			paths = append(paths, p)
+		}
+	}
+	for _, p := range s.SandboxPaths {
+		if !slices.Contains(paths, p) {
 			paths = append(paths, p)
 		}
 	}

@@ -13,19 +13,6 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/startstop"
 )
 
-// All SQL of the live log tail (seed 001 "Build Log Streaming").
-const (
-	// $1 job id, $2 tail. The notify_build_log trigger sends the job id on channel build_log
-	// when log_seq changes; it fires on UPDATE only, so a job's first tail is not announced.
-	tailUpsertSQL = `
-INSERT INTO build_log_tails (build_job_id, log_tail, log_seq) VALUES ($1, $2, 1)
-ON CONFLICT (build_job_id) DO UPDATE
-SET log_tail = EXCLUDED.log_tail, log_seq = build_log_tails.log_seq + 1`
-
-	// $1 job id.
-	tailDeleteSQL = `DELETE FROM build_log_tails WHERE build_job_id = $1`
-)
-
 const (
 	tailDefaultInterval = 2 * time.Second
 	tailDefaultSize     = 64 << 10

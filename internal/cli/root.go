@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"runtime/debug"
 	"syscall"
 	"time"
@@ -43,6 +44,7 @@ func version() string {
 type globalFlags struct {
 	configFile                                   string
 	databaseURL, nodeID, roles, listen, stateDir string
+	nixStore                                     string
 }
 
 // Execute runs the command line and returns the process exit code.
@@ -71,8 +73,9 @@ func newRoot() *cobra.Command {
 	pf.StringVar(&g.roles, "roles", "", "comma-separated roles: frontend,evaluator,signer,cache,builder (default: all)")
 	pf.StringVar(&g.listen, "listen", "", "HTTP listen address (default 127.0.0.1:7777)")
 	pf.StringVar(&g.stateDir, "state-dir", "", "state directory (embedded database, generated tokens)")
+	pf.StringVar(&g.nixStore, "nix-store", "", "chroot Nix store directory builds run in (env HARMONIA_NIX_STORE; default: the system store)")
 
-	root.AddCommand(newServe(&g), newUp(&g), newProjectCmd(&g), newEvalCmd(&g), newNodes(&g), newClusterCmd(&g), newDrain(&g),
+	root.AddCommand(newRun(&g), newServe(&g), newUp(&g), newProjectCmd(&g), newEvalCmd(&g), newJobCmd(&g), newNodes(&g), newClusterCmd(&g), newDrain(&g),
 		newMigrate(&g), newBench(&g), newKeygen())
 	return root
 }
@@ -91,6 +94,13 @@ func (g *globalFlags) load(cmd *cobra.Command) (*config.Config, error) {
 	o.Roles = set("roles", &g.roles)
 	o.Listen = set("listen", &g.listen)
 	o.StateDir = set("state-dir", &g.stateDir)
+	if cmd.Flags().Changed("nix-store") && g.nixStore != "" {
+		abs, err := filepath.Abs(g.nixStore)
+		if err != nil {
+			return nil, fmt.Errorf("--nix-store: %w", err)
+		}
+		o.NixStore = &abs
+	}
 	return config.Load(o, os.Getenv)
 }
 

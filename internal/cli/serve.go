@@ -45,23 +45,8 @@ are generated once into the state directory (admin-token, cluster-token; mode 06
 			if err != nil {
 				return err
 			}
-			if err := os.MkdirAll(cfg.StateDir, 0o755); err != nil {
-				return fmt.Errorf("create state directory: %w", err)
-			}
-			if cfg.Auth.AdminToken == "" {
-				if cfg.Auth.AdminToken, err = ensureToken(filepath.Join(cfg.StateDir, "admin-token")); err != nil {
-					return err
-				}
-			}
-			if cfg.Auth.ClusterToken == "" {
-				if cfg.Auth.ClusterToken, err = ensureToken(filepath.Join(cfg.StateDir, "cluster-token")); err != nil {
-					return err
-				}
-			}
-			if cfg.Signer.SigningKeyFile == "" && cfg.HasRole(config.RoleSigner) {
-				if cfg.Signer.SigningKeyFile, err = ensureSigningKey(cfg.StateDir, cfg.Node.ID); err != nil {
-					return err
-				}
+			if err := prepareSingleNode(cfg); err != nil {
+				return err
 			}
 			fmt.Fprintf(os.Stderr, "harmonia-ci up: http://%s  (state: %s; admin token in %s; cache public key in %s)\n",
 				cfg.Listen, cfg.StateDir, filepath.Join(cfg.StateDir, "admin-token"), filepath.Join(cfg.StateDir, "signing-key.pub"))

@@ -100,6 +100,12 @@ type BuildConfig struct {
 	MaxSilent     Duration `toml:"max_silent"` // without log output
 	MaxOutputSize ByteSize `toml:"max_output_size"`
 	MaxLogSize    ByteSize `toml:"max_log_size"`
+	// NixStore is the Nix store builds run in: "" for the system store, or a chroot store
+	// directory (absolute), so several builders can share a machine.
+	NixStore string `toml:"nix_store"`
+	// ExtraSandboxPaths are host paths builds in a chroot store may use, besides /bin/sh and
+	// the system libraries.
+	ExtraSandboxPaths []string `toml:"extra_sandbox_paths"`
 }
 
 // ClusterConfig tunes how nodes find each other and agree on a leader.
@@ -219,10 +225,11 @@ func defaults(getenv func(string) string) *Config {
 			MaxEvals: 1,
 		},
 		Build: BuildConfig{
-			Timeout:       Duration{4 * time.Hour},
-			MaxSilent:     Duration{30 * time.Minute},
-			MaxOutputSize: 4 * sizeGB,
-			MaxLogSize:    64 * sizeMB,
+			Timeout:           Duration{4 * time.Hour},
+			MaxSilent:         Duration{30 * time.Minute},
+			MaxOutputSize:     4 * sizeGB,
+			MaxLogSize:        64 * sizeMB,
+			ExtraSandboxPaths: []string{},
 		},
 		Cluster: ClusterConfig{
 			Heartbeat: HeartbeatConfig{

@@ -163,6 +163,8 @@ timeout = "2h"
 max_silent = "10m"
 max_output_size = "10 GiB"
 max_log_size = 1048576
+nix_store = "/srv/ci/store"
+extra_sandbox_paths = ["/bin/sleep"]
 
 [cluster.heartbeat]
 interval = "10s"
@@ -219,10 +221,12 @@ trusted_public_keys = ["cache.example.org-1:6NCHdD59X431o0gWypbMrAURkbJ16ZPMQFGs
 			ClusterToken:     "cluster-secret",
 		},
 		Build: BuildConfig{
-			Timeout:       d("2h"),
-			MaxSilent:     d("10m"),
-			MaxOutputSize: 10 << 30,
-			MaxLogSize:    1 << 20,
+			Timeout:           d("2h"),
+			MaxSilent:         d("10m"),
+			MaxOutputSize:     10 << 30,
+			MaxLogSize:        1 << 20,
+			NixStore:          "/srv/ci/store",
+			ExtraSandboxPaths: []string{"/bin/sleep"},
 		},
 		Cluster: ClusterConfig{
 			Heartbeat:      HeartbeatConfig{d("10s"), d("1m"), d("168h")},
@@ -472,6 +476,10 @@ func TestValidate(t *testing.T) {
 			[]string{`config: node.roles: duplicate role "cache"`}},
 		{"no roles", func(c *Config) { c.Node.Roles = nil },
 			[]string{"config: node.roles must not be empty"}},
+		{"relative nix store", func(c *Config) { c.Build.NixStore = "store" },
+			[]string{`config: build.nix_store: want an absolute directory, got "store"`}},
+		{"sandbox path with a space", func(c *Config) { c.Build.ExtraSandboxPaths = []string{"/bin/a b"} },
+			[]string{`config: build.extra_sandbox_paths[0]: want an absolute path without spaces or '=', got "/bin/a b"`}},
 		{"eval timeout", func(c *Config) { c.Eval.Timeout = d("0s") },
 			[]string{"config: eval.timeout must be positive, got 0s"}},
 		{"substituter url", func(c *Config) {

@@ -22,6 +22,7 @@ type Overrides struct {
 	Roles       *string // --roles, comma-separated
 	Listen      *string // --listen
 	StateDir    *string // --state-dir
+	NixStore    *string // --nix-store
 }
 
 // origins maps a dotted key to the env variable or flag that set it, so that
@@ -253,6 +254,7 @@ func (c *Config) applyEnv(getenv func(string) string, from origins) {
 	set(&c.StateDir, "HARMONIA_STATE_DIR", "state_dir")
 	set(&c.LogLevel, "HARMONIA_LOG_LEVEL", "log_level")
 	set(&c.Node.ID, "HARMONIA_NODE_ID", "node.id")
+	set(&c.Build.NixStore, "HARMONIA_NIX_STORE", "build.nix_store")
 }
 
 func (c *Config) applyOverrides(o Overrides, from origins) {
@@ -266,6 +268,7 @@ func (c *Config) applyOverrides(o Overrides, from origins) {
 	set(&c.Node.ID, o.NodeID, "--node-id", "node.id")
 	set(&c.Listen, o.Listen, "--listen", "listen")
 	set(&c.StateDir, o.StateDir, "--state-dir", "state_dir")
+	set(&c.Build.NixStore, o.NixStore, "--nix-store", "build.nix_store")
 	if o.Roles != nil {
 		// Empty items are dropped so "a,b," works; nothing left is reported as empty roles.
 		roles := []string{}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -157,6 +158,14 @@ func (c *Config) problems(from origins) []error {
 		add("cache.priority", "cache.priority must not be negative, got %d", c.Cache.Priority)
 	}
 	positive("signer.url_expiry", c.Signer.URLExpiry)
+	if c.Build.NixStore != "" && !filepath.IsAbs(c.Build.NixStore) {
+		add("build.nix_store", "build.nix_store: want an absolute directory, got %q", c.Build.NixStore)
+	}
+	for i, p := range c.Build.ExtraSandboxPaths {
+		if !filepath.IsAbs(p) || strings.ContainsAny(p, " \t\n=") {
+			add("build.extra_sandbox_paths", "build.extra_sandbox_paths[%d]: want an absolute path without spaces or '=', got %q", i, p)
+		}
+	}
 	positive("eval.timeout", c.Eval.Timeout)
 	positive("eval.poll_interval", c.Eval.PollInterval)
 	for i, u := range c.Substituters.URLs {

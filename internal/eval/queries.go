@@ -163,10 +163,20 @@ WHERE id = $1 AND claimed_by = $2 AND attempt = $3 AND status = 'running'`
 	sqlAttrsOfEval = `
 SELECT ea.attr, COALESCE(ea.drv_path, ''), COALESCE(ea.error, ''), COALESCE(bj.id, 0), COALESCE(bj.status, ''),
        COALESCE((SELECT array_agg(o.output_path ORDER BY o.output_name) FROM derivation_outputs o
-                 WHERE o.drv_path = ea.drv_path), '{}')
+                 WHERE o.drv_path = ea.drv_path), '{}'),
+       bj.started_at, bj.finished_at, COALESCE(bj.error_message, '')
 FROM eval_attrs ea LEFT JOIN build_jobs bj ON bj.drv_path = ea.drv_path
 WHERE ea.eval_id = $1 ORDER BY ea.attr`
 
 	sqlListEvals = `SELECT ` + evalColumns + ` FROM evaluations e JOIN projects p ON p.id = e.project_id
 WHERE ($1 = '' OR p.name = $1) ORDER BY e.id DESC LIMIT $2`
+
+	// The jobs an evaluation needs, by status: those of its attributes' closures.
+	sqlJobCountsOfEval = `
+WITH RECURSIVE closure AS (
+    SELECT drv_path FROM eval_attrs WHERE eval_id = $1 AND drv_path IS NOT NULL
+  UNION
+    SELECT di.input_drv FROM derivation_inputs di JOIN closure c ON di.referrer = c.drv_path
+)
+SELECT bj.status, count(*)::int FROM closure JOIN build_jobs bj USING (drv_path) GROUP BY bj.status`
 )

@@ -97,6 +97,10 @@ type AttrResult struct {
 	JobID     int64    `json:"job_id,omitempty"`
 	JobStatus string   `json:"job_status,omitempty"` // "" when no job was needed (cached)
 	Outputs   []string `json:"outputs,omitempty"`
+	// The job's run and, for a failed one, why.
+	StartedAt  *time.Time `json:"started_at,omitempty"`
+	FinishedAt *time.Time `json:"finished_at,omitempty"`
+	JobError   string     `json:"job_error,omitempty"`
 }
 
 // Attrs returns an evaluation's attributes, by name.
@@ -107,13 +111,31 @@ func Attrs(ctx context.Context, q Querier, id int64) ([]AttrResult, error) {
 	}
 	as, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (AttrResult, error) {
 		var a AttrResult
-		err := row.Scan(&a.Attr, &a.DrvPath, &a.Error, &a.JobID, &a.JobStatus, &a.Outputs)
+		err := row.Scan(&a.Attr, &a.DrvPath, &a.Error, &a.JobID, &a.JobStatus, &a.Outputs, &a.StartedAt, &a.FinishedAt, &a.JobError)
 		return a, err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("attributes of evaluation %d: %w", id, err)
 	}
 	return as, nil
+}
+
+// JobCounts counts the build jobs an evaluation needs (its attributes' closures) by status.
+func JobCounts(ctx context.Context, q Querier, id int64) (map[string]int, error) {
+	rows, err := q.Query(ctx, sqlJobCountsOfEval, id)
+	if err != nil {
+		return nil, fmt.Errorf("jobs of evaluation %d: %w", id, err)
+	}
+	counts := map[string]int{}
+	var status string
+	var n int
+	if _, err := pgx.ForEachRow(rows, []any{&status, &n}, func() error {
+		counts[status] = n
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("jobs of evaluation %d: %w", id, err)
+	}
+	return counts, nil
 }
 
 // RequestParams ask for one evaluation.

@@ -268,9 +268,17 @@ func (e *gitError) Unwrap() error { return e.err }
 
 // run runs git sub args in the repository at gitDir ("" for none) and returns its stdout.
 func run(ctx context.Context, stdin io.Reader, gitDir, sub string, args ...string) ([]byte, error) {
-	argv := make([]string, 0, len(args)+4)
+	return runIn(ctx, stdin, gitDir, "", sub, args...)
+}
+
+// runIn is run with a work tree ("" for none) and the git identity of harmonia-ci's own commits.
+func runIn(ctx context.Context, stdin io.Reader, gitDir, workTree, sub string, args ...string) ([]byte, error) {
+	argv := make([]string, 0, len(args)+10)
 	if gitDir != "" {
 		argv = append(argv, "--git-dir="+gitDir)
+	}
+	if workTree != "" {
+		argv = append(argv, "--work-tree="+workTree, "-c", "user.name=harmonia-ci", "-c", "user.email=harmonia-ci@localhost")
 	}
 	// A detached auto-gc would outlive the lock and race with the next fetch or a directory
 	// cleanup; running it in the foreground keeps it under the lock.

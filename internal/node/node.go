@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/harmonia-ci/harmonia-ci/internal/build"
 	"github.com/harmonia-ci/harmonia-ci/internal/clock"
 	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
 	"github.com/harmonia-ci/harmonia-ci/internal/config"
@@ -39,6 +40,11 @@ type Options struct {
 	Force <-chan struct{}
 	// Clock defaults to the real clock.
 	Clock clock.Clock
+	// BuildObserver, if set, receives the step timings of every job this node builds (the
+	// end-to-end benchmark runs nodes in-process for these).
+	BuildObserver func(build.Timings)
+	// ClaimObserver, if set, receives the latency of every claim this node's builder makes.
+	ClaimObserver func(latency time.Duration, jobs []queue.Job)
 }
 
 // OpenDatabase returns the pool for cfg: the configured database, or the embedded server under
@@ -102,21 +108,23 @@ func Run(ctx context.Context, cfg *config.Config, logger *slog.Logger, opts Opti
 	}
 	defer ln.Close()
 
-	n := &node{cfg: cfg, logger: logger, pool: pool, clock: clk, drainReq: make(chan struct{}), fatal: make(chan error, 1)}
+	n := &node{cfg: cfg, logger: logger, pool: pool, clock: clk, drainReq: make(chan struct{}), fatal: make(chan error, 1), opts: opts}
 	return n.run(ctx, ln, opts)
 }
 
 type node struct {
 	cfg    *config.Config
+	opts   Options
 	logger *slog.Logger
 	pool   *pgxpool.Pool
 	clock  clock.Clock
 
-	inFlight  cluster.InFlight
-	active    atomic.Bool // set once every service runs
-	drainOnce sync.Once
-	drainReq  chan struct{}
-	fatal     chan error
+	inFlight    cluster.InFlight
+	buildWorker *queue.Worker // nil unless the node builds
+	active      atomic.Bool   // set once every service runs
+	drainOnce   sync.Once
+	drainReq    chan struct{}
+	fatal       chan error
 }
 
 func (n *node) requestDrain() { n.drainOnce.Do(func() { close(n.drainReq) }) }
@@ -161,25 +169,29 @@ func (n *node) run(ctx context.Context, ln net.Listener, opts Options) error {
 	heartbeat := cluster.NewHeartbeat(cluster.HeartbeatConfig{
 		Interval: cfg.Cluster.Heartbeat.Interval.Duration,
 		LoadFunc: func() cluster.Load {
-			return cluster.Load{CurrentJobs: n.inFlight.Count(), CPU: sampler.cpu(), Memory: memory()}
+			l := cluster.Load{CurrentJobs: n.inFlight.Count(), CPU: sampler.cpu(), Memory: memory()}
+			if n.buildWorker != nil {
+				l.SpeedFactor = n.buildWorker.SpeedFactor()
+			}
+			return l
 		},
 		OnDrain:      n.requestDrain,
 		OnSuperseded: func(err error) { n.fatal <- err },
 	}, registry, metrics, n.logger, n.clock)
 
+	// One LISTEN connection per process; role services and log streams subscribe to it.
+	notifier := notify.New(notify.Config{}, n.pool, n.logger, n.clock)
+	defer notifier.Stop()
+
 	httpServer := web.NewServer(web.Config{
 		NodeID: cfg.Node.ID, AdminToken: cfg.Auth.AdminToken, Gatherer: reg,
-		StatusFunc: n.status,
+		StatusFunc: n.status, Notifier: notifier,
 	}, n.pool, ln, n.logger)
 	// Finished builds are announced in batches (see queue.Announcer).
 	announcer := queue.NewAnnouncer(n.pool, 0, n.logger)
-	if err := mountRoles(cfg, httpServer.Mux(), n.pool, endpoint, announcer, n.logger); err != nil {
+	if err := mountRoles(ctx, cfg, httpServer.Mux(), n.pool, endpoint, announcer, n.logger); err != nil {
 		return err
 	}
-
-	// One LISTEN connection per process; role services subscribe to it.
-	notifier := notify.New(notify.Config{}, n.pool, n.logger, n.clock)
-	defer notifier.Stop()
 
 	lockConn := cluster.NewLockConn(n.pool, n.logger)
 	defer lockConn.Close()
@@ -208,7 +220,7 @@ func (n *node) run(ctx context.Context, ln net.Listener, opts Options) error {
 		electors = append(electors, e)
 	}
 
-	workers, err := n.roleWorkers(notifier)
+	workers, err := n.roleWorkers(notifier, announcer)
 	if err != nil {
 		return err
 	}

@@ -1,6 +1,7 @@
 package node
 
 import (
+	"context"
 	"crypto/rand"
 	"crypto/sha256"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/blob"
+	"github.com/harmonia-ci/harmonia-ci/internal/build"
 	"github.com/harmonia-ci/harmonia-ci/internal/cache"
 	"github.com/harmonia-ci/harmonia-ci/internal/config"
 	"github.com/harmonia-ci/harmonia-ci/internal/eval"
@@ -60,7 +62,7 @@ func openStore(cfg *config.Config, endpoint string) (blob.Store, http.Handler, e
 }
 
 // mountRoles mounts the HTTP surface of the cache and signer roles.
-func mountRoles(cfg *config.Config, mux *http.ServeMux, pool *pgxpool.Pool, endpoint string, announcer *queue.Announcer, logger *slog.Logger) error {
+func mountRoles(ctx context.Context, cfg *config.Config, mux *http.ServeMux, pool *pgxpool.Pool, endpoint string, announcer *queue.Announcer, logger *slog.Logger) error {
 	if !cfg.HasRole(config.RoleCache) && !cfg.HasRole(config.RoleSigner) {
 		return nil
 	}
@@ -91,6 +93,9 @@ func mountRoles(cfg *config.Config, mux *http.ServeMux, pool *pgxpool.Pool, endp
 	if err != nil {
 		return err
 	}
+	if err := s.RecordKey(ctx); err != nil {
+		return err
+	}
 	s.Register(mux)
 	if uploads != nil {
 		mux.Handle("PUT /api/blob/{key...}", uploads)
@@ -98,11 +103,49 @@ func mountRoles(cfg *config.Config, mux *http.ServeMux, pool *pgxpool.Pool, endp
 	return nil
 }
 
-// roleWorkers builds the services that claim work: the evaluator (the builder comes with
-// issue 6).
-func (n *node) roleWorkers(notifier *notify.Notifier) ([]startstop.Service, error) {
+// roleWorkers builds the services that claim work: the evaluator and the builder (its claim
+// checks, then its queue worker).
+func (n *node) roleWorkers(notifier *notify.Notifier, announcer *queue.Announcer) ([]startstop.Service, error) {
 	cfg := n.cfg
 	var workers []startstop.Service
+	if cfg.HasRole(config.RoleBuilder) {
+		if cfg.Auth.ClusterToken == "" {
+			return nil, fmt.Errorf("the builder role needs a cluster token to upload through the signer (auth.cluster_token_file or HARMONIA_CLUSTER_TOKEN)")
+		}
+		client := signer.NewClient(signer.ClientConfig{Token: cfg.Auth.ClusterToken}, n.pool, n.logger)
+		b, err := build.New(build.Config{
+			NodeID:   cfg.Node.ID,
+			Store:    build.Store{Root: cfg.Build.NixStore, SandboxPaths: cfg.Build.ExtraSandboxPaths},
+			Upstream: cfg.Substituters.URLs, UpstreamKeys: cfg.Substituters.TrustedPublicKeys,
+			Limits: build.BuildLimits{
+				Timeout: cfg.Build.Timeout.Duration, MaxSilent: cfg.Build.MaxSilent.Duration,
+				MaxOutputSize: int64(cfg.Build.MaxOutputSize),
+			},
+			MaxLogSize:    int64(cfg.Build.MaxLogSize),
+			CheckInterval: cfg.Cluster.Heartbeat.Interval.Duration,
+			Signer:        client,
+			Notifier:      notifier,
+			Observe:       n.opts.BuildObserver,
+		}, n.pool, n.logger, n.clock)
+		if err != nil {
+			return nil, err
+		}
+		w, err := queue.NewWorker(queue.WorkerConfig{
+			Claimer:      queue.Claimer{NodeID: cfg.Node.ID, Systems: cfg.Node.Systems, Features: cfg.Node.Features},
+			MaxJobs:      cfg.Node.MaxJobs,
+			PollInterval: cfg.Queue.PollInterval.Duration,
+			Handler:      b.Handle,
+			Gate:         &n.inFlight,
+			Notifier:     notifier,
+			Announcer:    announcer,
+			ClaimFunc:    n.opts.ClaimObserver,
+		}, n.pool, n.logger, n.clock)
+		if err != nil {
+			return nil, err
+		}
+		n.buildWorker = w
+		workers = append(workers, b, w)
+	}
 	if cfg.HasRole(config.RoleEvaluator) {
 		upstream, err := eval.NewUpstream(cfg.Substituters.URLs, cfg.Substituters.TrustedPublicKeys)
 		if err != nil {

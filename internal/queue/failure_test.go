@@ -2,6 +2,7 @@ package queue_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -306,8 +307,14 @@ func TestStaleFinishChangesNothing(t *testing.T) {
 		write func(c queue.Claim) error
 	}{
 		{"Succeed", func(c queue.Claim) error { _, err := queue.Succeed(ctx, pool, c); return err }},
-		{"Fail transient", func(c queue.Claim) error { _, err := queue.Fail(ctx, pool, c, queue.Transient, &code); return err }},
-		{"Fail permanent", func(c queue.Claim) error { _, err := queue.Fail(ctx, pool, c, queue.Permanent, nil); return err }},
+		{"Fail transient", func(c queue.Claim) error {
+			_, err := queue.Fail(ctx, pool, c, queue.Failure{Kind: queue.Transient, ExitCode: &code})
+			return err
+		}},
+		{"Fail permanent", func(c queue.Claim) error {
+			_, err := queue.Fail(ctx, pool, c, queue.Failure{Kind: queue.Permanent})
+			return err
+		}},
 		{"MarkUploading", func(c queue.Claim) error { return queue.MarkUploading(ctx, pool, c) }},
 		{"Release", func(c queue.Claim) error { return queue.Release(ctx, pool, c) }},
 		{"CancelClaimed", func(c queue.Claim) error { return queue.CancelClaimed(ctx, pool, c) }},
@@ -369,5 +376,55 @@ func TestStaleFinishChangesNothing(t *testing.T) {
 	}
 	if s := qt.Status(t, pool, "b"); s != "cancelled" {
 		t.Fatalf("b is %s after the stale succeed, want cancelled", s)
+	}
+}
+
+// A failure records why and where its log is, for users; a transient one keeps the last reason;
+// a rebuild and a success clear it; GetJob shows it.
+func TestFailureRecordsMessageAndLog(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.NewPool(t)
+	ctx := qt.Ctx(t, 30*time.Second)
+	qt.Enqueue(t, pool, nil, qt.Drv("m", sys))
+	claimer := queue.Claimer{NodeID: "n1", Systems: []string{sys}}
+	qt.InsertNode(t, pool, qt.Node{ID: "n1", Roles: []string{"builder"}})
+
+	j := claimOne(t, pool, claimer)
+	if _, err := queue.Fail(ctx, pool, j.Claim(), queue.Failure{Kind: queue.Transient, Message: "input x not available"}); err != nil {
+		t.Fatal(err)
+	}
+	info, err := queue.GetJob(ctx, pool, j.ID)
+	if err != nil || info.Status != "pending" || info.ErrorMessage != "input x not available" || info.RetryCount != 1 {
+		t.Fatalf("after a transient failure: %+v %v", info, err)
+	}
+
+	j = claimOne(t, pool, claimer)
+	code := 100
+	if _, err := queue.Fail(ctx, pool, j.Claim(), queue.Failure{Kind: queue.Permanent, ExitCode: &code,
+		Message: "build timed out after 4h0m0s", LogKey: "log/m.drv"}); err != nil {
+		t.Fatal(err)
+	}
+	info, _ = queue.GetJob(ctx, pool, j.ID)
+	if info.Status != "failed" || info.ErrorMessage != "build timed out after 4h0m0s" || info.LogURL != "log/m.drv" ||
+		info.ExitCode == nil || *info.ExitCode != 100 || info.FinishedAt == nil {
+		t.Fatalf("after a permanent failure: %+v", info)
+	}
+
+	if _, err := queue.Rebuild(ctx, pool, j.ID); err != nil {
+		t.Fatal(err)
+	}
+	if info, _ = queue.GetJob(ctx, pool, j.ID); info.ErrorMessage != "" || info.Status != "pending" || info.Priority != 100 {
+		t.Fatalf("after a rebuild: %+v", info)
+	}
+	j = claimOne(t, pool, claimer)
+	if _, err := queue.Fail(ctx, pool, j.Claim(), queue.Failure{Kind: queue.Transient, Message: "nix crashed"}); err != nil {
+		t.Fatal(err)
+	}
+	succeed(t, pool, claimOne(t, pool, claimer))
+	if info, _ = queue.GetJob(ctx, pool, j.ID); info.Status != "succeeded" || info.ErrorMessage != "" {
+		t.Fatalf("after a success: %+v", info)
+	}
+	if _, err := queue.GetJob(ctx, pool, 999999); !errors.Is(err, queue.ErrNotFound) {
+		t.Fatalf("GetJob of an unknown id: %v", err)
 	}
 }

@@ -68,18 +68,27 @@ func MarkUploading(ctx context.Context, pool *pgxpool.Pool, c Claim) error {
 	return nil
 }
 
+// Failure is why an attempt failed.
+type Failure struct {
+	Kind     FailKind
+	ExitCode *int   // the build's exit status, if it had one
+	Message  string // for users: "build timed out after 4h0m0s", Nix's error; "" for none
+	LogKey   string // the uploaded log's blob key (log/<drv>), "" for none
+}
+
 // Fail records a failed attempt. A transient failure returns the job to the queue until its
 // retries run out; a permanent one (or the last transient one) fails it and marks every pending
-// job above it dep-failed. exitCode may be nil. As with Succeed, the caller charges the time.
-func Fail(ctx context.Context, pool *pgxpool.Pool, c Claim, kind FailKind, exitCode *int) (Outcome, error) {
+// job above it dep-failed. As with Succeed, the caller charges the time.
+func Fail(ctx context.Context, pool *pgxpool.Pool, c Claim, f Failure) (Outcome, error) {
 	sql := sqlJobFailTransient
-	if kind == Permanent {
+	if f.Kind == Permanent {
 		sql = sqlJobFailPermanent
 	}
+	msg, logKey := nullable(f.Message), nullable(f.LogKey)
 	var out Outcome
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		var drv, system string
-		err := tx.QueryRow(ctx, sql, c.JobID, c.NodeID, c.Attempt, exitCode).Scan(&out.Status, &out.ProjectID, &out.Seconds, &drv, &system)
+		err := tx.QueryRow(ctx, sql, c.JobID, c.NodeID, c.Attempt, f.ExitCode, msg, logKey).Scan(&out.Status, &out.ProjectID, &out.Seconds, &drv, &system)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return ErrStale
 		}
@@ -190,4 +199,12 @@ func propagateFailure(ctx context.Context, tx pgx.Tx, failed []int64) (int, erro
 		return 0, fmt.Errorf("propagate failure: %w", err)
 	}
 	return n, nil
+}
+
+// nullable maps "" to SQL NULL.
+func nullable(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
 }

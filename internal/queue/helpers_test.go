@@ -66,7 +66,7 @@ func succeed(t testing.TB, pool *pgxpool.Pool, j queue.Job) queue.Outcome {
 func fail(t testing.TB, pool *pgxpool.Pool, j queue.Job, kind queue.FailKind) queue.Outcome {
 	t.Helper()
 	code := 1
-	out, err := queue.Fail(qt.Ctx(t, 30*time.Second), pool, j.Claim(), kind, &code)
+	out, err := queue.Fail(qt.Ctx(t, 30*time.Second), pool, j.Claim(), queue.Failure{Kind: kind, ExitCode: &code})
 	if err != nil {
 		t.Fatalf("Fail(%s): %v", j.Claim(), err)
 	}

@@ -88,7 +88,7 @@ func TestReaperReturnsDeadNodesClaims(t *testing.T) {
 	if _, err := queue.Succeed(ctx, pool, x1.Claim()); !qt.IsStale(err) {
 		t.Fatalf("Succeed by the dead node: %v, want ErrStale", err)
 	}
-	if _, err := queue.Fail(ctx, pool, u1.Claim(), queue.Permanent, nil); !qt.IsStale(err) {
+	if _, err := queue.Fail(ctx, pool, u1.Claim(), queue.Failure{Kind: queue.Permanent}); !qt.IsStale(err) {
 		t.Fatalf("Fail by the dead node: %v, want ErrStale", err)
 	}
 	if err := queue.MarkUploading(ctx, pool, x1.Claim()); !qt.IsStale(err) {

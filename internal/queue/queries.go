@@ -125,7 +125,7 @@ RETURNING build_jobs.id, build_jobs.drv_path, build_jobs.system, build_jobs.proj
 	// Success is one statement (one round trip, no explicit transaction). Its notification is
 	// the caller's, batched (see Announcer).
 	sqlJobSucceed = `
-UPDATE build_jobs SET status = 'succeeded', finished_at = now(), exit_code = 0
+UPDATE build_jobs SET status = 'succeeded', finished_at = now(), exit_code = 0, error_message = NULL
 WHERE id = $1 AND claimed_by = $2 AND attempt = $3 AND status IN ('building', 'uploading')
 RETURNING project_id, EXTRACT(EPOCH FROM now() - started_at)::float8, drv_path`
 
@@ -133,7 +133,7 @@ RETURNING project_id, EXTRACT(EPOCH FROM now() - started_at)::float8, drv_path`
 UPDATE build_jobs SET status = 'uploading'
 WHERE id = $1 AND claimed_by = $2 AND attempt = $3 AND status = 'building'`
 
-	// $4 exit code (nullable). Past 3 retries a transient failure is permanent.
+	// $4 exit code, $5 error message, $6 log key (all nullable). Past 3 retries a transient failure is permanent.
 	sqlJobFailTransient = `
 UPDATE build_jobs SET
     status      = CASE WHEN retry_count < 3 THEN 'pending' ELSE 'failed' END,
@@ -141,12 +141,15 @@ UPDATE build_jobs SET
     claimed_by  = CASE WHEN retry_count < 3 THEN NULL ELSE claimed_by END,
     claimed_at  = CASE WHEN retry_count < 3 THEN NULL ELSE claimed_at END,
     finished_at = CASE WHEN retry_count < 3 THEN NULL ELSE now() END,
-    exit_code   = $4
+    exit_code   = $4,
+    error_message = $5,
+    log_url     = COALESCE($6, log_url)
 WHERE id = $1 AND claimed_by = $2 AND attempt = $3 AND status IN ('building', 'uploading')
 RETURNING status, project_id, EXTRACT(EPOCH FROM now() - started_at)::float8, drv_path, system`
 
 	sqlJobFailPermanent = `
-UPDATE build_jobs SET status = 'failed', finished_at = now(), exit_code = $4
+UPDATE build_jobs SET status = 'failed', finished_at = now(), exit_code = $4, error_message = $5,
+    log_url = COALESCE($6, log_url)
 WHERE id = $1 AND claimed_by = $2 AND attempt = $3 AND status IN ('building', 'uploading')
 RETURNING status, project_id, EXTRACT(EPOCH FROM now() - started_at)::float8, drv_path, system`
 
@@ -201,7 +204,8 @@ FROM marked`
 	sqlRebuild = `
 WITH RECURSIVE root AS (
     UPDATE build_jobs SET status = 'pending', priority = 100, retry_count = 0,
-        claimed_by = NULL, claimed_at = NULL, started_at = NULL, finished_at = NULL, exit_code = NULL
+        claimed_by = NULL, claimed_at = NULL, started_at = NULL, finished_at = NULL, exit_code = NULL,
+        error_message = NULL
     WHERE id = $1 AND status IN ('failed', 'dep-failed', 'cancelled')
     RETURNING drv_path, system
 ), to_reset AS (
@@ -297,3 +301,11 @@ WITH truth AS (
 )
 SELECT count(*) FROM (SELECT recount_blocked(ARRAY(SELECT id FROM wrong))) r, wrong`
 )
+
+// One job as users see it.
+const sqlJobInfo = `
+SELECT bj.id, bj.drv_path, COALESCE(p.name, ''), bj.system, bj.status, bj.priority, bj.attempt, bj.retry_count,
+       COALESCE(bj.claimed_by, ''), bj.started_at, bj.finished_at, bj.exit_code, COALESCE(bj.error_message, ''),
+       COALESCE(bj.log_url, ''), bj.created_at
+FROM build_jobs bj LEFT JOIN projects p ON p.id = bj.project_id
+WHERE bj.id = $1`

@@ -27,9 +27,20 @@ type Result struct {
 	Err      error
 	Kind     FailKind // for a non-nil Err
 	ExitCode *int
+	// Message is the failure as users see it; "" means Err's text.
+	Message string
+	// LogKey names the failed build's uploaded log, if any.
+	LogKey string
 	// Recorded means the handler's success is already in the database (the signer marked the
 	// job succeeded at build-complete): the worker only charges the project for the time.
 	Recorded bool
+	// Abandoned means the claim was lost while the handler ran (the job was cancelled or
+	// reclaimed): there is nothing to record.
+	Abandoned bool
+	// Finally, if set, runs once the result is recorded (or found stale), with a context that
+	// outlives the worker's stop: the builder deletes the live log tail there, which tells log
+	// watchers the build is over.
+	Finally func(ctx context.Context)
 }
 
 // Handler builds one claimed job. Its context ends when the worker stops; a handler that
@@ -278,11 +289,18 @@ func (w *Worker) build(ctx context.Context, job Job, release func()) {
 	// Finishing must happen even when the worker is stopping.
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
+	if res.Finally != nil {
+		defer res.Finally(fctx)
+	}
 	if ctx.Err() != nil {
 		w.releaseClaim(job)
 		return
 	}
 	elapsed := time.Since(start)
+	if res.Abandoned {
+		w.logger.Info("build abandoned: the job was cancelled or reclaimed", "job_id", job.ID, "attempt", job.Attempt, "drv_path", job.DrvPath)
+		return
+	}
 	if res.Err == nil && res.Recorded {
 		w.charger.Add(job.ProjectID, elapsed.Seconds())
 		w.recordDuration(elapsed)
@@ -292,7 +310,11 @@ func (w *Worker) build(ctx context.Context, job Job, release func()) {
 		if res.Err == nil {
 			return Succeed(fctx, w.pool, job.Claim())
 		}
-		return Fail(fctx, w.pool, job.Claim(), res.Kind, res.ExitCode)
+		msg := res.Message
+		if msg == "" {
+			msg = res.Err.Error()
+		}
+		return Fail(fctx, w.pool, job.Claim(), Failure{Kind: res.Kind, ExitCode: res.ExitCode, Message: msg, LogKey: res.LogKey})
 	})
 	if err == nil {
 		w.charger.Add(out.ProjectID, out.Seconds)
@@ -332,9 +354,17 @@ func retryFinish(ctx context.Context, finish func() (Outcome, error)) (Outcome, 
 // retryable reports whether err is worth retrying: a deadlock or serialization failure, or a
 // connection that failed (the statement may not have run; the guards make a rerun safe).
 func retryable(err error) bool {
+	// No connection at all (the server is down, restarting or refusing connections): nothing
+	// was sent.
+	var connErr *pgconn.ConnectError
+	if errors.As(err, &connErr) {
+		return true
+	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
-		return pgErr.Code == "40P01" || pgErr.Code == "40001" || strings.HasPrefix(pgErr.Code, "08")
+		// 57P01-57P03: the server is shutting down or starting up.
+		return pgErr.Code == "40P01" || pgErr.Code == "40001" || strings.HasPrefix(pgErr.Code, "08") ||
+			pgErr.Code == "57P01" || pgErr.Code == "57P02" || pgErr.Code == "57P03"
 	}
 	return pgconn.SafeToRetry(err) || errors.Is(err, io.ErrUnexpectedEOF)
 }

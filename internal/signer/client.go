@@ -96,11 +96,6 @@ func (c *Client) CacheLookup(ctx context.Context, paths []string) ([]string, err
 	return resp.Present, err
 }
 
-const sqlSigners = `
-SELECT endpoint FROM nodes
-WHERE 'signer' = ANY(capabilities) AND last_seen > now() - interval '2 minutes' AND status <> 'dead'
-ORDER BY id`
-
 func (c *Client) signers(ctx context.Context) ([]string, error) {
 	rows, err := c.pool.Query(ctx, sqlSigners)
 	if err != nil {

@@ -101,6 +101,30 @@ func New(cfg Config, pool *pgxpool.Pool) (*Server, error) {
 	}, nil
 }
 
+// RecordKey records the signer's public key in signing_keys, where builders find the keys to
+// trust when they substitute from the cluster's caches.
+func (s *Server) RecordKey(ctx context.Context) error {
+	if _, err := s.pool.Exec(ctx, sqlRecordKey, s.cfg.Key.Public().String()); err != nil {
+		return fmt.Errorf("record signing key %s: %w", s.cfg.Key.Name, err)
+	}
+	return nil
+}
+
+// TrustedKeys returns the cluster's signing public keys ("name:base64"), oldest first.
+func TrustedKeys(ctx context.Context, q interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+}) ([]string, error) {
+	rows, err := q.Query(ctx, sqlTrustedKeys)
+	if err != nil {
+		return nil, fmt.Errorf("read signing keys: %w", err)
+	}
+	keys, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("read signing keys: %w", err)
+	}
+	return keys, nil
+}
+
 // Register mounts POST /api/upload-slots and POST /api/build-complete on mux.
 func (s *Server) Register(mux *http.ServeMux) {
 	mux.Handle("POST /api/upload-slots", s.wrap(s.handleUploadSlots))
@@ -429,9 +453,13 @@ func (s *Server) handleUploadSlots(ctx context.Context, body io.Reader) (any, er
 	if err := decode(body, &req); err != nil {
 		return nil, err
 	}
-	outs, err := parseOutputs(req.Outputs)
-	if err != nil {
-		return nil, err
+	// A failed build uploads only its log.
+	var outs []output
+	var err error
+	if len(req.Outputs) > 0 || req.Log == nil {
+		if outs, err = parseOutputs(req.Outputs); err != nil {
+			return nil, err
+		}
 	}
 	var logSum []byte
 	if req.Log != nil {
@@ -605,10 +633,7 @@ func staleClaim(c queue.Claim) error {
 // checkClaim answers 409 unless the job is building or uploading under exactly this claim.
 func (s *Server) checkClaim(ctx context.Context, c queue.Claim) error {
 	var ok bool
-	err := s.pool.QueryRow(ctx, `
-SELECT EXISTS (SELECT 1 FROM build_jobs
-               WHERE id = $1 AND claimed_by = $2 AND attempt = $3 AND status IN ('building', 'uploading'))`,
-		c.JobID, c.NodeID, c.Attempt).Scan(&ok)
+	err := s.pool.QueryRow(ctx, sqlCheckClaim, c.JobID, c.NodeID, c.Attempt).Scan(&ok)
 	if err != nil {
 		return internal("checking the claim failed", err)
 	}
@@ -628,8 +653,7 @@ func (s *Server) succeed(ctx context.Context, c queue.Claim, logKey string) (str
 		}
 		drvPath = out.DrvPath
 		if logKey != "" {
-			if _, err := tx.Exec(ctx, `UPDATE build_jobs SET log_url = $2 WHERE id = $1 AND status = 'succeeded'`,
-				c.JobID, logKey); err != nil {
+			if _, err := tx.Exec(ctx, sqlSetLogURL, c.JobID, logKey); err != nil {
 				return fmt.Errorf("set log_url of job %d: %w", c.JobID, err)
 			}
 		}
@@ -745,9 +769,6 @@ func (s *Server) recordHashes(ctx context.Context, cs []canonical) error {
 	if len(paths) == 0 {
 		return nil
 	}
-	_, err := s.pool.Exec(ctx, `
-UPDATE derivation_outputs o SET nar_hash = v.nar_hash, nar_size = v.nar_size
-FROM unnest($1::text[], $2::text[], $3::bigint[]) AS v(output_path, nar_hash, nar_size)
-WHERE o.output_path = v.output_path AND o.nar_hash IS NULL`, paths, hashes, sizes)
+	_, err := s.pool.Exec(ctx, sqlRecordNarHashes, paths, hashes, sizes)
 	return err
 }

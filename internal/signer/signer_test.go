@@ -545,3 +545,22 @@ func TestValidation(t *testing.T) {
 		t.Fatalf("store has %d objects after invalid requests", n)
 	}
 }
+
+// A failed build uploads its log alone: upload-slots with a log and no outputs hands out the
+// log's URL, and the upload lands under the key.
+func TestLogOnlySlots(t *testing.T) {
+	e := newEnv(t, false)
+	body := []byte("error: build failed\n")
+	sum := sha256.Sum256(body)
+	key := logKey("failed")
+	var resp UploadSlotsResponse
+	code, raw := e.post(t, "/api/upload-slots", testToken,
+		UploadSlotsRequest{Log: &LogUpload{Key: key, Size: int64(len(body)), SHA256: hex.EncodeToString(sum[:])}}, &resp)
+	if code != http.StatusOK || resp.Log == nil || len(resp.Outputs) != 0 {
+		t.Fatalf("log-only upload-slots: %d %s", code, raw)
+	}
+	put(t, resp.Log, body)
+	if _, err := e.store.Head(context.Background(), key); err != nil {
+		t.Fatalf("log not in the store after its upload: %v", err)
+	}
+}

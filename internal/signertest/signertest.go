@@ -4,6 +4,7 @@
 package signertest
 
 import (
+	"context"
 	"net/http"
 	"net/http/httptest"
 	"testing"
@@ -73,6 +74,9 @@ func Start(t testing.TB, pool *pgxpool.Pool, o Options) *Cluster {
 	t.Cleanup(func() { _ = store.Close() })
 	srv, err := signer.New(signer.Config{Store: store, Key: key, ClusterToken: Token, Logger: logger}, pool)
 	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.RecordKey(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	srv.Register(mux)

@@ -46,6 +46,9 @@ type Publisher struct {
 	Parallel int
 	// Batch bounds the paths of one upload-slots or build-complete call; default 500.
 	Batch int
+	// Observe, if set, is told how long each step took: "upload" (NARs hashed, compressed
+	// and PUT) and "sign" (build-complete) — the builder's per-job overhead figures.
+	Observe func(step string, d time.Duration)
 }
 
 // memLimit is the largest NAR compressed in memory; bigger ones go through a temporary file.
@@ -109,6 +112,7 @@ func (p *Publisher) Publish(ctx context.Context, paths []Path, done Request) (Re
 // in build-complete (done.LogKey), so the job's log_url is set when it succeeds.
 func (p *Publisher) PublishWithLog(ctx context.Context, paths []Path, log *Log, done Request) (Response, error) {
 	var total Response
+	start0 := time.Now()
 	parallel, batch := p.Parallel, p.Batch
 	if parallel <= 0 {
 		parallel = 16
@@ -150,6 +154,8 @@ func (p *Publisher) PublishWithLog(ctx context.Context, paths []Path, log *Log, 
 		if err := p.uploadAll(ctx, part, pl, parallel); err != nil {
 			return total, err
 		}
+		p.observe("upload", start0)
+		signStart := time.Now()
 		req := done
 		req.Outputs = make([]signer.Output, len(part))
 		for i, pr := range part {
@@ -159,11 +165,29 @@ func (p *Publisher) PublishWithLog(ctx context.Context, paths []Path, log *Log, 
 		if err != nil {
 			return total, fmt.Errorf("publish: build-complete: %w", err)
 		}
+		p.observe("sign", signStart)
+		start0 = time.Now()
 		total.Written += resp.Written
 		total.Skipped += resp.Skipped
 		total.Conflicts += resp.Conflicts
 	}
 	return total, nil
+}
+
+// UploadLog uploads a failed build's log alone (a successful build's log goes with its
+// outputs, see PublishWithLog). The caller records log.Key with the failure.
+func (p *Publisher) UploadLog(ctx context.Context, log Log) error {
+	pl := &preparedLog{key: log.Key, body: encoder().EncodeAll(log.Data, nil)}
+	if err := p.uploadAll(ctx, nil, pl, 1); err != nil {
+		return fmt.Errorf("upload log %s: %w", log.Key, err)
+	}
+	return nil
+}
+
+func (p *Publisher) observe(step string, since time.Time) {
+	if p.Observe != nil {
+		p.Observe(step, time.Since(since))
+	}
 }
 
 func (p *Publisher) prepare(ctx context.Context, path Path, tmp string, i int) (*prepared, error) {

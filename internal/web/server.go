@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
+	"github.com/harmonia-ci/harmonia-ci/internal/notify"
 	"github.com/harmonia-ci/harmonia-ci/internal/startstop"
 )
 
@@ -34,6 +35,11 @@ type Config struct {
 	// answers 200 only while it is active, so a load balancer sends nothing to a node that is
 	// starting or leaving. Nil means always active.
 	StatusFunc func() string
+	// Notifier is the process's LISTEN session; GET /api/builds/{id}/log subscribes to channel
+	// build_log through it while a live log is streamed. Nil disables live logs: that endpoint
+	// still redirects to a finished build's log, but answers 503 "live logs unavailable" for a
+	// running one.
+	Notifier *notify.Notifier
 }
 
 // Server serves the node's HTTP API on one listener.
@@ -45,6 +51,7 @@ type Server struct {
 	mux    *http.ServeMux
 	srv    *http.Server
 	ln     net.Listener
+	logs   *logHub // nil without a Notifier
 }
 
 // NewServer builds the server on ln; Start serves.
@@ -54,6 +61,10 @@ func NewServer(cfg Config, pool *pgxpool.Pool, ln net.Listener, logger *slog.Log
 	s.mux.Handle("GET /metrics", promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{}))
 	s.mux.Handle("GET /api/cluster", s.wrap(s.handleCluster))
 	s.mux.Handle("POST /api/nodes/{id}/drain", s.wrap(s.requireAdmin(s.handleDrain)))
+	if cfg.Notifier != nil {
+		s.logs = newLogHub(cfg.Notifier, s.logger)
+	}
+	s.mux.Handle("GET /api/builds/{id}/log", s.wrap(s.handleBuildLog))
 	s.srv = &http.Server{
 		Handler:           s.mux,
 		ReadHeaderTimeout: 10 * time.Second,
@@ -70,9 +81,19 @@ func (s *Server) Mux() *http.ServeMux { return s.mux }
 // Addr is the address the server listens on.
 func (s *Server) Addr() net.Addr { return s.ln.Addr() }
 
-// Start serves until Stop.
+// Start serves until Stop. Stop ends live log streams first: Shutdown waits for open
+// responses, and a stream is one that never finishes on its own.
 func (s *Server) Start(ctx context.Context) error {
 	s.Run(ctx, func(ctx context.Context) {
+		if s.logs != nil {
+			hctx, cancel := context.WithCancel(ctx)
+			hubDone := make(chan struct{})
+			go func() {
+				defer close(hubDone)
+				s.logs.run(hctx)
+			}()
+			defer func() { cancel(); <-hubDone }()
+		}
 		errc := make(chan error, 1)
 		go func() { errc <- s.srv.Serve(s.ln) }()
 		select {
@@ -82,6 +103,9 @@ func (s *Server) Start(ctx context.Context) error {
 			}
 			return
 		case <-ctx.Done():
+		}
+		if s.logs != nil {
+			<-s.logs.quit // the hub saw ctx end too: streams are returning
 		}
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()

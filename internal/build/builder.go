@@ -1,0 +1,355 @@
+package build
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"path"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/harmonia-ci/harmonia-ci/internal/clock"
+	"github.com/harmonia-ci/harmonia-ci/internal/notify"
+	"github.com/harmonia-ci/harmonia-ci/internal/queue"
+	"github.com/harmonia-ci/harmonia-ci/internal/signer"
+	"github.com/harmonia-ci/harmonia-ci/internal/startstop"
+	"github.com/harmonia-ci/harmonia-ci/internal/upload"
+)
+
+// Config configures a Builder.
+type Config struct {
+	// NodeID is the node the builder claims as.
+	NodeID string
+	// Store is the Nix store builds run in. Its Substituters and TrustedKeys are set per job:
+	// the cluster's live cache nodes and signing keys, then Upstream.
+	Store Store
+	// Upstream are substituters trusted besides the cluster's caches ([substituters]), with
+	// the keys that sign them.
+	Upstream, UpstreamKeys []string
+	// Limits bound every build ([build] timeout, max_silent, max_output_size).
+	Limits BuildLimits
+	// MaxLogSize caps a build's log ([build] max_log_size); past it the log is truncated with a
+	// marker and the build goes on. Default 64 MiB.
+	MaxLogSize int64
+	// TailInterval is how often the live log tail is written. Default 2s.
+	TailInterval time.Duration
+	// CheckInterval is how often running jobs' claims are checked, so a build cancelled or
+	// reclaimed in the database is killed: one heartbeat interval. Default 30s.
+	CheckInterval time.Duration
+	// Signer uploads and completes builds. Required.
+	Signer *signer.Client
+	// Notifier, if set, delivers cancellations at once instead of at the next check.
+	Notifier *notify.Notifier
+	// Observe, if set, receives each job's step timings (the benchmark's instrumentation).
+	Observe func(Timings)
+}
+
+// Timings is where one job's time went, for the per-job overhead figures.
+type Timings struct {
+	JobID                      int64
+	Fetch, Build, Upload, Sign time.Duration
+	Succeeded                  bool
+}
+
+// Builder runs claimed build jobs: it is the queue.Handler of the builder role's worker, and a
+// service that kills builds whose claim is gone (cancelled by a user, or reclaimed after this
+// node was presumed dead).
+type Builder struct {
+	startstop.Base
+	cfg    Config
+	pool   *pgxpool.Pool
+	logger *slog.Logger
+	clock  clock.Clock
+
+	mu      sync.Mutex
+	running map[int64]*runningJob
+}
+
+type runningJob struct {
+	attempt int
+	drvPath string
+	cancel  context.CancelCauseFunc
+}
+
+// errClaimLost ends a build whose claim no longer holds.
+var errClaimLost = errors.New("the job was cancelled or reclaimed")
+
+// New builds a Builder; Start runs its claim checks, Handle builds a job.
+func New(cfg Config, pool *pgxpool.Pool, logger *slog.Logger, clk clock.Clock) (*Builder, error) {
+	if cfg.NodeID == "" {
+		return nil, errors.New("builder: no node id")
+	}
+	if cfg.Signer == nil {
+		return nil, errors.New("builder: no signer client (the builder needs the cluster token)")
+	}
+	if cfg.MaxLogSize <= 0 {
+		cfg.MaxLogSize = 64 << 20
+	}
+	if cfg.TailInterval <= 0 {
+		cfg.TailInterval = 2 * time.Second
+	}
+	if cfg.CheckInterval <= 0 {
+		cfg.CheckInterval = 30 * time.Second
+	}
+	return &Builder{
+		cfg: cfg, pool: pool, clock: clk, running: map[int64]*runningJob{},
+		logger: logger.With("service", "builder", "node_id", cfg.NodeID),
+	}, nil
+}
+
+// Start removes the GC roots a crashed predecessor left and runs the claim checks until Stop.
+func (b *Builder) Start(ctx context.Context) error {
+	if err := b.cfg.Store.ClearRoots(b.cfg.NodeID + "-job-"); err != nil {
+		b.logger.Warn("could not remove stale GC roots", "error", err)
+	}
+	var sub *notify.Sub
+	if b.cfg.Notifier != nil {
+		var err error
+		if sub, err = b.cfg.Notifier.Subscribe("build_jobs"); err != nil {
+			return fmt.Errorf("builder: %w", err)
+		}
+	}
+	b.Run(ctx, func(ctx context.Context) {
+		var notes <-chan notify.Notification
+		if sub != nil {
+			defer sub.Close()
+			notes = sub.C
+		}
+		tick := b.clock.After(b.cfg.CheckInterval)
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case n := <-notes:
+				if cancelled(n.Payload) {
+					b.checkClaims(ctx)
+				}
+			case <-tick:
+				b.checkClaims(ctx)
+				tick = b.clock.After(b.cfg.CheckInterval)
+			}
+		}
+	})
+	return nil
+}
+
+// cancelled reports whether a build_jobs notification may announce a cancelled job.
+func cancelled(payload string) bool {
+	var p struct {
+		Status string `json:"status"`
+	}
+	return json.Unmarshal([]byte(payload), &p) != nil || p.Status == "cancelled"
+}
+
+// checkClaims kills the builds whose claim no longer holds, in one query for all of them.
+func (b *Builder) checkClaims(ctx context.Context) {
+	b.mu.Lock()
+	ids := slices.Collect(maps.Keys(b.running))
+	attempts := make([]int, len(ids))
+	for i, id := range ids {
+		attempts[i] = b.running[id].attempt
+	}
+	b.mu.Unlock()
+	if len(ids) == 0 {
+		return
+	}
+	rows, err := b.pool.Query(ctx, sqlLostClaims, ids, attempts, b.cfg.NodeID)
+	if err != nil {
+		if ctx.Err() == nil {
+			b.logger.Warn("could not check running jobs' claims", "error", err)
+		}
+		return
+	}
+	lost, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		b.logger.Warn("could not check running jobs' claims", "error", err)
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, id := range lost {
+		if j := b.running[id]; j != nil {
+			b.logger.Info("killing a build whose job was cancelled or reclaimed", "job_id", id, "drv_path", j.drvPath)
+			j.cancel(errClaimLost)
+		}
+	}
+}
+
+// Handle builds one claimed job (a queue.Handler): fetch the derivation and its inputs from the
+// cluster's caches, check them against the canonical hashes, build with the limits, and upload
+// the outputs and log through the signer, which records the success.
+func (b *Builder) Handle(ctx context.Context, job queue.Job) queue.Result {
+	jctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	b.mu.Lock()
+	b.running[job.ID] = &runningJob{attempt: job.Attempt, drvPath: job.DrvPath, cancel: cancel}
+	b.mu.Unlock()
+	defer func() {
+		b.mu.Lock()
+		delete(b.running, job.ID)
+		b.mu.Unlock()
+	}()
+
+	logger := b.logger.With("job_id", job.ID, "drv_path", job.DrvPath, "attempt", job.Attempt)
+	t := Timings{JobID: job.ID}
+	res := b.handle(jctx, job, logger, &t)
+	if context.Cause(jctx) == errClaimLost && ctx.Err() == nil {
+		res = queue.Result{Abandoned: true, Finally: res.Finally}
+	}
+	if b.cfg.Observe != nil && ctx.Err() == nil {
+		t.Succeeded = res.Err == nil && !res.Abandoned
+		b.cfg.Observe(t)
+	}
+	return res
+}
+
+func (b *Builder) handle(ctx context.Context, job queue.Job, logger *slog.Logger, t *Timings) queue.Result {
+	start := time.Now()
+	store, err := b.jobStore(ctx)
+	if err != nil {
+		return transient(err)
+	}
+	if err := store.FetchDerivation(ctx, job.DrvPath); err != nil {
+		return transient(err)
+	}
+	inputs, err := store.InputPaths(job.DrvPath)
+	if err != nil {
+		return transient(err)
+	}
+	// Rooted before they are fetched: a concurrent garbage collection must not take them.
+	unroot, err := store.AddRoots(b.rootName(job), append(inputs, job.DrvPath))
+	if err != nil {
+		return transient(err)
+	}
+	defer unroot()
+	if _, err := store.EnsureInputs(ctx, inputs, b.canonical, logger); err != nil {
+		return transient(err)
+	}
+	t.Fetch = time.Since(start)
+
+	log := NewLogBuffer(b.cfg.MaxLogSize, b.clock)
+	tail := NewTailWriter(TailConfig{JobID: job.ID, Log: log, Interval: b.cfg.TailInterval}, b.pool, logger, b.clock)
+	if err := tail.Start(ctx); err != nil {
+		return transient(err)
+	}
+	buildStart := time.Now()
+	outputs, err := store.Build(ctx, job.DrvPath, b.cfg.Limits, log)
+	t.Build = time.Since(buildStart)
+	tail.Stop()
+	finally := func(ctx context.Context) { b.deleteTail(ctx, job.ID, logger) }
+	logKey := "log/" + path.Base(job.DrvPath)
+	if err != nil {
+		var be *BuildError
+		if !errors.As(err, &be) {
+			return queue.Result{Err: err, Kind: queue.Transient, Finally: finally} // cancelled or stopping
+		}
+		res := queue.Result{Err: be, Message: be.Message, Kind: queue.Permanent, Finally: finally}
+		if be.Kind == "nix" {
+			res.Kind = queue.Transient
+		}
+		if be.ExitCode >= 0 {
+			res.ExitCode = &be.ExitCode
+		}
+		pub := upload.Publisher{Signer: b.cfg.Signer, StoreRoot: store.Root}
+		if uerr := pub.UploadLog(ctx, upload.Log{Key: logKey, Data: log.Bytes()}); uerr != nil {
+			logger.Warn("could not upload the failed build's log", "error", uerr)
+		} else {
+			res.LogKey = logKey
+		}
+		return res
+	}
+
+	outPaths := slices.Sorted(maps.Values(outputs))
+	unrootOut, err := store.AddRoots(b.rootName(job)+"-out", outPaths)
+	if err != nil {
+		return queue.Result{Err: err, Kind: queue.Transient, Finally: finally}
+	}
+	defer unrootOut()
+	if err := queue.MarkUploading(ctx, b.pool, job.Claim()); err != nil {
+		if errors.Is(err, queue.ErrStale) {
+			return queue.Result{Abandoned: true, Finally: finally}
+		}
+		return queue.Result{Err: err, Kind: queue.Transient, Finally: finally}
+	}
+	infos, err := store.OutputInfos(ctx, outPaths)
+	if err != nil {
+		return queue.Result{Err: err, Kind: queue.Transient, Finally: finally}
+	}
+	paths := make([]upload.Path, len(outPaths))
+	for i, p := range outPaths {
+		paths[i] = upload.Path{StorePath: p, References: infos[p].References, Deriver: job.DrvPath}
+	}
+	pub := upload.Publisher{Signer: b.cfg.Signer, StoreRoot: store.Root, Observe: func(step string, d time.Duration) {
+		switch step {
+		case "upload":
+			t.Upload += d
+		case "sign":
+			t.Sign += d
+		}
+	}}
+	jobID := job.ID
+	_, err = pub.PublishWithLog(ctx, paths, &upload.Log{Key: logKey, Data: log.Bytes()},
+		upload.Request{JobID: &jobID, NodeID: job.NodeID, Attempt: job.Attempt})
+	if err != nil {
+		var se *signer.StatusError
+		if errors.As(err, &se) && se.Code == 409 {
+			return queue.Result{Abandoned: true, Finally: finally}
+		}
+		return queue.Result{Err: fmt.Errorf("upload outputs: %w", err), Kind: queue.Transient, Finally: finally}
+	}
+	// The signer recorded the success with the log; the tail has served its purpose.
+	return queue.Result{Recorded: true, Finally: finally}
+}
+
+// rootName names a job's GC roots; the node id keeps builders sharing a store apart.
+func (b *Builder) rootName(job queue.Job) string {
+	return b.cfg.NodeID + "-job-" + strconv.FormatInt(job.ID, 10)
+}
+
+func transient(err error) queue.Result {
+	return queue.Result{Err: err, Kind: queue.Transient}
+}
+
+// jobStore is the store with this moment's substituters: the cluster's live cache nodes, then
+// upstream, trusting the cluster's signing keys and upstream's.
+func (b *Builder) jobStore(ctx context.Context) (Store, error) {
+	var caches, keys []string
+	if err := b.pool.QueryRow(ctx, sqlSources).Scan(&caches, &keys); err != nil {
+		return Store{}, fmt.Errorf("read the cluster's caches and keys: %w", err)
+	}
+	st := b.cfg.Store
+	st.Substituters = append(caches, b.cfg.Upstream...)
+	st.TrustedKeys = append(keys, b.cfg.UpstreamKeys...)
+	return st, nil
+}
+
+// canonical reads the NAR hashes the cache serves for paths (first writer wins at the signer).
+func (b *Builder) canonical(ctx context.Context, paths []string) (map[string]string, error) {
+	rows, err := b.pool.Query(ctx, sqlCanonical, paths)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]string{}
+	var p, h string
+	_, err = pgx.ForEachRow(rows, []any{&p, &h}, func() error {
+		out[p] = h
+		return nil
+	})
+	return out, err
+}
+
+// deleteTail removes the live tail once the result is recorded; its trigger tells log watchers
+// the build is over. A job reclaimed by another builder keeps its tail.
+func (b *Builder) deleteTail(ctx context.Context, jobID int64, logger *slog.Logger) {
+	if _, err := b.pool.Exec(ctx, sqlDeleteFinishedTail, jobID); err != nil {
+		logger.Warn("could not delete the live log tail", "error", err)
+	}
+}

@@ -1,0 +1,41 @@
+package build
+
+// All SQL of the builder.
+
+const (
+	// $1 job id, $2 tail. The notify_build_log trigger sends the job id on channel build_log.
+	tailUpsertSQL = `
+INSERT INTO build_log_tails (build_job_id, log_tail, log_seq) VALUES ($1, $2, 1)
+ON CONFLICT (build_job_id) DO UPDATE
+SET log_tail = EXCLUDED.log_tail, log_seq = build_log_tails.log_seq + 1`
+
+	// $1 job id.
+	tailDeleteSQL = `DELETE FROM build_log_tails WHERE build_job_id = $1`
+
+	// A finished job's tail: the result is recorded, so watchers may stop watching. A job that
+	// went back to the queue (or to another builder) keeps it.
+	sqlDeleteFinishedTail = `
+DELETE FROM build_log_tails t USING build_jobs j
+WHERE t.build_job_id = $1 AND j.id = $1 AND j.status IN ('succeeded', 'failed', 'cancelled', 'dep-failed')`
+
+	// The running jobs ($1 ids, $2 attempts) whose claim by node $3 no longer holds.
+	sqlLostClaims = `
+SELECT t.id FROM unnest($1::bigint[], $2::int[]) AS t(id, attempt)
+WHERE NOT EXISTS (
+    SELECT 1 FROM build_jobs j
+    WHERE j.id = t.id AND j.claimed_by = $3 AND j.attempt = t.attempt AND j.status IN ('building', 'uploading'))`
+
+	// Where inputs come from: the live cache nodes, and the keys their narinfos are signed with.
+	sqlSources = `
+SELECT
+    ARRAY(SELECT endpoint FROM nodes
+          WHERE 'cache' = ANY(capabilities) AND endpoint IS NOT NULL AND endpoint <> ''
+            AND status NOT IN ('dead') AND last_seen > now() - interval '2 minutes'
+          ORDER BY id),
+    ARRAY(SELECT public_key FROM signing_keys ORDER BY first_seen, public_key)`
+
+	// The canonical NAR hashes of output paths $1 (seed 001 "Builder input validation").
+	sqlCanonical = `
+SELECT DISTINCT output_path, nar_hash FROM derivation_outputs
+WHERE output_path = ANY($1::text[]) AND nar_hash IS NOT NULL`
+)

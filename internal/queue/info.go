@@ -1,0 +1,49 @@
+package queue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// ErrNotFound means no job has the id.
+var ErrNotFound = errors.New("no such job")
+
+// JobInfo is a job as users see it (harmonia-ci job show).
+type JobInfo struct {
+	ID           int64      `json:"id"`
+	DrvPath      string     `json:"drv_path"`
+	Project      string     `json:"project,omitempty"`
+	System       string     `json:"system"`
+	Status       string     `json:"status"`
+	Priority     int        `json:"priority"`
+	Attempt      int        `json:"attempt"`
+	RetryCount   int        `json:"retry_count"`
+	ClaimedBy    string     `json:"claimed_by,omitempty"`
+	StartedAt    *time.Time `json:"started_at,omitempty"`
+	FinishedAt   *time.Time `json:"finished_at,omitempty"`
+	ExitCode     *int       `json:"exit_code,omitempty"`
+	ErrorMessage string     `json:"error,omitempty"`
+	LogURL       string     `json:"log_url,omitempty"`
+	CreatedAt    time.Time  `json:"created_at"`
+}
+
+// GetJob returns job id, or an error wrapping ErrNotFound.
+func GetJob(ctx context.Context, q interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}, id int64) (JobInfo, error) {
+	var j JobInfo
+	err := q.QueryRow(ctx, sqlJobInfo, id).Scan(&j.ID, &j.DrvPath, &j.Project, &j.System, &j.Status, &j.Priority,
+		&j.Attempt, &j.RetryCount, &j.ClaimedBy, &j.StartedAt, &j.FinishedAt, &j.ExitCode, &j.ErrorMessage,
+		&j.LogURL, &j.CreatedAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return j, fmt.Errorf("job %d: %w", id, ErrNotFound)
+	}
+	if err != nil {
+		return j, fmt.Errorf("get job %d: %w", id, err)
+	}
+	return j, nil
+}
