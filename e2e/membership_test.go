@@ -24,7 +24,7 @@ func TestDeadNodeLifecycle(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, "")
 	f.startActive("leader")
-	f.start("worker", "--roles", "builder")
+	f.start("worker", "--roles", "cache")
 	proctest.WaitFor(t, 30*time.Second, "worker active", func() bool { return f.nodeStatus("worker") == "active" })
 	firstInc := f.incarnation("worker")
 
@@ -59,7 +59,7 @@ func TestDeadNodeLifecycle(t *testing.T) {
 		}
 	})
 
-	f.start("worker", "--roles", "builder")
+	f.start("worker", "--roles", "cache")
 	proctest.WaitFor(t, 30*time.Second, "worker back", func() bool {
 		return f.nodeStatus("worker") == "active" && f.incarnation("worker") != firstInc
 	})

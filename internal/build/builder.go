@@ -48,6 +48,9 @@ type Config struct {
 	Signer *signer.Client
 	// Notifier, if set, delivers cancellations at once instead of at the next check.
 	Notifier *notify.Notifier
+	// RetryPause is the pause before a transient failure is recorded, doubled with each retry
+	// (see backOff). Default 1s.
+	RetryPause time.Duration
 	// Observe, if set, receives each job's step timings (the benchmark's instrumentation).
 	Observe func(Timings)
 }
@@ -71,6 +74,10 @@ type Builder struct {
 
 	mu      sync.Mutex
 	running map[int64]*runningJob
+
+	// fetchMu serialises .drv fetches: Nix 2.8 corrupts concurrent `nix copy`s into one store
+	// (NixOS/nix#6253).
+	fetchMu sync.Mutex
 }
 
 type runningJob struct {
@@ -99,6 +106,9 @@ func New(cfg Config, pool *pgxpool.Pool, logger *slog.Logger, clk clock.Clock) (
 	if cfg.CheckInterval <= 0 {
 		cfg.CheckInterval = 30 * time.Second
 	}
+	if cfg.RetryPause <= 0 {
+		cfg.RetryPause = time.Second
+	}
 	return &Builder{
 		cfg: cfg, pool: pool, clock: clk, running: map[int64]*runningJob{},
 		logger: logger.With("service", "builder", "node_id", cfg.NodeID),
@@ -107,6 +117,9 @@ func New(cfg Config, pool *pgxpool.Pool, logger *slog.Logger, clk clock.Clock) (
 
 // Start removes the GC roots a crashed predecessor left and runs the claim checks until Stop.
 func (b *Builder) Start(ctx context.Context) error {
+	if err := b.cfg.Store.Init(ctx); err != nil {
+		return fmt.Errorf("builder: %w", err)
+	}
 	if err := b.cfg.Store.ClearRoots(b.cfg.NodeID + "-job-"); err != nil {
 		b.logger.Warn("could not remove stale GC roots", "error", err)
 	}
@@ -204,6 +217,9 @@ func (b *Builder) Handle(ctx context.Context, job queue.Job) queue.Result {
 	if context.Cause(jctx) == errClaimLost && ctx.Err() == nil {
 		res = queue.Result{Abandoned: true, Finally: res.Finally}
 	}
+	if res.Err != nil && res.Kind == queue.Transient && !res.Abandoned && ctx.Err() == nil {
+		b.backOff(jctx, job, logger, res.Err)
+	}
 	if b.cfg.Observe != nil && ctx.Err() == nil {
 		t.Succeeded = res.Err == nil && !res.Abandoned
 		b.cfg.Observe(t)
@@ -217,7 +233,10 @@ func (b *Builder) handle(ctx context.Context, job queue.Job, logger *slog.Logger
 	if err != nil {
 		return transient(err)
 	}
-	if err := store.FetchDerivation(ctx, job.DrvPath); err != nil {
+	b.fetchMu.Lock()
+	err = store.FetchDerivation(ctx, job.DrvPath)
+	b.fetchMu.Unlock()
+	if err != nil {
 		return transient(err)
 	}
 	inputs, err := store.InputPaths(job.DrvPath)
@@ -312,6 +331,19 @@ func (b *Builder) handle(ctx context.Context, job queue.Job, logger *slog.Logger
 // rootName names a job's GC roots; the node id keeps builders sharing a store apart.
 func (b *Builder) rootName(job queue.Job) string {
 	return b.cfg.NodeID + "-job-" + strconv.FormatInt(job.ID, 10)
+}
+
+// backOff waits before a transient failure is recorded, longer with each retry (RetryPause,
+// doubled per retry: 1 s, 2 s, 4 s, 8 s by default): a cache that is briefly unreachable or a database that just came back must not
+// use up a job's three retries within milliseconds. The job keeps its slot meanwhile; a lost
+// claim or a stopping worker ends the wait.
+func (b *Builder) backOff(ctx context.Context, job queue.Job, logger *slog.Logger, err error) {
+	d := b.cfg.RetryPause << min(job.RetryCount, 5)
+	logger.Warn("transient build failure; retrying after a pause", "error", err, "pause", d.String(), "retry", job.RetryCount+1)
+	select {
+	case <-ctx.Done():
+	case <-b.clock.After(d):
+	}
 }
 
 func transient(err error) queue.Result {

@@ -245,6 +245,9 @@ func (h *harness) startBuilder(id string, cfg build.Config) *builderNode {
 	if cfg.TailInterval == 0 {
 		cfg.TailInterval = 50 * time.Millisecond
 	}
+	if cfg.RetryPause == 0 {
+		cfg.RetryPause = 20 * time.Millisecond
+	}
 	if cfg.CheckInterval == 0 {
 		cfg.CheckInterval = 200 * time.Millisecond
 	}

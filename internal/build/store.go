@@ -257,6 +257,19 @@ func (s *Store) AddRoots(name string, paths []string) (remove func(), err error)
 	return remove, nil
 }
 
+// Init creates a chroot store's directories and database if they do not exist yet, so the
+// builder's concurrent jobs never race to create them (Nix 2.8 fails when two first commands
+// do). The system store needs nothing.
+func (s *Store) Init(ctx context.Context) error {
+	if s.Root == "" {
+		return nil
+	}
+	if _, err := s.run(ctx, "nix-store", append([]string{"--init"}, s.options(nil)...)...); err != nil {
+		return fmt.Errorf("initialise store %s: %w", s.Root, err)
+	}
+	return nil
+}
+
 // ClearRoots removes the GC roots AddRoots made under names starting with prefix: a builder
 // calls it at start, when no job of its own runs, to drop what a crashed predecessor left.
 func (s *Store) ClearRoots(prefix string) error {
@@ -408,7 +421,7 @@ func (s *Store) checkOutputs(ctx context.Context, outputs map[string]string, max
 		args := append([]string{"--delete"}, s.options(nil)...)
 		_, _ = s.run(ctx, "nix-store", append(args, paths...)...)
 		return nil, &BuildError{Kind: "output-size",
-			Message: fmt.Sprintf("outputs are %s, over max_output_size %s", approxSize(total), approxSize(maxSize)), ExitCode: 0}
+			Message: fmt.Sprintf("outputs are %s, over max_output_size %s", approxSize(total), approxSize(maxSize)), ExitCode: -1}
 	}
 	return outputs, nil
 }

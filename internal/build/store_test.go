@@ -453,7 +453,7 @@ in {
 			message: "no output for 1s", exitCode: -1, log: "once"},
 		{name: "cancelled", limits: BuildLimits{Timeout: time.Minute}, cancelOn: "spinning"},
 		{name: "big", limits: BuildLimits{Timeout: time.Minute, MaxOutputSize: 1000}, kind: "output-size",
-			message: "KB, over max_output_size 1 KB", exitCode: 0},
+			message: "KB, over max_output_size 1 KB", exitCode: -1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
