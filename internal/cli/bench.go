@@ -3,6 +3,7 @@ package cli
 import (
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"strings"
 
@@ -14,7 +15,7 @@ import (
 
 func newBench(g *globalFlags) *cobra.Command {
 	c := &cobra.Command{Use: "bench", Short: "Run benchmarks against a real PostgreSQL"}
-	c.AddCommand(newBenchQueue(g), newBenchWorker(g), newBenchCache(), newBenchEval())
+	c.AddCommand(newBenchQueue(g), newBenchWorker(g), newBenchCache(), newBenchEval(), newBenchE2E())
 	return c
 }
 
@@ -206,4 +207,57 @@ func printCacheReport(w io.Writer, r bench.CacheReport) {
 	if r.WrkSocketErrors != "" {
 		fmt.Fprintf(w, "  wrk socket errors: %s\n", r.WrkSocketErrors)
 	}
+}
+
+func newBenchE2E() *cobra.Command {
+	var o bench.E2EOptions
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "e2e",
+		Short: "Build a generated DAG on an in-process cluster against plain nix-store --realise; report per-job overhead and wall-time ratio",
+		Long: `e2e starts a private PostgreSQL and, in this process, a node with the frontend, evaluator,
+signer and cache roles (local cache, generated key and token) and --builders builder nodes of
+--slots slots, each with its own chroot store, all on loopback. For each workload it generates a
+DAG of --derivations derivations (layers of --width, each depending on two of the layer below)
+with a fresh salt, builds it with plain nix-store --realise --max-jobs builders×slots into a
+fresh chroot store (sandboxed like the builders; only the realise is timed), then evaluates the
+same derivations with harmonia-ci and, once the evaluation has succeeded, starts the builders:
+the cluster's wall time runs from the first claim to the last success (database clock).
+
+Workloads: trivial (report the per-job overhead: claim to succeeded minus the Nix build, split into
+claim, fetch inputs, build, upload, sign; target median ≤ 100 ms) and sleep (each build sleeps
+1 s; target cluster ÷ plain Nix ≤ 1.2). It also reports the machine's CPU time per job (Nix, the
+nodes, PostgreSQL), and replays a few jobs one at a time with the builder's store steps
+(--samples); --trace-nix counts and times every Nix process the builders run. It reports; it
+exits 0 whether targets are met or not. Needs nix-bin and git.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			o.Logger = benchLogger(cmd.ErrOrStderr())
+			o.NodeLogger = slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: slog.LevelWarn}))
+			ctx, _, stop := signalContext()
+			defer stop()
+			r, err := bench.E2E(ctx, o)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(cmd.OutOrStdout(), r)
+			}
+			r.Print(cmd.OutOrStdout())
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.IntVar(&o.Derivations, "derivations", 200, "derivations in the generated DAG (whole layers)")
+	f.IntVar(&o.Width, "width", 20, "derivations per layer")
+	f.IntVar(&o.Builders, "builders", 3, "builder nodes")
+	f.IntVar(&o.Slots, "slots", 2, "build slots per builder")
+	f.StringVar(&o.Workload, "workload", "both", "trivial, sleep or both")
+	f.IntVar(&o.Rounds, "rounds", 1, "runs per side and workload, each with fresh derivations; the best is kept")
+	f.Float64Var(&o.SleepSeconds, "sleep", 1, "seconds each build of the sleep workload sleeps")
+	f.IntVar(&o.Samples, "samples", 10, "single-derivation plain Nix builds and replayed jobs (-1 skips both)")
+	f.BoolVar(&o.TraceNix, "trace-nix", false, "count and time the builders' Nix processes through logging wrappers (adds a bash start to each)")
+	f.BoolVar(&o.Keep, "keep", false, "keep the temporary directory")
+	f.BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
 }

@@ -2,18 +2,24 @@
 // evaluates and builds offline (no nixpkgs): the projects of tests, benchmarks and examples.
 package nixgen
 
-import "fmt"
+import (
+	"fmt"
+	"strconv"
+)
 
 // Lib is a Nix prelude defining mk: mk NAME DEPS is a derivation whose output lists its name and
 // then its dependencies' outputs. salt changes every derivation's hash.
-func Lib(salt string) string {
+func Lib(salt string) string { return lib(salt, "") }
+
+// lib is Lib whose mk builders run the shell command pre first.
+func lib(salt, pre string) string {
 	return `let
   mk = name: deps: builtins.derivation {
     inherit name;
     system = builtins.currentSystem;
     builder = "/bin/sh";
     salt = "` + salt + `";
-    args = [ "-c" "echo building ${name}; echo ${name} > $out; ${builtins.concatStringsSep ""
+    args = [ "-c" "` + pre + `echo building ${name}; echo ${name} > $out; ${builtins.concatStringsSep ""
       (map (d: "while IFS= read -r l; do echo \"$l\" >> $out; done < ${d};") deps)}" ];
   };
   fail = name: deps: builtins.derivation {
@@ -30,7 +36,18 @@ in`
 // Layered returns a Nix expression (an attribute set d0…d(n-1)) of n derivations in layers of
 // width, each depending on two derivations of the layer below: wide and deep.
 func Layered(salt string, n, width int) string {
-	return Lib(salt) + fmt.Sprintf(`
+	return layered(Lib(salt), n, width)
+}
+
+// LayeredSleep is Layered whose builds each run /bin/sleep for seconds first (the end-to-end
+// benchmark's slow workload). Builds in a chroot store need /bin/sleep among their sandbox
+// paths.
+func LayeredSleep(salt string, n, width int, seconds float64) string {
+	return layered(lib(salt, "/bin/sleep "+strconv.FormatFloat(seconds, 'f', -1, 64)+"; "), n, width)
+}
+
+func layered(prelude string, n, width int) string {
+	return prelude + fmt.Sprintf(`
 let
   n = %d; width = %d;
   mod = a: b: a - (a / b) * b;

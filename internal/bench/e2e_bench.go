@@ -1,0 +1,1347 @@
+package bench
+
+import (
+	"bufio"
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/harmonia-ci/harmonia-ci/internal/build"
+	"github.com/harmonia-ci/harmonia-ci/internal/config"
+	"github.com/harmonia-ci/harmonia-ci/internal/db"
+	"github.com/harmonia-ci/harmonia-ci/internal/eval"
+	"github.com/harmonia-ci/harmonia-ci/internal/nix"
+	"github.com/harmonia-ci/harmonia-ci/internal/nixgen"
+	"github.com/harmonia-ci/harmonia-ci/internal/node"
+	"github.com/harmonia-ci/harmonia-ci/internal/pgembed"
+	"github.com/harmonia-ci/harmonia-ci/internal/project"
+	"github.com/harmonia-ci/harmonia-ci/internal/queue"
+)
+
+// E2E workloads.
+const (
+	E2ETrivial = "trivial"
+	E2ESleep   = "sleep"
+	E2EBoth    = "both"
+)
+
+// The issue's targets.
+const (
+	E2ETargetOverheadMs = 100.0 // median per-job overhead, trivial builds
+	E2ETargetRatio      = 1.2   // cluster wall ÷ plain Nix wall, sleeping builds
+)
+
+// E2EOptions configures `harmonia-ci bench e2e`.
+type E2EOptions struct {
+	Derivations  int     // default 200
+	Width        int     // derivations per layer; default 20
+	Builders     int     // builder nodes; default 3
+	Slots        int     // build slots per builder (node.max_jobs); default 2
+	Workload     string  // trivial, sleep or both (default)
+	Rounds       int     // each side runs this often per workload with fresh salts; the best is kept; default 1
+	SleepSeconds float64 // what each build of the sleep workload sleeps; default 1
+	// Samples is how many derivations plain Nix builds one nix-store --realise each (the Nix
+	// build itself), and how many jobs the uncontended probe replays; default 10, <0 skips both.
+	Samples int
+	// TraceNix puts logging wrappers of nix and nix-store first on PATH, to count and time every
+	// Nix process the builders run (each costs a bash start besides).
+	TraceNix bool
+	Keep     bool // keep the temporary directory
+	Logger   *slog.Logger
+	// NodeLogger receives the in-process nodes' logs; default discard.
+	NodeLogger *slog.Logger
+}
+
+func (o *E2EOptions) defaults() error {
+	if o.Derivations <= 0 {
+		o.Derivations = 200
+	}
+	if o.Width <= 0 {
+		o.Width = 20
+	}
+	if o.Width > o.Derivations {
+		o.Width = o.Derivations
+	}
+	o.Derivations -= o.Derivations % o.Width // whole layers
+	if o.Builders <= 0 {
+		o.Builders = 3
+	}
+	if o.Slots <= 0 {
+		o.Slots = 2
+	}
+	if o.Rounds <= 0 {
+		o.Rounds = 1
+	}
+	if o.SleepSeconds <= 0 {
+		o.SleepSeconds = 1
+	}
+	if o.Samples == 0 {
+		o.Samples = 10
+	}
+	if o.Workload == "" {
+		o.Workload = E2EBoth
+	}
+	if o.Workload != E2ETrivial && o.Workload != E2ESleep && o.Workload != E2EBoth {
+		return fmt.Errorf("bench e2e: workload: want trivial, sleep or both, got %q", o.Workload)
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.NodeLogger == nil {
+		o.NodeLogger = slog.New(slog.DiscardHandler)
+	}
+	return nil
+}
+
+// E2EReport is what `bench e2e` measured.
+type E2EReport struct {
+	Date        string  `json:"date"`
+	Machine     string  `json:"machine"`
+	Nix         string  `json:"nix"`
+	Postgres    string  `json:"postgres"`
+	Derivations int     `json:"derivations"`
+	Width       int     `json:"width"`
+	Builders    int     `json:"builders"`
+	Slots       int     `json:"slots"`
+	Rounds      int     `json:"rounds"`
+	TraceNix    bool    `json:"trace_nix"`
+	Dir         string  `json:"dir,omitempty"` // kept with --keep
+	TargetMs    float64 `json:"target_overhead_ms"`
+	TargetRatio float64 `json:"target_ratio"`
+
+	Trivial *E2EWorkload `json:"trivial,omitempty"`
+	Sleep   *E2EWorkload `json:"sleep,omitempty"`
+}
+
+// E2EWorkload is one workload's figures: wall times are the best of the rounds, per-job figures
+// pool every round.
+type E2EWorkload struct {
+	Name         string  `json:"name"`
+	SleepSeconds float64 `json:"sleep_seconds,omitempty"`
+	Jobs         int     `json:"jobs"` // per round
+	// NixSeconds is plain nix-store --realise -jN of the DAG into a fresh store (the realise only).
+	NixSeconds []float64 `json:"nix_seconds"`
+	// ClusterSeconds runs from the first claim to the last success (database clock); the builders
+	// start once the evaluation has succeeded.
+	ClusterSeconds []float64 `json:"cluster_seconds"`
+	// FromStartSeconds runs from the builders' start (node.Run) to the last success.
+	FromStartSeconds []float64 `json:"from_start_seconds"`
+	EvalSeconds      []float64 `json:"eval_seconds"`
+	BestNix          float64   `json:"best_nix_seconds"`
+	BestCluster      float64   `json:"best_cluster_seconds"`
+	Ratio            float64   `json:"ratio_cluster_to_nix"`
+	// NixCPU and ClusterCPU are the machine's busy CPU time (/proc/stat, every process: Nix,
+	// PostgreSQL, the nodes, and anything else running) during each side, seconds, best round.
+	NixCPU     float64 `json:"nix_cpu_seconds"`
+	ClusterCPU float64 `json:"cluster_cpu_seconds"`
+	// NixCPUOwn is plain Nix's own share: nix-store and its builds.
+	NixCPUOwn float64 `json:"nix_cpu_own_seconds"`
+	// The cluster's share of it: the Nix processes the builders ran (with their builds), this
+	// process (the nodes), PostgreSQL, and the rest (anything else on the machine).
+	ClusterCPUNix  float64 `json:"cluster_cpu_nix_seconds"`
+	ClusterCPUGo   float64 `json:"cluster_cpu_nodes_seconds"`
+	ClusterCPUPG   float64 `json:"cluster_cpu_postgres_seconds"`
+	ClusterCPURest float64 `json:"cluster_cpu_rest_seconds"`
+	// LowerBound is ⌈jobs ÷ slots⌉ × sleep (sleep workload): no overhead at all.
+	LowerBound float64 `json:"lower_bound_seconds,omitempty"`
+	// Utilisation is Σ(claim → succeeded) ÷ (cluster wall × slots), best round.
+	Utilisation float64        `json:"slot_utilisation"`
+	PerBuilder  map[string]int `json:"jobs_per_builder"` // best round
+	Retries     int            `json:"retries"`          // jobs claimed more than once, all rounds
+	Claims      int            `json:"claims"`           // claim statements, all rounds
+	EmptyClaims int            `json:"empty_claims"`     // of which returned no job
+	// FailedAttempts are the builders' "build failed" and "build abandoned" log lines (attempts
+	// that were retried), all rounds; Failures quotes the first few.
+	FailedAttempts int      `json:"failed_attempts"`
+	Failures       []string `json:"failures,omitempty"`
+
+	Steps E2ESteps `json:"steps_ms"`
+	// PlainBuild is one nix-store --realise of one trivial derivation of the second layer (its
+	// two inputs present), ms: the Nix build itself, as a builder runs it, alone on the machine.
+	PlainBuild Stat `json:"plain_nix_build_ms"`
+	// PlainSlotMs is plain Nix's wall × jobs-at-once ÷ derivations: slot time per derivation.
+	PlainSlotMs float64 `json:"plain_nix_slot_ms_per_drv"`
+	// OverheadVsBuild is claim → succeeded minus the builder's build step, per job.
+	OverheadVsBuild Stat `json:"overhead_vs_build_step_ms"`
+	// OverheadVsPlain is claim → succeeded minus PlainBuild's median, per job.
+	OverheadVsPlain Stat `json:"overhead_vs_plain_nix_ms"`
+
+	Probe []ProbeStep `json:"probe,omitempty"`
+	Trace []TraceStep `json:"nix_processes,omitempty"`
+}
+
+// E2ESteps splits claim → succeeded per job (ms).
+type E2ESteps struct {
+	Claim  Stat `json:"claim"`  // the claim statement, as the worker timed it
+	Fetch  Stat `json:"fetch"`  // .drv closure and inputs (build.Timings.Fetch)
+	Build  Stat `json:"build"`  // build.Timings.Build: input check, nix-store --realise, output check
+	Upload Stat `json:"upload"` // NAR dump, compression, PUT
+	Sign   Stat `json:"sign"`   // build-complete at the signer, which records the success
+	Other  Stat `json:"other"`  // the rest: dispatch, log tail, GC roots, status update, path infos
+	Total  Stat `json:"total"`  // claimed_at → finished_at (database clock)
+}
+
+// Stat summarises durations in milliseconds.
+type Stat struct {
+	N    int     `json:"n"`
+	P50  float64 `json:"p50"`
+	P90  float64 `json:"p90"`
+	Mean float64 `json:"mean"`
+}
+
+// ProbeStep is one step of the uncontended replay: build.Store's calls on one job at a time in
+// a fresh chroot store, from the cluster's cache, after the cluster has finished.
+type ProbeStep struct {
+	Step string `json:"step"`
+	Stat Stat   `json:"ms"`
+}
+
+// TraceStep is one kind of Nix process the builders ran (--trace-nix).
+type TraceStep struct {
+	Kind     string  `json:"kind"`
+	Count    int     `json:"count"`
+	PerJob   float64 `json:"per_job"`
+	Stat     Stat    `json:"ms"`
+	MsPerJob float64 `json:"ms_per_job"` // their summed time ÷ jobs
+	// CPUMs is the mean CPU time of one (user and system, with what it waited for: sandboxed
+	// builders included), 10 ms resolution; CPUMsPerJob sums it per job.
+	CPUMs       float64 `json:"cpu_ms"`
+	CPUMsPerJob float64 `json:"cpu_ms_per_job"`
+}
+
+func stat(ms []float64) Stat {
+	if len(ms) == 0 {
+		return Stat{}
+	}
+	s := slices.Clone(ms)
+	slices.Sort(s)
+	var sum float64
+	for _, v := range s {
+		sum += v
+	}
+	return Stat{N: len(s), P50: quantile(s, 0.5), P90: quantile(s, 0.9), Mean: sum / float64(len(s))}
+}
+
+// quantile of sorted s, interpolated.
+func quantile(s []float64, q float64) float64 {
+	pos := q * float64(len(s)-1)
+	i := int(pos)
+	if i+1 >= len(s) {
+		return s[len(s)-1]
+	}
+	return s[i] + (pos-float64(i))*(s[i+1]-s[i])
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// e2e is one benchmark run.
+type e2e struct {
+	o       E2EOptions
+	dir     string
+	url     string
+	pool    *pgxpool.Pool
+	token   string
+	failed  chan error // a node stopped on its own
+	front   *runningNode
+	nixBin  string // the real nix-store
+	nixCmd  string // the real nix
+	traceLn string // the trace log, with --trace-nix
+	nodeLog string // the nodes' log at info level
+	logger  *slog.Logger
+	logOff  int64 // nodeLog read up to here
+
+	mu      sync.Mutex
+	claims  map[int64]time.Duration
+	timings map[int64]build.Timings
+	nClaims int
+	nEmpty  int
+}
+
+type runningNode struct {
+	id     string
+	cancel context.CancelFunc
+	done   chan struct{}
+	err    error
+}
+
+func (b *e2e) start(ctx context.Context, cfg *config.Config) *runningNode {
+	nctx, cancel := context.WithCancel(ctx)
+	rn := &runningNode{id: cfg.Node.ID, cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(rn.done)
+		rn.err = node.Run(nctx, cfg, b.logger.With("node", cfg.Node.ID), node.Options{
+			Version: "bench", BuildObserver: b.observeBuild, ClaimObserver: b.observeClaim,
+		})
+		if nctx.Err() == nil {
+			b.failed <- fmt.Errorf("node %s: %w", rn.id, rn.err)
+		}
+	}()
+	return rn
+}
+
+func (rn *runningNode) stop() error {
+	rn.cancel()
+	<-rn.done
+	if errors.Is(rn.err, context.Canceled) {
+		return nil
+	}
+	return rn.err
+}
+
+func (b *e2e) observeBuild(t build.Timings) {
+	b.mu.Lock()
+	b.timings[t.JobID] = t
+	b.mu.Unlock()
+}
+
+func (b *e2e) observeClaim(latency time.Duration, jobs []queue.Job) {
+	b.mu.Lock()
+	b.nClaims++
+	if len(jobs) == 0 {
+		b.nEmpty++
+	}
+	for _, j := range jobs {
+		b.claims[j.ID] = latency
+	}
+	b.mu.Unlock()
+}
+
+// E2E measures the cluster end to end: a node with the frontend, evaluator, signer and cache
+// roles and o.Builders builder nodes of o.Slots slots (each its own chroot store), all in this
+// process on a private PostgreSQL, build a generated DAG; plain `nix-store --realise -jN` builds
+// the same derivations into a fresh store in the same run, N = builders × slots.
+func E2E(ctx context.Context, o E2EOptions) (E2EReport, error) {
+	if err := o.defaults(); err != nil {
+		return E2EReport{}, err
+	}
+	r := E2EReport{
+		Date: time.Now().UTC().Format(time.RFC3339), Derivations: o.Derivations, Width: o.Width,
+		Builders: o.Builders, Slots: o.Slots, Rounds: o.Rounds, TraceNix: o.TraceNix,
+		Machine:  fmt.Sprintf("%s/%s, %d CPUs", runtime.GOOS, runtime.GOARCH, runtime.NumCPU()),
+		Nix:      toolVersion("nix-store", "--version"),
+		TargetMs: E2ETargetOverheadMs, TargetRatio: E2ETargetRatio,
+	}
+	for _, tool := range []string{"nix-instantiate", "nix-store", "nix", "git"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			return r, fmt.Errorf("bench e2e: %s not found (scripts/deps.sh bench installs nix-bin and git)", tool)
+		}
+	}
+	dir, err := os.MkdirTemp("", "hci-bench-e2e-")
+	if err != nil {
+		return r, err
+	}
+	if o.Keep {
+		r.Dir = dir
+	} else {
+		defer os.RemoveAll(dir)
+	}
+	if err := os.Chmod(dir, 0o755); err != nil { // the embedded server runs as postgres when root
+		return r, err
+	}
+	b := &e2e{o: o, dir: dir, failed: make(chan error, 64), claims: map[int64]time.Duration{}, timings: map[int64]build.Timings{}}
+	if b.nixBin, err = exec.LookPath("nix-store"); err != nil {
+		return r, err
+	}
+	if b.nixCmd, err = exec.LookPath("nix"); err != nil {
+		return r, err
+	}
+	b.nodeLog = filepath.Join(dir, "nodes.log")
+	logFile, err := os.OpenFile(b.nodeLog, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return r, err
+	}
+	defer logFile.Close()
+	b.logger = slog.New(slog.NewMultiHandler(o.NodeLogger.Handler(),
+		slog.NewTextHandler(logFile, &slog.HandlerOptions{Level: slog.LevelInfo})))
+	if o.TraceNix {
+		restore, err := b.installTrace()
+		if err != nil {
+			return r, err
+		}
+		defer restore()
+	}
+
+	srv, err := pgembed.Start(ctx, pgembed.Options{Dir: filepath.Join(dir, "pg"), Durable: false, MaxConnections: 200, Logger: o.Logger})
+	if err != nil {
+		return r, err
+	}
+	defer srv.Stop()
+	b.url = srv.URL("harmonia")
+	b.pool, err = db.Connect(ctx, b.url, db.PoolConfig{ApplicationName: "harmonia-ci bench e2e", MaxConns: 4})
+	if err != nil {
+		return r, err
+	}
+	defer b.pool.Close()
+	if _, err := db.Migrate(ctx, b.pool, "bench"); err != nil {
+		return r, err
+	}
+	if err := b.pool.QueryRow(ctx, `SELECT current_setting('server_version')`).Scan(&r.Postgres); err != nil {
+		return r, err
+	}
+
+	b.token = randomHex(16)
+	front, err := b.frontConfig()
+	if err != nil {
+		return r, err
+	}
+	b.front = b.start(ctx, front)
+	defer b.front.stop()
+	if err := waitFor(ctx, b.failed, func() (bool, error) {
+		var n int
+		err := b.pool.QueryRow(ctx, `SELECT count(*) FROM nodes WHERE id = $1 AND status = 'active'`, front.Node.ID).Scan(&n)
+		return n > 0, err
+	}); err != nil {
+		return r, fmt.Errorf("the frontend node did not become active: %w", err)
+	}
+
+	for _, name := range []string{E2ETrivial, E2ESleep} {
+		if o.Workload != E2EBoth && o.Workload != name {
+			continue
+		}
+		w, err := b.workload(ctx, name)
+		if err != nil {
+			return r, fmt.Errorf("%s workload: %w", name, err)
+		}
+		if name == E2ETrivial {
+			r.Trivial = w
+		} else {
+			r.Sleep = w
+		}
+	}
+	return r, nil
+}
+
+func (b *e2e) baseConfig(id, stateDir string) (*config.Config, error) {
+	if err := os.MkdirAll(stateDir, 0o755); err != nil {
+		return nil, err
+	}
+	cfg := config.Default()
+	cfg.DatabaseURL, cfg.StateDir, cfg.Listen = b.url, stateDir, "127.0.0.1:0"
+	cfg.LogLevel = "warn"
+	cfg.Node.ID = id
+	cfg.Auth.ClusterToken = b.token
+	cfg.Cluster.Shutdown.DrainTimeout = config.Duration{} // a stopped benchmark kills its builds
+	return cfg, nil
+}
+
+func (b *e2e) frontConfig() (*config.Config, error) {
+	cfg, err := b.baseConfig("e2e-front", filepath.Join(b.dir, "front"))
+	if err != nil {
+		return nil, err
+	}
+	cfg.Node.Roles = []string{config.RoleFrontend, config.RoleEvaluator, config.RoleSigner, config.RoleCache}
+	cfg.Eval.PollInterval = config.Duration{Duration: time.Second}
+	key, err := nix.GenerateKey("bench-e2e-1")
+	if err != nil {
+		return nil, err
+	}
+	cfg.Signer.SigningKeyFile = filepath.Join(cfg.StateDir, "signing-key")
+	if err := key.WriteFile(cfg.Signer.SigningKeyFile, true); err != nil {
+		return nil, err
+	}
+	return cfg, cfg.Validate()
+}
+
+// sandboxPaths are the sandbox paths of both sides: build.Store's defaults and the workload's.
+func (b *e2e) sandboxPaths(name string) []string {
+	var paths []string
+	for _, p := range []string{"/bin/sh", "/lib", "/lib64", "/usr/lib"} {
+		if _, err := os.Stat(p); err == nil {
+			paths = append(paths, p)
+		}
+	}
+	if name == E2ESleep {
+		paths = append(paths, "/bin/sleep")
+	}
+	return paths
+}
+
+func (b *e2e) expr(name, salt string) string {
+	if name == E2ESleep {
+		return nixgen.LayeredSleep(salt, b.o.Derivations, b.o.Width, b.o.SleepSeconds)
+	}
+	return nixgen.Layered(salt, b.o.Derivations, b.o.Width)
+}
+
+// roundResult is one round of one workload.
+type roundResult struct {
+	nix, cluster, fromStart, eval float64
+	nixCPU, clusterCPU, nixOwn    float64
+	clusterNix, clusterGo, pg     float64
+	rows                          []jobRow
+	perBuilder                    map[string]int
+	stores                        []string
+}
+
+type jobRow struct {
+	id                  int64
+	drv, status, by     string
+	attempt             int
+	claimed, finished   time.Time
+	hasClaim, hasFinish bool
+}
+
+func (b *e2e) workload(ctx context.Context, name string) (*E2EWorkload, error) {
+	o := b.o
+	w := &E2EWorkload{Name: name, Jobs: o.Derivations}
+	if name == E2ESleep {
+		w.SleepSeconds = o.SleepSeconds
+		w.LowerBound = math.Ceil(float64(o.Derivations)/float64(o.Builders*o.Slots)) * o.SleepSeconds
+	}
+	var rows []jobRow
+	best := -1
+	var results []roundResult
+	for round := 1; round <= o.Rounds; round++ {
+		salt := fmt.Sprintf("%s-%d-%s", name, round, randomHex(6))
+		rr, err := b.round(ctx, name, salt, round)
+		if err != nil {
+			return nil, err
+		}
+		results = append(results, rr)
+		w.NixSeconds = append(w.NixSeconds, rr.nix)
+		w.ClusterSeconds = append(w.ClusterSeconds, rr.cluster)
+		w.FromStartSeconds = append(w.FromStartSeconds, rr.fromStart)
+		w.EvalSeconds = append(w.EvalSeconds, rr.eval)
+		rows = append(rows, rr.rows...)
+		if best < 0 || rr.cluster < results[best].cluster {
+			best = round - 1
+		}
+		if o.TraceNix && round == 1 {
+			w.Trace = b.readTrace(rr.stores, len(rr.rows))
+		}
+		if o.Samples > 0 && round == 1 && name == E2ETrivial {
+			o.Logger.Info("uncontended probe", "jobs", o.Samples)
+			if w.Probe, err = b.probe(ctx, name, rr.rows); err != nil {
+				return nil, fmt.Errorf("probe: %w", err)
+			}
+		}
+	}
+	w.BestNix, w.BestCluster = slices.Min(w.NixSeconds), slices.Min(w.ClusterSeconds)
+	w.Ratio = w.BestCluster / w.BestNix
+	w.PlainSlotMs = w.BestNix * 1000 * float64(o.Builders*o.Slots) / float64(o.Derivations)
+	w.PerBuilder = results[best].perBuilder
+	w.ClusterCPU = results[best].clusterCPU
+	w.ClusterCPUNix, w.ClusterCPUGo = results[best].clusterNix, results[best].clusterGo
+	w.ClusterCPUPG = results[best].pg
+	w.ClusterCPURest = w.ClusterCPU - w.ClusterCPUNix - w.ClusterCPUGo - w.ClusterCPUPG
+	bestNix := slices.MinFunc(results, func(x, y roundResult) int { return cmp.Compare(x.nix, y.nix) })
+	w.NixCPU, w.NixCPUOwn = bestNix.nixCPU, bestNix.nixOwn
+
+	if o.Samples > 0 && name == E2ETrivial {
+		o.Logger.Info("plain Nix, one derivation per nix-store --realise", "samples", o.Samples)
+		samples, err := b.plainSingle(ctx, name, fmt.Sprintf("%s-single-%s", name, randomHex(6)))
+		if err != nil {
+			return nil, err
+		}
+		w.PlainBuild = stat(samples)
+	}
+
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	w.Claims, w.EmptyClaims = b.nClaims, b.nEmpty
+	b.nClaims, b.nEmpty = 0, 0
+	var steps struct{ claim, fetch, build, upload, sign, other, total, vsBuild, vsPlain []float64 }
+	for _, j := range rows {
+		if j.attempt > 1 {
+			w.Retries++
+		}
+		t, ok := b.timings[j.id]
+		if !ok || !j.hasClaim || !j.hasFinish {
+			continue
+		}
+		total := ms(j.finished.Sub(j.claimed))
+		claim := ms(b.claims[j.id])
+		fetch, bld, up, sign := ms(t.Fetch), ms(t.Build), ms(t.Upload), ms(t.Sign)
+		steps.claim = append(steps.claim, claim)
+		steps.fetch = append(steps.fetch, fetch)
+		steps.build = append(steps.build, bld)
+		steps.upload = append(steps.upload, up)
+		steps.sign = append(steps.sign, sign)
+		steps.other = append(steps.other, total-claim-fetch-bld-up-sign)
+		steps.total = append(steps.total, total)
+		steps.vsBuild = append(steps.vsBuild, total-bld)
+		if w.PlainBuild.N > 0 {
+			steps.vsPlain = append(steps.vsPlain, total-w.PlainBuild.P50)
+		}
+	}
+	w.Steps = E2ESteps{
+		Claim: stat(steps.claim), Fetch: stat(steps.fetch), Build: stat(steps.build), Upload: stat(steps.upload),
+		Sign: stat(steps.sign), Other: stat(steps.other), Total: stat(steps.total),
+	}
+	w.OverheadVsBuild, w.OverheadVsPlain = stat(steps.vsBuild), stat(steps.vsPlain)
+	w.FailedAttempts, w.Failures = b.readFailures()
+	var busy float64
+	for _, j := range results[best].rows {
+		if j.hasClaim && j.hasFinish {
+			busy += j.finished.Sub(j.claimed).Seconds()
+		}
+	}
+	w.Utilisation = busy / (results[best].cluster * float64(o.Builders*o.Slots))
+	return w, nil
+}
+
+// round runs plain Nix, then the cluster, on the derivations of salt.
+func (b *e2e) round(ctx context.Context, name, salt string, round int) (roundResult, error) {
+	o := b.o
+	var rr roundResult
+	expr := b.expr(name, salt)
+	jobsAtOnce := o.Builders * o.Slots
+
+	o.Logger.Info("plain nix-store --realise", "workload", name, "round", round, "derivations", o.Derivations, "jobs", jobsAtOnce)
+	store := filepath.Join(b.dir, "plain-"+salt)
+	drvs, err := b.instantiate(ctx, store, expr, nil)
+	if err != nil {
+		return rr, err
+	}
+	if len(drvs) != o.Derivations {
+		return rr, fmt.Errorf("nix-instantiate gave %d derivations, want %d", len(drvs), o.Derivations)
+	}
+	cpu0 := busyCPU()
+	_, own0 := processCPU()
+	d, err := b.realise(ctx, store, drvs, jobsAtOnce, b.sandboxPaths(name))
+	if err != nil {
+		return rr, err
+	}
+	_, own1 := processCPU()
+	rr.nix, rr.nixCPU, rr.nixOwn = d.Seconds(), busyCPU()-cpu0, own1-own0
+	if !o.Keep {
+		_ = os.RemoveAll(store)
+	}
+
+	o.Logger.Info("harmonia-ci evaluation", "workload", name, "round", round)
+	repo, err := makeRepo(filepath.Join(b.dir, "repo-"+salt), expr)
+	if err != nil {
+		return rr, err
+	}
+	proj := "e2e-" + salt
+	if _, err := project.Add(ctx, b.pool, project.AddParams{Name: proj, RepoURL: repo}); err != nil {
+		return rr, err
+	}
+	start := time.Now()
+	e, _, err := eval.Trigger(ctx, b.pool, eval.TriggerParams{Project: proj, StateDir: filepath.Join(b.dir, "cli")})
+	if err != nil {
+		return rr, err
+	}
+	if err := waitFor(ctx, b.failed, func() (bool, error) {
+		e, err = eval.Get(ctx, b.pool, e.ID)
+		return e.Finished(), err
+	}); err != nil {
+		return rr, err
+	}
+	rr.eval = time.Since(start).Seconds()
+	if e.Status != "succeeded" {
+		return rr, fmt.Errorf("evaluation %s: %s", e.Status, e.Error)
+	}
+	var pending int
+	if err := b.pool.QueryRow(ctx, `SELECT count(*) FROM build_jobs WHERE project_id = $1 AND status = 'pending'`, e.ProjectID).Scan(&pending); err != nil {
+		return rr, err
+	}
+	if pending != o.Derivations {
+		return rr, fmt.Errorf("the evaluation made %d pending jobs for %d derivations", pending, o.Derivations)
+	}
+
+	o.Logger.Info("cluster build", "workload", name, "round", round, "builders", o.Builders, "slots", o.Slots)
+	var builders []*runningNode
+	stopAll := func() error {
+		var errs []error
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		for _, n := range builders {
+			wg.Go(func() {
+				if err := n.stop(); err != nil {
+					mu.Lock()
+					errs = append(errs, fmt.Errorf("node %s: %w", n.id, err))
+					mu.Unlock()
+				}
+			})
+		}
+		wg.Wait()
+		builders = nil
+		return errors.Join(errs...)
+	}
+	defer stopAll()
+	var cfgs []*config.Config
+	for i := 1; i <= o.Builders; i++ {
+		id := fmt.Sprintf("e2e-b%d-%s-%d", i, name, round)
+		cfg, err := b.baseConfig(id, filepath.Join(b.dir, "state-"+id))
+		if err != nil {
+			return rr, err
+		}
+		cfg.Node.Roles = []string{config.RoleBuilder}
+		cfg.Node.MaxJobs = o.Slots
+		cfg.Build.NixStore = filepath.Join(b.dir, "store-"+id)
+		cfg.Build.ExtraSandboxPaths = nil
+		if name == E2ESleep {
+			cfg.Build.ExtraSandboxPaths = []string{"/bin/sleep"}
+		}
+		if err := cfg.Validate(); err != nil {
+			return rr, err
+		}
+		cfgs = append(cfgs, cfg)
+		rr.stores = append(rr.stores, cfg.Build.NixStore)
+	}
+	start = time.Now()
+	cpu0 = busyCPU()
+	self0, children0 := processCPU()
+	pg0 := b.postgresCPU()
+	for _, cfg := range cfgs {
+		builders = append(builders, b.start(ctx, cfg))
+	}
+	var failures []string
+	if err := waitFor(ctx, b.failed, func() (bool, error) {
+		var open int
+		rows, err := b.pool.Query(ctx, `SELECT drv_path, status, coalesce(error_message, '') FROM build_jobs
+WHERE project_id = $1 AND status NOT IN ('succeeded')`, e.ProjectID)
+		if err != nil {
+			return false, err
+		}
+		defer rows.Close()
+		failures = failures[:0]
+		for rows.Next() {
+			var drv, status, msg string
+			if err := rows.Scan(&drv, &status, &msg); err != nil {
+				return false, err
+			}
+			switch status {
+			case "pending", "building", "uploading":
+				open++
+			default:
+				failures = append(failures, fmt.Sprintf("%s: %s %s", drv, status, msg))
+			}
+		}
+		return open == 0, rows.Err()
+	}); err != nil {
+		return rr, err
+	}
+	rr.fromStart, rr.clusterCPU = time.Since(start).Seconds(), busyCPU()-cpu0
+	self1, children1 := processCPU()
+	rr.clusterGo, rr.clusterNix, rr.pg = self1-self0, children1-children0, b.postgresCPU()-pg0
+	if err := stopAll(); err != nil {
+		return rr, err
+	}
+	if len(failures) > 0 {
+		return rr, fmt.Errorf("%d jobs did not succeed: %s", len(failures), strings.Join(failures[:min(5, len(failures))], "; "))
+	}
+
+	if err := b.pool.QueryRow(ctx, `SELECT extract(epoch FROM max(finished_at) - min(claimed_at))::float8
+FROM build_jobs WHERE project_id = $1`, e.ProjectID).Scan(&rr.cluster); err != nil {
+		return rr, err
+	}
+	rows, err := b.pool.Query(ctx, `SELECT id, drv_path, status, coalesce(claimed_by, ''), attempt, claimed_at, finished_at
+FROM build_jobs WHERE project_id = $1 ORDER BY id`, e.ProjectID)
+	if err != nil {
+		return rr, err
+	}
+	defer rows.Close()
+	rr.perBuilder = map[string]int{}
+	for rows.Next() {
+		var j jobRow
+		var claimed, finished *time.Time
+		if err := rows.Scan(&j.id, &j.drv, &j.status, &j.by, &j.attempt, &claimed, &finished); err != nil {
+			return rr, err
+		}
+		if claimed != nil {
+			j.claimed, j.hasClaim = *claimed, true
+		}
+		if finished != nil {
+			j.finished, j.hasFinish = *finished, true
+		}
+		rr.perBuilder[j.by]++
+		rr.rows = append(rr.rows, j)
+	}
+	return rr, rows.Err()
+}
+
+// readFailures counts the "build failed" and "build abandoned" lines the nodes logged since the last call and quotes
+// the first few.
+func (b *e2e) readFailures() (int, []string) {
+	f, err := os.Open(b.nodeLog)
+	if err != nil {
+		return 0, nil
+	}
+	defer f.Close()
+	if _, err := f.Seek(b.logOff, io.SeekStart); err != nil {
+		return 0, nil
+	}
+	data, _ := io.ReadAll(f)
+	b.logOff += int64(len(data))
+	var n int
+	var quoted []string
+	for l := range strings.Lines(string(data)) {
+		if !strings.Contains(l, `msg="build failed"`) && !strings.Contains(l, `msg="build abandoned`) {
+			continue
+		}
+		n++
+		if len(quoted) < 3 {
+			quoted = append(quoted, strings.TrimSpace(l[:min(len(l), 600)]))
+		}
+	}
+	return n, quoted
+}
+
+// busyCPU is the machine's busy CPU time so far, seconds (/proc/stat; 0 where there is none).
+func busyCPU() float64 {
+	data, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0
+	}
+	line, _, _ := strings.Cut(string(data), "\n")
+	fields := strings.Fields(line)
+	if len(fields) < 8 || fields[0] != "cpu" {
+		return 0
+	}
+	var busy float64
+	for i, f := range fields[1:] {
+		v, _ := strconv.ParseFloat(f, 64)
+		if i != 3 && i != 4 && i < 8 { // user nice system [idle iowait] irq softirq steal
+			busy += v
+		}
+	}
+	return busy / 100 // USER_HZ
+}
+
+// processCPU is the CPU time of this process and of its reaped descendants, seconds.
+func processCPU() (self, children float64) {
+	sec := func(ru syscall.Rusage) float64 {
+		return float64(ru.Utime.Nano()+ru.Stime.Nano()) / 1e9
+	}
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) == nil {
+		self = sec(ru)
+	}
+	if syscall.Getrusage(syscall.RUSAGE_CHILDREN, &ru) == nil {
+		children = sec(ru)
+	}
+	return self, children
+}
+
+// postgresCPU is the CPU time of the private PostgreSQL so far, seconds: the postmaster with
+// its reaped children, and its live children (backends, background workers).
+func (b *e2e) postgresCPU() float64 {
+	data, err := os.ReadFile(filepath.Join(b.dir, "pg", "data", "postmaster.pid"))
+	if err != nil {
+		return 0
+	}
+	first, _, _ := strings.Cut(string(data), "\n")
+	pm, err := strconv.Atoi(strings.TrimSpace(first))
+	if err != nil {
+		return 0
+	}
+	entries, _ := os.ReadDir("/proc")
+	var ticks float64
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		i := strings.LastIndexByte(string(stat), ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(string(stat[i+1:])) // f[0] is field 3 (state)
+		if len(f) < 15 {
+			continue
+		}
+		ppid, _ := strconv.Atoi(f[1])
+		n := 2 // utime, stime
+		if pid == pm {
+			n = 4 // and cutime, cstime: its exited children
+		} else if ppid != pm {
+			continue
+		}
+		for _, v := range f[11 : 11+n] {
+			t, _ := strconv.ParseFloat(v, 64)
+			ticks += t
+		}
+	}
+	return ticks / 100 // USER_HZ
+}
+
+// nixEnv is the environment of the benchmark's own Nix commands: a fresh HOME (no narinfo disk
+// cache, no user configuration).
+func (b *e2e) nixEnv() ([]string, func(), error) {
+	home, err := os.MkdirTemp(b.dir, "home-")
+	if err != nil {
+		return nil, nil, err
+	}
+	return append(os.Environ(), "HOME="+home), func() { os.RemoveAll(home) }, nil
+}
+
+// instantiate writes expr and instantiates it (attrs, or all of it) into the chroot store at
+// root; it returns the .drv paths in the order of attrs.
+func (b *e2e) instantiate(ctx context.Context, root, expr string, attrs []string) ([]string, error) {
+	file := root + ".nix"
+	if err := os.WriteFile(file, []byte(expr), 0o644); err != nil {
+		return nil, err
+	}
+	args := []string{"--store", root, file, "--option", "substituters", "", "--option", "build-users-group", ""}
+	for _, a := range attrs {
+		args = append(args, "-A", a)
+	}
+	env, done, err := b.nixEnv()
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	cmd := exec.CommandContext(ctx, "nix-instantiate", args...)
+	cmd.Env = env
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("nix-instantiate: %w: %s", err, stderr.String())
+	}
+	return strings.Fields(string(out)), nil
+}
+
+// realise times plain nix-store --realise of drvs in the chroot store at root, sandboxed as the
+// builders' builds are.
+func (b *e2e) realise(ctx context.Context, root string, drvs []string, jobs int, sandbox []string) (time.Duration, error) {
+	args := append([]string{"--store", root, "--realise"}, drvs...)
+	args = append(args, "--max-jobs", strconv.Itoa(jobs),
+		"--option", "sandbox", "true", "--option", "sandbox-paths", strings.Join(sandbox, " "),
+		"--option", "build-users-group", "", "--option", "substituters", "")
+	env, done, err := b.nixEnv()
+	if err != nil {
+		return 0, err
+	}
+	defer done()
+	cmd := exec.CommandContext(ctx, b.nixBin, args...)
+	cmd.Env = env
+	cmd.Stdout = io.Discard
+	tail := &tailBuffer{}
+	cmd.Stderr = tail
+	start := time.Now()
+	err = cmd.Run()
+	d := time.Since(start)
+	if err != nil {
+		return 0, fmt.Errorf("nix-store --realise: %w: %s", err, tail.String())
+	}
+	return d, nil
+}
+
+// tailBuffer keeps the last 4 KiB written to it.
+type tailBuffer struct{ b []byte }
+
+func (t *tailBuffer) Write(p []byte) (int, error) {
+	t.b = append(t.b, p...)
+	if len(t.b) > 8<<10 {
+		t.b = append(t.b[:0], t.b[len(t.b)-4<<10:]...)
+	}
+	return len(p), nil
+}
+
+func (t *tailBuffer) String() string { return string(t.b) }
+
+// plainSingle times one nix-store --realise per derivation in a fresh store, o.Samples of the
+// second layer once the first is built, so that each builds exactly one derivation with two
+// inputs, as a builder's job does: the Nix build itself.
+func (b *e2e) plainSingle(ctx context.Context, name, salt string) ([]float64, error) {
+	w := b.o.Width
+	first, samples := 0, min(b.o.Samples, w)
+	if b.o.Derivations >= 2*w {
+		first = w
+	}
+	var attrs []string
+	for i := range first + samples {
+		attrs = append(attrs, "d"+strconv.Itoa(i))
+	}
+	store := filepath.Join(b.dir, "single-"+salt)
+	drvs, err := b.instantiate(ctx, store, b.expr(name, salt), attrs)
+	if err != nil {
+		return nil, err
+	}
+	if first > 0 {
+		if _, err := b.realise(ctx, store, drvs[:first], b.o.Builders*b.o.Slots, b.sandboxPaths(name)); err != nil {
+			return nil, err
+		}
+	}
+	var out []float64
+	for _, drv := range drvs[first:] {
+		d, err := b.realise(ctx, store, []string{drv}, 1, b.sandboxPaths(name))
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, ms(d))
+	}
+	return out, nil
+}
+
+// probe replays o.Samples of the round's jobs with build.Store, one at a time in a fresh chroot
+// store fetching from the cluster's cache, to time each step without contention.
+func (b *e2e) probe(ctx context.Context, name string, rows []jobRow) ([]ProbeStep, error) {
+	// Jobs with inputs (to substitute from the cache), spread over the DAG, in dependency order
+	// (dN depends on lower N only), so that no job's .drv came with an earlier one's closure.
+	rows = slices.Clone(rows)
+	slices.SortFunc(rows, func(x, y jobRow) int { return drvIndex(x.drv) - drvIndex(y.drv) })
+	var withInputs []jobRow
+	for _, j := range rows {
+		var n int
+		if err := b.pool.QueryRow(ctx, `SELECT count(*) FROM derivation_inputs WHERE referrer = $1`, j.drv).Scan(&n); err != nil {
+			return nil, err
+		}
+		if n > 0 {
+			withInputs = append(withInputs, j)
+		}
+	}
+	var sample []jobRow
+	step := max(1, len(withInputs)/b.o.Samples)
+	for i := 0; i < len(withInputs) && len(sample) < b.o.Samples; i += step {
+		sample = append(sample, withInputs[i])
+	}
+	var caches, keys []string
+	if err := b.pool.QueryRow(ctx, `SELECT
+    ARRAY(SELECT endpoint FROM nodes WHERE 'cache' = ANY(capabilities) AND status = 'active' ORDER BY id),
+    ARRAY(SELECT public_key FROM signing_keys ORDER BY first_seen)`).Scan(&caches, &keys); err != nil {
+		return nil, err
+	}
+	if len(caches) == 0 {
+		return nil, errors.New("no active cache node")
+	}
+	st := build.Store{Root: filepath.Join(b.dir, "probe-store"), Substituters: caches, TrustedKeys: keys}
+	if name == E2ESleep {
+		st.SandboxPaths = []string{"/bin/sleep"}
+	}
+	steps := map[string][]float64{}
+	order := []string{"nix copy --derivation (FetchDerivation)", "nix-store --realise, substitute (EnsureInputs)",
+		"nix-store --realise, build (Build)", "path infos (OutputInfos, SQLite)", "no-op nix-store process",
+		"nix copy --derivation of a valid .drv, fresh HOME", "the same, warm narinfo disk cache", ".drv closure size (paths, not ms)"}
+	// runNix runs a Nix command with HOME home ("" = a fresh one) and returns how long it took.
+	runNix := func(home, bin string, args ...string) (float64, error) {
+		env, done, err := b.nixEnv()
+		if err != nil {
+			return 0, err
+		}
+		defer done()
+		if home != "" {
+			env = append(env, "HOME="+home) // the last one wins
+		}
+		cmd := exec.CommandContext(ctx, bin, args...)
+		cmd.Env = env
+		var stderr strings.Builder
+		cmd.Stderr = &stderr
+		t := time.Now()
+		if err := cmd.Run(); err != nil {
+			return 0, fmt.Errorf("%s %s: %w: %s", bin, strings.Join(args, " "), err, stderr.String())
+		}
+		return ms(time.Since(t)), nil
+	}
+	// As build.Store runs nix copy.
+	copyArgs := func(drv string) []string {
+		return []string{"--extra-experimental-features", "nix-command", "copy", "--derivation", "--from", caches[0],
+			"--store", st.Root, "--option", "substituters", strings.Join(caches, " "),
+			"--option", "trusted-public-keys", strings.Join(keys, " "), "--option", "require-sigs", "true",
+			"--option", "narinfo-cache-negative-ttl", "0", "--option", "build-users-group", "", drv}
+	}
+	warmHome, err := os.MkdirTemp(b.dir, "probe-home-")
+	if err != nil {
+		return nil, err
+	}
+	for _, j := range sample {
+		t := time.Now()
+		if err := st.FetchDerivation(ctx, j.drv); err != nil {
+			return nil, err
+		}
+		steps[order[0]] = append(steps[order[0]], ms(time.Since(t)))
+		inputs, err := st.InputPaths(j.drv)
+		if err != nil {
+			return nil, err
+		}
+		t = time.Now()
+		if _, err := st.EnsureInputs(ctx, inputs, nil, nil); err != nil {
+			return nil, err
+		}
+		steps[order[1]] = append(steps[order[1]], ms(time.Since(t)))
+		t = time.Now()
+		outs, err := st.Build(ctx, j.drv, build.BuildLimits{}, io.Discard)
+		if err != nil {
+			return nil, err
+		}
+		steps[order[2]] = append(steps[order[2]], ms(time.Since(t)))
+		paths := slices.Sorted(maps.Values(outs))
+		t = time.Now()
+		if _, err := st.OutputInfos(ctx, paths); err != nil {
+			return nil, err
+		}
+		steps[order[3]] = append(steps[order[3]], ms(time.Since(t)))
+		// The cheapest Nix process on this store: realise a valid path (nothing to do).
+		d, err := runNix("", b.nixBin, "--store", st.Root, "--realise", paths[0],
+			"--option", "substituters", "", "--option", "build-users-group", "")
+		if err != nil {
+			return nil, err
+		}
+		steps[order[4]] = append(steps[order[4]], d)
+		// What nix copy costs when there is nothing to copy: the walk of the .drv closure's
+		// narinfos at the cache.
+		if d, err = runNix("", b.nixCmd, copyArgs(j.drv)...); err != nil {
+			return nil, err
+		}
+		steps[order[5]] = append(steps[order[5]], d)
+		if _, err = runNix(warmHome, b.nixCmd, copyArgs(j.drv)...); err != nil {
+			return nil, err
+		}
+		if d, err = runNix(warmHome, b.nixCmd, copyArgs(j.drv)...); err != nil {
+			return nil, err
+		}
+		steps[order[6]] = append(steps[order[6]], d)
+		out, err := exec.CommandContext(ctx, b.nixBin, "--store", st.Root, "--query", "--requisites", j.drv).Output()
+		if err != nil {
+			return nil, fmt.Errorf("nix-store --query --requisites: %w", err)
+		}
+		steps[order[7]] = append(steps[order[7]], float64(len(strings.Fields(string(out)))))
+	}
+	var out []ProbeStep
+	for _, s := range order {
+		out = append(out, ProbeStep{Step: s, Stat: stat(steps[s])})
+	}
+	return out, nil
+}
+
+// drvIndex is N of a generated derivation dN's .drv path.
+func drvIndex(drv string) int {
+	name := strings.TrimSuffix(drv[strings.LastIndexByte(drv, '-')+1:], ".drv")
+	n, _ := strconv.Atoi(strings.TrimPrefix(name, "d"))
+	return n
+}
+
+// installTrace puts wrappers of nix and nix-store first on PATH that log each call's start, end
+// and arguments to a file, and returns a func restoring PATH.
+func (b *e2e) installTrace() (func(), error) {
+	bash, err := exec.LookPath("bash")
+	if err != nil {
+		return nil, fmt.Errorf("--trace-nix needs bash: %w", err)
+	}
+	shim := filepath.Join(b.dir, "nix-trace")
+	if err := os.MkdirAll(shim, 0o755); err != nil {
+		return nil, err
+	}
+	b.traceLn = filepath.Join(shim, "log")
+	for _, tool := range []string{"nix", "nix-store"} {
+		real, err := exec.LookPath(tool)
+		if err != nil {
+			return nil, err
+		}
+		// $EPOCHREALTIME needs no fork; the line is one write (O_APPEND).
+		// Fields 16 and 17 of /proc/$$/stat are the CPU ticks of the shell's waited-for
+		// children: the Nix process and everything it waited for.
+		script := fmt.Sprintf(`#!%s
+t0=$EPOCHREALTIME
+%q "$@"
+rc=$?
+t1=$EPOCHREALTIME
+a="$*"
+read -r st < /proc/$$/stat
+st=${st##*) }
+set -- $st
+printf '%%s %%s %%s %%s %%s %%s\n' "$t0" "$t1" "$rc" "$(( ${14} + ${15} ))" %q "${a:0:600}" >> %q
+exit $rc
+`, bash, real, tool, b.traceLn)
+		if err := os.WriteFile(filepath.Join(shim, tool), []byte(script), 0o755); err != nil {
+			return nil, err
+		}
+	}
+	old := os.Getenv("PATH")
+	if err := os.Setenv("PATH", shim+string(os.PathListSeparator)+old); err != nil {
+		return nil, err
+	}
+	return func() { os.Setenv("PATH", old) }, nil
+}
+
+// readTrace summarises the traced Nix processes run on the builders' stores, then empties the
+// log.
+func (b *e2e) readTrace(stores []string, jobs int) []TraceStep {
+	f, err := os.Open(b.traceLn)
+	if err != nil {
+		return nil
+	}
+	defer func() {
+		f.Close()
+		_ = os.Truncate(b.traceLn, 0)
+	}()
+	byKind := map[string][]float64{}
+	cpuByKind := map[string][]float64{}
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		fields := strings.SplitN(sc.Text(), " ", 6)
+		if len(fields) < 6 {
+			continue
+		}
+		t0, err1 := strconv.ParseFloat(strings.ReplaceAll(fields[0], ",", "."), 64)
+		t1, err2 := strconv.ParseFloat(strings.ReplaceAll(fields[1], ",", "."), 64)
+		if err1 != nil || err2 != nil {
+			continue
+		}
+		ticks, _ := strconv.ParseFloat(fields[3], 64)
+		tool, args := fields[4], fields[5]
+		if !slices.ContainsFunc(stores, func(s string) bool { return strings.Contains(args, "--store "+s+" ") }) {
+			continue
+		}
+		var kind string
+		switch {
+		case tool == "nix" && strings.Contains(args, " copy "):
+			kind = "nix copy --derivation (fetch the .drv closure)"
+		case tool == "nix-store" && strings.Contains(args, "--realise") && strings.Contains(args, "--option sandbox true"):
+			kind = "nix-store --realise (the build)"
+		case tool == "nix-store" && strings.Contains(args, "--realise"):
+			kind = "nix-store --realise (substitute inputs)"
+		default:
+			first, _, _ := strings.Cut(args, " ")
+			kind = tool + " " + first
+		}
+		byKind[kind] = append(byKind[kind], (t1-t0)*1000)
+		cpuByKind[kind] = append(cpuByKind[kind], ticks*10) // USER_HZ 100
+	}
+	var out []TraceStep
+	var all, allCPU []float64
+	sum := func(xs []float64) float64 {
+		var s float64
+		for _, v := range xs {
+			s += v
+		}
+		return s
+	}
+	perJob := func(kind string, d, cpu []float64) TraceStep {
+		n := float64(max(1, jobs))
+		return TraceStep{Kind: kind, Count: len(d), PerJob: float64(len(d)) / n, Stat: stat(d), MsPerJob: sum(d) / n,
+			CPUMs: sum(cpu) / float64(max(1, len(cpu))), CPUMsPerJob: sum(cpu) / n}
+	}
+	for kind, d := range byKind {
+		out = append(out, perJob(kind, d, cpuByKind[kind]))
+		all = append(all, d...)
+		allCPU = append(allCPU, cpuByKind[kind]...)
+	}
+	slices.SortFunc(out, func(a, b TraceStep) int { return strings.Compare(a.Kind, b.Kind) })
+	return append(out, perJob("all", all, allCPU))
+}
+
+// Print writes the report for people.
+func (r E2EReport) Print(w io.Writer) {
+	jobs := r.Builders * r.Slots
+	fmt.Fprintf(w, "harmonia-ci bench e2e — %s, %s, PostgreSQL %s, %s\n", r.Machine, r.Nix, r.Postgres, r.Date)
+	fmt.Fprintf(w, "  %d derivations in layers of %d (each depends on two of the layer below); %d builders × %d slots,\n", r.Derivations, r.Width, r.Builders, r.Slots)
+	fmt.Fprintf(w, "  each its own chroot store; frontend, evaluator, signer and cache on one node; loopback; best of %d round(s)\n", r.Rounds)
+	fmt.Fprintf(w, "  plain Nix: nix-store --realise <all .drv> --max-jobs %d into a fresh chroot store, sandboxed; the realise only\n", jobs)
+	fmt.Fprintf(w, "  cluster:   first claim → last succeeded (database clock); builders start once the evaluation has succeeded\n")
+	if r.Dir != "" {
+		fmt.Fprintf(w, "  kept: %s\n", r.Dir)
+	}
+	pass := func(ok bool) string {
+		if ok {
+			return "PASS"
+		}
+		return "MISS"
+	}
+	secs := func(xs []float64) string {
+		if len(xs) < 2 {
+			return ""
+		}
+		parts := make([]string, len(xs))
+		for i, x := range xs {
+			parts[i] = fmt.Sprintf("%.2f", x)
+		}
+		return "  (rounds: " + strings.Join(parts, ", ") + ")"
+	}
+	row := func(name string, s Stat) {
+		fmt.Fprintf(w, "      %-48s %8.1f %8.1f %8.1f\n", name, s.P50, s.P90, s.Mean)
+	}
+	for _, wl := range []*E2EWorkload{r.Trivial, r.Sleep} {
+		if wl == nil {
+			continue
+		}
+		fmt.Fprintln(w)
+		if wl.Name == E2ESleep {
+			fmt.Fprintf(w, "  sleep builds (each sleeps %g s)\n", wl.SleepSeconds)
+		} else {
+			fmt.Fprintf(w, "  trivial builds\n")
+		}
+		fmt.Fprintf(w, "    plain Nix -j%-3d   %8.2f s   (%.0f ms of slot time per derivation)%s\n", jobs, wl.BestNix, wl.PlainSlotMs, secs(wl.NixSeconds))
+		fmt.Fprintf(w, "    cluster          %8.2f s   ratio %.2f", wl.BestCluster, wl.Ratio)
+		if wl.Name == E2ESleep {
+			fmt.Fprintf(w, "   target ≤ %.1f: %s", r.TargetRatio, pass(wl.Ratio <= r.TargetRatio))
+		}
+		fmt.Fprintf(w, "%s\n", secs(wl.ClusterSeconds))
+		fmt.Fprintf(w, "    builders' start → last succeeded %.2f s; evaluation %.2f s; slot utilisation %.0f %%\n",
+			minOf(wl.FromStartSeconds), minOf(wl.EvalSeconds), 100*wl.Utilisation)
+		perJob := func(s float64) float64 { return 1000 * s / float64(wl.Jobs) }
+		fmt.Fprintf(w, "    busy CPU, whole machine, per derivation: plain Nix %.0f ms (nix-store and builds %.0f ms); cluster %.0f ms =\n",
+			perJob(wl.NixCPU), perJob(wl.NixCPUOwn), perJob(wl.ClusterCPU))
+		fmt.Fprintf(w, "      Nix processes and builds %.0f ms + nodes (Go) %.0f ms + PostgreSQL %.0f ms + rest (anything else) %.0f ms\n",
+			perJob(wl.ClusterCPUNix), perJob(wl.ClusterCPUGo), perJob(wl.ClusterCPUPG), perJob(wl.ClusterCPURest))
+		if wl.LowerBound > 0 {
+			fmt.Fprintf(w, "    lower bound ⌈%d jobs ÷ %d slots⌉ × %g s = %.1f s (plain Nix ÷ bound %.2f, cluster ÷ bound %.2f)\n",
+				wl.Jobs, jobs, wl.SleepSeconds, wl.LowerBound, wl.BestNix/wl.LowerBound, wl.BestCluster/wl.LowerBound)
+		}
+		var per []string
+		for id, n := range wl.PerBuilder {
+			per = append(per, fmt.Sprintf("%s %d", id, n))
+		}
+		slices.Sort(per)
+		fmt.Fprintf(w, "    jobs per builder: %s; %d retried; %d claims, %d empty\n", strings.Join(per, ", "), wl.Retries, wl.Claims, wl.EmptyClaims)
+		if wl.FailedAttempts > 0 {
+			fmt.Fprintf(w, "    failed attempts (retried): %d\n", wl.FailedAttempts)
+			for _, f := range wl.Failures {
+				fmt.Fprintf(w, "      %s\n", f)
+			}
+		}
+		fmt.Fprintf(w, "    per job (%d jobs), ms                                   p50      p90     mean\n", wl.Steps.Total.N)
+		row("claim", wl.Steps.Claim)
+		row("fetch inputs", wl.Steps.Fetch)
+		row("build", wl.Steps.Build)
+		row("upload", wl.Steps.Upload)
+		row("sign", wl.Steps.Sign)
+		row("other (unaccounted)", wl.Steps.Other)
+		row("claim → succeeded", wl.Steps.Total)
+		row("overhead: total − build step", wl.OverheadVsBuild)
+		if wl.PlainBuild.N > 0 {
+			row("overhead: total − plain Nix build", wl.OverheadVsPlain)
+			fmt.Fprintf(w, "    plain Nix build of one derivation (one nix-store --realise, inputs present, alone): p50 %.1f ms, p90 %.1f ms (%d samples)\n",
+				wl.PlainBuild.P50, wl.PlainBuild.P90, wl.PlainBuild.N)
+		}
+		if wl.Name == E2ETrivial {
+			fmt.Fprintf(w, "    target: median overhead ≤ %.0f ms: %s against the build step (%.1f ms), %s against plain Nix (%.1f ms)\n",
+				r.TargetMs, pass(wl.OverheadVsBuild.P50 <= r.TargetMs), wl.OverheadVsBuild.P50,
+				pass(wl.PlainBuild.N > 0 && wl.OverheadVsPlain.P50 <= r.TargetMs), wl.OverheadVsPlain.P50)
+		}
+		if len(wl.Probe) > 0 {
+			fmt.Fprintf(w, "    uncontended replay (build.Store, one job at a time, fresh store, inputs from the cache), ms\n")
+			for _, p := range wl.Probe {
+				row(p.Step, p.Stat)
+			}
+		}
+		if len(wl.Trace) > 0 {
+			fmt.Fprintf(w, "    Nix processes on the builders (--trace-nix, round 1)   per job   p50 ms   p90 ms   ms/job   CPU ms  CPU ms/job\n")
+			for _, t := range wl.Trace {
+				fmt.Fprintf(w, "      %-50s %5.2f %8.1f %8.1f %8.1f %8.1f %8.1f\n", t.Kind, t.PerJob, t.Stat.P50, t.Stat.P90, t.MsPerJob, t.CPUMs, t.CPUMsPerJob)
+			}
+		}
+	}
+}
+
+func minOf(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	return slices.Min(xs)
+}
