@@ -75,8 +75,7 @@ type Builder struct {
 	mu      sync.Mutex
 	running map[int64]*runningJob
 
-	// fetchMu serialises .drv fetches: Nix 2.8 corrupts concurrent `nix copy`s into one store
-	// (NixOS/nix#6253).
+	// fetchMu serialises the retry of a failed .drv fetch (see handle).
 	fetchMu sync.Mutex
 }
 
@@ -233,11 +232,18 @@ func (b *Builder) handle(ctx context.Context, job queue.Job, logger *slog.Logger
 	if err != nil {
 		return transient(err)
 	}
-	b.fetchMu.Lock()
-	err = store.FetchDerivation(ctx, job.DrvPath)
-	b.fetchMu.Unlock()
-	if err != nil {
-		return transient(err)
+	if err := store.FetchDerivation(ctx, job.DrvPath); err != nil {
+		if ctx.Err() != nil {
+			return transient(err)
+		}
+		// Nix 2.8 can fail concurrent `nix copy`s into one store (NixOS/nix#6253): once more,
+		// alone.
+		b.fetchMu.Lock()
+		err = store.FetchDerivation(ctx, job.DrvPath)
+		b.fetchMu.Unlock()
+		if err != nil {
+			return transient(err)
+		}
 	}
 	inputs, err := store.InputPaths(job.DrvPath)
 	if err != nil {

@@ -25,6 +25,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/build"
 	"github.com/harmonia-ci/harmonia-ci/internal/clock"
 	"github.com/harmonia-ci/harmonia-ci/internal/dbtest"
+	"github.com/harmonia-ci/harmonia-ci/internal/logtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
 	"github.com/harmonia-ci/harmonia-ci/internal/nixtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
@@ -48,7 +49,7 @@ type harness struct {
 	src     string
 	system  string
 	salt    string
-	logs    *syncBuffer
+	logs    *logtest.Buffer
 	logger  *slog.Logger
 
 	mu      sync.Mutex
@@ -72,7 +73,7 @@ func newHarness(t *testing.T) *harness {
 		src:     t.TempDir(),
 		system:  currentSystem(t),
 		salt:    fmt.Sprintf("%s-%d", t.Name(), time.Now().UnixNano()),
-		logs:    &syncBuffer{},
+		logs:    &logtest.Buffer{},
 	}
 	h.logger = slog.New(slog.NewTextHandler(h.logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	t.Cleanup(func() {
@@ -460,22 +461,4 @@ func processesWith(s string) []string {
 		}
 	}
 	return pids
-}
-
-// syncBuffer is a bytes.Buffer safe for the concurrent writes of a logger.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,6 +17,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/build"
 	"github.com/harmonia-ci/harmonia-ci/internal/clock"
 	"github.com/harmonia-ci/harmonia-ci/internal/dbtest"
+	"github.com/harmonia-ci/harmonia-ci/internal/logtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/queuetest"
 	"github.com/harmonia-ci/harmonia-ci/internal/waittest"
 )
@@ -286,24 +286,6 @@ func TestDeleteTail(t *testing.T) {
 	}
 }
 
-// tailLogSink collects a logger's output for the test to read while the writer logs.
-type tailLogSink struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (s *tailLogSink) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.buf.Write(p)
-}
-
-func (s *tailLogSink) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.buf.String()
-}
-
 func TestTailWriterSurvivesMissingJob(t *testing.T) {
 	t.Parallel()
 	pool := dbtest.NewPool(t)
@@ -330,7 +312,7 @@ func TestTailWriterSurvivesMissingJob(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			sink := &tailLogSink{}
+			sink := &logtest.Buffer{}
 			logger := slog.New(slog.NewTextHandler(sink, &slog.HandlerOptions{Level: slog.LevelDebug}))
 			log := build.NewLogBuffer(0, clock.Real{})
 			var w *build.TailWriter

@@ -5,10 +5,8 @@ package proctest
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os"
@@ -22,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/harmonia-ci/harmonia-ci/internal/logtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/waittest"
 )
 
@@ -95,7 +94,7 @@ func WriteFile(t testing.TB, name, content string) string {
 type Proc struct {
 	Name string
 	cmd  *exec.Cmd
-	logs *syncBuffer
+	logs *logtest.Buffer
 	done chan struct{}
 	err  error // set before done closes
 }
@@ -106,7 +105,7 @@ func Start(t testing.TB, name string, env []string, args ...string) *Proc {
 	t.Helper()
 	cmd := exec.Command(Binary(t), args...)
 	cmd.Env = append(os.Environ(), env...)
-	p := &Proc{Name: name, cmd: cmd, logs: &syncBuffer{}, done: make(chan struct{})}
+	p := &Proc{Name: name, cmd: cmd, logs: &logtest.Buffer{}, done: make(chan struct{})}
 	cmd.Stdout = p.logs
 	cmd.Stderr = p.logs
 	if err := cmd.Start(); err != nil {
@@ -231,23 +230,3 @@ func FreePort(t testing.TB) int {
 	defer ln.Close()
 	return ln.Addr().(*net.TCPAddr).Port
 }
-
-// syncBuffer is a bytes.Buffer safe for a writer and concurrent readers.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-var _ io.Writer = (*syncBuffer)(nil)
