@@ -180,16 +180,27 @@ func (b *Builder) checkClaims(ctx context.Context) {
 		}
 		return
 	}
-	lost, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	type claim struct {
+		ID      int64
+		Attempt int
+	}
+	var lost []claim
+	var c claim
+	_, err = pgx.ForEachRow(rows, []any{&c.ID, &c.Attempt}, func() error {
+		lost = append(lost, c)
+		return nil
+	})
 	if err != nil {
 		b.logger.Warn("could not check running jobs' claims", "error", err)
 		return
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	for _, id := range lost {
-		if j := b.running[id]; j != nil {
-			b.logger.Info("killing a build whose job was cancelled or reclaimed", "job_id", id, "drv_path", j.drvPath)
+	for _, c := range lost {
+		// The job may have been claimed again since the snapshot: only the attempt that lost
+		// its claim is killed.
+		if j := b.running[c.ID]; j != nil && j.attempt == c.Attempt {
+			b.logger.Info("killing a build whose job was cancelled or reclaimed", "job_id", c.ID, "attempt", c.Attempt, "drv_path", j.drvPath)
 			j.cancel(errClaimLost)
 		}
 	}
@@ -201,12 +212,15 @@ func (b *Builder) checkClaims(ctx context.Context) {
 func (b *Builder) Handle(ctx context.Context, job queue.Job) queue.Result {
 	jctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
+	rj := &runningJob{attempt: job.Attempt, drvPath: job.DrvPath, cancel: cancel}
 	b.mu.Lock()
-	b.running[job.ID] = &runningJob{attempt: job.Attempt, drvPath: job.DrvPath, cancel: cancel}
+	b.running[job.ID] = rj
 	b.mu.Unlock()
 	defer func() {
 		b.mu.Lock()
-		delete(b.running, job.ID)
+		if b.running[job.ID] == rj {
+			delete(b.running, job.ID)
+		}
 		b.mu.Unlock()
 	}()
 

@@ -20,7 +20,7 @@ WHERE t.build_job_id = $1 AND j.id = $1 AND j.status IN ('succeeded', 'failed', 
 
 	// The running jobs ($1 ids, $2 attempts) whose claim by node $3 no longer holds.
 	sqlLostClaims = `
-SELECT t.id FROM unnest($1::bigint[], $2::int[]) AS t(id, attempt)
+SELECT t.id, t.attempt FROM unnest($1::bigint[], $2::int[]) AS t(id, attempt)
 WHERE NOT EXISTS (
     SELECT 1 FROM build_jobs j
     WHERE j.id = t.id AND j.claimed_by = $3 AND j.attempt = t.attempt AND j.status IN ('building', 'uploading'))`
