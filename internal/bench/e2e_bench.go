@@ -25,12 +25,10 @@ import (
 
 	"github.com/harmonia-ci/harmonia-ci/internal/build"
 	"github.com/harmonia-ci/harmonia-ci/internal/config"
-	"github.com/harmonia-ci/harmonia-ci/internal/db"
 	"github.com/harmonia-ci/harmonia-ci/internal/eval"
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
 	"github.com/harmonia-ci/harmonia-ci/internal/nixgen"
 	"github.com/harmonia-ci/harmonia-ci/internal/node"
-	"github.com/harmonia-ci/harmonia-ci/internal/pgembed"
 	"github.com/harmonia-ci/harmonia-ci/internal/project"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 )
@@ -378,23 +376,12 @@ func E2E(ctx context.Context, o E2EOptions) (E2EReport, error) {
 		defer restore()
 	}
 
-	srv, err := pgembed.Start(ctx, pgembed.Options{Dir: filepath.Join(dir, "pg"), Durable: false, MaxConnections: 200, Logger: o.Logger})
+	d, err := openDatabase(ctx, "", filepath.Join(dir, "pg"), 200, "harmonia-ci bench e2e", 4, o.Logger)
 	if err != nil {
 		return r, err
 	}
-	defer srv.Stop()
-	b.url = srv.URL("harmonia")
-	b.pool, err = db.Connect(ctx, b.url, db.PoolConfig{ApplicationName: "harmonia-ci bench e2e", MaxConns: 4})
-	if err != nil {
-		return r, err
-	}
-	defer b.pool.Close()
-	if _, err := db.Migrate(ctx, b.pool, "bench"); err != nil {
-		return r, err
-	}
-	if err := b.pool.QueryRow(ctx, `SELECT current_setting('server_version')`).Scan(&r.Postgres); err != nil {
-		return r, err
-	}
+	defer d.Close()
+	b.url, b.pool, r.Postgres = d.URL, d.Pool, d.Version
 
 	b.token = randomHex(16)
 	front, err := b.frontConfig()

@@ -16,12 +16,10 @@ import (
 	"time"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/config"
-	"github.com/harmonia-ci/harmonia-ci/internal/db"
 	"github.com/harmonia-ci/harmonia-ci/internal/eval"
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
 	"github.com/harmonia-ci/harmonia-ci/internal/nixgen"
 	"github.com/harmonia-ci/harmonia-ci/internal/node"
-	"github.com/harmonia-ci/harmonia-ci/internal/pgembed"
 	"github.com/harmonia-ci/harmonia-ci/internal/project"
 )
 
@@ -98,21 +96,13 @@ func Eval(ctx context.Context, o EvalOptions) (EvalReport, error) {
 	if err := os.Chmod(dir, 0o755); err != nil { // the embedded server runs as postgres when root
 		return r, err
 	}
-	srv, err := pgembed.Start(ctx, pgembed.Options{Dir: filepath.Join(dir, "pg"), Durable: false, MaxConnections: 100, Logger: o.Logger})
+	d, err := openDatabase(ctx, "", filepath.Join(dir, "pg"), 100, "harmonia-ci bench eval", 4, o.Logger)
 	if err != nil {
 		return r, err
 	}
-	defer srv.Stop()
-	url := srv.URL("harmonia")
-
-	pool, err := db.Connect(ctx, url, db.PoolConfig{ApplicationName: "harmonia-ci bench eval", MaxConns: 4})
-	if err != nil {
-		return r, err
-	}
-	defer pool.Close()
-	if _, err := db.Migrate(ctx, pool, "bench"); err != nil {
-		return r, err
-	}
+	defer d.Close()
+	url, pool := d.URL, d.Pool
+	r.Postgres = d.Version
 	cfg, err := evalNodeConfig(filepath.Join(dir, "state"), url)
 	if err != nil {
 		return r, err
@@ -131,9 +121,6 @@ func Eval(ctx context.Context, o EvalOptions) (EvalReport, error) {
 		return n > 0, err
 	}); err != nil {
 		return r, fmt.Errorf("node did not become active: %w", err)
-	}
-	if err := pool.QueryRow(ctx, `SELECT current_setting('server_version')`).Scan(&r.Postgres); err != nil {
-		return r, err
 	}
 	for round := 1; round <= o.Rounds; round++ {
 		salt := randomHex(8)

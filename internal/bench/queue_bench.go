@@ -20,9 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/clock"
-	"github.com/harmonia-ci/harmonia-ci/internal/db"
 	"github.com/harmonia-ci/harmonia-ci/internal/notify"
-	"github.com/harmonia-ci/harmonia-ci/internal/pgembed"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 	"github.com/harmonia-ci/harmonia-ci/internal/startstop"
 )
@@ -97,30 +95,21 @@ func Queue(ctx context.Context, o QueueOptions) (QueueReport, error) {
 		ClaimForm: map[queue.ClaimForm]string{queue.ClaimReady: "ready", queue.ClaimNotExists: "not-exists"}[o.Form],
 	}
 	url := o.DatabaseURL
+	var dir string
 	if url == "" {
-		dir, err := os.MkdirTemp("", "hci-bench-")
-		if err != nil {
+		var err error
+		if dir, err = os.MkdirTemp("", "hci-bench-"); err != nil {
 			return r, err
 		}
 		defer os.RemoveAll(dir)
-		srv, err := pgembed.Start(ctx, pgembed.Options{Dir: dir, Durable: false, MaxConnections: 200, Logger: o.Logger})
-		if err != nil {
-			return r, err
-		}
-		defer srv.Stop()
-		url = srv.URL("harmonia")
 	}
-	pool, err := db.Connect(ctx, url, db.PoolConfig{ApplicationName: "harmonia-ci bench", MaxConns: int32(o.Workers + 6)})
+	d, err := openDatabase(ctx, url, dir, 200, "harmonia-ci bench", int32(o.Workers+6), o.Logger)
 	if err != nil {
 		return r, err
 	}
-	defer pool.Close()
-	if _, err := db.Migrate(ctx, pool, "bench"); err != nil {
-		return r, err
-	}
-	if err := pool.QueryRow(ctx, `SELECT current_setting('server_version')`).Scan(&r.Postgres); err != nil {
-		return r, err
-	}
+	defer d.Close()
+	url, pool := d.URL, d.Pool
+	r.Postgres = d.Version
 	var existing int64
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM build_jobs`).Scan(&existing); err != nil {
 		return r, err

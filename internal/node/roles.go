@@ -108,11 +108,15 @@ func mountRoles(ctx context.Context, cfg *config.Config, mux *http.ServeMux, poo
 func (n *node) roleWorkers(notifier *notify.Notifier, announcer *queue.Announcer) ([]startstop.Service, error) {
 	cfg := n.cfg
 	var workers []startstop.Service
+	// One signer client (discovery, failover, backoff) for the roles that upload.
+	var client *signer.Client
+	if cfg.Auth.ClusterToken != "" {
+		client = signer.NewClient(signer.ClientConfig{Token: cfg.Auth.ClusterToken}, n.pool, n.logger)
+	}
 	if cfg.HasRole(config.RoleBuilder) {
 		if cfg.Auth.ClusterToken == "" {
 			return nil, fmt.Errorf("the builder role needs a cluster token to upload through the signer (auth.cluster_token_file or HARMONIA_CLUSTER_TOKEN)")
 		}
-		client := signer.NewClient(signer.ClientConfig{Token: cfg.Auth.ClusterToken}, n.pool, n.logger)
 		b, err := build.New(build.Config{
 			NodeID:   cfg.Node.ID,
 			Store:    build.Store{Root: cfg.Build.NixStore, SandboxPaths: cfg.Build.ExtraSandboxPaths},
@@ -157,7 +161,6 @@ func (n *node) roleWorkers(notifier *notify.Notifier, announcer *queue.Announcer
 			Gate: &n.inFlight, Notifier: notifier, Upstream: upstream,
 		}
 		if cfg.Auth.ClusterToken != "" {
-			client := signer.NewClient(signer.ClientConfig{Token: cfg.Auth.ClusterToken}, n.pool, n.logger)
 			ecfg.Cache = client
 			ecfg.Publisher = &upload.Publisher{Signer: client}
 		} else {
