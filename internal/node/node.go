@@ -10,7 +10,6 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -26,7 +25,6 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/config"
 	"github.com/harmonia-ci/harmonia-ci/internal/db"
 	"github.com/harmonia-ci/harmonia-ci/internal/notify"
-	"github.com/harmonia-ci/harmonia-ci/internal/pgembed"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 	"github.com/harmonia-ci/harmonia-ci/internal/startstop"
 	"github.com/harmonia-ci/harmonia-ci/internal/web"
@@ -45,40 +43,6 @@ type Options struct {
 	BuildObserver func(build.Timings)
 	// ClaimObserver, if set, receives the latency of every claim this node's builder makes.
 	ClaimObserver func(latency time.Duration, jobs []queue.Job)
-}
-
-// OpenDatabase returns the pool for cfg: the configured database, or the embedded server under
-// the state directory (started, or attached to if another process runs it). The returned stop
-// func closes the pool and stops an embedded server this call started.
-func OpenDatabase(ctx context.Context, cfg *config.Config, logger *slog.Logger) (*pgxpool.Pool, func(), error) {
-	url := cfg.DatabaseURL
-	var srv *pgembed.Server
-	if url == "" {
-		var err error
-		srv, err = pgembed.Start(ctx, pgembed.Options{
-			Dir: filepath.Join(cfg.StateDir, "postgres"), Durable: true, Logger: logger,
-		})
-		if err != nil {
-			return nil, nil, err
-		}
-		url = srv.URL("harmonia")
-	}
-	pool, err := db.Connect(ctx, url, db.PoolConfig{
-		ApplicationName: "harmonia-ci " + cfg.Node.ID,
-		// A process paused inside a transaction must not hold row locks (the leader fence)
-		// for longer than a lease.
-		IdleInTransactionTimeout: cfg.Cluster.LeaderElection.LeaseDuration.Duration,
-	})
-	if err != nil {
-		_ = srv.Stop()
-		return nil, nil, err
-	}
-	return pool, func() {
-		pool.Close()
-		if err := srv.Stop(); err != nil {
-			logger.Warn("stop embedded postgres", "error", err)
-		}
-	}, nil
 }
 
 // Run runs the node until ctx ends (a signal), an operator drains it, or it cannot go on.

@@ -1,10 +1,14 @@
 package web
 
 import (
+	"crypto/sha256"
+	"crypto/subtle"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
+	"strings"
 )
 
 // HTTPError is an error whose Msg is safe to show the client. Any other error a handler returns
@@ -24,11 +28,17 @@ func (e *HTTPError) Error() string {
 
 func (e *HTTPError) Unwrap() error { return e.Err }
 
-// handlerFunc is a handler that returns its error instead of writing it.
-type handlerFunc func(w http.ResponseWriter, r *http.Request) error
+// Errorf returns an HTTPError with code and a formatted message for the client.
+func Errorf(code int, format string, args ...any) *HTTPError {
+	return &HTTPError{Code: code, Msg: sprintf(format, args...)}
+}
 
-// wrap turns a handlerFunc into an http.Handler with uniform JSON errors.
-func (s *Server) wrap(h handlerFunc) http.Handler {
+// HandlerFunc is a handler that returns its error instead of writing it.
+type HandlerFunc func(w http.ResponseWriter, r *http.Request) error
+
+// Handle turns h into an http.Handler that answers errors uniformly: JSON {"error": Msg} with
+// the HTTPError's code, or a bare 500 for any other error, whose details go to logger only.
+func Handle(logger *slog.Logger, h HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		err := h(w, r)
 		if err == nil {
@@ -42,16 +52,58 @@ func (s *Server) wrap(h handlerFunc) http.Handler {
 		if he.Code >= 500 {
 			level = slog.LevelError
 		}
-		s.logger.Log(r.Context(), level, "request failed", "method", r.Method, "path", r.URL.Path, "status", he.Code, "error", he.Error())
-		writeJSON(w, he.Code, map[string]string{"error": he.Msg})
+		logger.Log(r.Context(), level, "request failed", "method", r.Method, "path", r.URL.Path, "status", he.Code, "error", he.Error())
+		WriteJSON(w, he.Code, map[string]string{"error": he.Msg})
 	})
 }
 
-func writeJSON(w http.ResponseWriter, code int, v any) {
+// wrap is Handle with the server's logger.
+func (s *Server) wrap(h HandlerFunc) http.Handler { return Handle(s.logger, h) }
+
+// WriteJSON writes v as the JSON body of a response that must not be cached.
+func WriteJSON(w http.ResponseWriter, code int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(code)
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	_ = enc.Encode(v)
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) { WriteJSON(w, code, v) }
+
+// BearerToken returns the token of an "Authorization: Bearer <token>" header.
+func BearerToken(r *http.Request) (string, bool) {
+	token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if !ok {
+		return "", false
+	}
+	token = strings.TrimSpace(token)
+	return token, token != ""
+}
+
+// TokenHash is the sha256 of a token. Tokens are compared by their hashes in constant time, so
+// neither the content nor the length of the expected token leaks through timing.
+type TokenHash [sha256.Size]byte
+
+// HashToken returns the hash of token.
+func HashToken(token string) TokenHash { return sha256.Sum256([]byte(token)) }
+
+// Matches reports whether token hashes to h.
+func (h TokenHash) Matches(token string) bool {
+	got := sha256.Sum256([]byte(token))
+	return subtle.ConstantTimeCompare(got[:], h[:]) == 1
+}
+
+// Unauthorized is the answer to a request without valid credentials; it asks for a bearer token.
+func Unauthorized(w http.ResponseWriter, msg string) *HTTPError {
+	w.Header().Set("WWW-Authenticate", `Bearer realm="harmonia-ci"`)
+	return &HTTPError{Code: http.StatusUnauthorized, Msg: msg}
+}
+
+func sprintf(format string, args ...any) string {
+	if len(args) == 0 {
+		return format
+	}
+	return fmt.Sprintf(format, args...)
 }

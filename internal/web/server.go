@@ -4,13 +4,11 @@ package web
 
 import (
 	"context"
-	"crypto/subtle"
 	"errors"
 	"log/slog"
 	"net"
 	"net/http"
 	"regexp"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -52,6 +50,8 @@ type Server struct {
 	srv    *http.Server
 	ln     net.Listener
 	logs   *logHub // nil without a Notifier
+
+	adminHash TokenHash
 }
 
 // NewServer builds the server on ln; Start serves.
@@ -61,6 +61,9 @@ func NewServer(cfg Config, pool *pgxpool.Pool, ln net.Listener, logger *slog.Log
 	s.mux.Handle("GET /metrics", promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{}))
 	s.mux.Handle("GET /api/cluster", s.wrap(s.handleCluster))
 	s.mux.Handle("POST /api/nodes/{id}/drain", s.wrap(s.requireAdmin(s.handleDrain)))
+	if cfg.AdminToken != "" {
+		s.adminHash = HashToken(cfg.AdminToken)
+	}
 	if cfg.Notifier != nil {
 		s.logs = newLogHub(cfg.Notifier, s.logger)
 	}
@@ -160,16 +163,14 @@ func (s *Server) handleDrain(w http.ResponseWriter, r *http.Request) error {
 }
 
 // requireAdmin lets a request through only with the admin bearer token.
-func (s *Server) requireAdmin(h handlerFunc) handlerFunc {
+func (s *Server) requireAdmin(h HandlerFunc) HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) error {
 		if s.cfg.AdminToken == "" {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="harmonia-ci"`)
-			return &HTTPError{Code: http.StatusUnauthorized, Msg: "admin API disabled: no admin token configured (auth.admin_token_file or HARMONIA_ADMIN_TOKEN)"}
+			return Unauthorized(w, "admin API disabled: no admin token configured (auth.admin_token_file or HARMONIA_ADMIN_TOKEN)")
 		}
-		token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		if !ok || subtle.ConstantTimeCompare([]byte(strings.TrimSpace(token)), []byte(s.cfg.AdminToken)) != 1 {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="harmonia-ci"`)
-			return &HTTPError{Code: http.StatusUnauthorized, Msg: "missing or invalid admin token"}
+		token, ok := BearerToken(r)
+		if !ok || !s.adminHash.Matches(token) {
+			return Unauthorized(w, "missing or invalid admin token")
 		}
 		return h(w, r)
 	}
