@@ -128,8 +128,8 @@ func newBuildCluster(t *testing.T, o buildClusterOptions) *buildCluster {
 func (c *buildCluster) startNode(id, roles string, extra ...string) *proctest.Proc {
 	c.t.Helper()
 	args := append([]string{"serve", "--config", c.nodeCfg, "--database-url", c.dbURL, "--node-id", id,
-		"--roles", roles, "--listen", "127.0.0.1:0", "--state-dir", filepath.Join(c.t.TempDir(), "state")}, extra...)
-	p := proctest.Start(c.t, id, c.env, args...)
+		"--roles", roles, "--listen", "127.0.0.1:0", "--state-dir", filepath.Join(stateDir(c.t), "state")}, extra...)
+	p := proctest.Start(c.t, id, nodeEnv(c.t, c.env, id, roles), args...)
 	c.procs[id] = p
 	delete(c.stopped, id)
 	return p

@@ -27,7 +27,6 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/signer"
 )
 
-const clusterToken = "e2e-cluster-token-0123456789"
 
 // TestPublishAndSubstitute is the binary cache end to end, on each blob store: real Nix builds a
 // small DAG; every output (with its build log) and the .drv closure are published through a real
@@ -53,6 +52,21 @@ func testPublishAndSubstitute(t *testing.T, backend string) {
 	d, client := f.queueDAG(dir, signer.ClientConfig{GiveUpAfter: 30 * time.Second})
 	ctx := context.Background()
 
+	// The evaluator's part first: the .drv closure, published under the evaluation it holds.
+	evalClient := signer.NewClient(signer.ClientConfig{Token: nodeToken(t, "evaluator-1", "evaluator"), GiveUpAfter: 30 * time.Second},
+		f.pool, slog.New(slog.DiscardHandler))
+	var drvs []signer.DerivationText
+	for _, name := range []string{"a", "b", "c"} { // inputs first
+		text, err := os.ReadFile(d.drvs[name])
+		if err != nil {
+			t.Fatal(err)
+		}
+		drvs = append(drvs, signer.DerivationText{StorePath: d.drvs[name], Text: string(text)})
+	}
+	if _, err := evalClient.Publish(ctx, signer.PublishRequest{Eval: f.runningEvaluation("evaluator-1"), Derivations: drvs}); err != nil {
+		t.Fatalf("publish .drv closure: %v", err)
+	}
+
 	// Build order comes from the queue: each claim is ready only once its inputs succeeded.
 	for range 3 {
 		job := f.claimNext(d)
@@ -63,7 +77,8 @@ func testPublishAndSubstitute(t *testing.T, backend string) {
 		logZst := zstdBytes(t, []byte(logText))
 		sum := sha256.Sum256(logZst)
 		logKey := "log/" + filepath.Base(job.DrvPath)
-		slots, err := client.UploadSlots(ctx, signer.UploadSlotsRequest{Outputs: []signer.Output{o},
+		claim := signer.JobClaim{ID: job.ID, Attempt: job.Attempt}
+		slots, err := client.UploadSlots(ctx, signer.UploadSlotsRequest{Job: &claim, Outputs: []signer.Output{o},
 			Log: &signer.LogUpload{Key: logKey, Size: int64(len(logZst)), SHA256: hex.EncodeToString(sum[:])}})
 		if err != nil {
 			t.Fatalf("upload-slots for %s: %v", name, err)
@@ -73,9 +88,7 @@ func testPublishAndSubstitute(t *testing.T, backend string) {
 		}
 		put(t, slots.Outputs[0].Upload, nar)
 		put(t, slots.Log, logZst)
-		jobID := job.ID
-		if _, err := client.BuildComplete(ctx, signer.BuildCompleteRequest{JobID: &jobID, NodeID: "builder-1", Attempt: job.Attempt,
-			Outputs: []signer.Output{o}, LogKey: logKey}); err != nil {
+		if _, err := client.BuildComplete(ctx, signer.BuildCompleteRequest{Job: claim, Outputs: []signer.Output{o}, LogKey: logKey}); err != nil {
 			t.Fatalf("build-complete for %s: %v", name, err)
 		}
 		var status string
@@ -86,26 +99,6 @@ func testPublishAndSubstitute(t *testing.T, backend string) {
 		if status != "succeeded" || logURL == nil || *logURL != logKey {
 			t.Fatalf("%s: job is %s with log_url %v after build-complete", name, status, logURL)
 		}
-	}
-
-	// The evaluator's path: the .drv closure, in one batch and without a job.
-	var drvOuts []signer.Output
-	var drvNARs [][]byte
-	for _, name := range []string{"a", "b", "c"} {
-		o, nar := publishable(t, d.drvs[name], "")
-		drvOuts, drvNARs = append(drvOuts, o), append(drvNARs, nar)
-	}
-	slots, err := client.UploadSlots(ctx, signer.UploadSlotsRequest{Outputs: drvOuts})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i, s := range slots.Outputs {
-		if s.Upload != nil {
-			put(t, s.Upload, drvNARs[i])
-		}
-	}
-	if _, err := client.BuildComplete(ctx, signer.BuildCompleteRequest{Outputs: drvOuts}); err != nil {
-		t.Fatalf("publish .drv closure: %v", err)
 	}
 
 	// A fresh store substitutes every output, and the .drv closure, checking signatures.
@@ -322,16 +315,15 @@ func TestSignerFailover(t *testing.T) {
 		}
 		job := f.claimNext(d)
 		o, nar := publishable(t, d.outputs[d.nameOf(job.DrvPath)], job.DrvPath)
-		slots, err := client.UploadSlots(ctx, signer.UploadSlotsRequest{Outputs: []signer.Output{o}})
+		claim := signer.JobClaim{ID: job.ID, Attempt: job.Attempt}
+		slots, err := client.UploadSlots(ctx, signer.UploadSlotsRequest{Job: &claim, Outputs: []signer.Output{o}})
 		if err != nil {
 			t.Fatalf("upload-slots (step %d): %v", i, err)
 		}
 		if slots.Outputs[0].Upload != nil {
 			put(t, slots.Outputs[0].Upload, nar)
 		}
-		jobID := job.ID
-		if _, err := client.BuildComplete(ctx, signer.BuildCompleteRequest{JobID: &jobID, NodeID: "builder-1",
-			Attempt: job.Attempt, Outputs: []signer.Output{o}}); err != nil {
+		if _, err := client.BuildComplete(ctx, signer.BuildCompleteRequest{Job: claim, Outputs: []signer.Output{o}}); err != nil {
 			t.Fatalf("build-complete (step %d): %v", i, err)
 		}
 	}
@@ -351,7 +343,7 @@ func TestSignerFailover(t *testing.T) {
 	}
 }
 
-// signerConfig writes a signing key, the cluster token and a node configuration for the signer
+// signerConfig writes a signing key and a node configuration for the signer
 // and cache roles on backend ("local" or "s3"); it returns the configuration file, the
 // environment the node needs, and the key's public half for trusted-public-keys.
 func signerConfig(t *testing.T, dir, keyName, backend string) (cfg string, env []string, pub string) {
@@ -361,8 +353,7 @@ func signerConfig(t *testing.T, dir, keyName, backend string) (cfg string, env [
 	if code != 0 {
 		t.Fatalf("keygen: %s", out)
 	}
-	tokenFile := proctest.WriteFile(t, "cluster-token", clusterToken)
-	extra := fmt.Sprintf("[auth]\ncluster_token_file = %q\n[signer]\nsigning_key_file = %q\n", tokenFile, keyFile)
+	extra := fmt.Sprintf("[signer]\nsigning_key_file = %q\n", keyFile)
 	if backend == "s3" {
 		s3 := blobtest.StartMinIO(t)
 		extra += fmt.Sprintf("[cache]\nstore = \"s3\"\n[cache.s3]\nendpoint = %q\nbucket = %q\nregion = %q\nuse_tls = false\npath_style = true\n",
@@ -378,7 +369,7 @@ func signerConfig(t *testing.T, dir, keyName, backend string) (cfg string, env [
 func (f *fixture) startSigners(cfg string, env []string, stateDir string, ids ...string) {
 	f.t.Helper()
 	for _, id := range ids {
-		f.procs[id] = proctest.Start(f.t, id, env, "serve", "--config", cfg, "--database-url", f.dbURL,
+		f.procs[id] = proctest.Start(f.t, id, nodeEnv(f.t, env, id, "signer,cache"), "serve", "--config", cfg, "--database-url", f.dbURL,
 			"--node-id", id, "--roles", "signer,cache", "--listen", "127.0.0.1:0", "--state-dir", filepath.Join(stateDir, id))
 	}
 	for _, id := range ids {
@@ -405,7 +396,7 @@ func (f *fixture) queueDAG(dir string, client signer.ClientConfig) (dag, *signer
 	if err := builder.Register(ctx); err != nil {
 		t.Fatal(err)
 	}
-	client.Token = clusterToken
+	client.Token = nodeToken(t, "builder-1", "builder")
 	return d, signer.NewClient(client, f.pool, slog.New(slog.DiscardHandler))
 }
 
@@ -417,4 +408,23 @@ func (f *fixture) claimNext(d dag) queue.Job {
 		f.t.Fatalf("claim: %v %v", jobs, err)
 	}
 	return jobs[0]
+}
+
+// runningEvaluation records an evaluation (of a project of its own) that node holds, running,
+// as an evaluator that claimed it; it returns the claim.
+func (f *fixture) runningEvaluation(node string) signer.EvalClaim {
+	f.t.Helper()
+	ctx := context.Background()
+	var id int64
+	err := f.pool.QueryRow(ctx, `
+WITH r AS (INSERT INTO repositories (forge, owner, name, full_name, clone_url)
+           VALUES ('git', '', $1, $1, '/nonexistent') RETURNING id),
+     p AS (INSERT INTO projects (repo_id, name) SELECT id, $1 FROM r RETURNING id)
+INSERT INTO evaluations (project_id, flake_url, commit_sha, branch, status, claimed_by, claimed_at, started_at, attempt)
+SELECT id, '/nonexistent', repeat('0', 40), 'main', 'running', $2, now(), now(), 1 FROM p
+RETURNING id`, "evaluated-by-"+node, node).Scan(&id)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return signer.EvalClaim{ID: id, Attempt: 1}
 }

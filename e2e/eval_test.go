@@ -155,8 +155,8 @@ func TestTwoEvaluatorsShareTheQueue(t *testing.T) {
 	f := newFixture(t, "")
 	nodes := map[string]string{"eval-a": "frontend,evaluator,signer,cache", "eval-b": "evaluator"}
 	for id, roles := range nodes {
-		f.procs[id] = proctest.Start(t, id, env, "serve", "--config", cfg, "--database-url", f.dbURL, "--node-id", id,
-			"--roles", roles, "--listen", "127.0.0.1:0", "--state-dir", filepath.Join(dir, id))
+		f.procs[id] = proctest.Start(t, id, nodeEnv(t, env, id, roles), "serve", "--config", cfg, "--database-url", f.dbURL, "--node-id", id,
+			"--roles", roles, "--listen", "127.0.0.1:0", "--state-dir", filepath.Join(stateDir(t), id))
 	}
 	for id := range nodes {
 		proctest.WaitFor(t, 30*time.Second, id+" active", func() bool { return f.nodeStatus(id) == "active" })

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -16,13 +17,16 @@ import (
 
 	"github.com/harmonia-ci/harmonia-ci/internal/blobtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/dbtest"
+	"github.com/harmonia-ci/harmonia-ci/internal/nodetoken"
 	"github.com/harmonia-ci/harmonia-ci/internal/proctest"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m, proctest.Cleanup, blobtest.Cleanup) }
 
 const (
-	adminToken = "e2e-admin-token-0123456789"
+	// clusterSecret is the secret of the e2e clusters' signers; other nodes get node tokens.
+	clusterSecret = "e2e-cluster-secret-0123456789"
+	adminToken    = "e2e-admin-token-0123456789"
 	leaderRole = "maintenance"
 	isLeader   = `harmonia_ci_leader_is_leader{role="maintenance"}`
 )
@@ -61,7 +65,7 @@ func newFixtureOn(t *testing.T, url, extraConfig string) *fixture {
 func (f *fixture) start(id string, extra ...string) *proctest.Proc {
 	f.t.Helper()
 	args := []string{"serve", "--config", f.cfgPath, "--database-url", f.dbURL,
-		"--node-id", id, "--listen", "127.0.0.1:0", "--state-dir", filepath.Join(f.t.TempDir(), "state")}
+		"--node-id", id, "--listen", "127.0.0.1:0", "--state-dir", filepath.Join(stateDir(f.t), "state")}
 	if !slices.Contains(extra, "--roles") {
 		// Every role but the signer, which needs a signing key, and the builder, which needs the
 		// signer (the build tests start both).
@@ -206,4 +210,33 @@ func (f *fixture) checkFencing() {
 	if n == 0 {
 		f.t.Fatal("no leader-only writes recorded: the maintenance leader never ran")
 	}
+}
+
+// nodeEnv is the environment of node id in roles (comma-separated) besides base: a signer gets
+// the cluster secret, a builder or evaluator its node token, as in a real deployment.
+func nodeEnv(t *testing.T, base []string, id, roles string) []string {
+	t.Helper()
+	env := slices.Clone(base)
+	rs := strings.Split(roles, ",")
+	switch {
+	case slices.Contains(rs, "signer"):
+		env = append(env, "HARMONIA_CLUSTER_SECRET="+clusterSecret)
+	case slices.Contains(rs, "builder") || slices.Contains(rs, "evaluator"):
+		env = append(env, "HARMONIA_NODE_TOKEN="+nodeToken(t, id, rs...))
+	}
+	return env
+}
+
+// nodeToken issues node id's token in roles under the clusters' secret.
+func nodeToken(t *testing.T, id string, roles ...string) string {
+	t.Helper()
+	k, err := nodetoken.NewKey(clusterSecret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, err := k.Issue(nodetoken.Identity{NodeID: id, Roles: roles})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tok
 }

@@ -3,43 +3,166 @@
 #   scripts/deps.sh run    what `harmonia-ci up` needs (PostgreSQL server binaries, Nix)
 #   scripts/deps.sh test   what the test suite needs (the same, plus the MinIO server)
 #   scripts/deps.sh bench  what `harmonia-ci bench` needs (the same as run, plus nginx and wrk)
+#   scripts/deps.sh nix    Nix alone: nix-bin if missing, then the set-up below
+#
+# Every mode then sets Nix up the way its multi-user installer does, creating only what is
+# missing and never changing an existing user or nix.conf: Debian's nix-bin does not (its
+# set-up is a systemd unit that does not run in a container), and without it there is no store
+# database and no build users to sandbox builds as.
+#   - the build group and its build users (system users without a login or a home);
+#   - ROOT/nix/store (root:GROUP, mode 1775), ROOT/nix/var/{nix/...,log/nix/drvs} and the
+#     store database (nix-store --init);
+#   - /etc/nix/nix.conf naming the build group, only if there is no nix.conf (ROOT=/ only);
+#   - the unprivileged user harmonia-ci evaluates projects as, in no build group.
+# It says on stderr what it changes, and nothing when there is nothing to do.
+# Settings, from the environment (tests use a scratch root and group):
+#   NIX_SETUP_ROOT=/  NIX_BUILD_GROUP=nixbld  NIX_BUILD_USERS=32
+#   NIX_BUILD_USER_PREFIX=$NIX_BUILD_GROUP  HARMONIA_EVAL_USER=harmonia-eval
 set -euo pipefail
 mode=${1:-test}
+case $mode in
+  run | test | bench | nix) ;;
+  *) echo "usage: scripts/deps.sh [run|test|bench|nix]" >&2; exit 2 ;;
+esac
 
 # The MinIO server the S3 tests run against, built from the Go module proxy (never committed).
 MINIO_VERSION=v0.0.0-20260212201848-7aac2a2c5b7c
+
+say() { echo "deps: $*" >&2; }
+die() { say "$*"; exit 1; }
+
+# as_root runs a command that changes the system: through sudo unless this is root, so a machine
+# with nothing to change needs neither.
+as_root() {
+  if [ "$(id -u)" -eq 0 ]; then
+    "$@"
+  elif command -v sudo >/dev/null 2>&1; then
+    sudo "$@"
+  else
+    die "$1 needs root: run as root or install sudo"
+  fi
+}
 
 need_apt=()
 have_postgres() {
   command -v initdb >/dev/null 2>&1 && command -v pg_ctl >/dev/null 2>&1 && return 0
   compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null
 }
-have_postgres || need_apt+=(postgresql)
-command -v pgbench >/dev/null 2>&1 || need_apt+=(postgresql-contrib)
 command -v nix-store >/dev/null 2>&1 || need_apt+=(nix-bin)
+if [ "$mode" != nix ]; then
+  have_postgres || need_apt+=(postgresql)
+  command -v pgbench >/dev/null 2>&1 || need_apt+=(postgresql-contrib)
+  command -v go >/dev/null 2>&1 || die "Go is required (https://go.dev/dl); not found on PATH"
+fi
 if [ "$mode" = bench ]; then
   command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need_apt+=(nginx)
   command -v wrk >/dev/null 2>&1 || need_apt+=(wrk)
 fi
-command -v go >/dev/null 2>&1 || { echo "deps: Go is required (https://go.dev/dl); not found on PATH" >&2; exit 1; }
 
 if [ ${#need_apt[@]} -gt 0 ]; then
-  echo "deps: installing ${need_apt[*]}" >&2
-  sudo=""
-  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  say "installing ${need_apt[*]}"
   export DEBIAN_FRONTEND=noninteractive
-  $sudo apt-get update -qq
-  $sudo apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+  as_root apt-get update -qq
+  as_root apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
   # Debian's package starts a cluster of its own; harmonia-ci runs private servers instead.
-  $sudo systemctl disable --now postgresql >/dev/null 2>&1 || true
+  as_root systemctl disable --now postgresql >/dev/null 2>&1 || true
   # Likewise nginx: `bench cache` starts its own on a free port.
-  if [ "$mode" = bench ]; then $sudo systemctl disable --now nginx >/dev/null 2>&1 || true; fi
+  if [ "$mode" = bench ]; then as_root systemctl disable --now nginx >/dev/null 2>&1 || true; fi
 fi
+
+# in_group USER GROUP: whether USER has GROUP as its primary or a supplementary group.
+in_group() {
+  local g
+  for g in $(id -nG "$1"); do [ "$g" = "$2" ] && return 0; done
+  return 1
+}
+
+setup_nix() {
+  local root=${NIX_SETUP_ROOT:-/} group=${NIX_BUILD_GROUP:-nixbld} users=${NIX_BUILD_USERS:-32}
+  local prefix=${NIX_BUILD_USER_PREFIX:-${NIX_BUILD_GROUP:-nixbld}}
+  local eval_user=${HARMONIA_EVAL_USER:-harmonia-eval}
+  case $root in /*) ;; *) die "NIX_SETUP_ROOT must be an absolute path, not '$root'" ;; esac
+  case $users in '' | *[!0-9]* | 0) die "NIX_BUILD_USERS must be a positive number, not '$users'" ;; esac
+  root=${root%/} # "" for /, so "$root/nix" is /nix
+  # Debian keeps nologin in /usr/sbin, which is not on a normal user's PATH.
+  local nologin
+  nologin=$(command -v nologin || true)
+  for nologin in $nologin /usr/sbin/nologin /sbin/nologin; do [ -x "$nologin" ] && break; done
+
+  # The build users: Nix runs each sandboxed build as a free one, so builds cannot touch each
+  # other or anything the users running Nix own.
+  if ! getent group "$group" >/dev/null; then
+    say "creating the Nix build group $group"
+    as_root groupadd --system "$group"
+  fi
+  local i missing=()
+  for i in $(seq 1 "$users"); do
+    getent passwd "$prefix$i" >/dev/null || missing+=("$i")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    say "creating ${#missing[@]} Nix build users ($prefix${missing[0]}..$prefix${missing[-1]})"
+    for i in "${missing[@]}"; do
+      as_root useradd --system --comment "Nix build user $i" --home-dir /var/empty \
+        --gid "$group" --groups "$group" --no-user-group --shell "$nologin" "$prefix$i"
+    done
+  fi
+
+  # The store. Build users write their outputs into it, so it is group-writable and sticky; a
+  # store with other owners or modes is corrected, as Nix itself does when it opens one as root.
+  local d dirs=()
+  # Parents first: each is made 0755 whatever the umask, so build users can reach the store.
+  for d in "$root/nix" "$root/nix/var" "$root/nix/var/log" "$root/nix/var/log/nix" \
+    "$root/nix/var/log/nix/drvs" "$root/nix/var/nix" "$root/nix/var/nix/db" \
+    "$root/nix/var/nix/gcroots" "$root/nix/var/nix/profiles" "$root/nix/var/nix/temproots" \
+    "$root/nix/var/nix/userpool" "$root/nix/var/nix/daemon-socket"; do
+    [ -d "$d" ] || dirs+=("$d")
+  done
+  if [ ${#dirs[@]} -gt 0 ]; then
+    say "creating ${#dirs[@]} directories under $root/nix"
+    as_root install -d -m 0755 "${dirs[@]}"
+  fi
+  local store=$root/nix/store
+  if [ ! -d "$store" ]; then
+    say "creating $store"
+    as_root install -d -o root -g "$group" -m 1775 "$store"
+  elif [ "$(stat -c '%u:%G %a' "$store")" != "0:$group 1775" ]; then
+    say "setting $store to root:$group, mode 1775 (was $(stat -c '%U:%G %a' "$store"))"
+    as_root chown "root:$group" "$store"
+    as_root chmod 1775 "$store"
+  fi
+  if [ ! -e "$root/nix/var/nix/db/db.sqlite" ]; then
+    say "initialising the Nix store database in $root/nix/var/nix/db"
+    local store_arg=()
+    [ -z "$root" ] || store_arg=(--store "$root")
+    # Nix run as root sets the store's group to its build-users-group (nixbld by default).
+    as_root nix-store --init "${store_arg[@]}" --option build-users-group "$group"
+  fi
+
+  # Nix run as root defaults to build-users-group = nixbld; the file records the group in use,
+  # which matters when it is another.
+  if [ -z "$root" ] && [ ! -e /etc/nix/nix.conf ]; then
+    say "writing /etc/nix/nix.conf (build-users-group = $group)"
+    as_root install -d -m 0755 /etc/nix
+    printf 'build-users-group = %s\n' "$group" | as_root tee /etc/nix/nix.conf >/dev/null
+    as_root chmod 0644 /etc/nix/nix.conf
+  fi
+
+  # The user harmonia-ci evaluates projects' Nix code as, so that code cannot read the node's
+  # secrets. In the build group it could write into the store: refuse that rather than use it.
+  if ! getent passwd "$eval_user" >/dev/null; then
+    say "creating the evaluation user $eval_user"
+    as_root useradd --system --home-dir /nonexistent --no-create-home --user-group \
+      --shell "$nologin" "$eval_user"
+  elif in_group "$eval_user" "$group"; then
+    die "the evaluation user $eval_user is in the Nix build group $group; remove it (gpasswd -d $eval_user $group) or set HARMONIA_EVAL_USER to another user"
+  fi
+}
+setup_nix
 
 if [ "$mode" = test ]; then
   gobin=$(go env GOBIN); [ -n "$gobin" ] || gobin=$(go env GOPATH)/bin
   if [ ! -x "$gobin/minio" ]; then
-    echo "deps: building the MinIO server (go install, a few minutes)" >&2
+    say "building the MinIO server (go install, a few minutes)"
     go install "github.com/minio/minio@$MINIO_VERSION"
   fi
 fi

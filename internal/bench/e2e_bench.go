@@ -29,6 +29,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
 	"github.com/harmonia-ci/harmonia-ci/internal/nixgen"
 	"github.com/harmonia-ci/harmonia-ci/internal/node"
+	"github.com/harmonia-ci/harmonia-ci/internal/nodetoken"
 	"github.com/harmonia-ci/harmonia-ci/internal/project"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 )
@@ -423,7 +424,7 @@ func (b *e2e) baseConfig(id, stateDir string) (*config.Config, error) {
 	cfg.DatabaseURL, cfg.StateDir, cfg.Listen = b.url, stateDir, "127.0.0.1:0"
 	cfg.LogLevel = "warn"
 	cfg.Node.ID = id
-	cfg.Auth.ClusterToken = b.token
+	cfg.Auth.ClusterSecret = b.token
 	cfg.Cluster.Shutdown.DrainTimeout = config.Duration{} // a stopped benchmark kills its builds
 	return cfg, nil
 }
@@ -672,6 +673,11 @@ func (b *e2e) round(ctx context.Context, name, salt string, round int) (roundRes
 			return rr, err
 		}
 		cfg.Node.Roles = []string{config.RoleBuilder}
+		// A builder holds its node token only, as in a real deployment.
+		if cfg.Auth.NodeToken, err = issueToken(b.token, id, cfg.Node.Roles); err != nil {
+			return rr, err
+		}
+		cfg.Auth.ClusterSecret = ""
 		cfg.Node.MaxJobs = o.Slots
 		cfg.Build.NixStore = filepath.Join(b.dir, "store-"+id)
 		cfg.Build.ExtraSandboxPaths = nil
@@ -1331,4 +1337,13 @@ func minOf(xs []float64) float64 {
 		return 0
 	}
 	return slices.Min(xs)
+}
+
+// issueToken returns the node token of node id in roles under the cluster secret.
+func issueToken(secret, id string, roles []string) (string, error) {
+	k, err := nodetoken.NewKey(secret)
+	if err != nil {
+		return "", err
+	}
+	return k.Issue(nodetoken.Identity{NodeID: id, Roles: roles})
 }

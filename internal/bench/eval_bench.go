@@ -198,7 +198,7 @@ func evalNodeConfig(stateDir, url string) (*config.Config, error) {
 	cfg.Node.ID = "bench-eval"
 	cfg.Node.Roles = []string{config.RoleFrontend, config.RoleEvaluator, config.RoleSigner, config.RoleCache}
 	cfg.Eval.PollInterval = config.Duration{Duration: time.Second}
-	cfg.Auth.ClusterToken = randomHex(16)
+	cfg.Auth.ClusterSecret = randomHex(16)
 	key, err := nix.GenerateKey("bench-eval-1")
 	if err != nil {
 		return nil, err

@@ -14,6 +14,7 @@
 package blob
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -21,10 +22,19 @@ import (
 	"net/http"
 	"strings"
 	"time"
+
+	"github.com/harmonia-ci/harmonia-ci/internal/nix"
 )
 
 // ErrNotFound is returned (possibly wrapped) for a key that does not exist.
 var ErrNotFound = errors.New("blob not found")
+
+// ErrExists is returned (possibly wrapped) by a Put with IfAbsent of a key that exists.
+var ErrExists = errors.New("blob already exists")
+
+// MaxURLExpiry is the longest a presigned upload URL may stay valid: a leaked URL can only write
+// the exact body it was signed for, but not forever.
+const MaxURLExpiry = time.Hour
 
 // Info describes a stored object.
 type Info struct {
@@ -52,11 +62,16 @@ type PutOptions struct {
 	ContentType string
 	// SHA256 is the body's expected sha256; if set, a body with another sum is not stored.
 	SHA256 []byte
+	// IfAbsent stores the object only if the key does not exist yet, atomically; otherwise Put
+	// stores nothing and returns an error wrapping ErrExists. Objects that are written once
+	// (narinfos, NARs) use it so that two writers cannot race one over the other.
+	IfAbsent bool
 }
 
 // Store is a blob store. Keys must pass ValidKey.
 type Store interface {
-	// Put stores exactly size bytes from r under key, replacing any object there.
+	// Put stores exactly size bytes from r under key, replacing any object there unless
+	// o.IfAbsent.
 	Put(ctx context.Context, key string, r io.Reader, size int64, o PutOptions) error
 	// Get opens key for reading. ErrNotFound if absent.
 	Get(ctx context.Context, key string) (io.ReadCloser, Info, error)
@@ -68,7 +83,8 @@ type Store interface {
 	// from fn stops the listing and is returned.
 	List(ctx context.Context, prefix string, fn func(Info) error) error
 	// PresignPut returns an upload that can write only key, only with exactly size bytes whose
-	// sha256 is sum, until expiry.
+	// sha256 is sum, until expiry (at most MaxURLExpiry). A NAR (nar/…) is written once: an
+	// upload to a NAR key that exists stores nothing (NAR keys are their content's hash).
 	PresignPut(ctx context.Context, key string, size int64, sum []byte, contentType string, expiry time.Duration) (Upload, error)
 }
 
@@ -233,8 +249,24 @@ func checkPresign(key string, size int64, sum []byte, expiry time.Duration) erro
 	if len(sum) != 32 {
 		return fmt.Errorf("presign %s: sha256 is %d bytes, want 32", key, len(sum))
 	}
-	if expiry < time.Second {
-		return fmt.Errorf("presign %s: expiry %v is under 1s", key, expiry)
+	if expiry < time.Second || expiry > MaxURLExpiry {
+		return fmt.Errorf("presign %s: expiry %v is not between 1s and %v", key, expiry, MaxURLExpiry)
+	}
+	if IsNAR(key) && !bytes.Equal(narKeySum(key), sum) {
+		return fmt.Errorf("presign %s: a NAR key is the sha256 of its content, and this one is not %x", key, sum)
 	}
 	return nil
+}
+
+// IsNAR reports whether key names a compressed NAR (nar/<filehash>.nar.zst).
+func IsNAR(key string) bool { return strings.HasPrefix(key, "nar/") }
+
+// narKeySum is the sha256 a valid NAR key names.
+func narKeySum(key string) []byte {
+	h := strings.TrimSuffix(strings.TrimPrefix(key, "nar/"), ".nar.zst")
+	b, err := nix.DecodeBase32(h)
+	if err != nil {
+		return nil
+	}
+	return b
 }

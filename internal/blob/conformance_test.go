@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -17,6 +18,8 @@ import (
 
 	"github.com/harmonia-ci/harmonia-ci/internal/blob"
 	"github.com/harmonia-ci/harmonia-ci/internal/blobtest"
+	"github.com/harmonia-ci/harmonia-ci/internal/nix"
+	"github.com/harmonia-ci/harmonia-ci/internal/waittest"
 )
 
 // testSecret keys the local store's upload signatures in tests.
@@ -29,16 +32,34 @@ type backend struct {
 
 // newLocal returns a local store whose uploads are served by an httptest server.
 func newLocal(t *testing.T) *blob.Local {
+	l, _ := newLocalServer(t)
+	return l
+}
+
+// newLocalServer is newLocal that also returns the upload server's URL.
+func newLocalServer(t *testing.T) (*blob.Local, string) {
 	var h http.Handler = http.NotFoundHandler()
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { h.ServeHTTP(w, r) }))
 	t.Cleanup(srv.Close)
-	l, err := blob.NewLocal(t.TempDir(), srv.URL, testSecret)
+	l := openLocal(t, t.TempDir(), srv.URL, testSecret)
+	h = l.UploadHandler(slog.New(slog.DiscardHandler))
+	return l, srv.URL
+}
+
+// openLocal opens a local store on dir, closed when the test ends.
+func openLocal(t *testing.T, dir, uploadBase string, secret []byte) *blob.Local {
+	t.Helper()
+	l, err := blob.NewLocal(dir, uploadBase, secret)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = l.Close() })
-	h = l.UploadHandler()
 	return l
+}
+
+// narKey is the key of a NAR whose compressed content is body: its sha256, in nix32.
+func narKey(body []byte) string {
+	return nix.NarURL(nix.FormatSHA256(sha256.Sum256(body)))
 }
 
 var backends = []backend{
@@ -147,7 +168,11 @@ func TestConformance(t *testing.T) {
 			t.Run("PutVerifies", func(t *testing.T) { testPutVerifies(t, s) })
 			t.Run("LargePutVerifies", func(t *testing.T) { testLargePutVerifies(t, s) })
 			t.Run("ListStops", func(t *testing.T) { testListStops(t, s) })
+			t.Run("IfAbsent", func(t *testing.T) { testIfAbsent(t, s) })
+			t.Run("IfAbsentRace", func(t *testing.T) { testIfAbsentRace(t, s) })
+			t.Run("IfAbsentLarge", func(t *testing.T) { testIfAbsentLarge(t, s) })
 			t.Run("Presign", func(t *testing.T) { testPresign(t, s) })
+			t.Run("PresignRefusals", func(t *testing.T) { testPresignRefusals(t, s) })
 		})
 	}
 }
@@ -333,23 +358,186 @@ func testListStops(t *testing.T, s blob.Store) {
 	}
 }
 
-func testPresign(t *testing.T, s blob.Store) {
-	ctx := context.Background()
-	body := []byte(strings.Repeat("presigned nar content ", 500))
-	sum := sha256.Sum256(body)
-	size := int64(len(body))
-	n := 0
-	newKey := func() string {
-		n++
-		return fmt.Sprintf("nar/%d%s.nar.zst", n%10, h52[1:])
+// content returns what key holds, or "" and false if it is absent.
+func content(t *testing.T, s blob.Store, key string) (string, bool) {
+	t.Helper()
+	rc, _, err := s.Get(context.Background(), key)
+	if errors.Is(err, blob.ErrNotFound) {
+		return "", false
 	}
-	presign := func(key string, expiry time.Duration) blob.Upload {
+	if err != nil {
+		t.Fatalf("Get(%s): %v", key, err)
+	}
+	defer rc.Close()
+	b, err := io.ReadAll(rc)
+	if err != nil {
+		t.Fatalf("Get(%s): read: %v", key, err)
+	}
+	return string(b), true
+}
+
+func putIfAbsent(s blob.Store, key string, body []byte, sum []byte) error {
+	return s.Put(context.Background(), key, bytes.NewReader(body), int64(len(body)), blob.PutOptions{SHA256: sum, IfAbsent: true})
+}
+
+// testIfAbsent: a Put with IfAbsent stores a key once; a second one, whatever its bytes, stores
+// nothing and says ErrExists; a Put without IfAbsent still replaces.
+func testIfAbsent(t *testing.T, s blob.Store) {
+	ctx := context.Background()
+	first, second, third := []byte("first writer's bytes"), []byte("second writer's other bytes"), []byte("a plain Put replaces")
+	for _, key := range []string{
+		"z" + h32[1:] + ".narinfo",
+		narKey(first),
+		"log/" + h32 + "-ifabsent.drv",
+		"realisations/" + h32 + "!ifabsent.doi",
+	} {
+		t.Run(key, func(t *testing.T) {
+			sum := sha256.Sum256(first)
+			if err := putIfAbsent(s, key, first, sum[:]); err != nil {
+				t.Fatalf("first Put with IfAbsent: %v", err)
+			}
+			if got, _ := content(t, s, key); got != string(first) {
+				t.Fatalf("after the first Put: %q, want %q", got, first)
+			}
+			for _, c := range []struct {
+				name string
+				body []byte
+				sum  bool
+			}{
+				{"other bytes", second, false},
+				{"other bytes with their sha256", second, true},
+				{"the same bytes", first, true},
+			} {
+				var sum []byte
+				if c.sum {
+					s := sha256.Sum256(c.body)
+					sum = s[:]
+				}
+				if err := putIfAbsent(s, key, c.body, sum); !errors.Is(err, blob.ErrExists) {
+					t.Errorf("second Put with IfAbsent, %s = %v, want ErrExists", c.name, err)
+				}
+				if got, _ := content(t, s, key); got != string(first) {
+					t.Errorf("after a second Put with IfAbsent, %s: %q, want the first %q", c.name, got, first)
+				}
+			}
+			if err := s.Put(ctx, key, bytes.NewReader(third), int64(len(third)), blob.PutOptions{}); err != nil {
+				t.Fatalf("Put without IfAbsent: %v", err)
+			}
+			if got, _ := content(t, s, key); got != string(third) {
+				t.Errorf("after a Put without IfAbsent: %q, want %q", got, third)
+			}
+		})
+	}
+	t.Run("WrongSumStoresNothing", func(t *testing.T) {
+		key := "log/" + h32 + "-ifabsent-badsum.drv"
+		sum := sha256.Sum256(second)
+		var mm *blob.MismatchError
+		if err := putIfAbsent(s, key, first, sum[:]); !errors.As(err, &mm) {
+			t.Errorf("Put with IfAbsent and a wrong sha256 = %v, want a MismatchError", err)
+		}
+		assertMissing(t, s, key)
+		if err := putIfAbsent(s, key, second, sum[:]); err != nil {
+			t.Errorf("Put with IfAbsent after the refused one: %v", err)
+		}
+	})
+}
+
+// testIfAbsentRace: of writers racing with IfAbsent on one key, exactly one stores its bytes.
+func testIfAbsentRace(t *testing.T, s blob.Store) {
+	const writers = 8
+	key := "log/" + h32 + "-race.drv"
+	bodies := make([][]byte, writers)
+	errs := make([]error, writers)
+	start := make(chan struct{})
+	done := make(chan struct{})
+	for i := range writers {
+		bodies[i] = bytes.Repeat([]byte{'a' + byte(i)}, 64<<10)
+		go func() {
+			defer func() { done <- struct{}{} }()
+			<-start
+			errs[i] = putIfAbsent(s, key, bodies[i], nil)
+		}()
+	}
+	close(start)
+	for range writers {
+		<-done
+	}
+	winner := -1
+	for i, err := range errs {
+		switch {
+		case err == nil && winner >= 0:
+			t.Errorf("writers %d and %d both stored %s", winner, i, key)
+		case err == nil:
+			winner = i
+		case !errors.Is(err, blob.ErrExists):
+			t.Errorf("writer %d: %v, want nil or ErrExists", i, err)
+		}
+	}
+	if winner < 0 {
+		t.Fatalf("no writer stored %s: %v", key, errs)
+	}
+	if got, _ := content(t, s, key); got != string(bodies[winner]) {
+		t.Errorf("%s holds %d bytes starting %q, want writer %d's", key, len(got), got[:min(len(got), 8)], winner)
+	}
+}
+
+// testIfAbsentLarge: IfAbsent holds for a body that S3 receives in parts.
+func testIfAbsentLarge(t *testing.T, s blob.Store) {
+	ctx := context.Background()
+	first := bytes.Repeat([]byte("first large body"), (17<<20)/16)
+	second := bytes.Repeat([]byte("other large body"), (17<<20)/16)
+	key := narKey(first)
+	if err := putIfAbsent(s, key, first, nil); err != nil {
+		t.Fatalf("first large Put with IfAbsent: %v", err)
+	}
+	if err := putIfAbsent(s, key, second, nil); !errors.Is(err, blob.ErrExists) {
+		t.Errorf("second large Put with IfAbsent = %v, want ErrExists", err)
+	}
+	if got, _ := content(t, s, key); got != string(first) {
+		t.Errorf("after the second large Put with IfAbsent the object changed (%d bytes)", len(got))
+	}
+	if err := s.Delete(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// presignKind is a kind of key clients upload through presigned URLs.
+type presignKind struct {
+	name        string
+	key         func(body []byte, n int) string
+	contentType string
+	writeOnce   bool // a second upload stores nothing
+}
+
+var presignKinds = []presignKind{
+	{"nar", func(body []byte, _ int) string { return narKey(body) }, "application/x-nix-nar", true},
+	{"log", func(_ []byte, n int) string { return fmt.Sprintf("log/%s-presign-%d.drv", h32, n) }, "text/plain; charset=utf-8", false},
+}
+
+func testPresign(t *testing.T, s blob.Store) {
+	for _, kind := range presignKinds {
+		t.Run(kind.name, func(t *testing.T) { testPresignKind(t, s, kind) })
+	}
+}
+
+func testPresignKind(t *testing.T, s blob.Store, kind presignKind) {
+	ctx := context.Background()
+	n := 0
+	// newBody returns a body of its own for each case, and its key: a NAR key is its content's
+	// sha256, so two cases cannot share a body.
+	newBody := func() ([]byte, string) {
+		n++
+		body := []byte(strings.Repeat(fmt.Sprintf("presigned %s content %d ", kind.name, n), 500))
+		return body, kind.key(body, n)
+	}
+	presign := func(key string, body []byte, expiry time.Duration) blob.Upload {
 		t.Helper()
-		u, err := s.PresignPut(ctx, key, size, sum[:], "application/x-nix-nar", expiry)
+		sum := sha256.Sum256(body)
+		u, err := s.PresignPut(ctx, key, int64(len(body)), sum[:], kind.contentType, expiry)
 		if err != nil {
 			t.Fatalf("PresignPut(%s): %v", key, err)
 		}
-		if u.Method != http.MethodPut || u.Headers.Get("Content-Type") != "application/x-nix-nar" {
+		if u.Method != http.MethodPut || u.Headers.Get("Content-Type") != kind.contentType {
 			t.Fatalf("PresignPut = %+v", u)
 		}
 		return u
@@ -365,17 +553,21 @@ func testPresign(t *testing.T, s blob.Store) {
 	}
 
 	t.Run("Correct", func(t *testing.T) {
-		k := newKey()
-		u := presign(k, time.Minute)
+		body, k := newBody()
+		u := presign(k, body, time.Minute)
 		if code, msg := upload(t, u, body); code != http.StatusOK && code != http.StatusCreated {
 			t.Fatalf("upload: %d %s", code, msg)
 		}
 		got, info := get(t, s, k)
-		if got != string(body) || info.ContentType != "application/x-nix-nar" {
+		if got != string(body) || info.ContentType != kind.contentType {
 			t.Errorf("after upload Get = %d bytes, %+v", len(got), info)
 		}
-		// Idempotent: the same upload again succeeds and changes nothing.
-		if code, msg := upload(t, u, body); code != http.StatusOK && code != http.StatusCreated {
+		// The same upload again changes nothing. A NAR is written once: the local store
+		// answers 200 (the object is there), S3 412 (If-None-Match: * failed); both store
+		// nothing. A log is written again, with the same bytes.
+		code, msg := upload(t, u, body)
+		ok := code == http.StatusOK || code == http.StatusCreated || (kind.writeOnce && code == http.StatusPreconditionFailed)
+		if !ok {
 			t.Errorf("repeated upload: %d %s", code, msg)
 		}
 		if got, _ := get(t, s, k); got != string(body) {
@@ -383,32 +575,33 @@ func testPresign(t *testing.T, s blob.Store) {
 		}
 	})
 	t.Run("ShortBody", func(t *testing.T) {
-		k := newKey()
-		code, msg := upload(t, presign(k, time.Minute), body[:len(body)-1])
+		body, k := newBody()
+		code, msg := upload(t, presign(k, body, time.Minute), body[:len(body)-1])
 		rejected("body one byte short", k, code, msg)
 	})
 	t.Run("LongBody", func(t *testing.T) {
-		k := newKey()
-		code, msg := upload(t, presign(k, time.Minute), append(slices.Clone(body), 'x'))
+		body, k := newBody()
+		code, msg := upload(t, presign(k, body, time.Minute), append(slices.Clone(body), 'x'))
 		rejected("body one byte long", k, code, msg)
 	})
 	t.Run("WrongContentSameLength", func(t *testing.T) {
-		k := newKey()
+		body, k := newBody()
 		other := slices.Clone(body)
 		other[len(other)/2] ^= 1
-		code, msg := upload(t, presign(k, time.Minute), other)
+		code, msg := upload(t, presign(k, body, time.Minute), other)
 		rejected("one bit flipped", k, code, msg)
 	})
 	t.Run("OtherContentType", func(t *testing.T) {
-		k := newKey()
-		u := presign(k, time.Minute)
+		body, k := newBody()
+		u := presign(k, body, time.Minute)
 		u.Headers.Set("Content-Type", "text/html")
 		code, msg := upload(t, u, body)
 		rejected("other content type", k, code, msg)
 	})
 	t.Run("OtherKey", func(t *testing.T) {
-		k, other := newKey(), newKey()
-		u := presign(k, time.Minute)
+		body, k := newBody()
+		otherBody, other := newBody()
+		u := presign(k, body, time.Minute)
 		pu, err := url.Parse(u.URL)
 		if err != nil {
 			t.Fatal(err)
@@ -419,22 +612,65 @@ func testPresign(t *testing.T, s blob.Store) {
 			t.Fatalf("key %s not in URL path %s", k, pu.Path)
 		}
 		u.URL = pu.String()
-		code, msg := upload(t, u, body)
-		rejected("URL edited to another key", other, code, msg)
+		for _, b := range []struct {
+			what string
+			body []byte
+		}{{"the signed body", body}, {"the other key's body", otherBody}} {
+			code, msg := upload(t, u, b.body)
+			rejected("URL edited to another key, "+b.what, other, code, msg)
+		}
 		assertMissing(t, s, k)
 	})
 	t.Run("Expired", func(t *testing.T) {
-		k := newKey()
-		u := presign(k, time.Second)
-		// Wait for the clock to pass the expiry (bounded), then use the URL.
-		deadline := time.Now().Add(10 * time.Second)
-		for !time.Now().After(u.Expires.Add(10 * time.Millisecond)) {
-			if time.Now().After(deadline) {
-				t.Fatalf("clock did not pass %v", u.Expires)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+		body, k := newBody()
+		u := presign(k, body, time.Second)
+		waittest.For(t, 10*time.Second, func() bool { return time.Now().After(u.Expires.Add(10 * time.Millisecond)) },
+			"the clock to pass the URL's expiry %v", u.Expires)
 		code, msg := upload(t, u, body)
 		rejected("expired URL", k, code, msg)
 	})
+}
+
+// testPresignRefusals: PresignPut refuses what no upload may do, and presigns nothing then.
+func testPresignRefusals(t *testing.T, s blob.Store) {
+	ctx := context.Background()
+	body := []byte("a NAR's compressed bytes")
+	sum := sha256.Sum256(body)
+	other := sha256.Sum256([]byte("other bytes"))
+	key := narKey(body)
+	log := "log/" + h32 + "-refusals.drv"
+	for _, c := range []struct {
+		name   string
+		key    string
+		sum    []byte
+		expiry time.Duration
+		ok     bool
+	}{
+		{"expiry 2h", key, sum[:], 2 * time.Hour, false},
+		{"expiry 2h, log", log, sum[:], 2 * time.Hour, false},
+		{"expiry just over MaxURLExpiry", key, sum[:], blob.MaxURLExpiry + time.Second, false},
+		{"expiry 500ms", key, sum[:], 500 * time.Millisecond, false},
+		{"expiry 0", key, sum[:], 0, false},
+		{"negative expiry", key, sum[:], -time.Minute, false},
+		{"NAR key with another sum", key, other[:], time.Minute, false},
+		{"expiry MaxURLExpiry", key, sum[:], blob.MaxURLExpiry, true},
+		{"expiry 1s", key, sum[:], time.Second, true},
+		{"log key with any sum", log, other[:], time.Minute, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			u, err := s.PresignPut(ctx, c.key, int64(len(body)), c.sum, "", c.expiry)
+			if c.ok {
+				if err != nil || u.URL == "" {
+					t.Errorf("PresignPut = %+v, %v; want an upload", u, err)
+				}
+				return
+			}
+			if err == nil {
+				t.Errorf("PresignPut = nil error, want a refusal")
+			}
+			if u.URL != "" || u.Method != "" || u.Headers != nil {
+				t.Errorf("refused PresignPut still returned %+v", u)
+			}
+		})
+	}
 }

@@ -1,6 +1,7 @@
 package blob
 
 import (
+	"bytes"
 	"context"
 	"crypto/hmac"
 	"crypto/rand"
@@ -11,6 +12,7 @@ import (
 	"hash"
 	"io"
 	"io/fs"
+	"log/slog"
 	"net/http"
 	"net/url"
 	"os"
@@ -21,6 +23,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/harmonia-ci/harmonia-ci/internal/web"
 )
 
 // tmpPrefix starts the names of in-progress writes. No valid key has a segment starting with
@@ -120,10 +124,10 @@ func (l *Local) Put(ctx context.Context, key string, r io.Reader, size int64, o 
 	if o.SHA256 != nil && len(o.SHA256) != sha256.Size {
 		return fmt.Errorf("blob: put %s: sha256 is %d bytes, want %d", key, len(o.SHA256), sha256.Size)
 	}
-	return l.put(ctx, key, r, size, o.SHA256)
+	return l.put(ctx, key, r, size, o.SHA256, o.IfAbsent)
 }
 
-func (l *Local) put(ctx context.Context, key string, r io.Reader, size int64, sum []byte) (err error) {
+func (l *Local) put(ctx context.Context, key string, r io.Reader, size int64, sum []byte, ifAbsent bool) (err error) {
 	rel, err := l.relPath(key)
 	if err != nil {
 		return err
@@ -185,6 +189,18 @@ func (l *Local) put(ctx context.Context, key string, r io.Reader, size int64, su
 		return fmt.Errorf("blob: put %s: %w", key, err)
 	}
 	f = nil
+	if ifAbsent {
+		// A hard link never replaces an existing name: of two racing writers, one wins.
+		err := l.root.Link(tmp, rel)
+		_ = l.root.Remove(tmp)
+		if errors.Is(err, fs.ErrExist) {
+			return fmt.Errorf("%w: %s", ErrExists, key)
+		}
+		if err != nil {
+			return fmt.Errorf("blob: put %s: %w", key, err)
+		}
+		return nil
+	}
 	if err := l.root.Rename(tmp, rel); err != nil {
 		return fmt.Errorf("blob: put %s: %w", key, err)
 	}
@@ -375,17 +391,31 @@ func (l *Local) sign(method, key string, expires, size int64, sumHex, contentTyp
 	return m.Sum(nil)
 }
 
-// UploadHandler serves PUT /api/blob/{key...} for URLs from PresignPut. It answers 403 for a
-// missing, wrong or expired signature, 400 for an invalid key or a body whose length or
-// sha256 is not the signed one (nothing is stored then), 411 without a Content-Length, and
-// 200 once the object is in place. Re-uploading identical content succeeds.
-func (l *Local) UploadHandler() http.Handler {
+// UploadHandler serves PUT /api/blob/{key...} for URLs from PresignPut. Only NARs and logs are
+// uploaded this way (the signer writes narinfos itself). It answers 403 for a missing, wrong or
+// expired signature, an expiry beyond MaxURLExpiry or another kind of key; 400 for an invalid
+// key or a body whose length or sha256 is not the signed one (nothing is stored then); 411
+// without a Content-Length; 408 for a body that does not arrive within uploadDeadline of its
+// size; and 200 once the object is in place. A NAR that exists already is
+// left as it is (its key is its content's hash), so re-uploading one succeeds.
+func (l *Local) UploadHandler(logger *slog.Logger) http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("PUT /api/blob/{key...}", l.serveUpload)
+	mux.Handle("PUT /api/blob/{key...}", web.Handle(logger, l.serveUpload))
 	return mux
 }
 
-func (l *Local) serveUpload(w http.ResponseWriter, r *http.Request) {
+// Upload deadlines: a body may take uploadGrace plus one second per minUploadRate bytes, so a
+// large NAR on a slow link is not cut off by the server's general read timeout.
+const (
+	uploadGrace   = 30 * time.Second
+	minUploadRate = 1000 // bytes per second
+)
+
+func uploadDeadline(size int64) time.Duration {
+	return uploadGrace + time.Duration(size/minUploadRate)*time.Second
+}
+
+func (l *Local) serveUpload(w http.ResponseWriter, r *http.Request) error {
 	key := r.PathValue("key")
 	q := r.URL.Query()
 	expires, err1 := strconv.ParseInt(q.Get("expires"), 10, 64)
@@ -394,40 +424,53 @@ func (l *Local) serveUpload(w http.ResponseWriter, r *http.Request) {
 	sum, err3 := hex.DecodeString(sumHex)
 	sig, err4 := hex.DecodeString(q.Get("sig"))
 	if err1 != nil || err2 != nil || err3 != nil || err4 != nil || len(sum) != sha256.Size || size < 0 {
-		http.Error(w, "blob upload: missing or malformed expires, size, sha256 or sig parameter", http.StatusForbidden)
-		return
+		return web.Errorf(http.StatusForbidden, "blob upload: missing or malformed expires, size, sha256 or sig parameter")
 	}
 	want := l.sign(r.Method, key, expires, size, sumHex, r.Header.Get("Content-Type"))
 	if !hmac.Equal(sig, want) {
-		http.Error(w, "blob upload: signature does not match this key, size, sha256 and content type", http.StatusForbidden)
-		return
+		return web.Errorf(http.StatusForbidden, "blob upload: signature does not match this key, size, sha256 and content type")
 	}
-	if !l.now().Before(time.Unix(expires, 0)) {
-		http.Error(w, "blob upload: URL expired at "+time.Unix(expires, 0).UTC().Format(time.RFC3339), http.StatusForbidden)
-		return
+	now := l.now()
+	if !now.Before(time.Unix(expires, 0)) {
+		return web.Errorf(http.StatusForbidden, "blob upload: URL expired at %s", time.Unix(expires, 0).UTC().Format(time.RFC3339))
+	}
+	if time.Unix(expires, 0).After(now.Add(MaxURLExpiry + time.Minute)) {
+		return web.Errorf(http.StatusForbidden, "blob upload: URL valid until %s, beyond the %v ceiling", time.Unix(expires, 0).UTC().Format(time.RFC3339), MaxURLExpiry)
 	}
 	if err := ValidKey(key); err != nil {
-		http.Error(w, "blob upload: "+err.Error(), http.StatusBadRequest)
-		return
+		return web.Errorf(http.StatusBadRequest, "blob upload: %v", err)
+	}
+	if !IsNAR(key) && !strings.HasPrefix(key, "log/") {
+		return web.Errorf(http.StatusForbidden, "blob upload: only nar/ and log/ objects are uploaded; the signer writes %s itself", key)
+	}
+	if IsNAR(key) && !bytes.Equal(narKeySum(key), sum) {
+		return web.Errorf(http.StatusBadRequest, "blob upload: %s is not named after the sha256 %s", key, sumHex)
 	}
 	if r.ContentLength < 0 {
-		http.Error(w, "blob upload: Content-Length required", http.StatusLengthRequired)
-		return
+		return web.Errorf(http.StatusLengthRequired, "blob upload: Content-Length required")
 	}
 	if r.ContentLength != size {
-		http.Error(w, fmt.Sprintf("blob upload: Content-Length %d is not the signed size %d; nothing stored", r.ContentLength, size), http.StatusBadRequest)
-		return
+		return web.Errorf(http.StatusBadRequest, "blob upload: Content-Length %d is not the signed size %d; nothing stored", r.ContentLength, size)
 	}
-	err := l.put(r.Context(), key, r.Body, size, sum)
+	// Signed, so worth waiting for: the deadline follows the declared size.
+	if err := http.NewResponseController(w).SetReadDeadline(time.Now().Add(uploadDeadline(size))); err != nil {
+		return fmt.Errorf("blob upload: set read deadline: %w", err)
+	}
+	err := l.put(r.Context(), key, r.Body, size, sum, IsNAR(key))
 	var mm *MismatchError
 	switch {
 	case errors.As(err, &mm):
-		http.Error(w, "blob upload: "+mm.Error(), http.StatusBadRequest)
+		return web.Errorf(http.StatusBadRequest, "blob upload: %s", mm.Error())
+	case errors.Is(err, ErrExists):
+		// The same content is there already.
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		// The client's fault, not the store's: a 500 would page someone about a slow link.
+		return &web.HTTPError{Code: http.StatusRequestTimeout, Msg: fmt.Sprintf("blob upload: the %d-byte body did not arrive within %v; nothing stored", size, uploadDeadline(size)), Err: err}
 	case err != nil:
-		http.Error(w, "blob upload: storing failed", http.StatusInternalServerError)
-	default:
-		w.WriteHeader(http.StatusOK)
+		return &web.HTTPError{Code: http.StatusInternalServerError, Msg: "blob upload: storing failed", Err: err}
 	}
+	w.WriteHeader(http.StatusOK)
+	return nil
 }
 
 // ContentTypeFor returns the content type the binary cache serves key with.

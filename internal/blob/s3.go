@@ -75,9 +75,6 @@ var _ Store = (*S3)(nil)
 // noCopyETag is an ETag no object has (ETags are hex digests).
 const noCopyETag = `"harmonia-ci-presigned-put-is-no-copy"`
 
-// maxPresignExpiry is SigV4's limit on a presigned URL's lifetime.
-const maxPresignExpiry = 7 * 24 * time.Hour
-
 // NewS3 returns a store on cfg's bucket. It does not contact the server.
 func NewS3(cfg S3Config) (*S3, error) {
 	if cfg.Endpoint == "" || cfg.Bucket == "" {
@@ -128,11 +125,18 @@ func (s *S3) Put(ctx context.Context, key string, r io.Reader, size int64, o Put
 		ct = ContentTypeFor(key)
 	}
 	body := newCheckingReader(r, key, size, o.SHA256)
-	_, err := s.client.PutObject(ctx, s.bucket, key, body, size, minio.PutObjectOptions{ContentType: ct})
+	opts := minio.PutObjectOptions{ContentType: ct}
+	if o.IfAbsent {
+		opts.SetMatchETagExcept("*") // If-None-Match: *
+	}
+	_, err := s.client.PutObject(ctx, s.bucket, key, body, size, opts)
 	if err != nil {
 		var mm *MismatchError
 		if errors.As(err, &mm) {
 			return mm
+		}
+		if o.IfAbsent && minio.ToErrorResponse(err).StatusCode == http.StatusPreconditionFailed {
+			return fmt.Errorf("%w: %s", ErrExists, key)
 		}
 		return fmt.Errorf("blob: s3 put %s: %w", key, err)
 	}
@@ -209,13 +213,15 @@ func (s *S3) PresignPut(ctx context.Context, key string, size int64, sum []byte,
 	if err := checkPresign(key, size, sum, expiry); err != nil {
 		return Upload{}, err
 	}
-	if expiry > maxPresignExpiry {
-		return Upload{}, fmt.Errorf("presign %s: expiry %v is over S3's %v", key, expiry, maxPresignExpiry)
-	}
 	if contentType == "" {
 		contentType = ContentTypeFor(key)
 	}
 	h := presignHeaders(size, sum, contentType)
+	if IsNAR(key) {
+		// Written once: MinIO (and S3) refuse the PUT with 412 when the object exists, and
+		// refuse it outright if the client drops this signed header.
+		
+	}
 	start := s.now()
 	u, err := s.client.PresignHeader(ctx, http.MethodPut, s.bucket, key, expiry, url.Values{}, h)
 	if err != nil {

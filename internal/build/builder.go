@@ -44,6 +44,9 @@ type Config struct {
 	// CheckInterval is how often running jobs' claims are checked, so a build cancelled or
 	// reclaimed in the database is killed: one heartbeat interval. Default 30s.
 	CheckInterval time.Duration
+	// DeadThreshold is the silence after which a cache node is not substituted from
+	// (cluster.heartbeat.dead_threshold). Default 2m.
+	DeadThreshold time.Duration
 	// Signer uploads and completes builds. Required.
 	Signer *signer.Client
 	// Notifier, if set, delivers cancellations at once instead of at the next check.
@@ -107,6 +110,9 @@ func New(cfg Config, pool *pgxpool.Pool, logger *slog.Logger, clk clock.Clock) (
 	}
 	if cfg.RetryPause <= 0 {
 		cfg.RetryPause = time.Second
+	}
+	if cfg.DeadThreshold <= 0 {
+		cfg.DeadThreshold = 2 * time.Minute
 	}
 	return &Builder{
 		cfg: cfg, pool: pool, clock: clk, running: map[int64]*runningJob{},
@@ -298,7 +304,7 @@ func (b *Builder) handle(ctx context.Context, job queue.Job, logger *slog.Logger
 			res.ExitCode = &be.ExitCode
 		}
 		pub := upload.Publisher{Signer: b.cfg.Signer, StoreRoot: store.Root}
-		if uerr := pub.UploadLog(ctx, upload.Log{Key: logKey, Data: log.Bytes()}); uerr != nil {
+		if uerr := pub.UploadLog(ctx, jobClaim(job), upload.Log{Key: logKey, Data: log.Bytes()}); uerr != nil {
 			logger.Warn("could not upload the failed build's log", "error", uerr)
 		} else {
 			res.LogKey = logKey
@@ -334,9 +340,7 @@ func (b *Builder) handle(ctx context.Context, job queue.Job, logger *slog.Logger
 			t.Sign += d
 		}
 	}}
-	jobID := job.ID
-	_, err = pub.PublishWithLog(ctx, paths, &upload.Log{Key: logKey, Data: log.Bytes()},
-		upload.Request{JobID: &jobID, NodeID: job.NodeID, Attempt: job.Attempt})
+	_, err = pub.PublishBuild(ctx, jobClaim(job), paths, &upload.Log{Key: logKey, Data: log.Bytes()})
 	if err != nil {
 		var se *signer.StatusError
 		if errors.As(err, &se) && se.Code == 409 {
@@ -366,6 +370,10 @@ func (b *Builder) backOff(ctx context.Context, job queue.Job, logger *slog.Logge
 	}
 }
 
+func jobClaim(job queue.Job) signer.JobClaim {
+	return signer.JobClaim{ID: job.ID, Attempt: job.Attempt}
+}
+
 func transient(err error) queue.Result {
 	return queue.Result{Err: err, Kind: queue.Transient}
 }
@@ -374,7 +382,7 @@ func transient(err error) queue.Result {
 // upstream, trusting the cluster's signing keys and upstream's.
 func (b *Builder) jobStore(ctx context.Context) (Store, error) {
 	var caches, keys []string
-	if err := b.pool.QueryRow(ctx, sqlSources).Scan(&caches, &keys); err != nil {
+	if err := b.pool.QueryRow(ctx, sqlSources, b.cfg.DeadThreshold.Seconds()).Scan(&caches, &keys); err != nil {
 		return Store{}, fmt.Errorf("read the cluster's caches and keys: %w", err)
 	}
 	st := b.cfg.Store

@@ -31,7 +31,6 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 	"github.com/harmonia-ci/harmonia-ci/internal/queuetest"
 	"github.com/harmonia-ci/harmonia-ci/internal/signertest"
-	"github.com/harmonia-ci/harmonia-ci/internal/upload"
 	"github.com/harmonia-ci/harmonia-ci/internal/waittest"
 )
 
@@ -163,18 +162,15 @@ func (h *harness) publishDrvs(drvs ...string) {
 	h.t.Helper()
 	closure := strings.Fields(nixRun(h.t, "nix-store", append([]string{"--store", h.src, "--query", "--requisites"}, drvs...)...))
 	infos := pathInfos(h.t, h.src, closure)
-	paths := make([]upload.Path, len(closure))
+	paths := make([]signertest.SeedPath, len(closure))
 	for i, p := range closure {
 		info, ok := infos[p]
 		if !ok {
 			h.t.Fatalf("publish: %s is not valid in the evaluator's store", p)
 		}
-		paths[i] = upload.Path{StorePath: p, References: info.References}
+		paths[i] = signertest.SeedPath{StorePath: p, References: info.References}
 	}
-	pub := upload.Publisher{Signer: h.cluster.Client, StoreRoot: h.src}
-	if _, err := pub.Publish(h.ctx(), paths, upload.Request{}); err != nil {
-		h.t.Fatalf("publish .drv closures: %v", err)
-	}
+	h.cluster.Seed(h.t, h.src, paths...)
 }
 
 // derivation describes drv (in the evaluator's store) for the queue.
@@ -188,7 +184,7 @@ func (h *harness) derivation(drv string) queue.Derivation {
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	q := queue.Derivation{DrvPath: drv, Name: d.Name(), System: d.Platform, NarHash: narHash, NarSize: narSize}
+	q := queue.Derivation{DrvPath: drv, Name: d.Name(), System: d.Platform, NarHash: narHash, NarSize: narSize, InputSrcs: d.InputSrcs}
 	for _, name := range d.OutputNames() {
 		q.Outputs = append(q.Outputs, queue.Output{Name: name, Path: d.Outputs[name].Path})
 	}
@@ -239,7 +235,7 @@ type builderNode struct {
 func (h *harness) startBuilder(id string, cfg build.Config) *builderNode {
 	h.t.Helper()
 	queuetest.InsertNode(h.t, h.pool, queuetest.Node{ID: id, Systems: []string{h.system}})
-	cfg.NodeID, cfg.Signer = id, h.cluster.Client
+	cfg.NodeID, cfg.Signer = id, h.cluster.Client(h.t, id, "builder")
 	if cfg.Store.Root == "" {
 		cfg.Store.Root = h.t.TempDir()
 	}

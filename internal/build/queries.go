@@ -25,12 +25,13 @@ WHERE NOT EXISTS (
     SELECT 1 FROM build_jobs j
     WHERE j.id = t.id AND j.claimed_by = $3 AND j.attempt = t.attempt AND j.status IN ('building', 'uploading'))`
 
-	// Where inputs come from: the live cache nodes, and the keys their narinfos are signed with.
+	// Where inputs come from: the live cache nodes (silent for less than $1 seconds), and the keys
+	// their narinfos are signed with.
 	sqlSources = `
 SELECT
     ARRAY(SELECT endpoint FROM nodes
           WHERE 'cache' = ANY(capabilities) AND endpoint IS NOT NULL AND endpoint <> ''
-            AND status NOT IN ('dead') AND last_seen > now() - interval '2 minutes'
+            AND status NOT IN ('dead') AND last_seen > now() - make_interval(secs => $1)
           ORDER BY id),
     ARRAY(SELECT public_key FROM signing_keys ORDER BY first_seen, public_key)`
 

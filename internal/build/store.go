@@ -11,6 +11,7 @@ import (
 	"maps"
 	"os"
 	"os/exec"
+	"os/user"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -30,8 +31,14 @@ type Store struct {
 	Root         string   // "" = system store, else the chroot store directory (passed as --store)
 	Substituters []string // binary cache URLs to fetch from (the cluster's cache nodes, then upstream)
 	TrustedKeys  []string // "name:base64" public keys
-	SandboxPaths []string // chroot-store builds see these besides those of /bin/sh /lib /lib64 /usr/lib that exist
+	SandboxPaths []string // sandboxed builds see these besides those of /bin/sh /lib /lib64 /usr/lib that exist
 	Env          []string // the Nix children's environment; nil = PATH, TMPDIR, NIX_REMOTE, NIX_CONF_DIR of this process; HOME is added unless set
+	// Unsandboxed turns Nix's sandbox off ([build] sandbox = false): builds then see the whole
+	// machine. Only for operators who trust every project.
+	Unsandboxed bool
+	// BuildUsersGroup is the group of Nix's build users, which builds in the system store run as
+	// ([build] build_users_group). A chroot store's builds run in its sandbox without them.
+	BuildUsersGroup string
 
 	onStart   func(pid int) // tests: called with the pid of each build's Nix
 	killGrace time.Duration // tests: SIGTERM to SIGKILL of a stopped build; 0 = nixKillGrace
@@ -257,17 +264,50 @@ func (s *Store) AddRoots(name string, paths []string) (remove func(), err error)
 	return remove, nil
 }
 
-// Init creates a chroot store's directories and database if they do not exist yet, so the
-// builder's concurrent jobs never race to create them (Nix 2.8 fails when two first commands
-// do). The system store needs nothing.
+// Init creates the store's directories and database if they do not exist yet, so the builder's
+// concurrent jobs never race to create them (Nix 2.8 fails when two first commands do), and
+// checks that sandboxed builds in the system store have their build users.
 func (s *Store) Init(ctx context.Context) error {
-	if s.Root == "" {
-		return nil
+	if s.Root == "" && !s.Unsandboxed {
+		if err := checkBuildUsers(s.BuildUsersGroup); err != nil {
+			return err
+		}
 	}
 	if _, err := s.run(ctx, "nix-store", append([]string{"--init"}, s.options(nil)...)...); err != nil {
-		return fmt.Errorf("initialise store %s: %w", s.Root, err)
+		return fmt.Errorf("initialise store %s: %w", s.rootDir(), err)
 	}
 	return nil
+}
+
+// checkBuildUsers fails unless group exists with at least one member: Nix runs sandboxed builds
+// in the system store as its members, and without them it would refuse every build.
+func checkBuildUsers(group string) error {
+	g, err := user.LookupGroup(group)
+	if err != nil {
+		return fmt.Errorf("sandboxed builds in the system store run as Nix's build users, but the group %q does not exist: run scripts/deps.sh (or create it and its users as Nix's installer does), or set build.build_users_group: %w", group, err)
+	}
+	data, err := os.ReadFile("/etc/group")
+	if err != nil {
+		return nil // members are not listed here (NSS); Nix will say if there are none
+	}
+	for line := range strings.SplitSeq(string(data), "\n") {
+		f := strings.Split(line, ":")
+		if len(f) == 4 && f[2] == g.Gid && strings.TrimSpace(f[3]) != "" {
+			return nil
+		}
+	}
+	return fmt.Errorf("the build users group %q has no members: run scripts/deps.sh (it creates %s1…)", group, group)
+}
+
+// sandboxOptions are a build's sandbox settings: Nix's sandbox with the sandbox paths, and in
+// the system store Nix's build users.
+func (s *Store) sandboxOptions() []string {
+	args := []string{"--option", "sandbox", strconv.FormatBool(!s.Unsandboxed),
+		"--option", "sandbox-paths", strings.Join(s.sandboxPaths(), " ")}
+	if s.Root == "" && s.BuildUsersGroup != "" {
+		args = append(args, "--option", "build-users-group", s.BuildUsersGroup)
+	}
+	return args
 }
 
 // ClearRoots removes the GC roots AddRoots made under names starting with prefix: a builder
@@ -315,12 +355,7 @@ func (s *Store) Build(ctx context.Context, drvPath string, limits BuildLimits, l
 
 	args := append([]string{"--realise", drvPath}, s.options(nil)...)
 	args = append(args, "--option", "keep-going", "false", "--option", "builders", "")
-	if s.Root == "" {
-		// Root's builds in the system store cannot be sandboxed without build users.
-		args = append(args, "--option", "sandbox", "false")
-	} else {
-		args = append(args, "--option", "sandbox", "true", "--option", "sandbox-paths", strings.Join(s.sandboxPaths(), " "))
-	}
+	args = append(args, s.sandboxOptions()...)
 	// Not CommandContext: stopping a build is the watchdog's job, which lets Nix kill its builder.
 	cmd := exec.Command("nix-store", args...)
 	cmd.Env = s.childEnv(home)
@@ -637,7 +672,7 @@ func (s *Store) options(substituters []string) []string {
 		"--option", "trusted-public-keys", strings.Join(s.TrustedKeys, " "),
 		"--option", "require-sigs", "true",
 		"--option", "narinfo-cache-negative-ttl", "0",
-		// Single-user Nix running as root has no build users.
+		// Nothing but a build needs build users; Build sets them (sandboxOptions).
 		"--option", "build-users-group", "",
 	)
 }

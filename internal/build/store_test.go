@@ -23,22 +23,21 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/nixtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/queuetest"
 	"github.com/harmonia-ci/harmonia-ci/internal/signertest"
-	"github.com/harmonia-ci/harmonia-ci/internal/upload"
 	"github.com/harmonia-ci/harmonia-ci/internal/waittest"
 )
 
 // storeTestCache is the cluster's cache the builder substitutes from: an in-process signer and
-// cache, with a publisher for what the evaluator and earlier builds put there.
+// cache, seeded with what the evaluator and earlier builds put there.
 type storeTestCache struct {
-	url string
-	key nix.SecretKey
-	pub *upload.Publisher
+	url     string
+	key     nix.SecretKey
+	cluster *signertest.Cluster
 }
 
 func newStoreTestCache(t *testing.T) *storeTestCache {
 	t.Helper()
 	c := signertest.Start(t, dbtest.NewPool(t), signertest.Options{KeyName: "build-store-test-1"})
-	return &storeTestCache{url: c.URL, key: c.Key, pub: &upload.Publisher{Signer: c.Client}}
+	return &storeTestCache{url: c.URL, key: c.Key, cluster: c}
 }
 
 // store is a fresh chroot store substituting from the cache only.
@@ -50,17 +49,15 @@ func (c *storeTestCache) store(t *testing.T) *Store {
 func (c *storeTestCache) publish(t *testing.T, paths ...string) {
 	t.Helper()
 	infos := storeTestSystemInfos(t, paths)
-	var ps []upload.Path
+	var ps []signertest.SeedPath
 	for _, p := range paths {
 		info, ok := infos[p]
 		if !ok {
 			t.Fatalf("publish: %s is not valid in the system store", p)
 		}
-		ps = append(ps, upload.Path{StorePath: p, References: info.References, Deriver: info.Deriver})
+		ps = append(ps, signertest.SeedPath{StorePath: p, References: info.References, Deriver: info.Deriver})
 	}
-	if _, err := c.pub.Publish(storeTestCtx(t), ps, upload.Request{}); err != nil {
-		t.Fatalf("publish: %v", err)
-	}
+	c.cluster.Seed(t, "", ps...)
 }
 
 func storeTestCtx(t *testing.T) context.Context { return queuetest.Ctx(t, time.Minute) }

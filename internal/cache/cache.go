@@ -31,6 +31,7 @@ import (
 
 	"github.com/harmonia-ci/harmonia-ci/internal/blob"
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
+	"github.com/harmonia-ci/harmonia-ci/internal/web"
 )
 
 // DefaultPriority is the nix-cache-info Priority when Config.Priority is 0. Lower is
@@ -91,9 +92,28 @@ func New(cfg Config) *Server {
 // conflict with them (such as another "GET /{x}").
 func (s *Server) Register(mux *http.ServeMux) {
 	mux.HandleFunc("GET /nix-cache-info", s.serveCacheInfo)
-	mux.HandleFunc("GET /{name}", s.serveTopLevel)
-	mux.HandleFunc("GET /nar/{file}", s.serveNAR)
-	mux.HandleFunc("GET /log/{drv}", s.serveLog)
+	mux.Handle("GET /{name}", s.handle(s.serveTopLevel))
+	mux.Handle("GET /nar/{file}", s.handle(s.serveNAR))
+	mux.Handle("GET /log/{drv}", s.handle(s.serveLog))
+}
+
+// handle answers h's errors as every harmonia-ci handler does (web.Handle: JSON, only Msg
+// reaches the client; Nix looks at the status alone). An error drops the Content-Encoding a
+// zstd log response had announced.
+func (s *Server) handle(h web.HandlerFunc) http.Handler {
+	return web.Handle(s.logger, func(w http.ResponseWriter, r *http.Request) error {
+		err := h(w, r)
+		if err != nil {
+			w.Header().Del("Content-Encoding")
+		}
+		return err
+	})
+}
+
+// errNotFound is a miss. It may be cached briefly (cacheMiss), so a path published a moment
+// later is found.
+func errNotFound() *web.HTTPError {
+	return &web.HTTPError{Code: http.StatusNotFound, Msg: "not found", Header: http.Header{"Cache-Control": {cacheMiss}}}
 }
 
 func (s *Server) serveCacheInfo(w http.ResponseWriter, r *http.Request) {
@@ -108,7 +128,7 @@ func (s *Server) serveCacheInfo(w http.ResponseWriter, r *http.Request) {
 }
 
 // serveTopLevel serves /<hash>.narinfo and /<hash>.ls; other single-segment names are 404.
-func (s *Server) serveTopLevel(w http.ResponseWriter, r *http.Request) {
+func (s *Server) serveTopLevel(w http.ResponseWriter, r *http.Request) error {
 	name := r.PathValue("name")
 	var ctype string
 	var hash string
@@ -118,41 +138,36 @@ func (s *Server) serveTopLevel(w http.ResponseWriter, r *http.Request) {
 	case strings.HasSuffix(name, ".ls"):
 		hash, ctype = strings.TrimSuffix(name, ".ls"), typeListing
 	default:
-		s.fail(w, r, http.StatusNotFound, "not found", nil)
-		return
+		return errNotFound()
 	}
 	if !nix.ValidHashPart(hash) {
-		s.fail(w, r, http.StatusBadRequest, "invalid store path hash", nil)
-		return
+		return web.Errorf(http.StatusBadRequest, "invalid store path hash")
 	}
-	s.serveBlob(w, r, name, ctype, cacheHit)
+	return s.serveBlob(w, r, name, ctype, cacheHit)
 }
 
-func (s *Server) serveNAR(w http.ResponseWriter, r *http.Request) {
+func (s *Server) serveNAR(w http.ResponseWriter, r *http.Request) error {
 	key := "nar/" + r.PathValue("file")
 	if err := blob.ValidKey(key); err != nil {
-		s.fail(w, r, http.StatusBadRequest, "invalid NAR file name", nil)
-		return
+		return web.Errorf(http.StatusBadRequest, "invalid NAR file name")
 	}
-	s.serveBlob(w, r, key, typeNAR, cacheImmutable)
+	return s.serveBlob(w, r, key, typeNAR, cacheImmutable)
 }
 
 // serveBlob streams key as stored.
-func (s *Server) serveBlob(w http.ResponseWriter, r *http.Request, key, ctype, cacheControl string) {
+func (s *Server) serveBlob(w http.ResponseWriter, r *http.Request, key, ctype, cacheControl string) error {
 	if r.Method == http.MethodHead {
 		info, err := s.store.Head(r.Context(), key)
 		if err != nil {
-			s.storeError(w, r, key, err)
-			return
+			return s.storeError(w, r, key, err)
 		}
 		setHeaders(w, ctype, cacheControl, info.Size)
 		w.WriteHeader(http.StatusOK)
-		return
+		return nil
 	}
 	rc, info, err := s.store.Get(r.Context(), key)
 	if err != nil {
-		s.storeError(w, r, key, err)
-		return
+		return s.storeError(w, r, key, err)
 	}
 	defer rc.Close()
 	// Small objects (narinfo, .ls, the requests Nix makes most) are read whole and written once,
@@ -161,66 +176,60 @@ func (s *Server) serveBlob(w http.ResponseWriter, r *http.Request, key, ctype, c
 	if info.Size >= 0 && info.Size <= smallObject {
 		body, err := io.ReadAll(io.LimitReader(rc, smallObject+1))
 		if err != nil || int64(len(body)) != info.Size {
-			s.storeError(w, r, key, fmt.Errorf("read %s: %d of %d bytes: %w", key, len(body), info.Size, err))
-			return
+			return s.storeError(w, r, key, fmt.Errorf("read %s: %d of %d bytes: %w", key, len(body), info.Size, err))
 		}
 		setHeaders(w, ctype, cacheControl, info.Size)
 		w.WriteHeader(http.StatusOK)
 		if _, err := w.Write(body); err != nil {
 			s.copyError(r, key, 0, err)
 		}
-		return
+		return nil
 	}
 	setHeaders(w, ctype, cacheControl, info.Size)
 	w.WriteHeader(http.StatusOK)
 	if n, err := io.Copy(w, rc); err != nil {
 		s.copyError(r, key, n, err)
 	}
+	return nil
 }
 
 // smallObject is the size up to which an object is sent from memory.
 const smallObject = 64 << 10
 
-func (s *Server) serveLog(w http.ResponseWriter, r *http.Request) {
+func (s *Server) serveLog(w http.ResponseWriter, r *http.Request) error {
 	key := "log/" + r.PathValue("drv")
 	if err := blob.ValidKey(key); err != nil {
-		s.fail(w, r, http.StatusBadRequest, "invalid derivation name", nil)
-		return
+		return web.Errorf(http.StatusBadRequest, "invalid derivation name")
 	}
 	w.Header().Set("Vary", "Accept-Encoding")
 	if acceptsZstd(r.Header.Values("Accept-Encoding")) {
 		w.Header().Set("Content-Encoding", "zstd")
-		s.serveBlob(w, r, key, typeLog, cacheHit)
-		return
+		return s.serveBlob(w, r, key, typeLog, cacheHit)
 	}
 	// Decompressed: the length is unknown until the whole log has been read.
 	if r.Method == http.MethodHead {
 		if _, err := s.store.Head(r.Context(), key); err != nil {
-			s.storeError(w, r, key, err)
-			return
+			return s.storeError(w, r, key, err)
 		}
 		setHeaders(w, typeLog, cacheHit, -1)
 		w.WriteHeader(http.StatusOK)
-		return
+		return nil
 	}
 	rc, _, err := s.store.Get(r.Context(), key)
 	if err != nil {
-		s.storeError(w, r, key, err)
-		return
+		return s.storeError(w, r, key, err)
 	}
 	defer rc.Close()
 	dec, err := zstd.NewReader(rc, zstd.WithDecoderConcurrency(1), zstd.WithDecoderMaxMemory(1<<30))
 	if err != nil {
-		s.fail(w, r, http.StatusInternalServerError, "internal error", err)
-		return
+		return fmt.Errorf("open zstd reader for %s: %w", key, err)
 	}
 	defer dec.Close()
 	// Decode the first block before committing to 200, so that a corrupt log is an error
 	// response rather than a truncated success.
 	br := bufio.NewReaderSize(dec, 32<<10)
 	if _, err := br.Peek(1); err != nil && !errors.Is(err, io.EOF) {
-		s.fail(w, r, http.StatusBadGateway, "stored log is unreadable", fmt.Errorf("decompress %s: %w", key, err))
-		return
+		return &web.HTTPError{Code: http.StatusBadGateway, Msg: "stored log is unreadable", Err: fmt.Errorf("decompress %s: %w", key, err)}
 	}
 	setHeaders(w, typeLog, cacheHit, -1)
 	w.WriteHeader(http.StatusOK)
@@ -229,6 +238,7 @@ func (s *Server) serveLog(w http.ResponseWriter, r *http.Request) {
 		// Abort the chunked response, so the client sees an error, not a short log.
 		panic(http.ErrAbortHandler)
 	}
+	return nil
 }
 
 // acceptsZstd reports whether Accept-Encoding values list zstd with a non-zero quality.
@@ -271,21 +281,20 @@ func setHeaders(w http.ResponseWriter, ctype, cacheControl string, size int64) {
 	}
 }
 
-// storeError answers a failed Get or Head: 404 for a missing object, else 502 with the
+// storeError is the answer to a failed Get or Head: 404 for a missing object, else 502 with the
 // detail logged only.
-func (s *Server) storeError(w http.ResponseWriter, r *http.Request, key string, err error) {
-	w.Header().Del("Content-Encoding")
+func (s *Server) storeError(w http.ResponseWriter, r *http.Request, key string, err error) error {
 	if errors.Is(err, blob.ErrNotFound) {
-		s.fail(w, r, http.StatusNotFound, "not found", nil)
-		return
+		return errNotFound()
 	}
 	if errors.Is(err, context.Canceled) && r.Context().Err() != nil {
 		// The client went away; nobody reads the answer.
 		s.logger.Debug("cache: request canceled", "path", r.URL.Path, "key", key)
+		w.Header().Del("Content-Encoding")
 		w.WriteHeader(499)
-		return
+		return nil
 	}
-	s.fail(w, r, http.StatusBadGateway, "cache storage unavailable", fmt.Errorf("key %s: %w", key, err))
+	return &web.HTTPError{Code: http.StatusBadGateway, Msg: "cache storage unavailable", Err: fmt.Errorf("key %s: %w", key, err)}
 }
 
 // copyError logs a body that could not be sent in full. The response is already committed;
@@ -296,29 +305,4 @@ func (s *Server) copyError(r *http.Request, key string, n int64, err error) {
 		level = slog.LevelDebug // client disconnected
 	}
 	s.logger.Log(r.Context(), level, "cache: sending body failed", "path", r.URL.Path, "key", key, "sent", n, "error", err)
-}
-
-// fail writes a plain-text error whose msg is safe for clients; err is logged, never sent.
-func (s *Server) fail(w http.ResponseWriter, r *http.Request, code int, msg string, err error) {
-	h := w.Header()
-	h.Del("Content-Encoding")
-	switch {
-	case code == http.StatusNotFound:
-		h.Set("Cache-Control", cacheMiss)
-	case code >= 500:
-		h.Set("Cache-Control", cacheNone)
-	}
-	if code >= 500 {
-		s.logger.Error("cache: request failed", "method", r.Method, "path", r.URL.Path, "status", code, "error", err)
-	} else if err != nil {
-		s.logger.Info("cache: request failed", "method", r.Method, "path", r.URL.Path, "status", code, "error", err)
-	}
-	body := msg + "\n"
-	h.Set("Content-Type", "text/plain; charset=utf-8")
-	h.Set("X-Content-Type-Options", "nosniff")
-	h.Set("Content-Length", strconv.Itoa(len(body)))
-	w.WriteHeader(code)
-	if r.Method != http.MethodHead {
-		_, _ = io.WriteString(w, body)
-	}
 }

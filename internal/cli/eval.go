@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"strconv"
@@ -18,13 +19,20 @@ import (
 
 func newEvalCmd(g *globalFlags) *cobra.Command {
 	var p eval.TriggerParams
-	var wait, asJSON bool
+	var wait, asJSON, again bool
 	cmd := &cobra.Command{
-		Use:   "eval PROJECT [--commit SHA] [--branch B] [--wait] [--json]",
+		Use:   "eval PROJECT [--commit SHA] [--branch B] [--again] [--wait] [--json]",
 		Short: "Queue an evaluation of a project's commit (default: the head of its branch)",
 		Long: `Queue an evaluation of a project's commit. The same commit and branch twice is one
 evaluation; a commit with the same tree as an evaluation that succeeded is recorded as
-skipped, reusing its results. With --wait, follow it to the end and print its attributes.`,
+skipped, reusing its results. With --wait, follow it to the end and print its attributes.
+
+With --again, an evaluation of the commit and branch that has finished (succeeded, failed,
+cancelled or skipped) is run again under the same id, as after a failure outside the project
+(Nix missing, a crash, a timeout): its attributes are dropped, the pending builds only it
+needed are cancelled until it needs them again, and older unfinished evaluations of its branch
+are superseded. One that is still queued or running is only followed; one that does not exist
+is queued as without --again.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			p.Project = args[0]
@@ -38,15 +46,19 @@ skipped, reusing its results. With --wait, follow it to the end and print its at
 				if err != nil {
 					return err
 				}
-				if !asJSON {
-					verb := "queued"
-					switch {
-					case !created:
-						verb = "already requested:"
-					case e.Status == "skipped":
-						verb = fmt.Sprintf("skipped (same tree as evaluation %d):", *e.ReusesEvalID)
+				verb, note := "already requested:", ""
+				switch {
+				case created && e.Status == eval.StatusSkipped:
+					verb = fmt.Sprintf("skipped (same tree as evaluation %d):", *e.ReusesEvalID)
+				case created:
+					verb = "queued"
+				case again:
+					if e, verb, note, err = evalAgain(ctx, pool, e); err != nil {
+						return err
 					}
-					fmt.Fprintf(cmd.ErrOrStderr(), "%s evaluation %d of %s at %s on %s\n", verb, e.ID, e.Project, short(e.Commit), e.Branch)
+				}
+				if !asJSON {
+					fmt.Fprintf(cmd.ErrOrStderr(), "%s evaluation %d of %s at %s on %s%s\n", verb, e.ID, e.Project, short(e.Commit), e.Branch, note)
 				}
 				if !wait {
 					return showEval(ctx, cmd.OutOrStdout(), pool, e, false, asJSON)
@@ -64,10 +76,38 @@ skipped, reusing its results. With --wait, follow it to the end and print its at
 	f := cmd.Flags()
 	f.StringVar(&p.Commit, "commit", "", "commit to evaluate (default: the head of the branch)")
 	f.StringVar(&p.Branch, "branch", "", "branch (default: the project's branch)")
+	f.BoolVar(&again, "again", false, "re-evaluate the commit's evaluation if it has finished")
 	f.BoolVar(&wait, "wait", false, "wait for the evaluation to finish and print its attributes")
 	f.BoolVar(&asJSON, "json", false, "print JSON")
 	cmd.AddCommand(newEvalCancel(g), newEvalShow(g), newEvalList(g))
 	return cmd
+}
+
+// evalAgain re-evaluates e if it has finished; one still queued or running (or re-queued by
+// someone else meanwhile) is left to run. It returns the evaluation and what happened: verb
+// comes before "evaluation ID of …", note after it.
+func evalAgain(ctx context.Context, pool *pgxpool.Pool, e eval.Evaluation) (_ eval.Evaluation, verb, note string, err error) {
+	if e.Finished() {
+		again, err := eval.Reevaluate(ctx, pool, e.ID)
+		if err == nil {
+			return again, "re-evaluating", wasNote(e), nil
+		}
+		if !errors.Is(err, eval.ErrNotFinished) {
+			return e, "", "", err
+		}
+		if e, err = eval.Get(ctx, pool, e.ID); err != nil {
+			return e, "", "", err
+		}
+	}
+	return e, fmt.Sprintf("already %s, nothing to re-evaluate:", e.Status), "", nil
+}
+
+// wasNote says how the evaluation prev, now run again, had ended: " (was failed: …)".
+func wasNote(prev eval.Evaluation) string {
+	if prev.Error == "" {
+		return fmt.Sprintf(" (was %s)", prev.Status)
+	}
+	return fmt.Sprintf(" (was %s: %s)", prev.Status, firstLine(prev.Error))
 }
 
 func newEvalCancel(g *globalFlags) *cobra.Command {
@@ -224,7 +264,7 @@ func showEval(ctx context.Context, w io.Writer, pool *pgxpool.Pool, e eval.Evalu
 
 // waitResult is the exit status of a command that waited: failing when the evaluation did.
 func waitResult(e eval.Evaluation) error {
-	if e.Status == "failed" || e.Status == "cancelled" {
+	if e.Status == eval.StatusFailed || e.Status == eval.StatusCancelled {
 		return fmt.Errorf("evaluation %d %s", e.ID, e.Status)
 	}
 	return nil

@@ -3,8 +3,11 @@ package cli
 import (
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
+	"path/filepath"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -69,4 +72,50 @@ func newKeygen() *cobra.Command {
 	f.StringVar(&publicFile, "public-key-file", "", "also write the public key here")
 	f.BoolVar(&force, "force", false, "replace existing key files")
 	return cmd
+}
+
+// readToken returns the trimmed token in path and whether the file exists.
+func readToken(path string) (string, bool, error) {
+	f, err := os.Open(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return "", false, nil
+	}
+	if err != nil {
+		return "", false, fmt.Errorf("read token %s: %w", path, err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return "", true, fmt.Errorf("read token %s: %w", path, err)
+	}
+	if err := nix.CheckSecretMode(path, fi.Mode()); err != nil {
+		return "", true, fmt.Errorf("token: %w", err)
+	}
+	data, err := io.ReadAll(f)
+	if err != nil {
+		return "", true, fmt.Errorf("read token %s: %w", path, err)
+	}
+	return strings.TrimSpace(string(data)), true, nil
+}
+
+// createSecretFile creates path holding data, mode 0600, failing with fs.ErrExist if it exists.
+// The data is written to a new file (O_CREATE|O_EXCL, 0600, which a umask can only narrow) that
+// is then linked into place, so a concurrent reader never sees a partly written secret.
+func createSecretFile(path string, data []byte) error {
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(f.Name())
+	_, err = f.Write(data)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	return os.Link(f.Name(), path)
 }

@@ -2,10 +2,13 @@ package cli
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
@@ -66,5 +69,149 @@ func TestKeygen(t *testing.T) {
 	}
 	if _, err := runCLI(t, "keygen", "--secret-key-file", filepath.Join(dir, "x")); err == nil || !strings.Contains(err.Error(), "--name") {
 		t.Fatalf("missing --name: %v", err)
+	}
+}
+
+// withUmask runs the rest of the test under umask mask, to show that secret files do not take
+// their mode from it.
+func withUmask(t *testing.T, mask int) {
+	old := syscall.Umask(mask)
+	t.Cleanup(func() { syscall.Umask(old) })
+}
+
+func wantMode(t *testing.T, path string, want os.FileMode) {
+	t.Helper()
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Perm() != want {
+		t.Errorf("%s: mode %04o, want %04o", path, fi.Mode().Perm(), want)
+	}
+}
+
+// The key files keygen writes are private even under a umask that grants everything.
+func TestKeygenIgnoresUmask(t *testing.T) {
+	withUmask(t, 0)
+	dir := t.TempDir()
+	sec := filepath.Join(dir, "k.sec")
+	for _, args := range [][]string{{}, {"--force"}} {
+		if out, err := runCLI(t, append([]string{"keygen", "--name", "k-1", "--secret-key-file", sec}, args...)...); err != nil {
+			t.Fatalf("keygen %v: %v\n%s", args, err, out)
+		}
+		wantMode(t, sec, 0o600)
+	}
+}
+
+// ensureToken creates a private token once and returns it ever after; it refuses an existing
+// token other users can read, and replaces an empty one.
+func TestEnsureToken(t *testing.T) {
+	withUmask(t, 0)
+	tests := []struct {
+		name     string
+		existing string // "" for none
+		mode     os.FileMode
+		wantErr  bool
+	}{
+		{"new", "", 0, false},
+		{"existing 0600", "t0ken\n", 0o600, false},
+		{"existing 0640", "t0ken\n", 0o640, false},
+		{"existing 0644", "t0ken\n", 0o644, true},
+		{"existing 0604", "t0ken\n", 0o604, true},
+		{"empty 0600", "\n", 0o600, false},
+		{"empty 0644", "", 0o644, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "admin-token")
+			if tt.mode != 0 {
+				if err := os.WriteFile(path, []byte(tt.existing), tt.mode); err != nil {
+					t.Fatal(err)
+				}
+			}
+			token, err := ensureToken(path)
+			if tt.wantErr {
+				want := fmt.Sprintf("%s is readable by other users (mode %04o); run chmod 600 %s", path, tt.mode, path)
+				if err == nil || !strings.Contains(err.Error(), want) {
+					t.Fatalf("ensureToken: token %q, error %v; want an error containing %q", token, err, want)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if strings.TrimSpace(tt.existing) != "" {
+				if token != "t0ken" {
+					t.Errorf("ensureToken = %q, want the existing t0ken", token)
+				}
+				wantMode(t, path, tt.mode)
+				return
+			}
+			if len(token) != 64 {
+				t.Errorf("new token %q, want 64 hex digits", token)
+			}
+			wantMode(t, path, 0o600)
+			if again, err := ensureToken(path); err != nil || again != token {
+				t.Errorf("second ensureToken = %q, %v; want %q", again, err, token)
+			}
+			if entries, _ := os.ReadDir(filepath.Dir(path)); len(entries) != 1 {
+				t.Errorf("files left beside the token: %v", entries)
+			}
+		})
+	}
+}
+
+// Concurrent first starts on one state directory agree on one token.
+func TestEnsureTokenConcurrent(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "cluster-token")
+	tokens := make([]string, 8)
+	var wg sync.WaitGroup
+	for i := range tokens {
+		wg.Go(func() {
+			var err error
+			if tokens[i], err = ensureToken(path); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	for _, tok := range tokens {
+		if tok != tokens[0] || tok == "" {
+			t.Fatalf("tokens differ: %q", tokens)
+		}
+	}
+}
+
+// ensureSigningKey creates a private key that loads, and refuses an existing one other users
+// can read rather than sign with it.
+func TestEnsureSigningKey(t *testing.T) {
+	withUmask(t, 0)
+	dir := t.TempDir()
+	path, err := ensureSigningKey(dir, "node-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantMode(t, path, 0o600)
+	wantMode(t, path+".pub", 0o644)
+	key, err := nix.LoadSecretKeyFile(path)
+	if err != nil || key.Name != "node-1-1" {
+		t.Fatalf("generated key: %v, %v", key, err)
+	}
+	if again, err := ensureSigningKey(dir, "node-1"); err != nil || again != path {
+		t.Fatalf("second ensureSigningKey = %q, %v", again, err)
+	}
+	if k, _ := nix.LoadSecretKeyFile(path); k.Encode() != key.Encode() {
+		t.Fatal("second ensureSigningKey replaced the key")
+	}
+
+	for mode, ok := range map[os.FileMode]bool{0o640: true, 0o644: false, 0o604: false} {
+		if err := os.Chmod(path, mode); err != nil {
+			t.Fatal(err)
+		}
+		_, err := ensureSigningKey(dir, "node-1")
+		want := fmt.Sprintf("%s is readable by other users (mode %04o); run chmod 600 %s", path, mode, path)
+		if ok && err != nil || !ok && (err == nil || !strings.Contains(err.Error(), want)) {
+			t.Errorf("key mode %04o: error %v, want ok=%v", mode, err, ok)
+		}
 	}
 }

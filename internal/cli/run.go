@@ -76,7 +76,7 @@ exits non-zero when anything failed.`,
 }
 
 // prepareSingleNode creates what a single-node cluster needs and the configuration does not name:
-// the state directory, the admin and cluster tokens, and the signing key.
+// the state directory, the admin token, the cluster secret, and the signing key.
 func prepareSingleNode(cfg *config.Config) error {
 	var err error
 	if err := os.MkdirAll(cfg.StateDir, 0o755); err != nil {
@@ -87,8 +87,9 @@ func prepareSingleNode(cfg *config.Config) error {
 			return err
 		}
 	}
-	if cfg.Auth.ClusterToken == "" {
-		if cfg.Auth.ClusterToken, err = ensureToken(filepath.Join(cfg.StateDir, "cluster-token")); err != nil {
+	// The single node is its own signer: it holds the cluster secret and derives its node token.
+	if cfg.Auth.ClusterSecret == "" && cfg.Auth.NodeToken == "" {
+		if cfg.Auth.ClusterSecret, err = ensureToken(filepath.Join(cfg.StateDir, "cluster-secret")); err != nil {
 			return err
 		}
 	}
@@ -129,7 +130,7 @@ func (r *runner) run(ctx context.Context, force <-chan struct{}, source, branch 
 		return err
 	}
 
-	endpoint, err := liveBuilder(ctx, pool)
+	endpoint, err := liveBuilder(ctx, pool, cfg.Cluster.Heartbeat.DeadThreshold.Duration)
 	if err != nil {
 		return err
 	}
@@ -152,7 +153,7 @@ func (r *runner) run(ctx context.Context, force <-chan struct{}, source, branch 
 	if err := ensureProject(ctx, pool, name, snapshot); err != nil {
 		return err
 	}
-	e, _, err := eval.Trigger(ctx, pool, eval.TriggerParams{Project: name, Commit: commit, Branch: runBranch, StateDir: cfg.StateDir})
+	e, err := r.trigger(ctx, pool, name, commit)
 	if err != nil {
 		return err
 	}
@@ -162,6 +163,26 @@ func (r *runner) run(ctx context.Context, force <-chan struct{}, source, branch 
 		return err
 	}
 	return r.summary(ctx, pool, e, time.Since(start))
+}
+
+// trigger requests the evaluation of the snapshot commit. The evaluation of a snapshot seen
+// before is reused when it succeeded or was skipped (unchanged files are a no-op), and run
+// again when it failed or was cancelled: a user who runs again expects another try, after a
+// failure outside the project (Nix missing, a crash, a timeout) as after one inside it.
+func (r *runner) trigger(ctx context.Context, pool *pgxpool.Pool, name, commit string) (eval.Evaluation, error) {
+	e, created, err := eval.Trigger(ctx, pool, eval.TriggerParams{Project: name, Commit: commit, Branch: runBranch, StateDir: r.cfg.StateDir})
+	if err != nil || created || (e.Status != eval.StatusFailed && e.Status != eval.StatusCancelled) {
+		return e, err
+	}
+	again, err := eval.Reevaluate(ctx, pool, e.ID)
+	if errors.Is(err, eval.ErrNotFinished) {
+		return eval.Get(ctx, pool, e.ID) // another run re-queued it meanwhile: follow that one
+	}
+	if err != nil {
+		return e, err
+	}
+	fmt.Fprintf(r.errOut, "re-evaluating evaluation %d%s\n", e.ID, wasNote(e))
+	return again, nil
 }
 
 // startNode runs this process's node with every role and waits until it is active.
@@ -211,15 +232,16 @@ func (r *runner) startNode(ctx context.Context, pool *pgxpool.Pool, logger *slog
 }
 
 // liveBuilder returns the endpoint of a builder node that answers its health check, "" if none:
-// `harmonia-ci up` on this state directory, whose work run then only watches.
-func liveBuilder(ctx context.Context, pool *pgxpool.Pool) (string, error) {
+// `harmonia-ci up` on this state directory, whose work run then only watches. A node silent for
+// deadThreshold (cluster.heartbeat.dead_threshold) is not live, whatever its row still says.
+func liveBuilder(ctx context.Context, pool *pgxpool.Pool, deadThreshold time.Duration) (string, error) {
 	nodes, err := cluster.ListNodes(ctx, pool)
 	if err != nil {
 		return "", fmt.Errorf("look for a running cluster: %w", err)
 	}
 	var endpoints []string
 	for _, n := range nodes {
-		if slices.Contains(n.Roles, config.RoleBuilder) && n.Status == cluster.StatusActive && n.LastSeenSecondsAgo < 120 {
+		if slices.Contains(n.Roles, config.RoleBuilder) && n.Status == cluster.StatusActive && n.LastSeenSecondsAgo < deadThreshold.Seconds() {
 			endpoints = append(endpoints, n.Endpoint)
 		}
 	}

@@ -64,27 +64,29 @@ type NodeConfig struct {
 	MaxEvals int      `toml:"max_evals"`
 }
 
-// AuthConfig names the files holding the API tokens; Load fills in the tokens.
+// AuthConfig names the files holding the secrets nodes authenticate with; Load fills them in.
 type AuthConfig struct {
-	AdminTokenFile   string `toml:"admin_token_file"`   // admin API bearer token
-	ClusterTokenFile string `toml:"cluster_token_file"` // node-to-node token
+	AdminTokenFile    string `toml:"admin_token_file"`    // admin API bearer token
+	ClusterSecretFile string `toml:"cluster_secret_file"` // signers: the secret node tokens are derived from
+	NodeTokenFile     string `toml:"node_token_file"`     // this node's token (harmonia-ci node-token)
 
-	// Filled by Load from the files above or from HARMONIA_ADMIN_TOKEN /
-	// HARMONIA_CLUSTER_TOKEN (env wins). Never printed: see String.
-	AdminToken   string `toml:"-" json:"-"`
-	ClusterToken string `toml:"-" json:"-"`
+	// Filled by Load from the files above or from HARMONIA_ADMIN_TOKEN, HARMONIA_CLUSTER_SECRET
+	// and HARMONIA_NODE_TOKEN (env wins). Never printed: see String.
+	AdminToken    string `toml:"-" json:"-"`
+	ClusterSecret string `toml:"-" json:"-"`
+	NodeToken     string `toml:"-" json:"-"`
 }
 
-// String redacts the tokens so that logging a Config (%v, %+v, slog) cannot leak them.
+// String redacts the secrets so that logging a Config (%v, %+v, slog) cannot leak them.
 func (a AuthConfig) String() string {
-	return fmt.Sprintf("{AdminTokenFile:%s ClusterTokenFile:%s AdminToken:%s ClusterToken:%s}",
-		a.AdminTokenFile, a.ClusterTokenFile, redact(a.AdminToken), redact(a.ClusterToken))
+	return fmt.Sprintf("{AdminTokenFile:%s ClusterSecretFile:%s NodeTokenFile:%s AdminToken:%s ClusterSecret:%s NodeToken:%s}",
+		a.AdminTokenFile, a.ClusterSecretFile, a.NodeTokenFile, redact(a.AdminToken), redact(a.ClusterSecret), redact(a.NodeToken))
 }
 
-// GoString redacts the tokens for %#v too.
+// GoString redacts the secrets for %#v too.
 func (a AuthConfig) GoString() string {
-	return fmt.Sprintf("config.AuthConfig{AdminTokenFile:%q, ClusterTokenFile:%q, AdminToken:%q, ClusterToken:%q}",
-		a.AdminTokenFile, a.ClusterTokenFile, redact(a.AdminToken), redact(a.ClusterToken))
+	return fmt.Sprintf("config.AuthConfig{AdminTokenFile:%q, ClusterSecretFile:%q, NodeTokenFile:%q, AdminToken:%q, ClusterSecret:%q, NodeToken:%q}",
+		a.AdminTokenFile, a.ClusterSecretFile, a.NodeTokenFile, redact(a.AdminToken), redact(a.ClusterSecret), redact(a.NodeToken))
 }
 
 func redact(token string) string {
@@ -103,9 +105,15 @@ type BuildConfig struct {
 	// NixStore is the Nix store builds run in: "" for the system store, or a chroot store
 	// directory (absolute), so several builders can share a machine.
 	NixStore string `toml:"nix_store"`
-	// ExtraSandboxPaths are host paths builds in a chroot store may use, besides /bin/sh and
-	// the system libraries.
+	// ExtraSandboxPaths are host paths sandboxed builds may use, besides /bin/sh and the system
+	// libraries.
 	ExtraSandboxPaths []string `toml:"extra_sandbox_paths"`
+	// Sandbox runs builds in Nix's sandbox as build users. Only an operator who trusts every
+	// project turns it off.
+	Sandbox bool `toml:"sandbox"`
+	// BuildUsersGroup is the group of the Nix build users sandboxed builds in the system store
+	// run as.
+	BuildUsersGroup string `toml:"build_users_group"`
 }
 
 // ClusterConfig tunes how nodes find each other and agree on a leader.
@@ -184,8 +192,11 @@ type SignerConfig struct {
 
 // EvalConfig configures the evaluator role.
 type EvalConfig struct {
-	Timeout      Duration `toml:"timeout"`       // one evaluation; .harmonia-ci.toml's eval-timeout overrides it
+	Timeout      Duration `toml:"timeout"`       // one evaluation, and the ceiling of .harmonia-ci.toml's eval-timeout
+	MaxMemory    ByteSize `toml:"max_memory"`    // resident memory of one evaluation's Nix processes
 	PollInterval Duration `toml:"poll_interval"` // look for queued evaluations at least this often
+	// User is the unprivileged user Nix evaluates projects as when the node runs as root.
+	User string `toml:"user"`
 }
 
 // SubstitutersConfig names the upstream binary caches whose contents need no build job and
@@ -230,6 +241,8 @@ func defaults(getenv func(string) string) *Config {
 			MaxOutputSize:     4 * sizeGB,
 			MaxLogSize:        64 * sizeMB,
 			ExtraSandboxPaths: []string{},
+			Sandbox:           true,
+			BuildUsersGroup:   "nixbld",
 		},
 		Cluster: ClusterConfig{
 			Heartbeat: HeartbeatConfig{
@@ -248,7 +261,8 @@ func defaults(getenv func(string) string) *Config {
 		},
 		Cache:  CacheConfig{Store: "local", Priority: 30, S3: S3Config{Region: "us-east-1", UseTLS: true}},
 		Signer: SignerConfig{URLExpiry: Duration{15 * time.Minute}},
-		Eval:   EvalConfig{Timeout: Duration{time.Hour}, PollInterval: Duration{5 * time.Second}},
+		Eval: EvalConfig{Timeout: Duration{time.Hour}, MaxMemory: 4 * sizeGiB, PollInterval: Duration{5 * time.Second},
+			User: "harmonia-eval"},
 		Substituters: SubstitutersConfig{
 			URLs:              []string{},
 			TrustedPublicKeys: []string{},

@@ -1,6 +1,8 @@
 package config
 
 import (
+	"github.com/harmonia-ci/harmonia-ci/internal/nodetoken"
+
 	"errors"
 	"fmt"
 	"io/fs"
@@ -156,7 +158,7 @@ max_evals = 2
 
 [auth]
 admin_token_file = "admin.token"
-cluster_token_file = "`+filepath.Join(dir, "cluster.token")+`"
+cluster_secret_file = "`+filepath.Join(dir, "cluster.token")+`"
 
 [build]
 timeout = "2h"
@@ -215,10 +217,10 @@ trusted_public_keys = ["cache.example.org-1:6NCHdD59X431o0gWypbMrAURkbJ16ZPMQFGs
 			MaxEvals: 2,
 		},
 		Auth: AuthConfig{
-			AdminTokenFile:   "admin.token",
-			ClusterTokenFile: filepath.Join(dir, "cluster.token"),
-			AdminToken:       "admin-secret",
-			ClusterToken:     "cluster-secret",
+			AdminTokenFile:    "admin.token",
+			ClusterSecretFile: filepath.Join(dir, "cluster.token"),
+			AdminToken:        "admin-secret",
+			ClusterSecret:     "cluster-secret",
 		},
 		Build: BuildConfig{
 			Timeout:           d("2h"),
@@ -227,6 +229,8 @@ trusted_public_keys = ["cache.example.org-1:6NCHdD59X431o0gWypbMrAURkbJ16ZPMQFGs
 			MaxLogSize:        1 << 20,
 			NixStore:          "/srv/ci/store",
 			ExtraSandboxPaths: []string{"/bin/sleep"},
+			Sandbox:           true,
+			BuildUsersGroup:   "nixbld",
 		},
 		Cluster: ClusterConfig{
 			Heartbeat:      HeartbeatConfig{d("10s"), d("1m"), d("168h")},
@@ -236,7 +240,7 @@ trusted_public_keys = ["cache.example.org-1:6NCHdD59X431o0gWypbMrAURkbJ16ZPMQFGs
 		Queue:  QueueConfig{d("1s"), d("10s"), d("1m"), d("0s"), d("30m"), d("1h")},
 		Cache:  CacheConfig{Store: "local", Priority: 30, S3: S3Config{Region: "us-east-1", UseTLS: true}},
 		Signer: SignerConfig{URLExpiry: d("15m")},
-		Eval:   EvalConfig{Timeout: d("20m"), PollInterval: d("2s")},
+		Eval:   EvalConfig{Timeout: d("20m"), MaxMemory: 4 << 30, PollInterval: d("2s"), User: "harmonia-eval"},
 		Substituters: SubstitutersConfig{
 			URLs:              []string{"https://cache.example.org"},
 			TrustedPublicKeys: []string{"cache.example.org-1:6NCHdD59X431o0gWypbMrAURkbJ16ZPMQFGspcDShjY="},
@@ -289,7 +293,7 @@ func TestExampleDocumentsEveryKey(t *testing.T) {
 	}
 	path := writeFile(t, t.TempDir(), "uncommented.toml", text)
 	if _, err := Load(Overrides{ConfigFile: path}, fakeEnv(map[string]string{
-		"HARMONIA_ADMIN_TOKEN": "a", "HARMONIA_CLUSTER_TOKEN": "c",
+		"HARMONIA_ADMIN_TOKEN": "a", "HARMONIA_CLUSTER_SECRET": "c", "HARMONIA_NODE_TOKEN": testNodeToken(t),
 		"HARMONIA_S3_ACCESS_KEY": "ak", "HARMONIA_S3_SECRET_KEY": "sk",
 	})); err != nil {
 		t.Errorf("uncommented example.toml does not load: %v", err)
@@ -611,16 +615,18 @@ func TestTokens(t *testing.T) {
 	}{
 		{"none", nil, "", nil, "", "", nil},
 		{"file trailing newline trimmed", map[string]string{"admin": secret + " \n\n", "cluster": "c\r\n"},
-			"[auth]\nadmin_token_file = \"admin\"\ncluster_token_file = \"cluster\"", nil, secret, "c", nil},
+			"[auth]\nadmin_token_file = \"admin\"\ncluster_secret_file = \"cluster\"", nil, secret, "c", nil},
 		{"env overrides file", map[string]string{"admin": "from-file\n"},
 			"[auth]\nadmin_token_file = \"admin\"", map[string]string{"HARMONIA_ADMIN_TOKEN": secret + "\n"}, secret, "", nil},
-		{"env without file", nil, "", map[string]string{"HARMONIA_CLUSTER_TOKEN": secret}, "", secret, nil},
+		{"env without file", nil, "", map[string]string{"HARMONIA_CLUSTER_SECRET": secret}, "", secret, nil},
 		{"env makes missing file irrelevant", nil, "[auth]\nadmin_token_file = \"missing\"",
 			map[string]string{"HARMONIA_ADMIN_TOKEN": secret}, secret, "", nil},
 		{"empty file", map[string]string{"admin": " \n"}, "[auth]\nadmin_token_file = \"admin\"", nil, "", "",
 			[]string{"config: auth.admin_token_file: ", "admin is empty"}},
-		{"missing file", nil, "[auth]\ncluster_token_file = \"missing\"", nil, "", "",
-			[]string{"config: auth.cluster_token_file: read ", "missing: no such file or directory"}},
+		{"missing file", nil, "[auth]\ncluster_secret_file = \"missing\"", nil, "", "",
+			[]string{"config: auth.cluster_secret_file: read ", "missing: no such file or directory"}},
+		{"the old cluster token key", nil, "[auth]\ncluster_token_file = \"x\"", nil, "", "",
+			[]string{`unknown key "auth.cluster_token_file" (auth.cluster_token_file was replaced: signer nodes hold auth.cluster_secret_file`}},
 		{"token and validation errors together", map[string]string{"admin": ""},
 			"[auth]\nadmin_token_file = \"admin\"\n[node]\nmax_jobs = 0", nil, "", "",
 			[]string{"admin is empty", "node.max_jobs must be between 1 and 1024, got 0"}},
@@ -640,8 +646,8 @@ func TestTokens(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if c.Auth.AdminToken != tt.admin || c.Auth.ClusterToken != tt.clstr {
-				t.Errorf("tokens %q, %q; want %q, %q", c.Auth.AdminToken, c.Auth.ClusterToken, tt.admin, tt.clstr)
+			if c.Auth.AdminToken != tt.admin || c.Auth.ClusterSecret != tt.clstr {
+				t.Errorf("tokens %q, %q; want %q, %q", c.Auth.AdminToken, c.Auth.ClusterSecret, tt.admin, tt.clstr)
 			}
 		})
 	}
@@ -650,7 +656,7 @@ func TestTokens(t *testing.T) {
 func TestTokensNotPrinted(t *testing.T) {
 	setup(t)
 	c := defaults(fakeEnv(nil))
-	c.Auth = AuthConfig{AdminTokenFile: "/a", AdminToken: "s3cret-admin", ClusterToken: "s3cret-cluster"}
+	c.Auth = AuthConfig{AdminTokenFile: "/a", AdminToken: "s3cret-admin", ClusterSecret: "s3cret-cluster", NodeToken: "s3cret-node"}
 	c.Node.MaxJobs = 0
 	for _, s := range []string{
 		fmt.Sprint(c), fmt.Sprintf("%+v", c), fmt.Sprintf("%#v", c), fmt.Sprintf("%v", *c),
@@ -839,5 +845,57 @@ func TestAllRoles(t *testing.T) {
 	AllRoles()[0] = "x"
 	if AllRoles()[0] != "frontend" {
 		t.Error("AllRoles shares its slice")
+	}
+}
+
+// testNodeToken is a valid token of the example configuration's node, builder-1.
+func testNodeToken(t *testing.T) string {
+	t.Helper()
+	k, err := nodetoken.NewKey("example-cluster-secret")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, err := k.Issue(nodetoken.Identity{NodeID: "builder-1", Roles: []string{RoleBuilder, RoleEvaluator}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tok
+}
+
+func TestNodeTokenMustFitTheNode(t *testing.T) {
+	setup(t)
+	k, err := nodetoken.NewKey("example-cluster-secret")
+	if err != nil {
+		t.Fatal(err)
+	}
+	issue := func(node string, roles ...string) string {
+		tok, err := k.Issue(nodetoken.Identity{NodeID: node, Roles: roles})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tok
+	}
+	for _, tt := range []struct {
+		name, token, roles string
+		wantErr            []string
+	}{
+		{"fits", issue("n1", "builder"), "builder,cache", nil},
+		{"another node's", issue("n2", "builder"), "builder",
+			[]string{"auth.node_token_file: the token is node n2's, but this node is n1"}},
+		{"missing a role", issue("n1", "builder"), "builder,evaluator",
+			[]string{"auth.node_token_file: the token does not allow the evaluator role this node runs"}},
+		{"malformed", "not-a-token", "builder", []string{"auth.node_token_file: invalid node token"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			roles := tt.roles
+			_, err := Load(Overrides{NodeID: &[]string{"n1"}[0], Roles: &roles}, fakeEnv(map[string]string{"HARMONIA_NODE_TOKEN": tt.token}))
+			if tt.wantErr == nil {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			wantErr(t, err, tt.wantErr...)
+		})
 	}
 }

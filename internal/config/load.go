@@ -116,10 +116,18 @@ func tomlError(err error) error {
 	return errors.New(strings.TrimPrefix(err.Error(), "toml: "))
 }
 
+// renamed explains keys that were replaced, so an old configuration fails with the way forward.
+var renamed = map[string]string{
+	"auth.cluster_token_file": "auth.cluster_token_file was replaced: signer nodes hold auth.cluster_secret_file, every other node its own auth.node_token_file (harmonia-ci node-token)",
+}
+
 func unknownKeys(keys []string) error {
 	q := make([]string, len(keys))
 	for i, k := range keys {
 		q[i] = fmt.Sprintf("%q", k)
+		if hint, ok := renamed[k]; ok {
+			q[i] += " (" + hint + ")"
+		}
 	}
 	if len(q) == 1 {
 		return fmt.Errorf("unknown key %s", q[0])
@@ -298,6 +306,10 @@ func (c *Config) readTokens(getenv func(string) string) []error {
 		if !filepath.IsAbs(file) && c.Source != "" {
 			file = filepath.Join(filepath.Dir(c.Source), file)
 		}
+		if err := checkSecretFile(file); err != nil {
+			errs = append(errs, fmt.Errorf("config: %s: %w", key, err))
+			return
+		}
 		data, err := os.ReadFile(file)
 		if err != nil {
 			// Drop *PathError's "open FILE" prefix: the message names the file already.
@@ -316,7 +328,8 @@ func (c *Config) readTokens(getenv func(string) string) []error {
 		*dst = v
 	}
 	read(&c.Auth.AdminToken, "HARMONIA_ADMIN_TOKEN", c.Auth.AdminTokenFile, "auth.admin_token_file")
-	read(&c.Auth.ClusterToken, "HARMONIA_CLUSTER_TOKEN", c.Auth.ClusterTokenFile, "auth.cluster_token_file")
+	read(&c.Auth.ClusterSecret, "HARMONIA_CLUSTER_SECRET", c.Auth.ClusterSecretFile, "auth.cluster_secret_file")
+	read(&c.Auth.NodeToken, "HARMONIA_NODE_TOKEN", c.Auth.NodeTokenFile, "auth.node_token_file")
 	read(&c.Cache.S3.AccessKey, "HARMONIA_S3_ACCESS_KEY", c.Cache.S3.AccessKeyFile, "cache.s3.access_key_file")
 	read(&c.Cache.S3.SecretKey, "HARMONIA_S3_SECRET_KEY", c.Cache.S3.SecretKeyFile, "cache.s3.secret_key_file")
 	return errs

@@ -10,15 +10,38 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
+	"github.com/harmonia-ci/harmonia-ci/internal/nodetoken"
 )
 
 var (
 	nodeIDRE  = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
 	systemRE  = regexp.MustCompile(`^[a-z0-9_]+-[a-z0-9_]+$`)
 	featureRE = regexp.MustCompile(`^[A-Za-z0-9._+-]+$`)
+	userRE    = regexp.MustCompile(`^[a-z_][a-z0-9_-]{0,31}$`)
 )
+
+// MaxURLExpiry is the longest a presigned upload URL may stay valid.
+const MaxURLExpiry = time.Hour
+
+// nodeTokenProblems checks that the node token names this node and covers the roles that use it.
+func (c *Config) nodeTokenProblems(add func(key, format string, args ...any)) {
+	id, err := nodetoken.Parse(c.Auth.NodeToken)
+	if err != nil {
+		add("auth.node_token_file", "auth.node_token_file: %v", err)
+		return
+	}
+	if id.NodeID != c.Node.ID {
+		add("auth.node_token_file", "auth.node_token_file: the token is node %s's, but this node is %s (issue one with harmonia-ci node-token --node-id %s)", id.NodeID, c.Node.ID, c.Node.ID)
+	}
+	for _, r := range []string{RoleBuilder, RoleEvaluator} {
+		if c.HasRole(r) && !id.Has(r) {
+			add("auth.node_token_file", "auth.node_token_file: the token does not allow the %s role this node runs (its roles: %s)", r, strings.Join(id.Roles, ","))
+		}
+	}
+}
 
 // Validate reports every impossible value, one per line (errors.Join), so
 // that a user can fix them all in one go. It returns nil if c is usable.
@@ -158,6 +181,9 @@ func (c *Config) problems(from origins) []error {
 		add("cache.priority", "cache.priority must not be negative, got %d", c.Cache.Priority)
 	}
 	positive("signer.url_expiry", c.Signer.URLExpiry)
+	if c.Signer.URLExpiry.Duration > MaxURLExpiry {
+		add("signer.url_expiry", "signer.url_expiry (%s) must be at most %s: a leaked upload URL is good until it expires", c.Signer.URLExpiry, Duration{MaxURLExpiry})
+	}
 	if c.Build.NixStore != "" && !filepath.IsAbs(c.Build.NixStore) {
 		add("build.nix_store", "build.nix_store: want an absolute directory, got %q", c.Build.NixStore)
 	}
@@ -167,6 +193,18 @@ func (c *Config) problems(from origins) []error {
 		}
 	}
 	positive("eval.timeout", c.Eval.Timeout)
+	if c.Eval.MaxMemory <= 0 {
+		add("eval.max_memory", "eval.max_memory must be positive, got %s", c.Eval.MaxMemory)
+	}
+	if !userRE.MatchString(c.Eval.User) {
+		add("eval.user", "eval.user: invalid user name %q", c.Eval.User)
+	}
+	if c.Build.Sandbox && !userRE.MatchString(c.Build.BuildUsersGroup) {
+		add("build.build_users_group", "build.build_users_group: invalid group name %q", c.Build.BuildUsersGroup)
+	}
+	if c.Auth.NodeToken != "" {
+		c.nodeTokenProblems(add)
+	}
 	positive("eval.poll_interval", c.Eval.PollInterval)
 	for i, u := range c.Substituters.URLs {
 		if pu, err := url.Parse(u); err != nil || (pu.Scheme != "http" && pu.Scheme != "https") || pu.Host == "" {

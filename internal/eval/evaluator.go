@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	neturl "net/url"
-	"os"
-	"path/filepath"
 	"sync"
 	"time"
 
@@ -20,6 +18,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
 	"github.com/harmonia-ci/harmonia-ci/internal/notify"
 	"github.com/harmonia-ci/harmonia-ci/internal/startstop"
+	"github.com/harmonia-ci/harmonia-ci/internal/upstream"
 )
 
 // Config configures an Evaluator.
@@ -50,22 +49,26 @@ type Config struct {
 	// database's record.
 	Cache CacheLookup
 	// Upstream substituters; nil for none.
-	Upstream *Upstream
+	Upstream *upstream.Caches
 	// Publisher publishes the .drv closure; nil publishes nothing.
 	Publisher Publisher
-	// Runner evaluates; default a NixRunner with HOME in StateDir.
+	// Runner evaluates; default a NixRunner. Its Home, WorkDir, User, Daemon and MaxMemory are
+	// set per evaluation.
 	Runner *NixRunner
+	// Confinement is who evaluates and within which limits.
+	Confinement Confinement
 }
 
 // Evaluator is the evaluator role: it claims queued evaluations, walks the project's
 // attributes with Nix, and ingests what it finds in batches.
 type Evaluator struct {
 	startstop.Base
-	cfg    Config
-	pool   *pgxpool.Pool
-	logger *slog.Logger
-	clock  clock.Clock
-	wake   chan struct{}
+	cfg     Config
+	pool    *pgxpool.Pool
+	logger  *slog.Logger
+	clock   clock.Clock
+	wake    chan struct{}
+	confine *confinement
 
 	mu      sync.Mutex
 	running int
@@ -101,25 +104,26 @@ func New(cfg Config, pool *pgxpool.Pool, logger *slog.Logger, clk clock.Clock) (
 	if cfg.Runner == nil {
 		cfg.Runner = &NixRunner{}
 	}
-	if cfg.Runner.Home == "" {
-		cfg.Runner.Home = filepath.Join(cfg.StateDir, "eval-home")
-	}
 	if cfg.Runner.Store == "" {
 		cfg.Runner.Store = cfg.StoreRoot
-	}
-	if err := os.MkdirAll(cfg.Runner.Home, 0o700); err != nil {
-		return nil, fmt.Errorf("evaluator: %w", err)
 	}
 	if clk == nil {
 		clk = clock.Real{}
 	}
-	return &Evaluator{cfg: cfg, pool: pool, clock: clk, wake: make(chan struct{}, 1),
-		logger: logger.With("service", "evaluator", "node_id", cfg.NodeID)}, nil
+	logger = logger.With("service", "evaluator", "node_id", cfg.NodeID)
+	cf, err := newConfinement(cfg.Confinement, cfg.StateDir, logger)
+	if err != nil {
+		return nil, err
+	}
+	return &Evaluator{cfg: cfg, pool: pool, clock: clk, wake: make(chan struct{}, 1), logger: logger, confine: cf}, nil
 }
 
 // Start runs the claim loop until Stop; Stop kills running evaluations and hands them back
 // to the queue.
 func (e *Evaluator) Start(ctx context.Context) error {
+	if err := e.confine.prepare(); err != nil {
+		return err
+	}
 	var sub *notify.Sub
 	if e.cfg.Notifier != nil {
 		var err error
@@ -133,6 +137,7 @@ func (e *Evaluator) Start(ctx context.Context) error {
 		}
 		e.loop(ctx, sub)
 		e.wg.Wait()
+		e.confine.close()
 	})
 	return nil
 }
@@ -278,9 +283,19 @@ func (e *Evaluator) run(ctx context.Context, c claim, log *slog.Logger) (ingestS
 	if _, err := mirror.ResolveCommit(ctx, commit); err != nil {
 		return ingestStats{}, err
 	}
-	spec, settings, err := e.plan(ctx, mirror, commit, branch)
+	ws, err := e.confine.workspace(ctx, projectID, mirror)
 	if err != nil {
 		return ingestStats{}, err
+	}
+	spec, settings, err := e.plan(ctx, mirror, ws.source, commit, branch)
+	if err != nil {
+		return ingestStats{}, err
+	}
+	runner := *e.cfg.Runner
+	runner.Home, runner.WorkDir = ws.home, ws.work
+	runner.MaxMemory = e.cfg.Confinement.MaxMemory
+	if e.confine.user != nil {
+		runner.User, runner.Daemon = e.confine.user, e.confine.daemon.Ensure
 	}
 
 	storeDB, err := nix.OpenStoreDB(e.cfg.StoreRoot)
@@ -357,7 +372,7 @@ func (e *Evaluator) run(ctx context.Context, c claim, log *slog.Logger) (ingestS
 			}
 		}
 	}()
-	walkErr := e.cfg.Runner.Walk(tctx, spec, func(a Attr) error {
+	walkErr := runner.Walk(tctx, spec, func(a Attr) error {
 		mu.Lock()
 		defer mu.Unlock()
 		batch = append(batch, a)
@@ -392,8 +407,9 @@ func (e *Evaluator) run(ctx context.Context, c claim, log *slog.Logger) (ingestS
 	return in.stats, nil
 }
 
-// plan reads the in-tree settings and decides what to evaluate.
-func (e *Evaluator) plan(ctx context.Context, m *gitrepo.Mirror, commit, branch string) (Spec, Settings, error) {
+// plan reads the in-tree settings and decides what to evaluate: commit of the copy of m at
+// source, which is what the project's code may read.
+func (e *Evaluator) plan(ctx context.Context, m *gitrepo.Mirror, source, commit, branch string) (Spec, Settings, error) {
 	_, isFlake, err := m.ReadFile(ctx, commit, "flake.nix")
 	if err != nil {
 		return Spec{}, Settings{}, err
@@ -406,14 +422,16 @@ func (e *Evaluator) plan(ctx context.Context, m *gitrepo.Mirror, commit, branch 
 	if err != nil {
 		return Spec{}, Settings{}, err
 	}
-	spec := Spec{AllowIFD: settings.AllowIFD}
+	// The node's timeout is a ceiling a project cannot raise.
+	settings.EvalTimeout = min(settings.EvalTimeout, e.cfg.Timeout)
+	spec := Spec{AllowIFD: settings.AllowIFD, Source: source}
 	if isFlake {
 		spec.Mode, spec.Force = "flake", 2
-		if spec.FlakeRef, err = flakeRef(ctx, m, commit, branch); err != nil {
+		if spec.FlakeRef, err = flakeRef(ctx, m, source, commit, branch); err != nil {
 			return Spec{}, Settings{}, err
 		}
 	} else {
-		spec.Mode, spec.Force, spec.URL, spec.Rev = "file", 1, "file://"+m.Dir, commit
+		spec.Mode, spec.Force, spec.URL, spec.Rev = "file", 1, "file://"+source, commit
 		for _, f := range []string{"ci.nix", "default.nix"} {
 			_, ok, err := m.ReadFile(ctx, commit, f)
 			if err != nil {
@@ -441,7 +459,7 @@ func (e *Evaluator) plan(ctx context.Context, m *gitrepo.Mirror, commit, branch 
 // flakeRef names commit in the mirror for builtins.getFlake. allRefs lets a Nix that reads it
 // from the URL fetch any commit; Nix 2.8 ignores it there and fetches only the ref (by default
 // refs/heads/master), so ref names one that contains the commit: the branch if it does.
-func flakeRef(ctx context.Context, m *gitrepo.Mirror, commit, branch string) (string, error) {
+func flakeRef(ctx context.Context, m *gitrepo.Mirror, source, commit, branch string) (string, error) {
 	q := neturl.Values{"rev": {commit}, "allRefs": {"1"}}
 	ref, err := m.RefContaining(ctx, commit, branch)
 	if err != nil {
@@ -450,7 +468,7 @@ func flakeRef(ctx context.Context, m *gitrepo.Mirror, commit, branch string) (st
 	if ref != "" {
 		q.Set("ref", ref)
 	}
-	return "git+file://" + m.Dir + "?" + q.Encode(), nil
+	return "git+file://" + source + "?" + q.Encode(), nil
 }
 
 // watchStatus cancels the evaluation once its row says it is no longer ours to run.

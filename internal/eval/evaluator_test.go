@@ -20,7 +20,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 	"github.com/harmonia-ci/harmonia-ci/internal/queuetest"
-	"github.com/harmonia-ci/harmonia-ci/internal/upload"
+	"github.com/harmonia-ci/harmonia-ci/internal/signertest"
 	"github.com/harmonia-ci/harmonia-ci/internal/waittest"
 )
 
@@ -287,18 +287,12 @@ in {
 }`
 	repo, commit := h.newProject("cached", map[string]string{"ci.nix": ci})
 
-	// Build "cached" (and its inputs) with real Nix, and publish only its output, as a builder
-	// would without a job.
+	// Build "cached" (and its inputs) with real Nix, and put only its output in the cache, as an
+	// earlier build of it did.
 	cachedDrv := runNix(t, "nix-instantiate", filepath.Join(repo.Dir, "ci.nix"), "-A", "cached")
 	out := runNix(t, "nix-store", "--realise", cachedDrv, "--option", "sandbox", "false")
 	refs := strings.Fields(runNix(t, "nix-store", "-q", "--references", out))
-	resp, err := h.publisher.Publish(h.ctx(), []upload.Path{{StorePath: out, References: refs, Deriver: cachedDrv}}, upload.Request{})
-	if err != nil {
-		t.Fatalf("publish %s: %v", out, err)
-	}
-	if resp.Written != 1 {
-		t.Fatalf("publish %s: %+v, want one narinfo written", out, resp)
-	}
+	h.cluster.Seed(t, "", signertest.SeedPath{StorePath: out, References: refs, Deriver: cachedDrv})
 
 	e, _ := h.trigger("cached", "", commit)
 	h.waitSucceeded(e.ID)
@@ -365,14 +359,26 @@ let s = mk "s" [ ]; in {
 			t.Errorf("%s did not arrive in the fresh store: %v", p, err)
 		}
 	}
-	// The signatures are what made it work: under another key the copy is refused.
+	// .drv files and sources are content-addressed, and their narinfos say so (CA): Nix checks
+	// such a path by its content, so even a store trusting another key accepts them. They are
+	// signed all the same, by the cluster's key.
 	other, err := nix.GenerateKey("eval-test-1")
 	if err != nil {
 		t.Fatal(err)
 	}
 	args := append(copyArgs(t.TempDir(), other.Public().String()), nixOptions...)
-	if out, err := runCmd("nix", args...); err == nil || !strings.Contains(out, "lacks a valid signature") {
-		t.Fatalf("copy into a store trusting another key: %v, want a refusal for the signature:\n%s", err, out)
+	if out, err := runCmd("nix", args...); err != nil {
+		t.Fatalf("copy of content-addressed paths into a store trusting another key: %v\n%s", err, out)
+	}
+	pub, err := nix.ParsePublicKey(h.publicKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range closure {
+		ni := h.narInfo(p)
+		if ni.CA == "" || !ni.Verify(pub) {
+			t.Errorf("%s: CA %q, signature valid %v; want content-addressed and signed", p, ni.CA, ni.Verify(pub))
+		}
 	}
 }
 
@@ -508,7 +514,10 @@ let a = mk "a" [ ]; in {
 func TestTwoEvaluators(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
-	walks := t.TempDir() // the spec of every walk, by node
+	walks := reachableDir(t) // the spec of every walk, by node; written by the evaluation user
+	if err := os.Chmod(walks, 0o777); err != nil {
+		t.Fatal(err)
+	}
 	repo, _ := h.newProject("many", map[string]string{"ci.nix": h.lib() + `{ base = mk "base" [ ]; }`})
 	ids := map[string]int64{} // commit → evaluation
 	for i := range 12 {
@@ -570,7 +579,7 @@ for a in "$@"; do
 done
 exec '%s' "$@"
 `, dir, node, nixBin)
-	p := filepath.Join(t.TempDir(), "nix-instantiate")
+	p := filepath.Join(reachableDir(t), "nix-instantiate") // run by the evaluation user
 	if err := os.WriteFile(p, []byte(script), 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -624,20 +633,20 @@ func TestReapedEvaluation(t *testing.T) {
 			t.Parallel()
 			h := newHarness(t)
 			g := newGate(t)
-			// Evaluated with HCI_TEST_GATE set (the old node), zgated waits on the gate.
+			// Evaluated where the search path has hci-old-node (the old node), zgated waits on
+			// the gate.
 			repo, commit := h.newProject("reaped", map[string]string{"ci.nix": h.lib() + `
-let gate = builtins.getEnv "HCI_TEST_GATE"; a = mk "a" [ ]; in {
+let old = builtins.any (e: e.prefix == "hci-old-node") builtins.nixPath; a = mk "a" [ ]; in {
   inherit a;
   b = mk "b" [ a ];
-} // (if gate == "" then { } else { zgated = mk ("gated" + builtins.substring 0 0 (builtins.readFile gate)) [ ]; })`})
+} // (if !old then { } else { zgated = mk ("gated" + builtins.substring 0 0 (` + g.expr() + `)) [ ]; })`})
 
 			var oldGate cluster.InFlight
 			var children pids
 			old := h.startEvaluator("ev-old", func(cfg *eval.Config) {
 				cfg.Gate = &oldGate
 				cfg.StatusInterval = c.statusInterval
-				cfg.Runner = &eval.NixRunner{OnStart: children.onStart,
-					Env: append(eval.DefaultChildEnv(), "HCI_TEST_GATE="+g.path)}
+				cfg.Runner = &eval.NixRunner{OnStart: children.onStart, SearchPath: []string{"hci-old-node=/"}}
 			})
 			queuetest.InsertNode(t, h.pool, queuetest.Node{ID: "ev-old", Roles: []string{"evaluator"}})
 
@@ -685,18 +694,20 @@ let gate = builtins.getEnv "HCI_TEST_GATE"; a = mk "a" [ ]; in {
 				waitNixGone(t, oldPid)
 				waittest.For(t, 10*time.Second, func() bool { return old.Running() == 0 }, "the old evaluator to stop")
 				// It got as far as publishing zgated's .drv (the step before its ingestion
-				// transaction), so the write was tried, and refused.
-				open := filepath.Join(t.TempDir(), "open")
-				if err := os.WriteFile(open, []byte("x"), 0o644); err != nil {
+				// transaction): the signer refused it, as the evaluation is no longer this
+				// attempt's, and nothing of it landed in the cache or the database.
+				open := t.TempDir()
+				if err := os.WriteFile(filepath.Join(open, g.name), []byte("x"), 0o644); err != nil {
 					t.Fatal(err)
 				}
-				gated := runNixEnv(t, []string{"HCI_TEST_GATE=" + open}, "nix-instantiate", filepath.Join(repo.Dir, "ci.nix"), "-A", "zgated")
+				gated := runNixEnv(t, nil, "nix-instantiate", filepath.Join(repo.Dir, "ci.nix"), "-A", "zgated",
+					"-I", "hci-old-node=/", "-I", "hci-test-gates="+open)
 				present, err := h.client.CacheLookup(h.ctx(), []string{gated})
 				if err != nil {
 					t.Fatal(err)
 				}
-				if len(present) != 1 {
-					t.Errorf("the old attempt did not try to ingest zgated: %s is not in the cache", gated)
+				if len(present) != 0 {
+					t.Errorf("the signer published %s for an attempt that no longer holds its evaluation", gated)
 				}
 				if n := h.queryInt(`SELECT count(*) FROM derivations WHERE drv_path = $1`, gated); n != 0 {
 					t.Error("the old attempt's late batch was ingested")

@@ -6,8 +6,10 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"maps"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -23,6 +25,7 @@ import (
 
 	"github.com/harmonia-ci/harmonia-ci/internal/dbtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/eval"
+	"github.com/harmonia-ci/harmonia-ci/internal/nix"
 	"github.com/harmonia-ci/harmonia-ci/internal/nixtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/project"
 	"github.com/harmonia-ci/harmonia-ci/internal/signer"
@@ -47,9 +50,9 @@ type harness struct {
 	salt       string // makes this test's derivations its own in the shared /nix/store
 	cacheURL   string
 	publicKey  string // the signer's key, in trusted-public-keys form
-	client     *signer.Client
-	publisher  *upload.Publisher
-	triggerDir string // Trigger's mirrors, apart from the evaluators' state directories
+	cluster    *signertest.Cluster
+	client     *signer.Client // authenticates as node "ev-test" (cache lookups)
+	triggerDir string         // Trigger's mirrors, apart from the evaluators' state directories
 }
 
 func newHarness(t *testing.T) *harness {
@@ -58,9 +61,8 @@ func newHarness(t *testing.T) *harness {
 	pool := dbtest.NewPool(t)
 	logger := testLogger(t)
 	c := signertest.Start(t, pool, signertest.Options{KeyName: "eval-test-1"})
-	h := &harness{t: t, pool: pool, logger: logger, salt: salt(t), cacheURL: c.URL,
-		publicKey: c.PublicKey(), triggerDir: t.TempDir(), client: c.Client}
-	h.publisher = &upload.Publisher{Signer: h.client}
+	h := &harness{t: t, pool: pool, logger: logger, salt: salt(t), cacheURL: c.URL, cluster: c,
+		publicKey: c.PublicKey(), triggerDir: t.TempDir(), client: c.Client(t, "ev-test", "evaluator")}
 	return h
 }
 
@@ -99,12 +101,27 @@ func (h *harness) sub(t *testing.T) *harness {
 // lib is nixtest.Lib with this test's salt: a prelude defining mk and fail.
 func (h *harness) lib() string { return nixtest.Lib(h.salt) }
 
-// evalConfig is the configuration startEvaluator starts from: fast polling and batching.
+// evalConfig is the configuration startEvaluator starts from: fast polling and batching, and
+// the confinement of a real node (the evaluation user scripts/deps.sh creates) in a state
+// directory that user can reach.
 func (h *harness) evalConfig(nodeID string) eval.Config {
+	client := h.cluster.Client(h.t, nodeID, "evaluator")
 	return eval.Config{
-		NodeID: nodeID, StateDir: h.t.TempDir(), Cache: h.client, Publisher: h.publisher,
+		NodeID: nodeID, StateDir: reachableDir(h.t), Cache: client, Publisher: &upload.Publisher{Signer: client},
 		PollInterval: 100 * time.Millisecond, StatusInterval: 100 * time.Millisecond, BatchWait: 200 * time.Millisecond,
+		Confinement: eval.Confinement{User: "harmonia-eval", MaxMemory: 2 << 30},
 	}
+}
+
+// reachableDir is a temporary directory other users may traverse to (its parent is the test's
+// private temporary directory), as a state directory must be for the evaluation user.
+func reachableDir(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	if err := os.Chmod(filepath.Dir(dir), 0o711); err != nil {
+		t.Fatal(err)
+	}
+	return dir
 }
 
 // startEvaluator starts an evaluator on evalConfig(nodeID) changed by opts, stopped at the
@@ -115,6 +132,11 @@ func (h *harness) startEvaluator(nodeID string, opts ...func(*eval.Config)) *eva
 	for _, o := range opts {
 		o(&cfg)
 	}
+	if cfg.Runner == nil {
+		cfg.Runner = &eval.NixRunner{}
+	}
+	// Gates are read through the search path: restricted evaluation reads nothing else.
+	cfg.Runner.SearchPath = append(cfg.Runner.SearchPath, "hci-test-gates="+gateDir(h.t))
 	ev, err := eval.New(cfg, h.pool, h.logger, nil)
 	if err != nil {
 		h.t.Fatal(err)
@@ -315,24 +337,53 @@ func nixSystem(t *testing.T) string {
 	return strings.TrimSpace(string(out)) + "-linux"
 }
 
-// gate is a FIFO a Nix expression reads: its evaluation blocks, using no CPU, until the test
-// opens the gate (or kills Nix).
-type gate struct{ path string }
+// gate is a FIFO a Nix expression reads (as <hci-test-gates/NAME>, the search path entry every
+// test evaluator has): its evaluation blocks, using no CPU, until the test opens the gate (or
+// kills Nix).
+type gate struct{ path, name string }
+
+var (
+	gateDirOnce sync.Once
+	gateDirPath string
+)
+
+// gateDir is where this test binary's gates live: a directory the evaluation user can read.
+func gateDir(t *testing.T) string {
+	gateDirOnce.Do(func() {
+		d, err := os.MkdirTemp("", "hci-eval-gates-")
+		if err == nil {
+			err = os.Chmod(d, 0o711)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		gateDirPath = d
+	})
+	return gateDirPath
+}
 
 func newGate(t *testing.T) *gate {
 	t.Helper()
-	p := filepath.Join(t.TempDir(), "gate")
-	if err := syscall.Mkfifo(p, 0o600); err != nil {
+	name := "gate-" + salt(t)
+	p := filepath.Join(gateDir(t), name)
+	if err := syscall.Mkfifo(p, 0o666); err != nil {
 		t.Fatal(err)
 	}
-	return &gate{path: p}
+	if err := os.Chmod(p, 0o666); err != nil { // past the umask: the evaluation user reads it
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Remove(p) })
+	return &gate{path: p, name: name}
 }
+
+// expr is a Nix expression that reads the gate, blocking until it opens.
+func (g *gate) expr() string { return fmt.Sprintf("builtins.readFile <hci-test-gates/%s>", g.name) }
 
 // drv is a derivation whose evaluation (its drvPath) blocks on the gate; its name and salt
 // come from the caller.
 func (g *gate) drv(name, salt string) string {
 	return fmt.Sprintf(`builtins.derivation { name = %q; system = builtins.currentSystem; builder = "/bin/sh";
-    args = [ "-c" "echo > $out" ]; salt = %q; gate = builtins.readFile %q; }`, name, salt, g.path)
+    args = [ "-c" "echo > $out" ]; salt = %q; gate = %s; }`, name, salt, g.expr())
 }
 
 // open lets the reader through once it waits: one byte, then end of file.
@@ -390,4 +441,27 @@ func waitNixGone(t *testing.T, pid int) {
 		t.Fatal("no Nix child was started")
 	}
 	waittest.For(t, 10*time.Second, func() bool { return !nixAlive(pid) }, "nix-instantiate %d to exit", pid)
+}
+
+// narInfo fetches the cache's narinfo of store path p.
+func (h *harness) narInfo(p string) *nix.NarInfo {
+	h.t.Helper()
+	sp, err := nix.ParseStorePath(p)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	resp, err := http.Get(h.cacheURL + "/" + sp.Hash + ".narinfo")
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		h.t.Fatalf("narinfo of %s: %s %v", p, resp.Status, err)
+	}
+	ni, err := nix.ParseNarInfo(data)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return ni
 }

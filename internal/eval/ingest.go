@@ -13,7 +13,9 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
+	"github.com/harmonia-ci/harmonia-ci/internal/signer"
 	"github.com/harmonia-ci/harmonia-ci/internal/upload"
+	"github.com/harmonia-ci/harmonia-ci/internal/upstream"
 )
 
 // errStale means the evaluation's claim no longer holds (cancelled, superseded or reaped).
@@ -24,9 +26,9 @@ type CacheLookup interface {
 	CacheLookup(ctx context.Context, paths []string) ([]string, error)
 }
 
-// Publisher puts store paths into the cache.
+// Publisher puts an evaluation's .drv files (inputs first) and sources into the cache.
 type Publisher interface {
-	Publish(ctx context.Context, paths []upload.Path, done upload.Request) (upload.Response, error)
+	PublishEval(ctx context.Context, eval signer.EvalClaim, drvs []string, sources []upload.Path) (upload.Response, error)
 }
 
 // ingester turns batches of attributes into rows: the derivation closure (layer 1), the
@@ -35,9 +37,9 @@ type ingester struct {
 	pool      *pgxpool.Pool
 	storeRoot string
 	storeDB   *nix.StoreDB
-	cache     CacheLookup // nil: only the database's record of the cache
-	upstream  *Upstream   // nil: none
-	publisher Publisher   // nil: nothing is published (tests of ingestion alone)
+	cache     CacheLookup      // nil: only the database's record of the cache
+	upstream  *upstream.Caches // nil: none
+	publisher Publisher        // nil: nothing is published (tests of ingestion alone)
 
 	evalID    int64
 	node      string
@@ -93,7 +95,7 @@ func (in *ingester) flush(ctx context.Context, attrs []Attr) error {
 			return fmt.Errorf("derivation %s is not valid in the evaluator's store", p)
 		}
 		qd := queue.Derivation{DrvPath: p, Name: d.Name(), System: d.Platform,
-			RequiredFeatures: d.RequiredSystemFeatures(), NarHash: info.NarHash, NarSize: info.NarSize}
+			RequiredFeatures: d.RequiredSystemFeatures(), NarHash: info.NarHash, NarSize: info.NarSize, InputSrcs: d.InputSrcs}
 		for _, name := range d.OutputNames() {
 			qd.Outputs = append(qd.Outputs, queue.Output{Name: name, Path: d.Outputs[name].Path})
 		}
@@ -315,39 +317,74 @@ func (in *ingester) cachedOutputs(ctx context.Context, outs []string) (map[strin
 }
 
 // publish uploads the new .drv files and the sources they need, so that a builder on another
-// machine can fetch the closure from the cache.
+// machine can fetch the closure from the cache. The .drv files go inputs first: the signer
+// publishes nothing that refers to what the cache does not have yet.
 func (in *ingester) publish(ctx context.Context, newDrvs []string, fresh map[string]*nix.Derivation, infos map[string]nix.PathInfo) error {
 	if in.publisher == nil {
 		return nil
 	}
-	var paths []upload.Path
-	add := func(p string, refs []string) {
-		if !in.published[p] {
-			in.published[p] = true
-			paths = append(paths, upload.Path{StorePath: p, References: refs})
-		}
-	}
+	var sources []upload.Path
+	var drvs []string
 	for _, p := range newDrvs {
 		for _, src := range fresh[p].InputSrcs {
 			info, ok := infos[src]
 			if !ok {
 				return fmt.Errorf("source %s of %s is not valid in the evaluator's store", src, p)
 			}
-			add(src, info.References)
+			if !in.published[src] {
+				in.published[src] = true
+				sources = append(sources, upload.Path{StorePath: src, References: info.References})
+			}
 		}
-		add(p, fresh[p].References())
 	}
-	if len(paths) == 0 {
+	for _, p := range inputsFirst(newDrvs, fresh) {
+		if !in.published[p] {
+			in.published[p] = true
+			drvs = append(drvs, p)
+		}
+	}
+	if len(drvs)+len(sources) == 0 {
 		return nil
 	}
-	if _, err := in.publisher.Publish(ctx, paths, upload.Request{}); err != nil {
-		for _, p := range paths {
+	claim := signer.EvalClaim{ID: in.evalID, Attempt: in.attempt}
+	if _, err := in.publisher.PublishEval(ctx, claim, drvs, sources); err != nil {
+		for _, p := range drvs {
+			delete(in.published, p)
+		}
+		for _, p := range sources {
 			delete(in.published, p.StorePath)
 		}
 		return fmt.Errorf("publish .drv closure: %w", err)
 	}
-	in.stats.Published += len(paths)
+	in.stats.Published += len(drvs) + len(sources)
 	return nil
+}
+
+// inputsFirst orders drvs so that each comes after the ones among drvs it depends on.
+func inputsFirst(drvs []string, fresh map[string]*nix.Derivation) []string {
+	in := map[string]bool{}
+	for _, p := range drvs {
+		in[p] = true
+	}
+	done := map[string]bool{}
+	out := make([]string, 0, len(drvs))
+	var visit func(p string)
+	visit = func(p string) {
+		if done[p] {
+			return
+		}
+		done[p] = true
+		for _, dep := range slices.Sorted(maps.Keys(fresh[p].InputDrvs)) {
+			if in[dep] {
+				visit(dep)
+			}
+		}
+		out = append(out, p)
+	}
+	for _, p := range drvs {
+		visit(p)
+	}
+	return out
 }
 
 func missing(all []string, have map[string]bool) []string {

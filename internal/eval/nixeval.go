@@ -4,7 +4,9 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/rand"
 	_ "embed"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,7 +14,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -30,6 +34,7 @@ type Attr struct {
 
 // Spec says what to evaluate.
 type Spec struct {
+	Source   string     // the repository directory the project's code may read
 	Mode     string     // "flake" or "file"
 	FlakeRef string     // flake: git+file://…?rev=…
 	URL      string     // file: the repository, for builtins.fetchGit
@@ -40,7 +45,9 @@ type Spec struct {
 	AllowIFD bool
 }
 
-// NixRunner runs the walk with nix-instantiate.
+// NixRunner runs the walk with nix-instantiate, in Nix's restricted evaluation mode: the
+// project's code reads only its own source, what it imports from derivations and the paths of
+// SearchPath, and no environment variable.
 type NixRunner struct {
 	// Bin is nix-instantiate; default from PATH.
 	Bin string
@@ -50,9 +57,30 @@ type NixRunner struct {
 	Store string
 	// Env is the child's whole environment besides HOME; nil means DefaultChildEnv().
 	Env []string
+	// WorkDir holds each walk's walker.nix and spec; default the system's temporary directory.
+	WorkDir string
+	// SearchPath are extra -I entries ("name=path") the project may read.
+	SearchPath []string
+	// User, if set, is who the child runs as (a root node's unprivileged evaluation user); it
+	// then reaches the store through Daemon's socket and Home, WorkDir and the source must be
+	// readable by it.
+	User *Credential
+	// Daemon returns the socket of the nix-daemon an unprivileged child uses.
+	Daemon func(ctx context.Context) (string, error)
+	// MaxMemory stops a child whose resident memory exceeds it; 0 means no limit.
+	MaxMemory int64
 	// OnStart, if set, is called with each child's pid (tests kill it).
 	OnStart func(pid int)
 }
+
+// Credential is an unprivileged user to run Nix as.
+type Credential struct {
+	Name     string
+	UID, GID uint32
+}
+
+// ErrMemory is the error of a walk whose Nix used more memory than NixRunner.MaxMemory.
+var ErrMemory = errors.New("evaluation used too much memory")
 
 // DefaultChildEnv is the environment the Nix child gets: only what Nix itself needs from this
 // process. Database URLs, tokens and keys never reach evaluated code (builtins.getEnv).
@@ -93,26 +121,45 @@ type record struct {
 	Error  string   `json:"error"`
 }
 
-const recordPrefix = "trace: @hci "
+// recordPrefix starts a walker record; the nonce, random per walk and passed as an argument the
+// project's code cannot see, makes records unforgeable by a project's own builtins.trace.
+func recordPrefix(nonce string) string { return "trace: @hci:" + nonce + " " }
 
 // Walk evaluates spec and calls emit for every attribute as Nix reaches it. An attribute whose
 // evaluation fails is emitted with its error, and the walk goes on. Walk fails when Nix fails
 // outside any attribute (a syntax error in ci.nix, a missing flake.nix), is killed, or ctx ends.
 func (r *NixRunner) Walk(ctx context.Context, spec Spec, emit func(Attr) error) error {
-	dir, err := os.MkdirTemp("", "harmonia-eval-")
+	if !filepath.IsAbs(spec.Source) {
+		return fmt.Errorf("walk: the source directory %q is not absolute", spec.Source)
+	}
+	dir, err := os.MkdirTemp(r.WorkDir, "walk-")
 	if err != nil {
 		return fmt.Errorf("walk: %w", err)
 	}
 	defer os.RemoveAll(dir)
+	// Readable by the evaluation user; nothing in it is secret (the nonce is not in it).
+	if err := os.Chmod(dir, 0o755); err != nil {
+		return fmt.Errorf("walk: %w", err)
+	}
 	if err := os.WriteFile(filepath.Join(dir, "walker.nix"), walkerNix, 0o644); err != nil {
 		return fmt.Errorf("walk: %w", err)
 	}
+	// The source repository is root's; git 2.39 lets another user read it only when its global
+	// configuration says so (safe.directory is ignored in the environment and on the command
+	// line), so the child's global configuration is this file.
+	gitconfig := "[safe]\n\tdirectory = " + strconv.Quote(spec.Source) + "\n"
+	if err := os.WriteFile(filepath.Join(dir, "gitconfig"), []byte(gitconfig), 0o644); err != nil {
+		return fmt.Errorf("walk: %w", err)
+	}
+	var rnd [12]byte
+	_, _ = rand.Read(rnd[:])
+	nonce := hex.EncodeToString(rnd[:])
 	ws := walkSpec{Mode: spec.Mode, FlakeRef: spec.FlakeRef, URL: spec.URL, Rev: spec.Rev, File: spec.File,
 		Roots: spec.Roots, Force: spec.Force, Skip: []string{}}
 	done := map[string]bool{}
 	var failed []Attr
 	for {
-		res, err := r.run(ctx, dir, spec, ws, func(rec record) error {
+		res, err := r.run(ctx, dir, nonce, spec, ws, func(rec record) error {
 			done[rec.Attr] = true
 			a := Attr{Name: rec.Attr, Path: rec.Path, DrvPath: rec.Drv, Error: rec.Error}
 			if rec.Failed {
@@ -142,7 +189,7 @@ func (r *NixRunner) Walk(ctx context.Context, spec Spec, emit func(Attr) error) 
 		}
 	}
 	for _, a := range failed {
-		msg, err := r.probe(ctx, dir, spec, ws, a.Path)
+		msg, err := r.probe(ctx, dir, nonce, spec, ws, a.Path)
 		if err != nil {
 			return err
 		}
@@ -160,7 +207,7 @@ type runResult struct {
 	message string  // Nix's error output
 }
 
-func (r *NixRunner) command(ctx context.Context, dir string, spec Spec, ws walkSpec) (*exec.Cmd, error) {
+func (r *NixRunner) command(ctx context.Context, dir, nonce string, spec Spec, ws walkSpec) (*exec.Cmd, error) {
 	specFile := filepath.Join(dir, "spec.json")
 	b, _ := json.Marshal(ws)
 	if err := os.WriteFile(specFile, b, 0o644); err != nil {
@@ -175,9 +222,21 @@ func (r *NixRunner) command(ctx context.Context, dir string, spec Spec, ws walkS
 		"--option", "substituters", "",
 		"--option", "allow-import-from-derivation", fmt.Sprint(spec.AllowIFD),
 		"--option", "pure-eval", "false",
-		"--argstr", "specFile", specFile,
-		filepath.Join(dir, "walker.nix"),
+		// Restricted: files only under the search path (the walker's directory, the project's
+		// source), fetches only of allowed URIs, builtins.getEnv always "".
+		"--option", "restrict-eval", "true",
+		"--option", "allowed-uris", "file://" + spec.Source,
+		"-I", "hci-walker=" + dir,
+		"-I", "hci-source=" + spec.Source,
 	}
+	for _, e := range r.SearchPath {
+		args = append(args, "-I", e)
+	}
+	args = append(args,
+		"--argstr", "specFile", specFile,
+		"--argstr", "nonce", nonce,
+		filepath.Join(dir, "walker.nix"),
+	)
 	if r.Store != "" {
 		args = append([]string{"--store", r.Store}, args...)
 	}
@@ -190,14 +249,83 @@ func (r *NixRunner) command(ctx context.Context, dir string, spec Spec, ws walkS
 	cmd.Dir = dir
 	// The child gets its own process group so a timeout or cancel kills everything it started.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if r.User != nil {
+		socket, err := r.Daemon(ctx)
+		if err != nil {
+			return nil, err
+		}
+		// The store through the daemon, as an untrusted client; the source repository is
+		// root's, which git accepts only when told to.
+		cmd.Env = append(cmd.Env, "NIX_REMOTE=daemon", "NIX_DAEMON_SOCKET_PATH="+socket,
+			"GIT_CONFIG_GLOBAL="+filepath.Join(dir, "gitconfig"), "GIT_CONFIG_NOSYSTEM=1")
+		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: r.User.UID, Gid: r.User.GID, Groups: []uint32{}}
+	}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	cmd.WaitDelay = 5 * time.Second
 	return cmd, nil
 }
 
+// watchMemory kills the child's process group once its resident memory exceeds the limit,
+// checking every memoryCheck; the returned func stops watching and reports whether it killed.
+func (r *NixRunner) watchMemory(pid int) func() bool {
+	if r.MaxMemory <= 0 {
+		return func() bool { return false }
+	}
+	stop := make(chan struct{})
+	done := make(chan bool, 1)
+	go func() {
+		t := time.NewTicker(memoryCheck)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				done <- false
+				return
+			case <-t.C:
+				if rss(pid) > r.MaxMemory {
+					_ = syscall.Kill(-pid, syscall.SIGKILL)
+					done <- true
+					return
+				}
+			}
+		}
+	}()
+	var once sync.Once
+	var killed bool
+	return func() bool {
+		once.Do(func() {
+			close(stop)
+			killed = <-done
+		})
+		return killed
+	}
+}
+
+// memoryCheck is how often a child's memory is read: often enough that an evaluation allocating
+// gigabytes a second overshoots by little.
+const memoryCheck = 100 * time.Millisecond
+
+// rss is the resident memory of process pid in bytes, 0 if it cannot be read.
+func rss(pid int) int64 {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/statm")
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 2 {
+		return 0
+	}
+	pages, _ := strconv.ParseInt(f[1], 10, 64)
+	return pages * int64(os.Getpagesize())
+}
+
+func (r *NixRunner) memoryError() error {
+	return fmt.Errorf("%w: over eval.max_memory (%d MiB)", ErrMemory, r.MaxMemory>>20)
+}
+
 // run runs the walker once, passing each record to onRecord.
-func (r *NixRunner) run(ctx context.Context, dir string, spec Spec, ws walkSpec, onRecord func(record) error) (runResult, error) {
-	cmd, err := r.command(ctx, dir, spec, ws)
+func (r *NixRunner) run(ctx context.Context, dir, nonce string, spec Spec, ws walkSpec, onRecord func(record) error) (runResult, error) {
+	cmd, err := r.command(ctx, dir, nonce, spec, ws)
 	if err != nil {
 		return runResult{}, fmt.Errorf("walk: %w", err)
 	}
@@ -212,6 +340,8 @@ func (r *NixRunner) run(ctx context.Context, dir string, spec Spec, ws walkSpec,
 	if r.OnStart != nil {
 		r.OnStart(cmd.Process.Pid)
 	}
+	overMemory := r.watchMemory(cmd.Process.Pid)
+	prefix := recordPrefix(nonce)
 	var (
 		walking bool
 		begun   *string
@@ -222,7 +352,7 @@ func (r *NixRunner) run(ctx context.Context, dir string, spec Spec, ws walkSpec,
 	sc.Buffer(make([]byte, 64<<10), 16<<20)
 	for sc.Scan() {
 		line := sc.Text()
-		js, ok := strings.CutPrefix(line, recordPrefix)
+		js, ok := strings.CutPrefix(line, prefix)
 		if !ok {
 			if !strings.HasPrefix(line, "warning: ") {
 				tail.add(line)
@@ -251,6 +381,9 @@ func (r *NixRunner) run(ctx context.Context, dir string, spec Spec, ws walkSpec,
 	}
 	_, _ = io.Copy(io.Discard, stderr)
 	waitErr := cmd.Wait()
+	if overMemory() {
+		return runResult{}, r.memoryError()
+	}
 	if emitErr != nil {
 		return runResult{}, emitErr
 	}
@@ -279,22 +412,29 @@ func (r *NixRunner) run(ctx context.Context, dir string, spec Spec, ws walkSpec,
 }
 
 // probe evaluates one attribute on its own to get the message of the error tryEval swallowed.
-func (r *NixRunner) probe(ctx context.Context, dir string, spec Spec, ws walkSpec, path []string) (string, error) {
+func (r *NixRunner) probe(ctx context.Context, dir, nonce string, spec Spec, ws walkSpec, path []string) (string, error) {
 	ws.Probe = path
-	cmd, err := r.command(ctx, dir, spec, ws)
+	cmd, err := r.command(ctx, dir, nonce, spec, ws)
 	if err != nil {
 		return "", fmt.Errorf("probe: %w", err)
 	}
 	var out bytes.Buffer
 	cmd.Stderr = &out
 	cmd.Stdout = io.Discard
-	err = cmd.Run()
+	if err := cmd.Start(); err != nil {
+		return "", fmt.Errorf("probe: start nix-instantiate: %w", err)
+	}
+	overMemory := r.watchMemory(cmd.Process.Pid)
+	err = cmd.Wait()
+	if overMemory() {
+		return "", r.memoryError()
+	}
 	if ctx.Err() != nil {
 		return "", fmt.Errorf("%w: %w", ErrCancelled, context.Cause(ctx))
 	}
 	var tail tailBuffer
 	for line := range strings.SplitSeq(out.String(), "\n") {
-		if line != "" && !strings.HasPrefix(line, "warning: ") && !strings.HasPrefix(line, recordPrefix) {
+		if line != "" && !strings.HasPrefix(line, "warning: ") && !strings.HasPrefix(line, recordPrefix(nonce)) {
 			tail.add(line)
 		}
 	}

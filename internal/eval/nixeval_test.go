@@ -47,7 +47,7 @@ let a = mk "a" [ ]; in {
 }`})
 	t.Setenv("HARMONIA_DATABASE_URL", "postgres://secret")
 	t.Setenv("HARMONIA_ADMIN_TOKEN", "token")
-	got := walkAll(t, Spec{Mode: "file", URL: "file://" + repo.Dir, Rev: rev, File: "ci.nix", Roots: [][]string{{}}, Force: 1})
+	got := walkAll(t, Spec{Source: repo.Dir, Mode: "file", URL: "file://" + repo.Dir, Rev: rev, File: "ci.nix", Roots: [][]string{{}}, Force: 1})
 
 	var names []string
 	for n := range got {
@@ -83,7 +83,7 @@ func TestWalkFlake(t *testing.T) {
     packages.${sys}.default = mk "pkg";
   };
 }`})
-	got := walkAll(t, Spec{Mode: "flake", FlakeRef: "git+file://" + repo.Dir + "?rev=" + rev + "&allRefs=1",
+	got := walkAll(t, Spec{Source: repo.Dir, Mode: "flake", FlakeRef: "git+file://" + repo.Dir + "?rev=" + rev + "&allRefs=1",
 		Roots: [][]string{{"checks"}, {"packages"}, {"missing"}}, Force: 2})
 	for _, n := range []string{"checks.x86_64-linux.one", "checks.x86_64-linux.two", "packages.x86_64-linux.default"} {
 		if !strings.HasSuffix(got[n].DrvPath, ".drv") {
@@ -103,7 +103,7 @@ func TestWalkFailsOutsideAttributes(t *testing.T) {
 	repo := nixtest.NewRepo(t)
 	rev := repo.Commit("init", map[string]string{"ci.nix": `{ a = ; }`})
 	r := &NixRunner{Home: t.TempDir()}
-	err := r.Walk(context.Background(), Spec{Mode: "file", URL: "file://" + repo.Dir, Rev: rev, File: "ci.nix", Roots: [][]string{{}}, Force: 1},
+	err := r.Walk(context.Background(), Spec{Source: repo.Dir, Mode: "file", URL: "file://" + repo.Dir, Rev: rev, File: "ci.nix", Roots: [][]string{{}}, Force: 1},
 		func(a Attr) error { t.Errorf("unexpected attribute %+v", a); return nil })
 	if err == nil || !strings.Contains(err.Error(), "syntax error") {
 		t.Fatalf("got %v, want the syntax error", err)

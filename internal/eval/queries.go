@@ -48,6 +48,15 @@ UPDATE evaluations SET status = 'cancelled', finished_at = now(),
 WHERE project_id = $1 AND branch = $2 AND id < $3 AND status IN ('queued', 'running')
 RETURNING id`
 
+	// Re-evaluation: a finished evaluation goes back to the queue as it was before its first
+	// claim. attempt is kept: the next claim bumps it, which fences any runner of an earlier
+	// attempt. $1 id.
+	sqlReevaluate = `
+UPDATE evaluations SET status = 'queued', claimed_by = NULL, claimed_at = NULL, started_at = NULL,
+    finished_at = NULL, error = NULL, skipped_reason = NULL, reuses_eval_id = NULL
+WHERE id = $1 AND status IN ('succeeded', 'failed', 'cancelled', 'skipped')
+RETURNING project_id, branch`
+
 	sqlCancelEval = `
 UPDATE evaluations SET status = 'cancelled', finished_at = now(), error = $2
 WHERE id = $1 AND status IN ('queued', 'running')

@@ -22,6 +22,20 @@ var ErrNotFound = errors.New("no such evaluation")
 // ErrFinished is returned when cancelling an evaluation that has already finished.
 var ErrFinished = errors.New("evaluation already finished")
 
+// ErrNotFinished is returned when re-evaluating an evaluation that is still queued or running:
+// there is nothing to run again.
+var ErrNotFinished = errors.New("evaluation not finished yet")
+
+// Evaluation statuses, as the evaluations table spells them.
+const (
+	StatusQueued    = "queued"
+	StatusRunning   = "running"
+	StatusSucceeded = "succeeded"
+	StatusFailed    = "failed"
+	StatusCancelled = "cancelled"
+	StatusSkipped   = "skipped"
+)
+
 // Evaluation is one row of evaluations with its project's name.
 type Evaluation struct {
 	ID            int64      `json:"id"`
@@ -44,7 +58,7 @@ type Evaluation struct {
 
 // Finished reports whether the evaluation will not change any more.
 func (e Evaluation) Finished() bool {
-	return e.Status != "queued" && e.Status != "running"
+	return e.Status != StatusQueued && e.Status != StatusRunning
 }
 
 func scanEval(row pgx.CollectableRow) (Evaluation, error) {
@@ -153,17 +167,30 @@ type RequestParams struct {
 // evaluation supersedes older unfinished ones of its branch (see Supersedes). created is false
 // when the evaluation already existed.
 func Request(ctx context.Context, pool *pgxpool.Pool, p RequestParams) (e Evaluation, created bool, err error) {
-	for attempt := 0; ; attempt++ {
+	err = retryConflicts(ctx, func() error {
 		e, created, err = request(ctx, pool, p)
+		return err
+	})
+	if err != nil {
+		return Evaluation{}, false, fmt.Errorf("request evaluation of %s on %s: %w", p.Commit, p.Branch, err)
+	}
+	return e, created, nil
+}
+
+// retryConflicts runs f again, a few milliseconds later, while PostgreSQL reports a
+// serialization failure or a deadlock (f's transaction was rolled back), up to 20 times.
+func retryConflicts(ctx context.Context, f func() error) error {
+	for attempt := 0; ; attempt++ {
+		err := f()
 		var pe *pgconn.PgError
-		if errors.As(err, &pe) && (pe.Code == "40001" || pe.Code == "40P01") && attempt < 20 {
-			time.Sleep(time.Duration(attempt+1) * 5 * time.Millisecond)
-			continue
+		if !errors.As(err, &pe) || (pe.Code != "40001" && pe.Code != "40P01") || attempt >= 20 {
+			return err
 		}
-		if err != nil {
-			return Evaluation{}, false, fmt.Errorf("request evaluation of %s on %s: %w", p.Commit, p.Branch, err)
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(time.Duration(attempt+1) * 5 * time.Millisecond):
 		}
-		return e, created, nil
 	}
 }
 
@@ -202,27 +229,18 @@ func request(ctx context.Context, pool *pgxpool.Pool, p RequestParams) (Evaluati
 			return err
 		}
 		created = true
-		if Supersedes(p.Branch) {
-			rows, err := tx.Query(ctx, sqlSupersede, p.ProjectID, p.Branch, id)
-			if err != nil {
-				return err
-			}
-			old, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-			if err != nil {
-				return err
-			}
+		old, err := supersede(ctx, tx, p.ProjectID, p.Branch, id)
+		if err != nil {
+			return err
+		}
+		if len(old) > 0 {
 			if err := rollback(ctx, tx, old); err != nil {
 				return err
 			}
-			for _, o := range old {
-				if err := notifyEvaluation(ctx, tx, o, "cancelled"); err != nil {
-					return err
-				}
-			}
 		}
-		status := "queued"
+		status := StatusQueued
 		if reuse != 0 {
-			status = "skipped"
+			status = StatusSkipped
 		}
 		return notifyEvaluation(ctx, tx, id, status)
 	})
@@ -231,6 +249,29 @@ func request(ctx context.Context, pool *pgxpool.Pool, p RequestParams) (Evaluati
 	}
 	e, err := Get(ctx, pool, id)
 	return e, created, err
+}
+
+// supersede cancels the queued and running evaluations of the project's branch older than
+// evaluation id, when the branch supersedes (see Supersedes), and announces them; the caller
+// rolls them back in the same transaction.
+func supersede(ctx context.Context, tx pgx.Tx, projectID int64, branch string, id int64) ([]int64, error) {
+	if !Supersedes(branch) {
+		return nil, nil
+	}
+	rows, err := tx.Query(ctx, sqlSupersede, projectID, branch, id)
+	if err != nil {
+		return nil, fmt.Errorf("supersede older evaluations: %w", err)
+	}
+	old, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return nil, fmt.Errorf("supersede older evaluations: %w", err)
+	}
+	for _, o := range old {
+		if err := notifyEvaluation(ctx, tx, o, StatusCancelled); err != nil {
+			return nil, err
+		}
+	}
+	return old, nil
 }
 
 // Supersedes reports whether a new evaluation on branch cancels older unfinished ones there.
@@ -262,7 +303,7 @@ func Cancel(ctx context.Context, pool *pgxpool.Pool, id int64, reason string) er
 		if err := rollback(ctx, tx, []int64{id}); err != nil {
 			return err
 		}
-		return notifyEvaluation(ctx, tx, id, "cancelled")
+		return notifyEvaluation(ctx, tx, id, StatusCancelled)
 	})
 	if err != nil {
 		return fmt.Errorf("cancel evaluation %d: %w", id, err)

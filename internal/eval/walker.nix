@@ -1,14 +1,15 @@
 # The evaluator's walk over a project's attributes: the facts nix-eval-jobs reports, from plain
-# Nix. Every record is a trace line "@hci <json>" on stderr, written as the walk goes, so the
+# Nix. Every record is a trace line "@hci:<nonce> <json>" on stderr, written as the walk goes, so the
 # evaluator ingests while Nix evaluates. A catchable error (throw, assert) is recorded on its
 # attribute; an uncatchable one stops Nix right after the "begin" record of the attribute at
 # fault, and the evaluator runs the walk again with that attribute (and everything already
-# reported) in spec.skip.
-{ specFile }:
+# reported) in spec.skip. The nonce is an argument, which the project's code cannot see: its own
+# traces cannot pass for records.
+{ specFile, nonce }:
 let
   spec = builtins.fromJSON (builtins.readFile specFile);
   skip = builtins.listToAttrs (map (a: { name = a; value = true; }) spec.skip);
-  say = msg: builtins.trace ("@hci " + builtins.toJSON msg);
+  say = msg: builtins.trace ("@hci:" + nonce + " " + builtins.toJSON msg);
 
   root =
     if spec.mode == "flake" then
@@ -31,8 +32,11 @@ let
       let t = builtins.tryEval x; in
       if !t.success then [ (say { attr = a; inherit path; failed = true; } null) ]
       else if isDrv t.value then
+        # Forced here, right after this attribute's begin record: an uncatchable error in its
+        # drvPath must stop Nix before the next attribute begins, or it would be blamed.
         let d = builtins.tryEval t.value.drvPath; in
-        [ (say (if d.success then { attr = a; inherit path; drv = d.value; } else { attr = a; inherit path; failed = true; }) null) ]
+        builtins.seq d.success
+          [ (say (if d.success then { attr = a; inherit path; drv = d.value; } else { attr = a; inherit path; failed = true; }) null) ]
       else if builtins.isAttrs t.value && (force > 0 || (t.value.recurseForDerivations or false) == true) then
         builtins.concatMap (n: walk (force - 1) (path ++ [ n ]) t.value.${n})
           (builtins.filter (n: n != "recurseForDerivations") (builtins.attrNames t.value))

@@ -310,24 +310,22 @@ func runIn(ctx context.Context, stdin io.Reader, gitDir, workTree, sub string, a
 	return stdout.Bytes(), nil
 }
 
-// gitEnv is the environment for git: the process's own, minus GIT_ variables that could point git
-// at another repository or inject configuration (an allowlist, since git keeps adding them), plus
-// settings that keep the user's and the system's git configuration out and make git fail instead
-// of waiting for input that will never come.
+// gitEnv is the environment for git and the programs it runs (ssh, credential helpers): only
+// the variables the operator sets to reach remotes, so no secret of this process (a database URL,
+// a token) reaches them and no GIT_ variable points git at another repository or injects
+// configuration (an allow-list, since git keeps adding such variables); plus settings that keep
+// the user's and the system's git configuration out and make git fail instead of waiting for
+// input that will never come.
 func gitEnv() []string {
-	env := make([]string, 0, len(os.Environ())+8)
+	env := make([]string, 0, 16)
 	sshSet := false
 	for _, kv := range os.Environ() {
 		name, _, _ := strings.Cut(kv, "=")
-		switch {
-		case name == "GIT_SSH" || name == "GIT_SSH_COMMAND":
-			// The operator's way to choose keys and known_hosts for ssh remotes.
-			sshSet = true
-		case name == "GIT_SSH_VARIANT", name == "GIT_SSL_CAINFO", name == "GIT_SSL_CAPATH",
-			name == "GIT_CURL_VERBOSE", strings.HasPrefix(name, "GIT_TRACE"):
-		case strings.HasPrefix(name, "GIT_"):
+		if !gitEnvAllowed(name) {
 			continue
 		}
+		// The operator's way to choose keys and known_hosts for ssh remotes.
+		sshSet = sshSet || name == "GIT_SSH" || name == "GIT_SSH_COMMAND"
 		env = append(env, kv)
 	}
 	env = append(env,
@@ -344,6 +342,23 @@ func gitEnv() []string {
 		env = append(env, "GIT_SSH_COMMAND=ssh -o BatchMode=yes")
 	}
 	return env
+}
+
+// gitEnvAllowed reports whether git inherits the variable name: the basics (HOME holds ssh's
+// keys and known_hosts), the ssh agent, proxies and CA certificates, and git's ssh and
+// tracing settings.
+func gitEnvAllowed(name string) bool {
+	switch name {
+	case "PATH", "HOME", "TMPDIR", "TZ", "LANG",
+		"SSH_AUTH_SOCK",
+		"http_proxy", "https_proxy", "no_proxy", "all_proxy",
+		"HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY",
+		"SSL_CERT_FILE", "SSL_CERT_DIR",
+		"GIT_SSH", "GIT_SSH_COMMAND", "GIT_SSH_VARIANT", "GIT_SSL_CAINFO", "GIT_SSL_CAPATH",
+		"GIT_CURL_VERBOSE":
+		return true
+	}
+	return strings.HasPrefix(name, "LC_") || strings.HasPrefix(name, "GIT_TRACE")
 }
 
 // redact hides a password in u, for error messages that end up in logs.

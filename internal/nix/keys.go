@@ -7,6 +7,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -92,9 +93,23 @@ func ParseSecretKey(s string) (SecretKey, error) {
 	return SecretKey{Name: name, key: priv}, nil
 }
 
-// LoadSecretKeyFile reads a secret key file such as Nix's secret-key-files entries.
+// LoadSecretKeyFile reads a secret key file such as Nix's secret-key-files entries. A file other
+// users can read is refused (see CheckSecretMode).
 func LoadSecretKeyFile(path string) (SecretKey, error) {
-	b, err := os.ReadFile(path)
+	f, err := os.Open(path)
+	if err != nil {
+		return SecretKey{}, fmt.Errorf("load secret key: %w", err)
+	}
+	defer f.Close()
+	// The mode of the file opened, not of whatever the path names by the time of the check.
+	fi, err := f.Stat()
+	if err != nil {
+		return SecretKey{}, fmt.Errorf("load secret key: %w", err)
+	}
+	if err := CheckSecretMode(path, fi.Mode()); err != nil {
+		return SecretKey{}, fmt.Errorf("load secret key: %w", err)
+	}
+	b, err := io.ReadAll(f)
 	if err != nil {
 		return SecretKey{}, fmt.Errorf("load secret key: %w", err)
 	}
@@ -103,6 +118,15 @@ func LoadSecretKeyFile(path string) (SecretKey, error) {
 		return SecretKey{}, fmt.Errorf("load secret key %s: %w", path, err)
 	}
 	return k, nil
+}
+
+// CheckSecretMode refuses a secret file, at path with mode, that other users can read, naming
+// the fix. Its group may read it: operators share secrets with a service's group.
+func CheckSecretMode(path string, mode fs.FileMode) error {
+	if mode&0o004 == 0 {
+		return nil
+	}
+	return fmt.Errorf("%s is readable by other users (mode %04o); run chmod 600 %s", path, mode.Perm(), path)
 }
 
 // ParsePublicKey parses Nix's public key text.

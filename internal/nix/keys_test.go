@@ -222,8 +222,46 @@ func TestKeyFiles(t *testing.T) {
 	if _, err := LoadSecretKeyFile(filepath.Join(dir, "missing")); err == nil {
 		t.Error("LoadSecretKeyFile of a missing file succeeded")
 	}
-	if _, err := LoadSecretKeyFile(publicPath); err == nil {
+	// Private, so that it is the contents that are refused.
+	privatePublic := filepath.Join(dir, "public-0600")
+	writeFile(t, privatePublic, []byte(mustRead(t, publicPath)), 0o600)
+	if _, err := LoadSecretKeyFile(privatePublic); err == nil {
 		t.Error("LoadSecretKeyFile of a public key succeeded")
+	}
+}
+
+// A secret key file other users can read is refused with the fix; its group may read it.
+func TestLoadSecretKeyFileMode(t *testing.T) {
+	sk, err := GenerateKey("k-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		mode os.FileMode
+		ok   bool
+	}{
+		{0o600, true},
+		{0o400, true},
+		{0o640, true},
+		{0o644, false},
+		{0o604, false},
+		{0o666, false},
+	} {
+		t.Run(fmt.Sprintf("%04o", tt.mode), func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "signing-key")
+			writeFile(t, path, []byte(sk.Encode()), tt.mode)
+			k, err := LoadSecretKeyFile(path)
+			if tt.ok {
+				if err != nil || k.Encode() != sk.Encode() {
+					t.Fatalf("LoadSecretKeyFile = %v, %v", k, err)
+				}
+				return
+			}
+			want := fmt.Sprintf("%s is readable by other users (mode %04o); run chmod 600 %s", path, tt.mode, path)
+			if err == nil || !strings.Contains(err.Error(), want) {
+				t.Fatalf("LoadSecretKeyFile: error %v, want one containing %q", err, want)
+			}
+		})
 	}
 }
 

@@ -3,7 +3,6 @@ package node
 import (
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -17,16 +16,34 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/config"
 	"github.com/harmonia-ci/harmonia-ci/internal/eval"
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
+	"github.com/harmonia-ci/harmonia-ci/internal/nodetoken"
 	"github.com/harmonia-ci/harmonia-ci/internal/notify"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 	"github.com/harmonia-ci/harmonia-ci/internal/signer"
 	"github.com/harmonia-ci/harmonia-ci/internal/startstop"
 	"github.com/harmonia-ci/harmonia-ci/internal/upload"
+	"github.com/harmonia-ci/harmonia-ci/internal/upstream"
 )
+
+// nodeToken is the token this node presents to the signer: its configured one, or one it
+// derives from the cluster secret if it holds that. "" if it has neither.
+func nodeToken(cfg *config.Config) (string, error) {
+	if cfg.Auth.NodeToken != "" {
+		return cfg.Auth.NodeToken, nil // checked against the node by config validation
+	}
+	if cfg.Auth.ClusterSecret == "" {
+		return "", nil
+	}
+	k, err := nodetoken.NewKey(cfg.Auth.ClusterSecret)
+	if err != nil {
+		return "", fmt.Errorf("auth.cluster_secret_file: %w", err)
+	}
+	return k.Issue(nodetoken.Identity{NodeID: cfg.Node.ID, Roles: cfg.Node.Roles})
+}
 
 // openStore opens the binary cache's blob store. For the local store it also returns the
 // handler that accepts presigned uploads, which the node serves at /api/blob/.
-func openStore(cfg *config.Config, endpoint string) (blob.Store, http.Handler, error) {
+func openStore(cfg *config.Config, endpoint string, logger *slog.Logger) (blob.Store, http.Handler, error) {
 	switch cfg.Cache.Store {
 	case "s3":
 		s3 := cfg.Cache.S3
@@ -43,13 +60,12 @@ func openStore(cfg *config.Config, endpoint string) (blob.Store, http.Handler, e
 		if dir == "" {
 			dir = filepath.Join(cfg.StateDir, "cache")
 		}
-		// Upload URLs are signed with a key derived from the cluster token, which every node of
-		// the cluster shares; without one they are signed with a per-process key (only this
-		// node's own signer can then hand them out, which is all a local store allows anyway).
+		// Upload URLs are signed with a key derived from the cluster secret, which only signers
+		// hold, so that signers sharing a directory accept each other's URLs; a node without it
+		// (a cache alone) presigns nothing and gets a random key.
 		secret := make([]byte, 32)
-		if cfg.Auth.ClusterToken != "" {
-			sum := sha256.Sum256([]byte("harmonia-ci blob upload\x00" + cfg.Auth.ClusterToken))
-			secret = sum[:]
+		if cfg.Auth.ClusterSecret != "" {
+			secret = nodetoken.Derive(cfg.Auth.ClusterSecret, "blob upload")
 		} else if _, err := rand.Read(secret); err != nil {
 			return nil, nil, err
 		}
@@ -57,7 +73,7 @@ func openStore(cfg *config.Config, endpoint string) (blob.Store, http.Handler, e
 		if err != nil {
 			return nil, nil, fmt.Errorf("open local cache store %s: %w", dir, err)
 		}
-		return st, st.UploadHandler(), nil
+		return st, st.UploadHandler(logger), nil
 	}
 }
 
@@ -66,7 +82,7 @@ func mountRoles(ctx context.Context, cfg *config.Config, mux *http.ServeMux, poo
 	if !cfg.HasRole(config.RoleCache) && !cfg.HasRole(config.RoleSigner) {
 		return nil
 	}
-	store, uploads, err := openStore(cfg, endpoint)
+	store, uploads, err := openStore(cfg, endpoint, logger)
 	if err != nil {
 		return err
 	}
@@ -79,17 +95,29 @@ func mountRoles(ctx context.Context, cfg *config.Config, mux *http.ServeMux, poo
 	if cfg.Signer.SigningKeyFile == "" {
 		return fmt.Errorf("the signer role needs signer.signing_key_file (create one with harmonia-ci keygen)")
 	}
-	if cfg.Auth.ClusterToken == "" {
-		return fmt.Errorf("the signer role needs a cluster token (auth.cluster_token_file or HARMONIA_CLUSTER_TOKEN)")
+	if cfg.Auth.ClusterSecret == "" {
+		return fmt.Errorf("the signer role needs the cluster secret (auth.cluster_secret_file or HARMONIA_CLUSTER_SECRET)")
+	}
+	tokens, err := nodetoken.NewKey(cfg.Auth.ClusterSecret)
+	if err != nil {
+		return fmt.Errorf("auth.cluster_secret_file: %w", err)
 	}
 	key, err := nix.LoadSecretKeyFile(cfg.Signer.SigningKeyFile)
 	if err != nil {
 		return fmt.Errorf("signer.signing_key_file: %w", err)
 	}
-	s, err := signer.New(signer.Config{
-		Store: store, Key: key, ClusterToken: cfg.Auth.ClusterToken,
+	up, err := upstream.New(cfg.Substituters.URLs, cfg.Substituters.TrustedPublicKeys)
+	if err != nil {
+		return err
+	}
+	scfg := signer.Config{
+		Store: store, Key: key, Tokens: tokens,
 		URLExpiry: cfg.Signer.URLExpiry.Duration, Announcer: announcer, Logger: logger,
-	}, pool)
+	}
+	if up != nil {
+		scfg.Upstream = up
+	}
+	s, err := signer.New(scfg, pool)
 	if err != nil {
 		return err
 	}
@@ -109,17 +137,28 @@ func (n *node) roleWorkers(notifier *notify.Notifier, announcer *queue.Announcer
 	cfg := n.cfg
 	var workers []startstop.Service
 	// One signer client (discovery, failover, backoff) for the roles that upload.
+	token, err := nodeToken(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Auth.ClusterSecret != "" && !cfg.HasRole(config.RoleSigner) {
+		n.logger.Warn("this node holds the cluster secret but is no signer: it can act as any node; give it only its node token (harmonia-ci node-token)")
+	}
 	var client *signer.Client
-	if cfg.Auth.ClusterToken != "" {
-		client = signer.NewClient(signer.ClientConfig{Token: cfg.Auth.ClusterToken}, n.pool, n.logger)
+	if token != "" {
+		client = signer.NewClient(signer.ClientConfig{Token: token, DeadThreshold: cfg.Cluster.Heartbeat.DeadThreshold.Duration}, n.pool, n.logger)
 	}
 	if cfg.HasRole(config.RoleBuilder) {
-		if cfg.Auth.ClusterToken == "" {
-			return nil, fmt.Errorf("the builder role needs a cluster token to upload through the signer (auth.cluster_token_file or HARMONIA_CLUSTER_TOKEN)")
+		if token == "" {
+			return nil, fmt.Errorf("the builder role needs a node token to upload through the signer (auth.node_token_file or HARMONIA_NODE_TOKEN; issue one with harmonia-ci node-token)")
+		}
+		if !cfg.Build.Sandbox {
+			n.logger.Warn("build.sandbox is false: builds run outside Nix's sandbox and can read this machine's files; only for projects you trust")
 		}
 		b, err := build.New(build.Config{
-			NodeID:   cfg.Node.ID,
-			Store:    build.Store{Root: cfg.Build.NixStore, SandboxPaths: cfg.Build.ExtraSandboxPaths},
+			NodeID: cfg.Node.ID,
+			Store: build.Store{Root: cfg.Build.NixStore, SandboxPaths: cfg.Build.ExtraSandboxPaths,
+				Unsandboxed: !cfg.Build.Sandbox, BuildUsersGroup: cfg.Build.BuildUsersGroup},
 			Upstream: cfg.Substituters.URLs, UpstreamKeys: cfg.Substituters.TrustedPublicKeys,
 			Limits: build.BuildLimits{
 				Timeout: cfg.Build.Timeout.Duration, MaxSilent: cfg.Build.MaxSilent.Duration,
@@ -127,6 +166,7 @@ func (n *node) roleWorkers(notifier *notify.Notifier, announcer *queue.Announcer
 			},
 			MaxLogSize:    int64(cfg.Build.MaxLogSize),
 			CheckInterval: cfg.Cluster.Heartbeat.Interval.Duration,
+			DeadThreshold: cfg.Cluster.Heartbeat.DeadThreshold.Duration,
 			Signer:        client,
 			Notifier:      notifier,
 			Observe:       n.opts.BuildObserver,
@@ -151,20 +191,25 @@ func (n *node) roleWorkers(notifier *notify.Notifier, announcer *queue.Announcer
 		workers = append(workers, b, w)
 	}
 	if cfg.HasRole(config.RoleEvaluator) {
-		upstream, err := eval.NewUpstream(cfg.Substituters.URLs, cfg.Substituters.TrustedPublicKeys)
+		up, err := upstream.New(cfg.Substituters.URLs, cfg.Substituters.TrustedPublicKeys)
 		if err != nil {
 			return nil, err
 		}
 		ecfg := eval.Config{
 			NodeID: cfg.Node.ID, StateDir: cfg.StateDir, MaxEvals: cfg.Node.MaxEvals,
 			PollInterval: cfg.Eval.PollInterval.Duration, Timeout: cfg.Eval.Timeout.Duration,
-			Gate: &n.inFlight, Notifier: notifier, Upstream: upstream,
+			Gate: &n.inFlight, Notifier: notifier, Upstream: up,
+			Confinement: eval.Confinement{
+				User: cfg.Eval.User, MaxMemory: int64(cfg.Eval.MaxMemory),
+				Unsandboxed: !cfg.Build.Sandbox, BuildUsersGroup: cfg.Build.BuildUsersGroup,
+				SandboxPaths: cfg.Build.ExtraSandboxPaths,
+			},
 		}
-		if cfg.Auth.ClusterToken != "" {
+		if client != nil {
 			ecfg.Cache = client
 			ecfg.Publisher = &upload.Publisher{Signer: client}
 		} else {
-			n.logger.Warn("evaluator without a cluster token: .drv closures are not published to the cache and outputs are not looked up there (set auth.cluster_token_file)")
+			n.logger.Warn("evaluator without a node token: .drv closures are not published to the cache and outputs are not looked up there (set auth.node_token_file)")
 		}
 		ev, err := eval.New(ecfg, n.pool, n.logger, n.clock)
 		if err != nil {

@@ -41,23 +41,35 @@ func currentIdentity(lookup func(string) (*user.User, error)) (identity, error) 
 	return identity{root: true, uid: uid, gid: gid}, nil
 }
 
-// command runs a server program as the server user, with the PG* environment removed so a
-// stray PGDATA or PGPORT cannot redirect it, from "/" because the caller's working directory
-// may be unreadable to that user.
+// command runs a server program as the server user, from "/" because the caller's working
+// directory may be unreadable to that user, with only the environment it needs: the server
+// keeps its environment for its lifetime, where any superuser can read it
+// (pg_read_binary_file('/proc/PID/environ')), so the caller's secrets must not reach it, and
+// no PG* variable is passed, so a stray PGDATA or PGPORT cannot redirect it.
 func (id identity) command(ctx context.Context, name string, args ...string) *exec.Cmd {
 	cmd := exec.CommandContext(ctx, name, args...)
 	cmd.Dir = "/"
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "PG") {
-			cmd.Env = append(cmd.Env, kv)
-		}
-	}
+	cmd.Env = serverEnv(os.Environ())
 	if id.root {
 		cmd.SysProcAttr = &syscall.SysProcAttr{
 			Credential: &syscall.Credential{Uid: uint32(id.uid), Gid: uint32(id.gid)},
 		}
 	}
 	return cmd
+}
+
+// serverEnv keeps from env what the server programs use: PATH for the shell pg_ctl starts the
+// server through, the time zone initdb writes into the configuration, the temporary directory
+// and the language of messages.
+func serverEnv(env []string) []string {
+	out := []string{} // not nil: a nil Cmd.Env means the whole environment
+	for _, kv := range env {
+		name, _, _ := strings.Cut(kv, "=")
+		if name == "PATH" || name == "TZ" || name == "TMPDIR" || name == "LANG" || strings.HasPrefix(name, "LC_") {
+			out = append(out, kv)
+		}
+	}
+	return out
 }
 
 // mkdir creates a 0700 directory owned by the server user.

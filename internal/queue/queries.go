@@ -11,12 +11,13 @@ const (
 	sqlEnqueueLock = `SELECT pg_advisory_xact_lock($1, 2)`
 
 	// $1 drv_path[], $2 hash_part[], $3 name[], $4 system[], $5 features (comma-joined)[],
-	// $6 nar_hash[], $7 nar_size[]
+	// $6 nar_hash[], $7 nar_size[], $8 input sources (space-joined)[]
 	sqlDerivationsInsert = `
-INSERT INTO derivations (drv_path, hash_part, name, system, required_features, nar_hash, nar_size)
-SELECT d, h, n, s, CASE WHEN f = '' THEN '{}'::text[] ELSE string_to_array(f, ',') END, nh, ns
-FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::bigint[])
-     AS t(d, h, n, s, f, nh, ns)
+INSERT INTO derivations (drv_path, hash_part, name, system, required_features, nar_hash, nar_size, input_srcs)
+SELECT d, h, n, s, CASE WHEN f = '' THEN '{}'::text[] ELSE string_to_array(f, ',') END, nh, ns,
+       CASE WHEN src = '' THEN '{}'::text[] ELSE string_to_array(src, ' ') END
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::bigint[], $8::text[])
+     AS t(d, h, n, s, f, nh, ns, src)
 ON CONFLICT (drv_path) DO NOTHING`
 
 	// $1 drv_path[], $2 output_name[], $3 output_path[] ('' = NULL)

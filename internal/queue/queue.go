@@ -22,6 +22,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
+	"github.com/harmonia-ci/harmonia-ci/internal/nix"
 )
 
 // ErrStale means the claim no longer holds: the job was reaped, re-claimed, cancelled or
@@ -37,7 +38,8 @@ type Derivation struct {
 	NarHash          string // "sha256:…" of the .drv's NAR
 	NarSize          int64
 	Outputs          []Output
-	Inputs           []Input // input derivations (inputDrvs)
+	Inputs           []Input  // input derivations (inputDrvs)
+	InputSrcs        []string // input sources (inputSrcs), store paths
 }
 
 // Output is one output of a derivation.
@@ -142,13 +144,14 @@ func EnqueueTx(ctx context.Context, tx pgx.Tx, p EnqueueParams) (EnqueueResult, 
 
 func insertDerivations(ctx context.Context, tx pgx.Tx, ds []Derivation) error {
 	n := len(ds)
-	drv, hash, name, system, feats, narHash := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	drv, hash, name, system, feats, narHash, srcs := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 	narSize := make([]int64, n)
 	var oDrv, oName, oPath, iRef, iDrv, iOut []string
 	for i, d := range ds {
 		drv[i], name[i], system[i], narHash[i], narSize[i] = d.DrvPath, d.Name, d.System, d.NarHash, d.NarSize
 		hash[i] = hashPart(d.DrvPath)
 		feats[i] = strings.Join(d.RequiredFeatures, ",")
+		srcs[i] = strings.Join(d.InputSrcs, " ")
 		for _, o := range d.Outputs {
 			oDrv, oName, oPath = append(oDrv, d.DrvPath), append(oName, o.Name), append(oPath, o.Path)
 		}
@@ -156,7 +159,7 @@ func insertDerivations(ctx context.Context, tx pgx.Tx, ds []Derivation) error {
 			iRef, iDrv, iOut = append(iRef, d.DrvPath), append(iDrv, in.DrvPath), append(iOut, strings.Join(in.Outputs, ","))
 		}
 	}
-	if _, err := tx.Exec(ctx, sqlDerivationsInsert, drv, hash, name, system, feats, narHash, narSize); err != nil {
+	if _, err := tx.Exec(ctx, sqlDerivationsInsert, drv, hash, name, system, feats, narHash, narSize, srcs); err != nil {
 		return fmt.Errorf("insert derivations: %w", err)
 	}
 	if len(oDrv) > 0 {
@@ -193,6 +196,11 @@ func validateDerivation(d Derivation) error {
 	for _, f := range d.RequiredFeatures {
 		if f == "" || strings.Contains(f, ",") {
 			return fmt.Errorf("derivation %s: invalid required feature %q", d.DrvPath, f)
+		}
+	}
+	for _, src := range d.InputSrcs {
+		if _, err := nix.ParseStorePath(src); err != nil {
+			return fmt.Errorf("derivation %s: input source: %w", d.DrvPath, err)
 		}
 	}
 	for _, in := range d.Inputs {

@@ -35,11 +35,12 @@ func (e *StatusError) Error() string {
 
 // ClientConfig configures a Client.
 type ClientConfig struct {
-	Token       string        // the cluster token
-	HTTP        *http.Client  // default: a client with a 2 minute timeout
-	GiveUpAfter time.Duration // default 5m
-	MinBackoff  time.Duration // default 1s
-	MaxBackoff  time.Duration // default 30s
+	Token         string        // this node's token (package nodetoken)
+	DeadThreshold time.Duration // signers silent this long are not tried; default 2m (cluster.heartbeat.dead_threshold)
+	HTTP          *http.Client  // default: a client with a 2 minute timeout
+	GiveUpAfter   time.Duration // default 5m
+	MinBackoff    time.Duration // default 1s
+	MaxBackoff    time.Duration // default 30s
 }
 
 // Client calls the cluster's signers: it finds them in the nodes table, tries them in turn
@@ -55,6 +56,9 @@ type Client struct {
 func NewClient(cfg ClientConfig, pool *pgxpool.Pool, logger *slog.Logger) *Client {
 	if cfg.HTTP == nil {
 		cfg.HTTP = &http.Client{Timeout: 2 * time.Minute}
+	}
+	if cfg.DeadThreshold <= 0 {
+		cfg.DeadThreshold = 2 * time.Minute
 	}
 	if cfg.GiveUpAfter <= 0 {
 		cfg.GiveUpAfter = 5 * time.Minute
@@ -82,10 +86,17 @@ func (c *Client) UploadSlots(ctx context.Context, req UploadSlotsRequest) (Uploa
 }
 
 // BuildComplete asks a signer to verify, sign and publish the outputs and finish the job.
-// It is idempotent, so retrying it on another signer is safe.
+// Retrying it on another signer is safe: a completion that did land makes the retry a 409.
 func (c *Client) BuildComplete(ctx context.Context, req BuildCompleteRequest) (BuildCompleteResponse, error) {
 	var resp BuildCompleteResponse
 	err := c.call(ctx, "/api/build-complete", req, &resp)
+	return resp, err
+}
+
+// Publish asks a signer to publish an evaluation's .drv files and sources. It is idempotent.
+func (c *Client) Publish(ctx context.Context, req PublishRequest) (PublishResponse, error) {
+	var resp PublishResponse
+	err := c.call(ctx, "/api/publish", req, &resp)
 	return resp, err
 }
 
@@ -97,7 +108,7 @@ func (c *Client) CacheLookup(ctx context.Context, paths []string) ([]string, err
 }
 
 func (c *Client) signers(ctx context.Context) ([]string, error) {
-	rows, err := c.pool.Query(ctx, sqlSigners)
+	rows, err := c.pool.Query(ctx, sqlSigners, c.cfg.DeadThreshold.Seconds())
 	if err != nil {
 		return nil, err
 	}

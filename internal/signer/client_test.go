@@ -42,12 +42,14 @@ func TestClientFailover(t *testing.T) {
 	registerSigner(t, e, "s5-silent", failing.URL)
 	queuetest.Backdate(t, e.pool, "s5-silent", 5*time.Minute)
 
-	c := NewClient(ClientConfig{Token: testToken, GiveUpAfter: 10 * time.Second, MinBackoff: 50 * time.Millisecond},
+	tok := e.builder(t, "builder-1")
+	j := e.enqueueAndClaim(t, "builder-1", fixture("client", nil))
+	slots := UploadSlotsRequest{Job: jobClaim(j), Outputs: []Output{built(t, queuetest.OutPath("client"), "client").out}}
+	c := NewClient(ClientConfig{Token: tok, GiveUpAfter: 10 * time.Second, MinBackoff: 50 * time.Millisecond},
 		e.pool, queuetest.TestLogger(t))
-	b := buildPath(t, storePath("client-out", "client"), "client")
 	// Several calls, so every rotation of the round robin is exercised.
 	for i := range 3 {
-		resp, err := c.UploadSlots(ctx(t), UploadSlotsRequest{Outputs: []Output{b.out}})
+		resp, err := c.UploadSlots(ctx(t), slots)
 		if err != nil {
 			t.Fatalf("call %d: %v", i, err)
 		}
@@ -60,10 +62,10 @@ func TestClientFailover(t *testing.T) {
 	}
 
 	// A 4xx is final: returned at once with the server's message, not retried.
-	bad := b.out
+	bad := slots.Outputs[0]
 	bad.NarSize = 0
 	before := unavailableHits.Load()
-	_, err := c.BuildComplete(ctx(t), BuildCompleteRequest{Outputs: []Output{bad}})
+	_, err := c.BuildComplete(ctx(t), BuildCompleteRequest{Job: *jobClaim(j), Outputs: []Output{bad}})
 	var se *StatusError
 	if !errors.As(err, &se) || se.Code != http.StatusBadRequest || se.Msg == "" || errors.Is(err, ErrUnavailable) {
 		t.Fatalf("invalid request: %v, want a 400 StatusError", err)
@@ -72,18 +74,24 @@ func TestClientFailover(t *testing.T) {
 		t.Fatal("a 4xx was retried")
 	}
 	wrong := NewClient(ClientConfig{Token: "wrong", GiveUpAfter: 10 * time.Second}, e.pool, nil)
-	if _, err := wrong.UploadSlots(ctx(t), UploadSlotsRequest{Outputs: []Output{b.out}}); !errors.As(err, &se) || se.Code != http.StatusUnauthorized {
+	if _, err := wrong.UploadSlots(ctx(t), slots); !errors.As(err, &se) || se.Code != http.StatusUnauthorized {
 		t.Fatalf("wrong token: %v, want 401", err)
+	}
+	// A stale claim is a 409, final too.
+	stale := slots
+	stale.Job = &JobClaim{ID: j.ID, Attempt: j.Attempt + 1}
+	if _, err := c.UploadSlots(ctx(t), stale); !errors.As(err, &se) || se.Code != http.StatusConflict {
+		t.Fatalf("stale claim: %v, want 409", err)
 	}
 
 	// All down: ErrUnavailable after GiveUpAfter, with a growing backoff between rounds.
 	queuetest.Exec(t, e.pool, `UPDATE nodes SET endpoint = $1 WHERE id = 's3-real'`, refusing(t))
 	const giveUp = 1500 * time.Millisecond
-	down := NewClient(ClientConfig{Token: testToken, GiveUpAfter: giveUp, MinBackoff: 100 * time.Millisecond, MaxBackoff: 2 * time.Second},
+	down := NewClient(ClientConfig{Token: tok, GiveUpAfter: giveUp, MinBackoff: 100 * time.Millisecond, MaxBackoff: 2 * time.Second},
 		e.pool, queuetest.Logger())
 	before = unavailableHits.Load()
 	start := time.Now()
-	_, err = down.UploadSlots(ctx(t), UploadSlotsRequest{Outputs: []Output{b.out}})
+	_, err = down.UploadSlots(ctx(t), slots)
 	elapsed := time.Since(start)
 	if !errors.Is(err, ErrUnavailable) {
 		t.Fatalf("all signers down: %v, want ErrUnavailable", err)
@@ -100,8 +108,8 @@ func TestClientFailover(t *testing.T) {
 
 	// No signer registered at all is unavailable too, not a hang.
 	queuetest.Exec(t, e.pool, `DELETE FROM nodes WHERE 'signer' = ANY(roles)`)
-	none := NewClient(ClientConfig{Token: testToken, GiveUpAfter: 300 * time.Millisecond, MinBackoff: 50 * time.Millisecond}, e.pool, nil)
-	if _, err := none.UploadSlots(ctx(t), UploadSlotsRequest{Outputs: []Output{b.out}}); !errors.Is(err, ErrUnavailable) {
+	none := NewClient(ClientConfig{Token: tok, GiveUpAfter: 300 * time.Millisecond, MinBackoff: 50 * time.Millisecond}, e.pool, nil)
+	if _, err := none.UploadSlots(ctx(t), slots); !errors.Is(err, ErrUnavailable) {
 		t.Fatalf("no signers: %v, want ErrUnavailable", err)
 	}
 }

@@ -3,16 +3,30 @@ package signer
 // All SQL of the signer and its client.
 
 const (
-	// The live signers a client may call.
+	// The live signers a client may call; $1 the dead threshold in seconds.
 	sqlSigners = `
 SELECT endpoint FROM nodes
-WHERE 'signer' = ANY(capabilities) AND last_seen > now() - interval '2 minutes' AND status <> 'dead'
+WHERE 'signer' = ANY(capabilities) AND last_seen > now() - make_interval(secs => $1) AND status <> 'dead'
 ORDER BY id`
 
-	// $1 job id, $2 node, $3 attempt.
-	sqlCheckClaim = `
-SELECT EXISTS (SELECT 1 FROM build_jobs
-               WHERE id = $1 AND claimed_by = $2 AND attempt = $3 AND status IN ('building', 'uploading'))`
+	// $1 job id, $2 node, $3 attempt: the claimed job's derivation, its output paths ('' for a
+	// floating content-addressed one), and its inputs: the selected outputs of its input
+	// derivations and its input sources.
+	sqlJobFacts = `
+SELECT j.drv_path,
+       ARRAY(SELECT COALESCE(o.output_path, '') FROM derivation_outputs o
+             WHERE o.drv_path = j.drv_path ORDER BY o.output_name),
+       ARRAY(SELECT o.output_path FROM derivation_inputs i
+             JOIN derivation_outputs o ON o.drv_path = i.input_drv AND o.output_name = ANY(i.outputs)
+             WHERE i.referrer = j.drv_path AND o.output_path IS NOT NULL)
+       || COALESCE(d.input_srcs, '{}')
+FROM build_jobs j JOIN derivations d ON d.drv_path = j.drv_path
+WHERE j.id = $1 AND j.claimed_by = $2 AND j.attempt = $3 AND j.status IN ('building', 'uploading')`
+
+	// $1 evaluation, $2 node, $3 attempt.
+	sqlCheckEvalClaim = `
+SELECT EXISTS (SELECT 1 FROM evaluations
+               WHERE id = $1 AND claimed_by = $2 AND attempt = $3 AND status = 'running')`
 
 	// Runs in the transaction that marked the job succeeded.
 	sqlSetLogURL = `UPDATE build_jobs SET log_url = $2 WHERE id = $1 AND status = 'succeeded'`

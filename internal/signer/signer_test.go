@@ -7,12 +7,17 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,8 +25,10 @@ import (
 
 	"github.com/harmonia-ci/harmonia-ci/internal/blob"
 	"github.com/harmonia-ci/harmonia-ci/internal/blobtest"
+	"github.com/harmonia-ci/harmonia-ci/internal/config"
 	"github.com/harmonia-ci/harmonia-ci/internal/dbtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
+	"github.com/harmonia-ci/harmonia-ci/internal/nodetoken"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 	"github.com/harmonia-ci/harmonia-ci/internal/queuetest"
 )
@@ -29,17 +36,19 @@ import (
 func TestMain(m *testing.M) { dbtest.Main(m, blobtest.Cleanup) }
 
 const (
-	testToken = "cluster-secret-token"
-	system    = "x86_64-linux"
+	secret = "signer-test-cluster-secret"
+	system = "x86_64-linux"
 )
 
-// env is a signer on a real database and store, served over HTTP with the local store's
-// upload handler on the same server.
+// env is a signer on a real database and a real blob store (a local directory, or MinIO),
+// served over HTTP; the local store's presigned uploads go to the same server.
 type env struct {
-	pool  *pgxpool.Pool
-	store blob.Store
-	key   nix.SecretKey
-	url   string // signer base URL
+	pool     *pgxpool.Pool
+	store    blob.Store
+	key      nix.SecretKey
+	tokens   *nodetoken.Key
+	upstream *fakeUpstream
+	url      string // signer base URL
 }
 
 func newEnv(t *testing.T, s3 bool) *env {
@@ -49,6 +58,11 @@ func newEnv(t *testing.T, s3 bool) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
+	tokens, err := nodetoken.NewKey(secret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logger := queuetest.TestLogger(t)
 	mux := http.NewServeMux()
 	ts := httptest.NewServer(mux)
 	t.Cleanup(ts.Close)
@@ -60,30 +74,88 @@ func newEnv(t *testing.T, s3 bool) *env {
 		}
 		store = st
 	} else {
-		l, err := blob.NewLocal(t.TempDir(), ts.URL, []byte("0123456789abcdef0123456789abcdef"))
+		l, err := blob.NewLocal(t.TempDir(), ts.URL, nodetoken.Derive(secret, "blob upload"))
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { l.Close() })
-		mux.Handle("PUT /api/blob/", l.UploadHandler())
+		mux.Handle("PUT /api/blob/{key...}", l.UploadHandler(logger))
 		store = l
 	}
-	srv, err := New(Config{Store: store, Key: key, ClusterToken: testToken, Logger: queuetest.TestLogger(t)}, pool)
+	up := &fakeUpstream{key: mustKey(t, "upstream-1"), paths: map[string]*nix.NarInfo{}}
+	srv, err := New(Config{Store: store, Key: key, Tokens: tokens, Upstream: up, Logger: logger}, pool)
 	if err != nil {
 		t.Fatal(err)
 	}
 	srv.Register(mux)
-	return &env{pool: pool, store: store, key: key, url: ts.URL}
+	return &env{pool: pool, store: store, key: key, tokens: tokens, upstream: up, url: ts.URL}
+}
+
+func mustKey(t *testing.T, name string) nix.SecretKey {
+	t.Helper()
+	k, err := nix.GenerateKey(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+// fakeUpstream is a trusted upstream cache that serves the narinfos put in it.
+type fakeUpstream struct {
+	key   nix.SecretKey
+	mu    sync.Mutex
+	paths map[string]*nix.NarInfo
+	asked atomic.Int64
+}
+
+func (u *fakeUpstream) NarInfo(_ context.Context, path string) (*nix.NarInfo, error) {
+	u.asked.Add(1)
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.paths[path], nil
+}
+
+func (u *fakeUpstream) serve(t *testing.T, o object) {
+	t.Helper()
+	ni := nix.NewNarInfo(o.out.StorePath, o.sizes(), bases(o.out.References))
+	if err := ni.Sign(u.key); err != nil {
+		t.Fatal(err)
+	}
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.paths[o.out.StorePath] = ni
 }
 
 func ctx(t *testing.T) context.Context { return queuetest.Ctx(t, 30*time.Second) }
 
-// post sends body with token ("" for none) and decodes a 200 answer into out.
-func (e *env) post(t *testing.T, path, token string, body, out any) (int, string) {
+// token is node's token in roles under the test cluster's secret.
+func (e *env) token(t *testing.T, node string, roles ...string) string {
 	t.Helper()
-	data, err := json.Marshal(body)
+	tok, err := e.tokens.Issue(nodetoken.Identity{NodeID: node, Roles: roles})
 	if err != nil {
 		t.Fatal(err)
+	}
+	return tok
+}
+
+func (e *env) builder(t *testing.T, node string) string {
+	return e.token(t, node, config.RoleBuilder)
+}
+
+func (e *env) evaluator(t *testing.T, node string) string {
+	return e.token(t, node, config.RoleEvaluator)
+}
+
+// post sends body (JSON, or raw bytes) with token ("" for none) and decodes a 200 answer into
+// out; it returns the status and the body.
+func (e *env) post(t *testing.T, path, token string, body, out any) (int, string) {
+	t.Helper()
+	data, ok := body.([]byte)
+	if !ok {
+		var err error
+		if data, err = json.Marshal(body); err != nil {
+			t.Fatal(err)
+		}
 	}
 	req, err := http.NewRequestWithContext(ctx(t), http.MethodPost, e.url+path, bytes.NewReader(data))
 	if err != nil {
@@ -106,37 +178,154 @@ func (e *env) post(t *testing.T, path, token string, body, out any) (int, string
 	return res.StatusCode, string(raw)
 }
 
-// built is a store path with its compressed NAR.
-type built struct {
-	out  Output
-	file []byte
+// mustPost is post for requests that must succeed.
+func (e *env) mustPost(t *testing.T, path, token string, body, out any) {
+	t.Helper()
+	if code, raw := e.post(t, path, token, body, out); code != http.StatusOK {
+		t.Fatalf("%s: %d %s", path, code, raw)
+	}
 }
 
-// buildPath makes a real NAR of a small tree with content and describes it as storePath.
-func buildPath(t *testing.T, storePath, content string, refs ...string) built {
+// object is a store object a test makes up: what a request says about it and its compressed
+// NAR.
+type object struct {
+	out  Output
+	file []byte // the .nar.zst
+}
+
+func (o object) path() string { return o.out.StorePath }
+func (o object) base() string { return strings.TrimPrefix(o.out.StorePath, nix.StoreDir+"/") }
+
+func (o object) sizes() nix.Sizes {
+	return nix.Sizes{NarHash: o.out.NarHash, NarSize: o.out.NarSize, FileHash: o.out.FileHash, FileSize: o.out.FileSize}
+}
+
+func (o object) narSum(t *testing.T) [sha256.Size]byte {
 	t.Helper()
-	dir := filepath.Join(t.TempDir(), "out")
-	if err := os.MkdirAll(filepath.Join(dir, "bin"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "bin", "hello"), []byte(content), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	var buf bytes.Buffer
-	sz, err := nix.CompressNAR(context.Background(), dir, &buf)
+	sum, err := nix.ParseSHA256(o.out.NarHash)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return sum
+}
+
+// with returns o as a request describes it with refs and deriver.
+func (o object) with(refs []string, deriver string) object {
+	o.out.References = slices.Clone(refs)
+	if o.out.References == nil {
+		o.out.References = []string{}
+	}
+	o.out.Deriver = deriver
+	return o
+}
+
+// nar serialises files (relative path → contents; "" is a single regular file, a "+x" suffix
+// makes an executable) as a compressed NAR.
+func nar(t *testing.T, files map[string]string) (nix.Sizes, []byte) {
+	t.Helper()
+	root := filepath.Join(t.TempDir(), "obj")
+	for rel, content := range files {
+		p, mode := filepath.Join(root, rel), os.FileMode(0o644)
+		if r, ok := strings.CutSuffix(rel, "+x"); ok {
+			p, mode = filepath.Join(root, r), 0o755
+		}
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(content), mode); err != nil {
+			t.Fatal(err)
+		}
+		// WriteFile's mode is filtered by the umask; the NAR depends on the x bits.
+		if err := os.Chmod(p, mode); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var buf bytes.Buffer
+	sz, err := nix.CompressNAR(context.Background(), root, &buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sz, buf.Bytes()
+}
+
+func newObject(path string, sz nix.Sizes, file []byte, refs ...string) object {
 	if refs == nil {
 		refs = []string{}
 	}
-	return built{
-		out: Output{StorePath: storePath, NarHash: sz.NarHash, NarSize: sz.NarSize,
-			FileHash: sz.FileHash, FileSize: sz.FileSize, References: refs},
-		file: buf.Bytes(),
+	return object{out: Output{StorePath: path, NarHash: sz.NarHash, NarSize: sz.NarSize,
+		FileHash: sz.FileHash, FileSize: sz.FileSize, References: refs}, file: file}
+}
+
+// built is a tree claimed to be the store path path (input-addressed: nothing ties the path to
+// the content) with refs.
+func built(t *testing.T, path, content string, refs ...string) object {
+	t.Helper()
+	sz, file := nar(t, map[string]string{"bin/hello+x": content, "share/refs": strings.Join(refs, "\n")})
+	return newObject(path, sz, file, refs...)
+}
+
+// source is a directory added to the store as a source (recursive, content-addressed).
+func source(t *testing.T, name, content string) object {
+	t.Helper()
+	sz, file := nar(t, map[string]string{"README": content, "bin/tool+x": "#!/bin/sh\n" + content})
+	o := newObject("", sz, file)
+	o.out.StorePath = nix.SourcePath(name, o.narSum(t), nil, false)
+	return o
+}
+
+// textFile is a file added to the store as builtins.toFile does (text, content-addressed),
+// referring to refs.
+func textFile(t *testing.T, name, content string, refs ...string) object {
+	t.Helper()
+	sz, file := nar(t, map[string]string{"": content})
+	return newObject(nix.TextPath(name, sha256.Sum256([]byte(content)), refs), sz, file, refs...)
+}
+
+// flatFile is a file added with a fixed flat sha256 (builtins.path with recursive = false).
+func flatFile(t *testing.T, name, content string) object {
+	t.Helper()
+	sz, file := nar(t, map[string]string{"": content})
+	return newObject(nix.FlatFixedPath(name, sha256.Sum256([]byte(content))), sz, file)
+}
+
+func fakePath(key, name string) string { return nix.StoreDir + "/" + queuetest.Hash(key) + "-" + name }
+
+func bases(paths []string) []string {
+	b := make([]string, len(paths))
+	for i, p := range paths {
+		b[i] = strings.TrimPrefix(p, nix.StoreDir+"/")
+	}
+	return b
+}
+
+// seed puts o into the cache directly, NAR and narinfo signed by the signer's key, as an
+// earlier publish would have.
+func (e *env) seed(t *testing.T, o object) {
+	t.Helper()
+	e.putObject(t, nix.NarURL(o.out.FileHash), o.file)
+	ni := nix.NewNarInfo(o.path(), o.sizes(), bases(o.out.References))
+	ni.Deriver = strings.TrimPrefix(o.out.Deriver, nix.StoreDir+"/")
+	if err := ni.Sign(e.key); err != nil {
+		t.Fatal(err)
+	}
+	text, err := ni.MarshalText()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sp, _ := nix.ParseStorePath(o.path())
+	e.putObject(t, sp.Hash+".narinfo", text)
+}
+
+func (e *env) putObject(t *testing.T, key string, data []byte) {
+	t.Helper()
+	sum := sha256.Sum256(data)
+	err := e.store.Put(ctx(t), key, bytes.NewReader(data), int64(len(data)), blob.PutOptions{SHA256: sum[:], IfAbsent: true})
+	if err != nil && !errors.Is(err, blob.ErrExists) {
+		t.Fatalf("put %s: %v", key, err)
 	}
 }
 
+// put PUTs body to a presigned upload.
 func put(t *testing.T, u *Upload, body []byte) {
 	t.Helper()
 	req, err := http.NewRequestWithContext(ctx(t), u.Method, u.URL, bytes.NewReader(body))
@@ -161,105 +350,92 @@ func put(t *testing.T, u *Upload, body []byte) {
 	}
 }
 
-// job enqueues a derivation called name whose output is outPath, claims it as node and
-// returns the claim.
-func job(t *testing.T, pool *pgxpool.Pool, name, outPath, node string) queue.Job {
+// fixture is a fixture derivation called name with the named fixture derivations as inputs
+// and srcs as input sources.
+func fixture(name string, inputs []string, srcs ...string) queue.Derivation {
+	d := queuetest.Drv(name, system, inputs...)
+	d.InputSrcs = srcs
+	return d
+}
+
+func drvBase(name string) string {
+	return strings.TrimPrefix(queuetest.DrvPath(name), nix.StoreDir+"/")
+}
+
+func logKey(name string) string { return "log/" + drvBase(name) }
+
+// claim claims one job as node and checks it is the job of the fixture derivation name.
+func (e *env) claim(t *testing.T, node, name string) queue.Job {
 	t.Helper()
-	d := queuetest.Drv(name, system)
-	d.Outputs[0].Path = outPath
-	queuetest.Enqueue(t, pool, nil, d)
-	if queuetest.QueryInt(t, pool, `SELECT count(*) FROM nodes WHERE id = $1`, node) == 0 {
-		queuetest.InsertNode(t, pool, queuetest.Node{ID: node, Systems: []string{system}})
+	if queuetest.QueryInt(t, e.pool, `SELECT count(*) FROM nodes WHERE id = $1`, node) == 0 {
+		queuetest.InsertNode(t, e.pool, queuetest.Node{ID: node, Systems: []string{system}})
 	}
-	jobs, err := queue.ClaimJobs(ctx(t), pool, queue.Claimer{NodeID: node, Systems: []string{system}}, 1)
-	if err != nil || len(jobs) != 1 {
-		t.Fatalf("claim %s: %v %v", name, jobs, err)
+	jobs, err := queue.ClaimJobs(ctx(t), e.pool, queue.Claimer{NodeID: node, Systems: []string{system}}, 1)
+	if err != nil || len(jobs) != 1 || jobs[0].DrvPath != queuetest.DrvPath(name) {
+		t.Fatalf("claim %s as %s: %v %v", name, node, jobs, err)
 	}
 	return jobs[0]
 }
 
-func storePath(key, name string) string { return "/nix/store/" + queuetest.Hash(key) + "-" + name }
-
-func logKey(name string) string {
-	return "log/" + strings.TrimPrefix(queuetest.DrvPath(name), "/nix/store/")
-}
-
-func countObjects(t *testing.T, s blob.Store) int {
+// enqueueAndClaim enqueues d and claims its job as node; d must be the only ready job.
+func (e *env) enqueueAndClaim(t *testing.T, node string, d queue.Derivation) queue.Job {
 	t.Helper()
-	n := 0
-	if err := s.List(ctx(t), "", func(blob.Info) error { n++; return nil }); err != nil {
-		t.Fatal(err)
-	}
-	return n
+	queuetest.Enqueue(t, e.pool, nil, d)
+	return e.claim(t, node, d.Name)
 }
 
-func (e *env) narInfo(t *testing.T, path string) (*nix.NarInfo, bool) {
+var projects atomic.Int64
+
+// evaluation inserts a running evaluation claimed by node (attempt 1) and returns its claim.
+func (e *env) evaluation(t *testing.T, node string) EvalClaim {
 	t.Helper()
-	sp, err := nix.ParseStorePath(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, _, err := e.store.Get(ctx(t), sp.Hash+".narinfo")
-	if errors.Is(err, blob.ErrNotFound) {
-		return nil, false
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
-	data, _ := io.ReadAll(r)
-	ni, err := nix.ParseNarInfo(data)
-	if err != nil {
-		t.Fatalf("parse narinfo of %s: %v\n%s", path, err, data)
-	}
-	return ni, true
+	project := queuetest.NewProject(t, e.pool, fmt.Sprint("project-", projects.Add(1)), 100)
+	id := queuetest.QueryInt(t, e.pool, `
+INSERT INTO evaluations (project_id, flake_url, commit_sha, branch, status, claimed_by, claimed_at, started_at, attempt)
+VALUES ($1, 'git+file:///src', md5(random()::text), 'main', 'running', $2, now(), now(), 1) RETURNING id`, project, node)
+	return EvalClaim{ID: id, Attempt: 1}
 }
 
-func outputHash(t *testing.T, pool *pgxpool.Pool, drvName string) *string {
+func jobClaim(j queue.Job) *JobClaim { return &JobClaim{ID: j.ID, Attempt: j.Attempt} }
+
+func complete(j queue.Job, log string, outs ...object) BuildCompleteRequest {
+	req := BuildCompleteRequest{Job: *jobClaim(j), LogKey: log, Outputs: []Output{}}
+	for _, o := range outs {
+		req.Outputs = append(req.Outputs, o.out)
+	}
+	return req
+}
+
+func logUpload(key string, body []byte) *LogUpload {
+	sum := sha256.Sum256(body)
+	return &LogUpload{Key: key, Size: int64(len(body)), SHA256: hex.EncodeToString(sum[:])}
+}
+
+// upload asks for slots under req's claim (Outputs are filled from objs) and PUTs every file,
+// and the log, that is not skipped.
+func (e *env) upload(t *testing.T, token string, req UploadSlotsRequest, logBody []byte, objs ...object) UploadSlotsResponse {
 	t.Helper()
-	var h *string
-	if err := pool.QueryRow(ctx(t), `SELECT nar_hash FROM derivation_outputs WHERE drv_path = $1`,
-		queuetest.DrvPath(drvName)).Scan(&h); err != nil {
-		t.Fatal(err)
-	}
-	return h
-}
-
-func complete(j queue.Job, log string, outs ...Output) BuildCompleteRequest {
-	id := j.ID
-	return BuildCompleteRequest{JobID: &id, NodeID: j.NodeID, Attempt: j.Attempt, Outputs: outs, LogKey: log}
-}
-
-// uploadAll asks for slots and PUTs every file (and the log) that is not skipped.
-func (e *env) uploadAll(t *testing.T, logBody []byte, log string, bs ...built) UploadSlotsResponse {
-	t.Helper()
-	req := UploadSlotsRequest{}
-	for _, b := range bs {
-		req.Outputs = append(req.Outputs, b.out)
-	}
-	if log != "" {
-		sum := sha256.Sum256(logBody)
-		req.Log = &LogUpload{Key: log, Size: int64(len(logBody)), SHA256: hex.EncodeToString(sum[:])}
+	req.Outputs = []Output{}
+	for _, o := range objs {
+		req.Outputs = append(req.Outputs, o.out)
 	}
 	var resp UploadSlotsResponse
-	if code, body := e.post(t, "/api/upload-slots", testToken, req, &resp); code != http.StatusOK {
-		t.Fatalf("upload-slots: %d %s", code, body)
-	}
-	if len(resp.Outputs) != len(bs) {
-		t.Fatalf("upload-slots answered %d outputs, want %d", len(resp.Outputs), len(bs))
+	e.mustPost(t, "/api/upload-slots", token, req, &resp)
+	if len(resp.Outputs) != len(objs) {
+		t.Fatalf("upload-slots answered %d outputs, want %d", len(resp.Outputs), len(objs))
 	}
 	for i, s := range resp.Outputs {
-		if s.StorePath != bs[i].out.StorePath {
-			t.Fatalf("slot %d is for %s, want %s", i, s.StorePath, bs[i].out.StorePath)
+		if s.StorePath != objs[i].path() {
+			t.Fatalf("slot %d is for %s, want %s", i, s.StorePath, objs[i].path())
 		}
 		if !s.Skipped {
 			if s.Upload == nil {
 				t.Fatalf("slot %d: neither skipped nor an upload", i)
 			}
-			put(t, s.Upload, bs[i].file)
+			put(t, s.Upload, objs[i].file)
 		}
 	}
-	if log != "" {
+	if req.Log != nil {
 		if resp.Log == nil {
 			t.Fatal("no log upload")
 		}
@@ -268,299 +444,470 @@ func (e *env) uploadAll(t *testing.T, logBody []byte, log string, bs ...built) U
 	return resp
 }
 
-func TestAuth(t *testing.T) {
-	e := newEnv(t, false)
-	out := storePath("auth-out", "auth")
-	b := buildPath(t, out, "auth")
-	j := job(t, e.pool, "auth", out, "builder1")
-	for _, tc := range []struct{ name, token string }{{"none", ""}, {"wrong", "not-the-token"}, {"prefix", testToken[:5]}} {
-		code, body := e.post(t, "/api/upload-slots", tc.token, UploadSlotsRequest{Outputs: []Output{b.out}}, nil)
-		if code != http.StatusUnauthorized || strings.Contains(body, "http") {
-			t.Errorf("%s token: upload-slots answered %d %s, want 401 without a URL", tc.name, code, body)
-		}
-		code, _ = e.post(t, "/api/build-complete", tc.token, complete(j, "", b.out), nil)
-		if code != http.StatusUnauthorized {
-			t.Errorf("%s token: build-complete answered %d, want 401", tc.name, code)
-		}
+func (e *env) read(t *testing.T, key string) ([]byte, bool) {
+	t.Helper()
+	r, _, err := e.store.Get(ctx(t), key)
+	if errors.Is(err, blob.ErrNotFound) {
+		return nil, false
 	}
-	if n := countObjects(t, e.store); n != 0 {
-		t.Fatalf("store has %d objects after unauthorised requests", n)
-	}
-	// Even with the NAR in place, an unauthorised build-complete writes nothing.
-	sum, _ := nix.ParseSHA256(b.out.FileHash)
-	key := "nar/" + strings.TrimPrefix(b.out.FileHash, "sha256:") + ".nar.zst"
-	if err := e.store.Put(ctx(t), key, bytes.NewReader(b.file), int64(len(b.file)), blob.PutOptions{SHA256: sum[:]}); err != nil {
+	if err != nil {
 		t.Fatal(err)
 	}
-	if code, _ := e.post(t, "/api/build-complete", "wrong", complete(j, "", b.out), nil); code != http.StatusUnauthorized {
-		t.Fatalf("build-complete with wrong token: %d", code)
+	defer r.Close()
+	data, err := io.ReadAll(r)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if _, ok := e.narInfo(t, out); ok {
-		t.Fatal("narinfo written without a valid token")
+	return data, true
+}
+
+func (e *env) narInfo(t *testing.T, path string) (*nix.NarInfo, bool) {
+	t.Helper()
+	sp, err := nix.ParseStorePath(path)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if s := queuetest.Status(t, e.pool, "auth"); s != "building" {
-		t.Fatalf("job is %s, want building", s)
+	data, ok := e.read(t, sp.Hash+".narinfo")
+	if !ok {
+		return nil, false
+	}
+	ni, err := nix.ParseNarInfo(data)
+	if err != nil {
+		t.Fatalf("parse narinfo of %s: %v\n%s", path, err, data)
+	}
+	return ni, true
+}
+
+// checkNarInfo asserts that the cache serves o signed by the signer, with refs (store paths)
+// and deriver (a basename), and the NAR it was uploaded with.
+func (e *env) checkNarInfo(t *testing.T, o object, refs []string, deriver, caPrefix string) *nix.NarInfo {
+	t.Helper()
+	ni, ok := e.narInfo(t, o.path())
+	if !ok {
+		t.Fatalf("no narinfo for %s", o.path())
+	}
+	if !ni.Verify(e.key.Public()) {
+		t.Fatalf("narinfo of %s: signature does not verify", o.path())
+	}
+	want := slices.Sorted(slices.Values(bases(refs)))
+	if got := slices.Sorted(slices.Values(ni.References)); !slices.Equal(got, want) {
+		t.Fatalf("narinfo of %s: references %v, want %v", o.path(), got, want)
+	}
+	if ni.StorePath != o.path() || ni.NarHash != o.out.NarHash || ni.NarSize != o.out.NarSize ||
+		ni.FileHash != o.out.FileHash || ni.FileSize != o.out.FileSize || ni.Compression != "zstd" ||
+		ni.Deriver != deriver || !strings.HasPrefix(ni.CA, caPrefix) || (caPrefix == "") != (ni.CA == "") {
+		t.Fatalf("narinfo %+v does not describe %+v with deriver %q and CA %q…", ni, o.out, deriver, caPrefix)
+	}
+	if file, ok := e.read(t, ni.URL); !ok || !bytes.Equal(file, o.file) {
+		t.Fatalf("narinfo of %s: its URL %s does not serve the uploaded NAR", o.path(), ni.URL)
+	}
+	return ni
+}
+
+func (e *env) outputHash(t *testing.T, name string) *string {
+	t.Helper()
+	var h *string
+	if err := e.pool.QueryRow(ctx(t), `SELECT nar_hash FROM derivation_outputs WHERE drv_path = $1`,
+		queuetest.DrvPath(name)).Scan(&h); err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+func (e *env) logURL(t *testing.T, j queue.Job) string {
+	t.Helper()
+	var u *string
+	if err := e.pool.QueryRow(ctx(t), `SELECT log_url FROM build_jobs WHERE id = $1`, j.ID).Scan(&u); err != nil {
+		t.Fatal(err)
+	}
+	if u == nil {
+		return ""
+	}
+	return *u
+}
+
+// state is everything a request could change: every object of the store (key → sha256 of its
+// bytes) and the rows the signer writes.
+type state struct {
+	objects map[string]string
+	db      string
+}
+
+func (e *env) state(t *testing.T) state {
+	t.Helper()
+	s := state{objects: map[string]string{}}
+	var keys []string
+	if err := e.store.List(ctx(t), "", func(i blob.Info) error { keys = append(keys, i.Key); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range keys {
+		data, ok := e.read(t, k)
+		if !ok {
+			t.Fatalf("listed %s, but it cannot be read", k)
+		}
+		sum := sha256.Sum256(data)
+		s.objects[k] = hex.EncodeToString(sum[:])
+	}
+	err := e.pool.QueryRow(ctx(t), `
+SELECT COALESCE((SELECT string_agg(format('job %s %s %s %s %s %s', id, status, claimed_by, attempt, log_url, finished_at), E'\n' ORDER BY id)
+                 FROM build_jobs), '') || E'\n' ||
+       COALESCE((SELECT string_agg(format('output %s %s %s %s', drv_path, output_name, nar_hash, nar_size), E'\n' ORDER BY drv_path, output_name)
+                 FROM derivation_outputs), '') || E'\n' ||
+       COALESCE((SELECT string_agg(format('eval %s %s %s %s', id, status, claimed_by, attempt), E'\n' ORDER BY id)
+                 FROM evaluations), '')`).Scan(&s.db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// unchanged asserts that nothing in the store or the signer's rows changed since before.
+func (e *env) unchanged(t *testing.T, before state, what string) {
+	t.Helper()
+	after := e.state(t)
+	if !maps.Equal(before.objects, after.objects) {
+		for k, v := range after.objects {
+			if before.objects[k] != v {
+				t.Errorf("%s: object %s was written", what, k)
+			}
+		}
+		for k := range before.objects {
+			if _, ok := after.objects[k]; !ok {
+				t.Errorf("%s: object %s was deleted", what, k)
+			}
+		}
+		t.FailNow()
+	}
+	if before.db != after.db {
+		t.Fatalf("%s changed the database:\nbefore:\n%s\nafter:\n%s", what, before.db, after.db)
 	}
 }
 
-// happyPath uploads a real NAR and a log through presigned URLs, completes the claimed job and
-// checks everything the signer promises.
+// happyPath builds two jobs in dependency order through the whole protocol: real NARs and logs
+// through presigned URLs, build-complete, signed narinfos. The second job's output refers to its
+// input's output, to that output's own runtime dependency (reached only through the cache's
+// narinfos) and to itself.
 func happyPath(t *testing.T, e *env) {
-	out := storePath("hello-out", "hello")
-	dep := storePath("dep-out", "dep")
-	b := buildPath(t, out, "#!/bin/sh\necho hello\n", dep, strings.TrimPrefix(out, "/nix/store/"))
-	b.out.Deriver = strings.TrimPrefix(queuetest.DrvPath("hello"), "/nix/store/")
-	j := job(t, e.pool, "hello", out, "builder1")
-	logBody := []byte("building hello\ndone\n")
-	lk := logKey("hello")
+	runtime := source(t, "runtime-lib", "a library some input refers to at run time")
+	script := textFile(t, "dep-builder.sh", "echo building dep\n")
+	e.seed(t, runtime)
+	e.seed(t, script)
+	queuetest.Enqueue(t, e.pool, nil,
+		fixture("dep", nil, script.path(), runtime.path()),
+		fixture("hello", []string{"dep"}))
+	tok := e.builder(t, "builder-1")
 
-	slots := e.uploadAll(t, logBody, lk, b)
-	if slots.Outputs[0].Skipped {
-		t.Fatal("first upload-slots skipped the output")
-	}
+	// dep: its output refers to the runtime library, an input source of dep.
+	dj := e.claim(t, "builder-1", "dep")
+	dep := built(t, queuetest.OutPath("dep"), "dep", runtime.path())
+	e.upload(t, tok, UploadSlotsRequest{Job: jobClaim(dj), Log: logUpload(logKey("dep"), []byte("dep log"))}, []byte("dep log"), dep)
 	var resp BuildCompleteResponse
-	if code, body := e.post(t, "/api/build-complete", testToken, complete(j, lk, b.out), &resp); code != http.StatusOK {
-		t.Fatalf("build-complete: %d %s", code, body)
-	}
+	e.mustPost(t, "/api/build-complete", tok, complete(dj, logKey("dep"), dep), &resp)
 	if resp != (BuildCompleteResponse{Written: 1}) {
-		t.Fatalf("build-complete answered %+v", resp)
-	}
-	if s := queuetest.Status(t, e.pool, "hello"); s != "succeeded" {
-		t.Fatalf("job is %s, want succeeded", s)
-	}
-	var logURL *string
-	if err := e.pool.QueryRow(ctx(t), `SELECT log_url FROM build_jobs WHERE id = $1`, j.ID).Scan(&logURL); err != nil {
-		t.Fatal(err)
-	}
-	if logURL == nil || *logURL != lk {
-		t.Fatalf("log_url = %v, want %s", logURL, lk)
-	}
-	ni, ok := e.narInfo(t, out)
-	if !ok {
-		t.Fatal("no narinfo")
-	}
-	if !ni.Verify(e.key.Public()) {
-		t.Fatal("narinfo signature does not verify")
-	}
-	wantRefs := []string{strings.TrimPrefix(dep, "/nix/store/"), strings.TrimPrefix(out, "/nix/store/")}
-	if ni.NarHash != b.out.NarHash || ni.NarSize != b.out.NarSize || ni.FileHash != b.out.FileHash ||
-		ni.FileSize != b.out.FileSize || ni.Compression != "zstd" || ni.Deriver != b.out.Deriver ||
-		strings.Join(ni.References, " ") != strings.Join(wantRefs, " ") {
-		t.Fatalf("narinfo %+v does not describe %+v", ni, b.out)
-	}
-	// The narinfo's URL serves the uploaded file.
-	r, _, err := e.store.Get(ctx(t), ni.URL)
-	if err != nil {
-		t.Fatalf("narinfo URL %s: %v", ni.URL, err)
-	}
-	got, _ := io.ReadAll(r)
-	r.Close()
-	if !bytes.Equal(got, b.file) {
-		t.Fatal("stored NAR differs from the uploaded one")
-	}
-	if h := outputHash(t, e.pool, "hello"); h == nil || *h != b.out.NarHash {
-		t.Fatalf("derivation_outputs.nar_hash = %v, want %s", h, b.out.NarHash)
+		t.Fatalf("build-complete of dep answered %+v", resp)
 	}
 
-	// A retry finds the file in place and hands out no URL.
-	var again UploadSlotsResponse
-	if code, body := e.post(t, "/api/upload-slots", testToken, UploadSlotsRequest{Outputs: []Output{b.out}}, &again); code != http.StatusOK {
-		t.Fatalf("second upload-slots: %d %s", code, body)
+	// hello: now ready.
+	hj := e.claim(t, "builder-1", "hello")
+	hello := built(t, queuetest.OutPath("hello"), "#!/bin/sh\necho hello\n",
+		dep.path(), runtime.path(), queuetest.OutPath("hello"))
+	logBody := []byte("building hello\ndone\n")
+	slots := e.upload(t, tok, UploadSlotsRequest{Job: jobClaim(hj), Log: logUpload(logKey("hello"), logBody)}, logBody, hello)
+	if slots.Outputs[0].Skipped {
+		t.Fatal("the first upload-slots skipped the output")
 	}
+	e.mustPost(t, "/api/build-complete", tok, complete(hj, logKey("hello"), hello), &resp)
+	if resp != (BuildCompleteResponse{Written: 1}) {
+		t.Fatalf("build-complete of hello answered %+v", resp)
+	}
+
+	for _, c := range []struct {
+		name string
+		job  queue.Job
+		obj  object
+		refs []string
+		log  []byte
+	}{
+		{"dep", dj, dep, []string{runtime.path()}, []byte("dep log")},
+		{"hello", hj, hello, []string{dep.path(), runtime.path(), hello.path()}, logBody},
+	} {
+		if s := queuetest.Status(t, e.pool, c.name); s != "succeeded" {
+			t.Fatalf("%s is %s, want succeeded", c.name, s)
+		}
+		// The signer names the job's derivation as deriver: the request left it empty.
+		e.checkNarInfo(t, c.obj, c.refs, drvBase(c.name), "")
+		if got := e.logURL(t, c.job); got != logKey(c.name) {
+			t.Fatalf("%s: log_url = %q, want %s", c.name, got, logKey(c.name))
+		}
+		if got, ok := e.read(t, logKey(c.name)); !ok || !bytes.Equal(got, c.log) {
+			t.Fatalf("%s: the stored log is %q, want %q", c.name, got, c.log)
+		}
+		if h := e.outputHash(t, c.name); h == nil || *h != c.obj.out.NarHash {
+			t.Fatalf("%s: derivation_outputs.nar_hash = %v, want %s", c.name, h, c.obj.out.NarHash)
+		}
+	}
+
+	// A retry finds the file in place and hands out no URL; the job is finished, so the claim
+	// is gone.
+	var again UploadSlotsResponse
+	code, body := e.post(t, "/api/upload-slots", tok, UploadSlotsRequest{Job: jobClaim(hj), Outputs: []Output{hello.out}}, &again)
+	if code != http.StatusConflict {
+		t.Fatalf("upload-slots of a finished job: %d %s, want 409", code, body)
+	}
+	// Under a live claim (an equivalent derivation with the same output), the NAR is skipped.
+	other := fixture("hello-again", nil)
+	other.Outputs[0].Path = hello.path()
+	oj := e.enqueueAndClaim(t, "builder-1", other)
+	e.mustPost(t, "/api/upload-slots", tok, UploadSlotsRequest{Job: jobClaim(oj), Outputs: []Output{hello.with(nil, "").out}}, &again)
 	if !again.Outputs[0].Skipped || again.Outputs[0].Upload != nil {
 		t.Fatalf("second upload-slots: %+v, want skipped without URL", again.Outputs[0])
 	}
 }
 
-func TestHappyPathLocal(t *testing.T) { happyPath(t, newEnv(t, false)) }
+func TestHappyPathLocal(t *testing.T) {
+	t.Parallel()
+	happyPath(t, newEnv(t, false))
+}
 
-func TestHappyPathMinIO(t *testing.T) { happyPath(t, newEnv(t, true)) }
+func TestHappyPathMinIO(t *testing.T) {
+	t.Parallel()
+	happyPath(t, newEnv(t, true))
+}
 
 func TestNotUploadedAndStaleClaim(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, false)
-	out := storePath("late-out", "late")
-	b := buildPath(t, out, "late")
-	j := job(t, e.pool, "late", out, "builder1")
+	j := e.enqueueAndClaim(t, "builder-1", fixture("late", nil))
+	b := built(t, queuetest.OutPath("late"), "late")
+	tok := e.builder(t, "builder-1")
 
-	code, body := e.post(t, "/api/build-complete", testToken, complete(j, "", b.out), nil)
+	before := e.state(t)
+	code, body := e.post(t, "/api/build-complete", tok, complete(j, "", b), nil)
 	if code != http.StatusBadRequest || !strings.Contains(body, "outputs[0]: nar not uploaded") {
-		t.Fatalf("build-complete before upload: %d %s", code, body)
+		t.Fatalf("build-complete before the upload: %d %s", code, body)
 	}
-	// A log that was never uploaded is refused too.
-	e.uploadAll(t, nil, "", b)
-	code, body = e.post(t, "/api/build-complete", testToken, complete(j, logKey("late"), b.out), nil)
-	if code != http.StatusBadRequest || !strings.Contains(body, "log_key") {
-		t.Fatalf("build-complete with missing log: %d %s", code, body)
-	}
+	e.unchanged(t, before, "build-complete before the upload")
 
-	wrongAttempt := j
+	// A log that was never uploaded is refused too.
+	e.upload(t, tok, UploadSlotsRequest{Job: jobClaim(j)}, nil, b)
+	before = e.state(t)
+	code, body = e.post(t, "/api/build-complete", tok, complete(j, logKey("late"), b), nil)
+	if code != http.StatusBadRequest || !strings.Contains(body, "log_key") {
+		t.Fatalf("build-complete with a log never uploaded: %d %s", code, body)
+	}
+	e.unchanged(t, before, "build-complete with a log never uploaded")
+
+	queuetest.InsertNode(t, e.pool, queuetest.Node{ID: "builder-2", Systems: []string{system}})
+	wrongAttempt, otherJob := j, j
 	wrongAttempt.Attempt++
-	otherNode := j
-	otherNode.NodeID = "builder2"
-	for name, c := range map[string]queue.Job{"wrong attempt": wrongAttempt, "other node": otherNode} {
-		code, body := e.post(t, "/api/build-complete", testToken, complete(c, "", b.out), nil)
+	otherJob.ID += 1000
+	for _, c := range []struct {
+		name  string
+		token string
+		job   queue.Job
+	}{
+		{"wrong attempt", tok, wrongAttempt},
+		{"no such job", tok, otherJob},
+		{"another node's token", e.builder(t, "builder-2"), j},
+	} {
+		code, body := e.post(t, "/api/build-complete", c.token, complete(c.job, "", b), nil)
 		if code != http.StatusConflict || !strings.Contains(body, "is not in building/uploading for node") {
-			t.Fatalf("%s: %d %s", name, code, body)
+			t.Fatalf("%s: %d %s, want 409", c.name, code, body)
 		}
-	}
-	if _, ok := e.narInfo(t, out); ok {
-		t.Fatal("narinfo written by a refused build-complete")
-	}
-	if h := outputHash(t, e.pool, "late"); h != nil {
-		t.Fatalf("nar_hash recorded by a refused build-complete: %s", *h)
+		code, body = e.post(t, "/api/upload-slots", c.token, UploadSlotsRequest{Job: jobClaim(c.job), Outputs: []Output{b.out}}, nil)
+		if code != http.StatusConflict {
+			t.Fatalf("%s: upload-slots %d %s, want 409", c.name, code, body)
+		}
+		e.unchanged(t, before, c.name)
 	}
 	if got := queuetest.Job(t, e.pool, "late"); got.Status != "building" || got.Attempt != j.Attempt {
-		t.Fatalf("job changed: %s", got)
+		t.Fatalf("the job changed: %s", got)
 	}
-	// The right claim still goes through, and a repeat after success is a 409 that changes
+
+	// The right claim still goes through; a repeat after the success is a 409 that changes
 	// nothing.
-	if code, body := e.post(t, "/api/build-complete", testToken, complete(j, "", b.out), nil); code != http.StatusOK {
-		t.Fatalf("build-complete with the right claim: %d %s", code, body)
+	e.mustPost(t, "/api/build-complete", tok, complete(j, "", b), nil)
+	before = e.state(t)
+	if code, _ := e.post(t, "/api/build-complete", tok, complete(j, "", b), nil); code != http.StatusConflict {
+		t.Fatalf("a second build-complete of a succeeded job: %d, want 409", code)
 	}
-	if code, _ := e.post(t, "/api/build-complete", testToken, complete(j, "", b.out), nil); code != http.StatusConflict {
-		t.Fatalf("second build-complete of a succeeded job: %d", code)
-	}
+	e.unchanged(t, before, "a second build-complete")
 }
 
+// Two builds of the same output path (derivations that differ but agree on the output path, or
+// a non-reproducible rebuild): the first narinfo stays, the second build still succeeds, and
+// the canonical hash is the first one's.
 func TestFirstWriterWins(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, false)
-	out := storePath("shared-out", "shared")
-	first := buildPath(t, out, "first build")
-	second := buildPath(t, out, "second, different build")
-	j1 := job(t, e.pool, "one", out, "builder1")
-	j2 := job(t, e.pool, "two", out, "builder1")
+	out := fakePath("shared-out", "shared")
+	first := built(t, out, "first build")
+	second := built(t, out, "second, different build")
+	tok := e.builder(t, "builder-1")
+	jobs := map[string]queue.Job{}
+	for _, name := range []string{"one", "two", "three"} {
+		d := fixture(name, nil)
+		d.Outputs[0].Path = out
+		jobs[name] = e.enqueueAndClaim(t, "builder-1", d)
+	}
 
-	e.uploadAll(t, nil, "", first)
-	var r1 BuildCompleteResponse
-	if code, body := e.post(t, "/api/build-complete", testToken, complete(j1, "", first.out), &r1); code != http.StatusOK || r1.Written != 1 {
-		t.Fatalf("first build-complete: %d %s", code, body)
+	e.upload(t, tok, UploadSlotsRequest{Job: jobClaim(jobs["one"])}, nil, first)
+	var r BuildCompleteResponse
+	e.mustPost(t, "/api/build-complete", tok, complete(jobs["one"], "", first), &r)
+	if r != (BuildCompleteResponse{Written: 1}) {
+		t.Fatalf("first build-complete answered %+v", r)
 	}
-	e.uploadAll(t, nil, "", second)
-	var r2 BuildCompleteResponse
-	if code, body := e.post(t, "/api/build-complete", testToken, complete(j2, "", second.out), &r2); code != http.StatusOK {
-		t.Fatalf("second build-complete: %d %s", code, body)
+	narinfo, _ := e.read(t, queuetest.Hash("shared-out")+".narinfo")
+
+	e.upload(t, tok, UploadSlotsRequest{Job: jobClaim(jobs["two"])}, nil, second)
+	e.mustPost(t, "/api/build-complete", tok, complete(jobs["two"], "", second), &r)
+	if r != (BuildCompleteResponse{Conflicts: 1}) {
+		t.Fatalf("second build-complete answered %+v, want one conflict", r)
 	}
-	if r2 != (BuildCompleteResponse{Conflicts: 1}) {
-		t.Fatalf("second build-complete answered %+v, want one conflict", r2)
+	// The identical result again is skipped.
+	e.mustPost(t, "/api/build-complete", tok, complete(jobs["three"], "", first), &r)
+	if r != (BuildCompleteResponse{Skipped: 1}) {
+		t.Fatalf("third build-complete answered %+v, want one skipped", r)
 	}
-	ni, _ := e.narInfo(t, out)
-	if ni == nil || ni.NarHash != first.out.NarHash || ni.FileHash != first.out.FileHash {
-		t.Fatalf("narinfo rewritten: %+v", ni)
+
+	if now, _ := e.read(t, queuetest.Hash("shared-out")+".narinfo"); !bytes.Equal(now, narinfo) {
+		t.Fatalf("narinfo rewritten:\n%s\nwas:\n%s", now, narinfo)
 	}
-	for _, name := range []string{"one", "two"} {
-		if h := outputHash(t, e.pool, name); h == nil || *h != first.out.NarHash {
+	e.checkNarInfo(t, first, nil, drvBase("one"), "")
+	for name := range jobs {
+		if h := e.outputHash(t, name); h == nil || *h != first.out.NarHash {
 			t.Fatalf("%s: nar_hash = %v, want the first %s", name, h, first.out.NarHash)
 		}
-	}
-	if s := queuetest.Status(t, e.pool, "two"); s != "succeeded" {
-		t.Fatalf("second job is %s, want succeeded", s)
-	}
-	// The identical result again is idempotent.
-	var r3 BuildCompleteResponse
-	if code, _ := e.post(t, "/api/build-complete", testToken, BuildCompleteRequest{Outputs: []Output{first.out}}, &r3); code != http.StatusOK || r3 != (BuildCompleteResponse{Skipped: 1}) {
-		t.Fatalf("repeat: %d %+v", code, r3)
-	}
-}
-
-func TestEvaluatorBatch(t *testing.T) {
-	e := newEnv(t, false)
-	var bs []built
-	var outs []Output
-	for i, name := range []string{"a.drv", "b.drv", "c.drv"} {
-		p := storePath("drv-"+name, name)
-		var refs []string
-		if i > 0 {
-			refs = []string{bs[i-1].out.StorePath} // full path, normalised to a basename
-		}
-		b := buildPath(t, p, "Derive("+name+")", refs...)
-		bs = append(bs, b)
-		outs = append(outs, b.out)
-	}
-	e.uploadAll(t, nil, "", bs...)
-	var resp BuildCompleteResponse
-	if code, body := e.post(t, "/api/build-complete", testToken, BuildCompleteRequest{Outputs: outs}, &resp); code != http.StatusOK {
-		t.Fatalf("build-complete: %d %s", code, body)
-	}
-	if resp != (BuildCompleteResponse{Written: 3}) {
-		t.Fatalf("answered %+v", resp)
-	}
-	for i, b := range bs {
-		ni, ok := e.narInfo(t, b.out.StorePath)
-		if !ok || !ni.Verify(e.key.Public()) {
-			t.Fatalf("%s: narinfo missing or unsigned", b.out.StorePath)
-		}
-		if i > 0 && (len(ni.References) != 1 || ni.References[0] != strings.TrimPrefix(bs[i-1].out.StorePath, "/nix/store/")) {
-			t.Fatalf("%s: references %v", b.out.StorePath, ni.References)
-		}
-	}
-	if code, _ := e.post(t, "/api/build-complete", testToken, BuildCompleteRequest{Outputs: outs}, &resp); code != http.StatusOK || resp != (BuildCompleteResponse{Skipped: 3}) {
-		t.Fatalf("repeat: %d %+v", code, resp)
-	}
-	var slots UploadSlotsResponse
-	if code, _ := e.post(t, "/api/upload-slots", testToken, UploadSlotsRequest{Outputs: outs}, &slots); code != http.StatusOK {
-		t.Fatal(code)
-	}
-	for _, s := range slots.Outputs {
-		if !s.Skipped {
-			t.Fatalf("%s not skipped after upload", s.StorePath)
+		if s := queuetest.Status(t, e.pool, name); s != "succeeded" {
+			t.Fatalf("%s is %s, want succeeded", name, s)
 		}
 	}
 }
 
+// Malformed requests are refused with 400 naming the field, before anything is written.
 func TestValidation(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, false)
-	good := buildPath(t, storePath("v", "v"), "v").out
+	j := e.enqueueAndClaim(t, "builder-1", fixture("v", nil))
+	ev := e.evaluation(t, "eval-1")
+	tok := e.token(t, "builder-1", config.RoleBuilder)
+	etok := e.token(t, "eval-1", config.RoleEvaluator)
+	good := built(t, queuetest.OutPath("v"), "v").out
 	mod := func(f func(o *Output)) Output { o := good; f(&o); return o }
-	cases := []struct {
-		name string
-		path string
-		body any
-		want string
-	}{
-		{"empty", "/api/upload-slots", UploadSlotsRequest{}, "outputs:"},
-		{"store path", "/api/upload-slots", UploadSlotsRequest{Outputs: []Output{good, mod(func(o *Output) { o.StorePath = "/tmp/x" })}}, "outputs[1].store_path"},
-		{"nar hash", "/api/upload-slots", UploadSlotsRequest{Outputs: []Output{mod(func(o *Output) { o.NarHash = "sha256:abc" })}}, "outputs[0].nar_hash"},
-		{"file hash", "/api/upload-slots", UploadSlotsRequest{Outputs: []Output{mod(func(o *Output) { o.FileHash = "md5:x" })}}, "outputs[0].file_hash"},
-		{"nar size", "/api/upload-slots", UploadSlotsRequest{Outputs: []Output{mod(func(o *Output) { o.NarSize = 0 })}}, "outputs[0].nar_size"},
-		{"file size", "/api/upload-slots", UploadSlotsRequest{Outputs: []Output{mod(func(o *Output) { o.FileSize = -1 })}}, "outputs[0].file_size"},
-		{"reference", "/api/build-complete", BuildCompleteRequest{Outputs: []Output{mod(func(o *Output) { o.References = []string{"nope"} })}}, "outputs[0].references[0]"},
-		{"deriver", "/api/build-complete", BuildCompleteRequest{Outputs: []Output{mod(func(o *Output) { o.Deriver = "../x" })}}, "outputs[0].deriver"},
-		{"log prefix", "/api/upload-slots", UploadSlotsRequest{Outputs: []Output{good}, Log: &LogUpload{Key: "nar/x", Size: 1, SHA256: strings.Repeat("0", 64)}}, "log.key"},
-		{"log traversal", "/api/upload-slots", UploadSlotsRequest{Outputs: []Output{good}, Log: &LogUpload{Key: "log/../a.narinfo", Size: 1, SHA256: strings.Repeat("0", 64)}}, "log.key"},
-		{"log sha", "/api/upload-slots", UploadSlotsRequest{Outputs: []Output{good}, Log: &LogUpload{Key: logKey("v"), Size: 1, SHA256: "zz"}}, "log.sha256"},
-		{"not json", "/api/upload-slots", "just a string", "invalid JSON"},
+	slots := func(outs ...Output) UploadSlotsRequest { return UploadSlotsRequest{Job: jobClaim(j), Outputs: outs} }
+	withLog := func(l LogUpload) UploadSlotsRequest { r := slots(good); r.Log = &l; return r }
+	bc := func(outs ...Output) BuildCompleteRequest {
+		return BuildCompleteRequest{Job: *jobClaim(j), Outputs: outs}
 	}
-	for _, c := range cases {
-		code, body := e.post(t, c.path, testToken, c.body, nil)
-		if code != http.StatusBadRequest || !strings.Contains(body, c.want) {
-			t.Errorf("%s: %d %s, want 400 naming %s", c.name, code, body, c.want)
-		}
+	zeros := strings.Repeat("0", 64)
+	for _, c := range []struct {
+		name  string
+		path  string
+		token string
+		body  any
+		want  string
+	}{
+		{"neither claim", "/api/upload-slots", tok, UploadSlotsRequest{Outputs: []Output{good}}, "exactly one of job and eval"},
+		{"both claims", "/api/upload-slots", e.token(t, "builder-1", config.RoleBuilder, config.RoleEvaluator),
+			UploadSlotsRequest{Job: jobClaim(j), Eval: &ev, Outputs: []Output{good}}, "exactly one of job and eval"},
+		{"nothing", "/api/upload-slots", tok, slots(), "outputs: nothing to upload"},
+		{"eval nothing", "/api/upload-slots", etok, UploadSlotsRequest{Eval: &ev}, "outputs: nothing to upload"},
+		{"eval log", "/api/upload-slots", etok, UploadSlotsRequest{Eval: &ev, Outputs: []Output{good}, Log: logUpload(logKey("v"), nil)}, "log: only a build"},
+		{"store path", "/api/upload-slots", tok, slots(good, mod(func(o *Output) { o.StorePath = "/tmp/x" })), "outputs[1].store_path"},
+		{"twice", "/api/upload-slots", tok, slots(good, good), "outputs[1]: " + good.StorePath + " is listed twice"},
+		{"nar hash", "/api/upload-slots", tok, slots(mod(func(o *Output) { o.NarHash = "sha256:abc" })), "outputs[0].nar_hash"},
+		{"file hash", "/api/upload-slots", tok, slots(mod(func(o *Output) { o.FileHash = "md5:x" })), "outputs[0].file_hash"},
+		{"nar size", "/api/upload-slots", tok, slots(mod(func(o *Output) { o.NarSize = 0 })), "outputs[0].nar_size"},
+		{"file size", "/api/upload-slots", tok, slots(mod(func(o *Output) { o.FileSize = -1 })), "outputs[0].file_size"},
+		{"reference", "/api/build-complete", tok, bc(mod(func(o *Output) { o.References = []string{"nope"} })), "outputs[0].references[0]"},
+		{"deriver", "/api/build-complete", tok, bc(mod(func(o *Output) { o.Deriver = "../x" })), "outputs[0].deriver"},
+		{"no outputs", "/api/build-complete", tok, bc(), "outputs: at least one output"},
+		{"log prefix", "/api/upload-slots", tok, withLog(LogUpload{Key: "nar/x", Size: 1, SHA256: zeros}), "log.key"},
+		{"log traversal", "/api/upload-slots", tok, withLog(LogUpload{Key: "log/../" + queuetest.Hash("v") + ".narinfo", Size: 1, SHA256: zeros}), "log.key"},
+		{"log sha", "/api/upload-slots", tok, withLog(LogUpload{Key: logKey("v"), Size: 1, SHA256: "zz"}), "log.sha256"},
+		{"log size", "/api/upload-slots", tok, withLog(LogUpload{Key: logKey("v"), Size: -1, SHA256: zeros}), "log.size"},
+		{"log key of build-complete", "/api/build-complete", tok, BuildCompleteRequest{Job: *jobClaim(j), Outputs: []Output{good}, LogKey: "nar/x"}, "log_key"},
+		{"not json", "/api/upload-slots", tok, []byte("just a string"), "invalid JSON"},
+		{"publish nothing", "/api/publish", etok, PublishRequest{Eval: ev}, "nothing to publish"},
+		{"publish drv name", "/api/publish", etok, PublishRequest{Eval: ev, Derivations: []DerivationText{{StorePath: fakePath("x", "x"), Text: "Derive()"}}}, "derivations[0]"},
+		{"publish drv text", "/api/publish", etok, PublishRequest{Eval: ev, Derivations: []DerivationText{{StorePath: fakePath("x", "x.drv"), Text: "not ATerm"}}}, "derivations[0]"},
+		{"lookup path", "/api/cache-lookup", tok, CacheLookupRequest{StorePaths: []string{"/nix/store/short"}}, "store_paths[0]"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			before := e.state(t)
+			code, body := e.post(t, c.path, c.token, c.body, nil)
+			if code != http.StatusBadRequest || !strings.Contains(body, c.want) {
+				t.Fatalf("%d %s, want 400 naming %q", code, body, c.want)
+			}
+			e.unchanged(t, before, c.name)
+		})
 	}
 	// An oversized body is refused with 413.
-	huge := UploadSlotsRequest{Outputs: []Output{mod(func(o *Output) { o.Deriver = strings.Repeat("x", MaxRequestBody) })}}
-	if code, _ := e.post(t, "/api/upload-slots", testToken, huge, nil); code != http.StatusRequestEntityTooLarge {
+	huge := slots(mod(func(o *Output) { o.Deriver = strings.Repeat("x", MaxRequestBody) }))
+	if code, _ := e.post(t, "/api/upload-slots", tok, huge, nil); code != http.StatusRequestEntityTooLarge {
 		t.Errorf("oversized body: %d, want 413", code)
 	}
-	if n := countObjects(t, e.store); n != 0 {
-		t.Fatalf("store has %d objects after invalid requests", n)
+	if n := len(e.state(t).objects); n != 0 {
+		t.Fatalf("the store has %d objects after invalid requests", n)
 	}
 }
 
 // A failed build uploads its log alone: upload-slots with a log and no outputs hands out the
 // log's URL, and the upload lands under the key.
 func TestLogOnlySlots(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, false)
+	j := e.enqueueAndClaim(t, "builder-1", fixture("failed", nil))
 	body := []byte("error: build failed\n")
-	sum := sha256.Sum256(body)
-	key := logKey("failed")
-	var resp UploadSlotsResponse
-	code, raw := e.post(t, "/api/upload-slots", testToken,
-		UploadSlotsRequest{Log: &LogUpload{Key: key, Size: int64(len(body)), SHA256: hex.EncodeToString(sum[:])}}, &resp)
-	if code != http.StatusOK || resp.Log == nil || len(resp.Outputs) != 0 {
-		t.Fatalf("log-only upload-slots: %d %s", code, raw)
+	resp := e.upload(t, e.builder(t, "builder-1"), UploadSlotsRequest{Job: jobClaim(j), Log: logUpload(logKey("failed"), body)}, body)
+	if resp.Log == nil || len(resp.Outputs) != 0 {
+		t.Fatalf("log-only upload-slots answered %+v", resp)
 	}
-	put(t, resp.Log, body)
-	if _, err := e.store.Head(context.Background(), key); err != nil {
-		t.Fatalf("log not in the store after its upload: %v", err)
+	if got, ok := e.read(t, logKey("failed")); !ok || !bytes.Equal(got, body) {
+		t.Fatalf("the log is %q in the store, want %q", got, body)
 	}
+	// Uploading a log writes no narinfo and finishes nothing: the worker records the failure.
+	if s := queuetest.Status(t, e.pool, "failed"); s != "building" {
+		t.Fatalf("the job is %s, want building", s)
+	}
+}
+
+// A build completes with all of its derivation's outputs or not at all: dependents substitute
+// every output they select.
+func TestAllOutputs(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, false)
+	d := fixture("multi", nil)
+	d.Outputs = append(d.Outputs, queue.Output{Name: "dev", Path: fakePath("multi!dev", "multi-dev")})
+	j := e.enqueueAndClaim(t, "builder-1", d)
+	tok := e.builder(t, "builder-1")
+	out := built(t, d.Outputs[0].Path, "out")
+	dev := built(t, d.Outputs[1].Path, "dev", out.path())
+	e.upload(t, tok, UploadSlotsRequest{Job: jobClaim(j)}, nil, out, dev)
+
+	for _, c := range []struct {
+		name string
+		outs []object
+		want string
+	}{
+		{"out only", []object{out}, "outputs: " + dev.path() + ", an output of " + d.DrvPath + ", is missing"},
+		{"dev only", []object{dev}, "outputs: " + out.path() + ", an output of " + d.DrvPath + ", is missing"},
+		{"out twice", []object{out, out}, "is listed twice"},
+		{"none", nil, "at least one output"},
+	} {
+		before := e.state(t)
+		code, body := e.post(t, "/api/build-complete", tok, complete(j, "", c.outs...), nil)
+		if code != http.StatusBadRequest || !strings.Contains(body, c.want) {
+			t.Fatalf("%s: %d %s, want 400 naming %q", c.name, code, body, c.want)
+		}
+		e.unchanged(t, before, c.name)
+	}
+	var resp BuildCompleteResponse
+	e.mustPost(t, "/api/build-complete", tok, complete(j, "", dev, out), &resp)
+	if resp != (BuildCompleteResponse{Written: 2}) {
+		t.Fatalf("build-complete answered %+v", resp)
+	}
+	// dev refers to out, an output of the same build.
+	e.checkNarInfo(t, dev, []string{out.path()}, drvBase("multi"), "")
+	e.checkNarInfo(t, out, nil, drvBase("multi"), "")
 }

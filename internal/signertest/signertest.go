@@ -4,9 +4,15 @@
 package signertest
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
+	"errors"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -14,20 +20,25 @@ import (
 
 	"github.com/harmonia-ci/harmonia-ci/internal/blob"
 	"github.com/harmonia-ci/harmonia-ci/internal/cache"
+	"github.com/harmonia-ci/harmonia-ci/internal/config"
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
+	"github.com/harmonia-ci/harmonia-ci/internal/nodetoken"
 	"github.com/harmonia-ci/harmonia-ci/internal/queuetest"
 	"github.com/harmonia-ci/harmonia-ci/internal/signer"
 )
 
-// Token is the cluster token of every Cluster.
-const Token = "signertest-cluster-token"
+// Secret is the cluster secret of every Cluster.
+const Secret = "signertest-cluster-secret"
 
 // Cluster is a signer and cache serving one local blob store.
 type Cluster struct {
 	URL    string // the signer's and cache's base URL
 	Key    nix.SecretKey
 	Store  *blob.Local
-	Client *signer.Client // discovers the signer through the nodes table
+	Tokens *nodetoken.Key // issues node tokens under Secret
+
+	pool   *pgxpool.Pool
+	logger *slog.Logger
 }
 
 // PublicKey is the key Nix clients trust, "name:base64".
@@ -52,6 +63,10 @@ func Start(t testing.TB, pool *pgxpool.Pool, o Options) *Cluster {
 	if err != nil {
 		t.Fatal(err)
 	}
+	tokens, err := nodetoken.NewKey(Secret)
+	if err != nil {
+		t.Fatal(err)
+	}
 	logger := queuetest.TestLogger(t)
 	mux := http.NewServeMux()
 	ts := httptest.NewServer(mux)
@@ -59,7 +74,7 @@ func Start(t testing.TB, pool *pgxpool.Pool, o Options) *Cluster {
 	uploadBase := ts.URL
 	var store *blob.Local
 	var uploads http.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		store.UploadHandler().ServeHTTP(w, r)
+		store.UploadHandler(logger).ServeHTTP(w, r)
 	})
 	if o.Uploads != nil {
 		us := httptest.NewServer(o.Uploads(uploads))
@@ -68,11 +83,11 @@ func Start(t testing.TB, pool *pgxpool.Pool, o Options) *Cluster {
 	} else {
 		mux.Handle("PUT /api/blob/{key...}", uploads)
 	}
-	if store, err = blob.NewLocal(t.TempDir(), uploadBase, []byte("0123456789abcdef0123456789abcdef")); err != nil {
+	if store, err = blob.NewLocal(t.TempDir(), uploadBase, nodetoken.Derive(Secret, "blob upload")); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = store.Close() })
-	srv, err := signer.New(signer.Config{Store: store, Key: key, ClusterToken: Token, Logger: logger}, pool)
+	srv, err := signer.New(signer.Config{Store: store, Key: key, Tokens: tokens, Logger: logger}, pool)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,7 +99,72 @@ func Start(t testing.TB, pool *pgxpool.Pool, o Options) *Cluster {
 
 	queuetest.InsertNode(t, pool, queuetest.Node{ID: "signer-1", Roles: []string{"signer", "cache"}})
 	queuetest.Exec(t, pool, `UPDATE nodes SET endpoint = $1 WHERE id = 'signer-1'`, ts.URL)
-	client := signer.NewClient(signer.ClientConfig{Token: Token, GiveUpAfter: 20 * time.Second,
-		MinBackoff: 50 * time.Millisecond, MaxBackoff: time.Second}, pool, logger)
-	return &Cluster{URL: ts.URL, Key: key, Store: store, Client: client}
+	return &Cluster{URL: ts.URL, Key: key, Store: store, Tokens: tokens, pool: pool, logger: logger}
+}
+
+// Token returns node id's token in roles (default: builder and evaluator).
+func (c *Cluster) Token(t testing.TB, id string, roles ...string) string {
+	t.Helper()
+	if len(roles) == 0 {
+		roles = []string{config.RoleBuilder, config.RoleEvaluator}
+	}
+	tok, err := c.Tokens.Issue(nodetoken.Identity{NodeID: id, Roles: roles})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tok
+}
+
+// Client returns a signer client that authenticates as node id in roles (default: builder and
+// evaluator), with short backoffs.
+func (c *Cluster) Client(t testing.TB, id string, roles ...string) *signer.Client {
+	t.Helper()
+	return signer.NewClient(signer.ClientConfig{Token: c.Token(t, id, roles...), GiveUpAfter: 20 * time.Second,
+		MinBackoff: 50 * time.Millisecond, MaxBackoff: time.Second}, c.pool, c.logger)
+}
+
+// SeedPath is a store path to put in the cache directly.
+type SeedPath struct {
+	StorePath  string
+	References []string // full store paths
+	Deriver    string   // full store path or ""
+}
+
+// Seed puts paths of the store at storeRoot ("" for the system store) into the cache directly,
+// NAR and signed narinfo, bypassing the signer's API: what an evaluator and earlier builds
+// published before the test's own steps.
+func (c *Cluster) Seed(t testing.TB, storeRoot string, paths ...SeedPath) {
+	t.Helper()
+	ctx := context.Background()
+	for _, p := range paths {
+		var nar bytes.Buffer
+		sz, err := nix.CompressNAR(ctx, filepath.Join(storeRoot, p.StorePath), &nar)
+		if err != nil {
+			t.Fatal(err)
+		}
+		refs := make([]string, len(p.References))
+		for i, r := range p.References {
+			refs[i] = strings.TrimPrefix(r, nix.StoreDir+"/")
+		}
+		ni := nix.NewNarInfo(p.StorePath, sz, refs)
+		ni.Deriver = strings.TrimPrefix(p.Deriver, nix.StoreDir+"/")
+		put := func(key string, data []byte) {
+			sum := sha256.Sum256(data)
+			err := c.Store.Put(ctx, key, bytes.NewReader(data), int64(len(data)),
+				blob.PutOptions{SHA256: sum[:], IfAbsent: true})
+			if err != nil && !errors.Is(err, blob.ErrExists) {
+				t.Fatalf("seed %s: %v", key, err)
+			}
+		}
+		put(ni.URL, nar.Bytes())
+		if err := ni.Sign(c.Key); err != nil {
+			t.Fatal(err)
+		}
+		text, err := ni.MarshalText()
+		if err != nil {
+			t.Fatal(err)
+		}
+		sp, _ := nix.ParseStorePath(p.StorePath)
+		put(sp.Hash+".narinfo", text)
+	}
 }

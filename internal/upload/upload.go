@@ -80,12 +80,8 @@ func (p *prepared) open() (io.ReadCloser, error) {
 	return io.NopCloser(bytes.NewReader(p.body)), nil
 }
 
-// Request carries the build-complete fields besides the outputs: a job claim and log key for
-// a build, nothing for a .drv closure.
-type Request = signer.BuildCompleteRequest
-
-// Response totals the build-complete answers.
-type Response = signer.BuildCompleteResponse
+// Response totals the signer's answers.
+type Response = signer.PublishResponse
 
 // Log is a build log to upload with a build's outputs; it is stored zstd-compressed under Key
 // (log/<drv basename>, where the cache's /log/<drv> finds it).
@@ -101,34 +97,131 @@ type preparedLog struct {
 	done bool
 }
 
-// Publish uploads paths and completes with done (whose Outputs it fills). A failed or expired
-// upload is retried with fresh slots; what already landed is skipped by the signer. It returns
-// the build-complete answers' totals.
-func (p *Publisher) Publish(ctx context.Context, paths []Path, done Request) (Response, error) {
-	return p.PublishWithLog(ctx, paths, nil, done)
+// PublishBuild publishes a build's outputs and its log (if any) under the job's claim: the NARs
+// and the log are uploaded, then build-complete signs the outputs and records the success with
+// the log. A failed or expired upload is retried with fresh slots; what already landed is
+// skipped by the signer.
+func (p *Publisher) PublishBuild(ctx context.Context, job signer.JobClaim, paths []Path, log *Log) (Response, error) {
+	start := time.Now()
+	prep, cleanup, err := p.prepareAll(ctx, paths)
+	if err != nil {
+		return Response{}, err
+	}
+	defer cleanup()
+	var pl *preparedLog
+	req := signer.BuildCompleteRequest{Job: job, Outputs: make([]signer.Output, len(prep))}
+	if log != nil {
+		pl = &preparedLog{key: log.Key, body: encoder().EncodeAll(log.Data, nil)}
+		req.LogKey = log.Key
+	}
+	if err := p.uploadAll(ctx, slotClaim{job: &job}, prep, pl); err != nil {
+		return Response{}, err
+	}
+	p.observe("upload", start)
+	signStart := time.Now()
+	for i, pr := range prep {
+		req.Outputs[i] = pr.out
+	}
+	resp, err := p.Signer.BuildComplete(ctx, req)
+	if err != nil {
+		return resp, fmt.Errorf("publish: build-complete: %w", err)
+	}
+	p.observe("sign", signStart)
+	return resp, nil
 }
 
-// PublishWithLog is Publish for a build: the log, if any, is uploaded with the outputs and named
-// in build-complete (done.LogKey), so the job's log_url is set when it succeeds.
-func (p *Publisher) PublishWithLog(ctx context.Context, paths []Path, log *Log, done Request) (Response, error) {
+// UploadLog uploads a failed build's log alone (a successful build's log goes with its
+// outputs, see PublishBuild). The caller records log.Key with the failure.
+func (p *Publisher) UploadLog(ctx context.Context, job signer.JobClaim, log Log) error {
+	pl := &preparedLog{key: log.Key, body: encoder().EncodeAll(log.Data, nil)}
+	if err := p.uploadAll(ctx, slotClaim{job: &job}, nil, pl); err != nil {
+		return fmt.Errorf("upload log %s: %w", log.Key, err)
+	}
+	return nil
+}
+
+// maxPublishText bounds the .drv text of one publish request, well under the signer's body limit.
+const maxPublishText = 4 << 20
+
+// PublishEval publishes an evaluation's .drv files and sources under its claim. drvs must come
+// inputs first (each after the .drv files it refers to), so that every request refers only to
+// what it publishes or what was published before; sources are uploaded and published first.
+func (p *Publisher) PublishEval(ctx context.Context, eval signer.EvalClaim, drvs []string, sources []Path) (Response, error) {
 	var total Response
-	start0 := time.Now()
-	parallel, batch := p.Parallel, p.Batch
-	if parallel <= 0 {
-		parallel = 16
+	add := func(r Response) {
+		total.Written += r.Written
+		total.Skipped += r.Skipped
+		total.Conflicts += r.Conflicts
 	}
-	if batch <= 0 {
-		batch = 500
+	req := signer.PublishRequest{Eval: eval}
+	if len(sources) > 0 {
+		prep, cleanup, err := p.prepareAll(ctx, sources)
+		if err != nil {
+			return total, err
+		}
+		defer cleanup()
+		if err := p.uploadAll(ctx, slotClaim{eval: &eval}, prep, nil); err != nil {
+			return total, err
+		}
+		for _, pr := range prep {
+			req.Sources = append(req.Sources, pr.out)
+		}
 	}
+	size := 0
+	flush := func() error {
+		if len(req.Sources)+len(req.Derivations) == 0 {
+			return nil
+		}
+		resp, err := p.Signer.Publish(ctx, req)
+		if err != nil {
+			return fmt.Errorf("publish: %w", err)
+		}
+		add(resp)
+		req = signer.PublishRequest{Eval: eval}
+		size = 0
+		return nil
+	}
+	for _, d := range drvs {
+		text, err := os.ReadFile(filepath.Join(p.root(), d))
+		if err != nil {
+			return total, fmt.Errorf("publish %s: %w", d, err)
+		}
+		if len(req.Derivations) >= p.batch() || (size+len(text) > maxPublishText && len(req.Derivations) > 0) {
+			if err := flush(); err != nil {
+				return total, err
+			}
+		}
+		req.Derivations = append(req.Derivations, signer.DerivationText{StorePath: d, Text: string(text)})
+		size += len(text)
+	}
+	return total, flush()
+}
+
+func (p *Publisher) batch() int {
+	if p.Batch <= 0 {
+		return 500
+	}
+	return p.Batch
+}
+
+func (p *Publisher) parallel() int {
+	if p.Parallel <= 0 {
+		return 16
+	}
+	return p.Parallel
+}
+
+// prepareAll serialises, hashes and compresses paths; cleanup removes the temporary files of
+// large ones.
+func (p *Publisher) prepareAll(ctx context.Context, paths []Path) ([]*prepared, func(), error) {
 	tmp, err := os.MkdirTemp("", "harmonia-upload-")
 	if err != nil {
-		return total, fmt.Errorf("publish: %w", err)
+		return nil, nil, fmt.Errorf("publish: %w", err)
 	}
-	defer os.RemoveAll(tmp)
-
+	cleanup := func() { os.RemoveAll(tmp) }
 	prep := make([]*prepared, len(paths))
 	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(parallel)
+	g.SetLimit(p.parallel())
 	for i, path := range paths {
 		g.Go(func() error {
 			pr, err := p.prepare(gctx, path, tmp, i)
@@ -137,51 +230,10 @@ func (p *Publisher) PublishWithLog(ctx context.Context, paths []Path, log *Log, 
 		})
 	}
 	if err := g.Wait(); err != nil {
-		return total, err
+		cleanup()
+		return nil, nil, err
 	}
-	var pl *preparedLog
-	if log != nil {
-		pl = &preparedLog{key: log.Key, body: encoder().EncodeAll(log.Data, nil)}
-		done.LogKey = log.Key
-	}
-	// Outputs of one build must complete together; a .drv closure may complete in batches.
-	chunk := batch
-	if done.JobID != nil {
-		chunk = len(prep)
-	}
-	for start := 0; start < len(prep); start += chunk {
-		part := prep[start:min(start+chunk, len(prep))]
-		if err := p.uploadAll(ctx, part, pl, parallel); err != nil {
-			return total, err
-		}
-		p.observe("upload", start0)
-		signStart := time.Now()
-		req := done
-		req.Outputs = make([]signer.Output, len(part))
-		for i, pr := range part {
-			req.Outputs[i] = pr.out
-		}
-		resp, err := p.Signer.BuildComplete(ctx, req)
-		if err != nil {
-			return total, fmt.Errorf("publish: build-complete: %w", err)
-		}
-		p.observe("sign", signStart)
-		start0 = time.Now()
-		total.Written += resp.Written
-		total.Skipped += resp.Skipped
-		total.Conflicts += resp.Conflicts
-	}
-	return total, nil
-}
-
-// UploadLog uploads a failed build's log alone (a successful build's log goes with its
-// outputs, see PublishWithLog). The caller records log.Key with the failure.
-func (p *Publisher) UploadLog(ctx context.Context, log Log) error {
-	pl := &preparedLog{key: log.Key, body: encoder().EncodeAll(log.Data, nil)}
-	if err := p.uploadAll(ctx, nil, pl, 1); err != nil {
-		return fmt.Errorf("upload log %s: %w", log.Key, err)
-	}
-	return nil
+	return prep, cleanup, nil
 }
 
 func (p *Publisher) observe(step string, since time.Time) {
@@ -260,9 +312,16 @@ func (l *limitedWriter) Write(b []byte) (int, error) {
 	return l.w.Write(b)
 }
 
+// slotClaim is the claim upload slots are asked under: a build's job or an evaluation.
+type slotClaim struct {
+	job  *signer.JobClaim
+	eval *signer.EvalClaim
+}
+
 // uploadAll gets slots for part and PUTs what the store lacks, retrying failed uploads with
 // fresh slots (a URL may expire, a PUT may fail) up to three times.
-func (p *Publisher) uploadAll(ctx context.Context, part []*prepared, log *preparedLog, parallel int) error {
+func (p *Publisher) uploadAll(ctx context.Context, claim slotClaim, part []*prepared, log *preparedLog) error {
+	parallel := p.parallel()
 	todo := part
 	var lastErr error
 	for round := 0; round < 3 && (len(todo) > 0 || (log != nil && !log.done)); round++ {
@@ -273,7 +332,7 @@ func (p *Publisher) uploadAll(ctx context.Context, part []*prepared, log *prepar
 			case <-time.After(time.Duration(round) * time.Second):
 			}
 		}
-		req := signer.UploadSlotsRequest{Outputs: make([]signer.Output, len(todo))}
+		req := signer.UploadSlotsRequest{Job: claim.job, Eval: claim.eval, Outputs: make([]signer.Output, len(todo))}
 		for i, pr := range todo {
 			req.Outputs[i] = pr.out
 		}
@@ -342,14 +401,16 @@ func (p *Publisher) put(ctx context.Context, u *signer.Upload, pr *prepared) err
 		return err
 	}
 	defer body.Close()
-	return p.send(ctx, u, pr.out.StorePath, body, pr.out.FileSize)
+	return p.send(ctx, u, pr.out.StorePath, body, pr.out.FileSize, true)
 }
 
 func (p *Publisher) putBody(ctx context.Context, u *signer.Upload, what string, body []byte) error {
-	return p.send(ctx, u, what, bytes.NewReader(body), int64(len(body)))
+	return p.send(ctx, u, what, bytes.NewReader(body), int64(len(body)), false)
 }
 
-func (p *Publisher) send(ctx context.Context, u *signer.Upload, what string, body io.Reader, size int64) error {
+// send PUTs body to u. A NAR upload that S3 refuses with 412 found the NAR there already (its
+// key is its content's hash), which is what the upload was for.
+func (p *Publisher) send(ctx context.Context, u *signer.Upload, what string, body io.Reader, size int64, nar bool) error {
 	req, err := http.NewRequestWithContext(ctx, u.Method, u.URL, body)
 	if err != nil {
 		return fmt.Errorf("put %s: %w", what, err)
@@ -373,6 +434,9 @@ func (p *Publisher) send(ctx context.Context, u *signer.Upload, what string, bod
 	}
 	defer resp.Body.Close()
 	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	if nar && resp.StatusCode == http.StatusPreconditionFailed {
+		return nil
+	}
 	if resp.StatusCode/100 != 2 {
 		return fmt.Errorf("put %s: %s: %s", what, resp.Status, strings.TrimSpace(string(msg)))
 	}

@@ -19,45 +19,64 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/notify"
 )
 
-// All SQL of the live build log endpoint (seed 001 "Build Log Streaming").
-const (
-	// $1 job id. One statement, so status and tail come from one snapshot: the builder records
-	// the final status before it deletes the tail, so a finished status is never seen with a
-	// tail older than the last one written.
-	buildLogStateSQL = `
+// buildLogStateSQL reads a build and its live tail; $1 is the job id. One statement, so status
+// and tail come from one snapshot: the builder records the final status before it deletes the
+// tail, so a finished status is never seen with a tail older than the last one written.
+const buildLogStateSQL = `
 SELECT j.status, j.log_url, j.error_message, t.log_tail, t.log_seq
 FROM build_jobs j
 LEFT JOIN build_log_tails t ON t.build_job_id = j.id
 WHERE j.id = $1`
-)
 
 // buildLogChannel is the NOTIFY channel of build_log_tails; the payload is the job id.
 const buildLogChannel = "build_log"
 
 const (
-	// defaultLogRecheck re-reads a stream's build even without a notification, so a lost one
-	// (NOTIFY is at most once) delays the stream but never wedges it.
+	// DefaultMaxLogStreams is Config.MaxLogStreams's default.
+	DefaultMaxLogStreams = 1000
+	// logStreamsRetryAfter is the Retry-After of a stream refused for the cap, in seconds.
+	logStreamsRetryAfter = "10"
+	// defaultLogRecheck re-reads every watched build even without a notification, so a lost one
+	// (NOTIFY is at most once) delays a stream but never wedges it.
 	defaultLogRecheck = 15 * time.Second
 	// defaultLogKeepAlive: an idle stream sends a comment this often, so proxies and load
 	// balancers do not time it out.
 	defaultLogKeepAlive = 15 * time.Second
-	// logQueryTimeout bounds one read of a stream's build (pool acquire included).
+	// logQueryTimeout bounds one read of a build (pool acquire included).
 	logQueryTimeout = 5 * time.Second
 	// logWriteTimeout bounds one write to a stream: a client that stops reading is dropped
 	// instead of holding the handler forever.
 	logWriteTimeout = 30 * time.Second
 )
 
+var (
+	errHubStopped     = errors.New("live log hub stopped")
+	errTooManyStreams = errors.New("too many live log streams")
+)
+
 // logHub fans the process's single build_log subscription out to the live log streams, by job
 // id. It subscribes while at least one stream is open and unsubscribes when the last one ends,
 // so a node nobody watches logs through does not receive every build's notifications.
+//
+// A change is read once per job, not once per stream: a notification, the subscription's
+// catch-up (Resync) or the fallback recheck asks for a read of the job, and its result goes to
+// every stream of that job. A request that comes while the job's read runs is served by one more
+// read after it, so N streams and M notifications during one read still cost two reads.
 type logHub struct {
 	notifier *notify.Notifier
 	logger   *slog.Logger
-	// recheck and keepAlive are the streams' fallback re-read and keep-alive periods (tests
+	// readFunc reads one build; Server.readBuildLog.
+	readFunc func(ctx context.Context, id int64) (buildLogState, error)
+	// max caps the streams open at once; <= 0: no cap.
+	max int
+	// recheck and keepAlive are the fallback re-read and the streams' keep-alive periods (tests
 	// shorten them before Start).
 	recheck, keepAlive time.Duration
 
+	// ctx bounds the reads; cancelled when the hub stops.
+	ctx    context.Context
+	cancel context.CancelFunc
+	reads  sync.WaitGroup
 	// changed (1-buffered) wakes the loop when the number of streams crossed zero.
 	changed chan struct{}
 	// quit is closed when the hub stops: streams end, new ones are refused.
@@ -65,55 +84,84 @@ type logHub struct {
 
 	mu      sync.Mutex
 	stopped bool
-	streams map[int64]map[chan struct{}]struct{} // job id → the streams' wake-up channels
-	count   int
-	subs    int // subscriptions taken so far (tests)
-	resyncs int // Resync signals handled so far (tests)
+	jobs    map[int64]*jobStreams
+	count   int    // streams open
+	gen     uint64 // reads started so far
 }
 
-func newLogHub(n *notify.Notifier, logger *slog.Logger) *logHub {
+// jobStreams is the streams of one job and the state of its read.
+type jobStreams struct {
+	streams map[*logStream]struct{}
+	reading bool // a read runs
+	again   bool // another read is wanted once it ends
+}
+
+// logStream is one open stream's registration.
+type logStream struct {
+	id int64
+	// since is the hub's gen at registration: a read started before says nothing about changes
+	// the stream's client has not seen, so it is not delivered to it.
+	since uint64
+	// c (1-buffered) holds the newest read not yet taken; an older one is replaced.
+	c chan logRead
+}
+
+// logRead is the result of one read of a build.
+type logRead struct {
+	st  buildLogState
+	err error
+}
+
+func newLogHub(n *notify.Notifier, readFunc func(context.Context, int64) (buildLogState, error), maxStreams int, logger *slog.Logger) *logHub {
+	ctx, cancel := context.WithCancel(context.Background())
 	return &logHub{
-		notifier: n, logger: logger,
+		notifier: n, logger: logger, readFunc: readFunc, max: maxStreams,
 		recheck: defaultLogRecheck, keepAlive: defaultLogKeepAlive,
+		ctx: ctx, cancel: cancel,
 		changed: make(chan struct{}, 1), quit: make(chan struct{}),
-		streams: make(map[int64]map[chan struct{}]struct{}),
+		jobs: make(map[int64]*jobStreams),
 	}
 }
 
-var errHubStopped = errors.New("live log hub stopped")
-
-// watch registers a stream of job id. The returned channel (1-buffered) receives a value
-// whenever the job's tail may have changed; the caller re-reads it.
-func (h *logHub) watch(id int64) (chan struct{}, error) {
-	c := make(chan struct{}, 1)
+// watch registers a stream of job id and asks for a read of the job, whose result is the
+// stream's first state. It fails with errTooManyStreams past the cap.
+func (h *logHub) watch(id int64) (*logStream, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.stopped {
 		return nil, errHubStopped
 	}
-	set := h.streams[id]
-	if set == nil {
-		set = make(map[chan struct{}]struct{})
-		h.streams[id] = set
+	if h.max > 0 && h.count >= h.max {
+		return nil, errTooManyStreams
 	}
-	set[c] = struct{}{}
+	js := h.jobs[id]
+	if js == nil {
+		js = &jobStreams{streams: make(map[*logStream]struct{})}
+		h.jobs[id] = js
+	}
+	s := &logStream{id: id, since: h.gen, c: make(chan logRead, 1)}
+	js.streams[s] = struct{}{}
 	h.count++
 	if h.count == 1 {
 		poke(h.changed)
 	}
-	return c, nil
+	h.refreshLocked(id, js)
+	return s, nil
 }
 
-func (h *logHub) unwatch(id int64, c chan struct{}) {
+func (h *logHub) unwatch(s *logStream) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	set := h.streams[id]
-	if _, ok := set[c]; !ok {
+	js := h.jobs[s.id]
+	if js == nil {
 		return
 	}
-	delete(set, c)
-	if len(set) == 0 {
-		delete(h.streams, id)
+	if _, ok := js.streams[s]; !ok {
+		return
+	}
+	delete(js.streams, s)
+	if len(js.streams) == 0 {
+		delete(h.jobs, s.id) // a running read finds its jobStreams gone and stops
 	}
 	h.count--
 	if h.count == 0 {
@@ -121,8 +169,72 @@ func (h *logHub) unwatch(id int64, c chan struct{}) {
 	}
 }
 
-// run owns the subscription until ctx ends, then closes quit. A hub runs once: a server is not
-// restarted after Stop (its http.Server cannot be).
+// refreshLocked starts a read of job id, or, if one runs, asks for another after it.
+func (h *logHub) refreshLocked(id int64, js *jobStreams) {
+	if h.stopped {
+		return
+	}
+	if js.reading {
+		js.again = true
+		return
+	}
+	js.reading = true
+	h.gen++
+	h.reads.Add(1)
+	go h.read(id, js, h.gen)
+}
+
+// refreshAllLocked asks for a read of every watched job.
+func (h *logHub) refreshAllLocked() {
+	for id, js := range h.jobs {
+		h.refreshLocked(id, js)
+	}
+}
+
+// read reads job id and hands the result to its streams, again while more reads were asked for.
+func (h *logHub) read(id int64, js *jobStreams, gen uint64) {
+	defer h.reads.Done()
+	for {
+		st, err := h.readFunc(h.ctx, id)
+		h.mu.Lock()
+		if h.jobs[id] != js || h.ctx.Err() != nil {
+			// Every stream of the job left (a new one has its own read), or the hub stops and
+			// its streams end without an error of its making.
+			js.reading = false
+			h.mu.Unlock()
+			return
+		}
+		for s := range js.streams {
+			if s.since < gen {
+				s.deliver(logRead{st: st, err: err})
+			}
+		}
+		if !js.again || h.stopped {
+			js.reading = false
+			h.mu.Unlock()
+			return
+		}
+		js.again = false
+		h.gen++
+		gen = h.gen
+		h.mu.Unlock()
+	}
+}
+
+// deliver replaces the stream's pending read with r. Only the hub sends, under its lock.
+func (s *logStream) deliver(r logRead) {
+	select {
+	case <-s.c:
+	default:
+	}
+	select {
+	case s.c <- r:
+	default:
+	}
+}
+
+// run owns the subscription and the fallback recheck until ctx ends, then stops the reads and
+// closes quit. A hub runs once: a server is not restarted after Stop (its http.Server cannot be).
 func (h *logHub) run(ctx context.Context) {
 	h.mu.Lock()
 	stopped := h.stopped
@@ -138,8 +250,12 @@ func (h *logHub) run(ctx context.Context) {
 		h.mu.Lock()
 		h.stopped = true
 		h.mu.Unlock()
+		h.cancel()
+		h.reads.Wait()
 		close(h.quit)
 	}()
+	recheck := time.NewTicker(h.recheck)
+	defer recheck.Stop()
 	for {
 		var notes <-chan notify.Notification
 		var resync <-chan struct{}
@@ -163,9 +279,6 @@ func (h *logHub) run(ctx context.Context) {
 					continue
 				}
 				sub = s
-				h.mu.Lock()
-				h.subs++
-				h.mu.Unlock()
 			case !want && sub != nil:
 				sub.Close()
 				sub = nil
@@ -177,19 +290,18 @@ func (h *logHub) run(ctx context.Context) {
 				continue
 			}
 			h.mu.Lock()
-			for c := range h.streams[id] {
-				poke(c)
+			if js := h.jobs[id]; js != nil {
+				h.refreshLocked(id, js)
 			}
 			h.mu.Unlock()
 		case <-resync:
-			// Notifications may have been lost: every stream re-reads.
+			// Notifications may have been lost: every job is read again.
 			h.mu.Lock()
-			for _, set := range h.streams {
-				for c := range set {
-					poke(c)
-				}
-			}
-			h.resyncs++
+			h.refreshAllLocked()
+			h.mu.Unlock()
+		case <-recheck.C:
+			h.mu.Lock()
+			h.refreshAllLocked()
 			h.mu.Unlock()
 		}
 	}
@@ -212,6 +324,7 @@ type buildLogState struct {
 	seq          *int64 // nil: no tail row
 }
 
+// readBuildLog reads build id and its tail within logQueryTimeout.
 func (s *Server) readBuildLog(ctx context.Context, id int64) (buildLogState, error) {
 	ctx, cancel := context.WithTimeout(ctx, logQueryTimeout)
 	defer cancel()
@@ -301,18 +414,24 @@ func (s *Server) handleBuildLog(w http.ResponseWriter, r *http.Request) error {
 		w.WriteHeader(http.StatusOK)
 		return nil
 	}
-	// Registered before the stream's first read, so no change after that read goes unannounced.
-	wake, err := s.logs.watch(id)
-	if err != nil {
+	// The stream's first state is the hub's first read after this registration, so no change
+	// after the read above goes unannounced.
+	stream, err := s.logs.watch(id)
+	switch {
+	case errors.Is(err, errTooManyStreams):
+		return &HTTPError{Code: http.StatusServiceUnavailable, Msg: "too many live log streams",
+			Header: http.Header{"Retry-After": {logStreamsRetryAfter}}}
+	case err != nil:
 		return &HTTPError{Code: http.StatusServiceUnavailable, Msg: "server shutting down", Err: err}
 	}
-	defer s.logs.unwatch(id, wake)
-	s.streamBuildLog(w, r, id, wake)
+	defer s.logs.unwatch(stream)
+	s.streamBuildLog(w, r, stream)
 	return nil
 }
 
-// streamBuildLog serves the event stream; errors past the headers can only end it.
-func (s *Server) streamBuildLog(w http.ResponseWriter, r *http.Request, id int64, wake <-chan struct{}) {
+// streamBuildLog serves the event stream from the hub's reads; errors past the headers can only
+// end it.
+func (s *Server) streamBuildLog(w http.ResponseWriter, r *http.Request, stream *logStream) {
 	ctx := r.Context()
 	rc := http.NewResponseController(w)
 	defer func() { _ = rc.SetWriteDeadline(time.Time{}) }() // the connection may serve more requests
@@ -334,63 +453,60 @@ func (s *Server) streamBuildLog(w http.ResponseWriter, r *http.Request, id int64
 	if v, ok := parseDigits(r.Header.Get("Last-Event-ID")); ok {
 		last = v
 	}
-	logger := s.logger.With("build_id", id)
+	logger := s.logger.With("build_id", stream.id)
 	logger.Debug("live log stream opened", "remote", r.RemoteAddr, "last_event_id", last)
 
-	recheck := time.NewTicker(s.logs.recheck)
-	defer recheck.Stop()
+	// Keep-alives start after the first state is handled, so the first comment a client sees
+	// says that state brought nothing to send.
 	keepAlive := time.NewTimer(s.logs.keepAlive)
+	keepAlive.Stop()
 	defer keepAlive.Stop()
+	var keepAliveC <-chan time.Time
 	var buf bytes.Buffer
 	for {
-		st, err := s.readBuildLog(ctx, id)
-		switch {
-		case ctx.Err() != nil:
+		select {
+		case <-ctx.Done():
 			return
-		case errors.Is(err, pgx.ErrNoRows):
-			logger.Info("build deleted while its log was streamed")
-			return
-		case err != nil:
-			// The client reconnects (with Last-Event-ID) and gets a fresh stream or an error.
-			logger.Warn("live log stream ended", "error", err)
-			return
-		}
-		buf.Reset()
-		// Any other log_seq than the client's is news: a retried job starts a new tail at 1.
-		if st.seq != nil && *st.seq != last {
-			last = *st.seq
-			writeTailEvent(&buf, last, st.tail)
-		}
-		finished := !running(st.status)
-		if finished {
-			writeEndEvent(&buf, st)
-		}
-		if buf.Len() > 0 {
-			if !send(buf.Bytes()) {
+		case <-s.logs.quit:
+			return // the client reconnects, to a node that is up
+		case <-keepAliveC:
+			if !send([]byte(": keep-alive\n\n")) {
 				return
 			}
 			keepAlive.Reset(s.logs.keepAlive)
-		}
-		if finished {
-			logger.Debug("live log stream ended: build finished", "status", st.status)
-			return
-		}
-
-		for idle := true; idle; {
-			select {
-			case <-ctx.Done():
+		case rd := <-stream.c:
+			st, err := rd.st, rd.err
+			switch {
+			case ctx.Err() != nil:
 				return
-			case <-s.logs.quit:
-				return // the client reconnects, to a node that is up
-			case <-wake:
-				idle = false
-			case <-recheck.C:
-				idle = false
-			case <-keepAlive.C:
-				if !send([]byte(": keep-alive\n\n")) {
-					return
-				}
+			case errors.Is(err, pgx.ErrNoRows):
+				logger.Info("build deleted while its log was streamed")
+				return
+			case err != nil:
+				// The client reconnects (with Last-Event-ID) and gets a fresh stream or an error.
+				logger.Warn("live log stream ended", "error", err)
+				return
+			}
+			buf.Reset()
+			// Any other log_seq than the client's is news: a retried job starts a new tail at 1.
+			if st.seq != nil && *st.seq != last {
+				last = *st.seq
+				writeTailEvent(&buf, last, st.tail)
+			}
+			finished := !running(st.status)
+			if finished {
+				writeEndEvent(&buf, st)
+			}
+			if buf.Len() > 0 && !send(buf.Bytes()) {
+				return
+			}
+			if finished {
+				logger.Debug("live log stream ended: build finished", "status", st.status)
+				return
+			}
+			if keepAliveC == nil || buf.Len() > 0 {
 				keepAlive.Reset(s.logs.keepAlive)
+				keepAliveC = keepAlive.C
 			}
 		}
 	}

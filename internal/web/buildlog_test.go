@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"path"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -36,6 +37,12 @@ type logTestServer struct {
 // server before Start. Both stop at the end of the test.
 func startLogServer(t *testing.T, pool *pgxpool.Pool, withNotifier bool, tune func(*Server)) *logTestServer {
 	t.Helper()
+	return startLogServerWith(t, pool, Config{}, withNotifier, tune)
+}
+
+// startLogServerWith is startLogServer with cfg (NodeID, Gatherer and Notifier are filled in).
+func startLogServerWith(t *testing.T, pool *pgxpool.Pool, cfg Config, withNotifier bool, tune func(*Server)) *logTestServer {
+	t.Helper()
 	logger := queuetest.TestLogger(t)
 	var n *notify.Notifier
 	if withNotifier {
@@ -50,7 +57,8 @@ func startLogServer(t *testing.T, pool *pgxpool.Pool, withNotifier bool, tune fu
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := NewServer(Config{NodeID: "web-1", Gatherer: prometheus.NewRegistry(), Notifier: n}, pool, ln, logger)
+	cfg.NodeID, cfg.Gatherer, cfg.Notifier = "web-1", prometheus.NewRegistry(), n
+	s := NewServer(cfg, pool, ln, logger)
 	if tune != nil {
 		tune(s)
 	}
@@ -59,6 +67,42 @@ func startLogServer(t *testing.T, pool *pgxpool.Pool, withNotifier bool, tune fu
 	}
 	t.Cleanup(s.Stop)
 	return &logTestServer{Server: s, url: "http://" + ln.Addr().String()}
+}
+
+// readCounter counts the hub's reads by job id.
+type readCounter struct {
+	mu sync.Mutex
+	n  map[int64]int
+}
+
+// countReads makes s's hub count its reads; call it from a tune func, before Start.
+func countReads(s *Server) *readCounter {
+	c := &readCounter{n: map[int64]int{}}
+	read := s.logs.readFunc
+	s.logs.readFunc = func(ctx context.Context, id int64) (buildLogState, error) {
+		c.mu.Lock()
+		c.n[id]++
+		c.mu.Unlock()
+		return read(ctx, id)
+	}
+	return c
+}
+
+func (c *readCounter) of(id int64) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n[id]
+}
+
+// waitSubscribed opens a stream of job warm and waits until the hub's subscription is in place:
+// its registration read and the subscription's catch-up read (Resync) have both started.
+// After it, a stream that registers is read on registration and on news only.
+func waitSubscribed(t *testing.T, srv *logTestServer, reads *readCounter, pool *pgxpool.Pool) {
+	t.Helper()
+	warm := newJob(t, pool, "warm")
+	startBuilding(t, pool, warm)
+	openStream(t, srv, warm, "")
+	waittest.For(t, eventWait, func() bool { return reads.of(warm) >= 2 }, "the hub's subscription to be in place")
 }
 
 // newJob enqueues the fixture derivation called name and returns its job id.
@@ -504,23 +548,19 @@ func TestBuildLogFallbackRecheck(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			pool := dbtest.NewPool(t)
+			var reads *readCounter
 			srv := startLogServer(t, pool, true, func(s *Server) {
 				s.logs.recheck = tc.recheck
 				s.logs.keepAlive = 50 * time.Millisecond
+				reads = countReads(s)
 			})
-			warm, id := newJob(t, pool, "warm"), newJob(t, pool, "lost")
-			startBuilding(t, pool, warm)
+			id := newJob(t, pool, "lost")
 			startBuilding(t, pool, id)
 			writeTail(t, pool, id, "first\n")
 
-			// The subscription's catch-up (Resync) re-reads every stream once; let it pass
-			// before the stream under test registers, so only the fallback can re-read it.
-			openStream(t, srv, warm, "")
-			waittest.For(t, eventWait, func() bool {
-				srv.logs.mu.Lock()
-				defer srv.logs.mu.Unlock()
-				return srv.logs.resyncs >= 1
-			}, "the hub's subscription to be in place")
+			// The subscription's catch-up (Resync) re-reads every job once; let it pass before
+			// the stream under test registers, so only the fallback can re-read it.
+			waitSubscribed(t, srv, reads, pool)
 
 			s := openStream(t, srv, id, "")
 			s.expectTail("1", "first")
@@ -569,10 +609,10 @@ WHERE datname = current_database() AND application_name = 'harmonia-ci listen'`)
 		t.Errorf("%d LISTEN sessions for %d clients, want 1", listens, jobs*perJob)
 	}
 	srv.logs.mu.Lock()
-	subs, count := srv.logs.subs, srv.logs.count
+	count := srv.logs.count
 	srv.logs.mu.Unlock()
-	if subs != 1 || count != jobs*perJob {
-		t.Errorf("hub took %d subscriptions for %d streams, want 1 for %d", subs, count, jobs*perJob)
+	if count != jobs*perJob {
+		t.Errorf("hub counts %d streams, want %d", count, jobs*perJob)
 	}
 
 	for _, cs := range clients {
@@ -583,7 +623,7 @@ WHERE datname = current_database() AND application_name = 'harmonia-ci listen'`)
 	waittest.For(t, eventWait, func() bool {
 		srv.logs.mu.Lock()
 		defer srv.logs.mu.Unlock()
-		return srv.logs.count == 0 && len(srv.logs.streams) == 0
+		return srv.logs.count == 0 && len(srv.logs.jobs) == 0
 	}, "every stream to unregister from the hub")
 }
 
@@ -642,4 +682,112 @@ func TestWriteTailEvent(t *testing.T) {
 			}
 		})
 	}
+}
+
+// Streams of one job share the hub's reads: one read per change, whatever the number of
+// streams, and none for a change to another job.
+func TestBuildLogOneReadPerChange(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.NewPool(t)
+	var reads *readCounter
+	srv := startLogServer(t, pool, true, func(s *Server) {
+		s.logs.recheck = time.Hour // only notifications read
+		s.logs.keepAlive = 50 * time.Millisecond
+		reads = countReads(s)
+	})
+	waitSubscribed(t, srv, reads, pool)
+	id, other := newJob(t, pool, "shared"), newJob(t, pool, "other")
+	startBuilding(t, pool, id)
+	startBuilding(t, pool, other)
+	const streams, changes = 6, 3
+	var clients []*sseClient
+	for range streams {
+		c := openStream(t, srv, id, "")
+		c.expectComment() // its first state (no tail yet) is handled
+		clients = append(clients, c)
+	}
+	otherClient := openStream(t, srv, other, "")
+	otherClient.expectComment()
+	base := reads.of(id)
+
+	for i := 1; i <= changes; i++ {
+		writeTail(t, pool, id, fmt.Sprintf("change %d\n", i))
+		writeTail(t, pool, other, fmt.Sprintf("other %d\n", i))
+		for _, c := range clients {
+			c.expectTail(fmt.Sprint(i), fmt.Sprintf("change %d", i))
+		}
+		otherClient.expectTail(fmt.Sprint(i), fmt.Sprintf("other %d", i))
+	}
+	if got := reads.of(id) - base; got != changes {
+		t.Errorf("%d reads of the job for %d changes watched by %d streams, want %d", got, changes, streams, changes)
+	}
+
+	// The end event reaches every stream from one read too.
+	base = reads.of(id)
+	finishJob(t, pool, id, "succeeded", ptr(logKey("shared")), nil)
+	for _, c := range clients {
+		if ev := c.next(); ev.Event != "end" {
+			t.Fatalf("got %+v, want the end event", ev)
+		}
+		c.expectEnd(eventWait)
+	}
+	// Two notifications (the status, then the tail's delete) may cost one read each.
+	if got := reads.of(id) - base; got < 1 || got > 2 {
+		t.Errorf("%d reads of the job for its end, want 1 or 2", got)
+	}
+}
+
+func TestBuildLogStreamCap(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.NewPool(t)
+	const limit = 3
+	srv := startLogServerWith(t, pool, Config{MaxLogStreams: limit}, true, nil)
+	ids := make([]int64, limit+1)
+	for i := range ids {
+		ids[i] = newJob(t, pool, fmt.Sprintf("cap-%d", i))
+		startBuilding(t, pool, ids[i])
+	}
+	done := newJob(t, pool, "cap-done")
+	queuetest.Exec(t, pool, `UPDATE build_jobs SET status = 'succeeded', log_url = $2 WHERE id = $1`, done, logKey("cap-done"))
+
+	var open []*sseClient
+	for _, id := range ids[:limit] {
+		open = append(open, openStream(t, srv, id, ""))
+	}
+	get := func(method string, id int64) (*http.Response, string) {
+		t.Helper()
+		req, err := http.NewRequest(method, fmt.Sprintf("%s/api/builds/%d/log", srv.url, id), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := noRedirects.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp, string(body)
+	}
+	resp, body := get(http.MethodGet, ids[limit])
+	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(body, `"too many live log streams"`) || resp.Header.Get("Retry-After") == "" {
+		t.Fatalf("stream %d past the cap of %d: %s Retry-After %q %s, want 503 too many live log streams with Retry-After",
+			limit+1, limit, resp.Status, resp.Header.Get("Retry-After"), body)
+	}
+	// What is not a stream is not refused.
+	if resp, _ := get(http.MethodGet, done); resp.StatusCode != http.StatusFound {
+		t.Errorf("finished build at the cap: %s, want 302", resp.Status)
+	}
+	if resp, _ := get(http.MethodHead, ids[limit]); resp.StatusCode != http.StatusOK {
+		t.Errorf("HEAD at the cap: %s, want 200", resp.Status)
+	}
+
+	open[0].cancel()
+	waittest.For(t, eventWait, func() bool {
+		srv.logs.mu.Lock()
+		defer srv.logs.mu.Unlock()
+		return srv.logs.count == limit-1
+	}, "the closed stream to free its slot")
+	s := openStream(t, srv, ids[limit], "")
+	writeTail(t, pool, ids[limit], "admitted\n")
+	s.expectTail("1", "admitted")
 }

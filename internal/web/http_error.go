@@ -9,6 +9,8 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+
+	"github.com/harmonia-ci/harmonia-ci/internal/db"
 )
 
 // HTTPError is an error whose Msg is safe to show the client. Any other error a handler returns
@@ -17,6 +19,8 @@ type HTTPError struct {
 	Code int
 	Msg  string
 	Err  error // logged, never sent
+	// Header is added to the response (Retry-After, or a Cache-Control in place of no-store).
+	Header http.Header
 }
 
 func (e *HTTPError) Error() string {
@@ -37,7 +41,9 @@ func Errorf(code int, format string, args ...any) *HTTPError {
 type HandlerFunc func(w http.ResponseWriter, r *http.Request) error
 
 // Handle turns h into an http.Handler that answers errors uniformly: JSON {"error": Msg} with
-// the HTTPError's code, or a bare 500 for any other error, whose details go to logger only.
+// the HTTPError's code and Header, or a bare 500 for any other error, whose details go to
+// logger only. A database that could not be reached or did not answer in time
+// (db.Unavailable) is a 503 "database unavailable" rather than a 500.
 func Handle(logger *slog.Logger, h HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		err := h(w, r)
@@ -47,13 +53,28 @@ func Handle(logger *slog.Logger, h HandlerFunc) http.Handler {
 		var he *HTTPError
 		if !errors.As(err, &he) {
 			he = &HTTPError{Code: http.StatusInternalServerError, Msg: "internal error", Err: err}
+			if db.Unavailable(err) && r.Context().Err() == nil {
+				he = &HTTPError{Code: http.StatusServiceUnavailable, Msg: "database unavailable", Err: err}
+			}
 		}
 		level := slog.LevelInfo
-		if he.Code >= 500 {
+		switch {
+		case he.Code >= 500:
 			level = slog.LevelError
+		case he.Code == http.StatusNotFound && he.Err == nil:
+			level = slog.LevelDebug // routine: a cache miss, a probe
 		}
 		logger.Log(r.Context(), level, "request failed", "method", r.Method, "path", r.URL.Path, "status", he.Code, "error", he.Error())
-		WriteJSON(w, he.Code, map[string]string{"error": he.Msg})
+		hdr := w.Header()
+		hdr.Set("Content-Type", "application/json")
+		hdr.Set("Cache-Control", "no-store")
+		for k, vs := range he.Header {
+			hdr.Del(k)
+			for _, v := range vs {
+				hdr.Add(k, v)
+			}
+		}
+		writeJSONBody(w, he.Code, map[string]string{"error": he.Msg})
 	})
 }
 
@@ -64,6 +85,11 @@ func (s *Server) wrap(h HandlerFunc) http.Handler { return Handle(s.logger, h) }
 func WriteJSON(w http.ResponseWriter, code int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
+	writeJSONBody(w, code, v)
+}
+
+// writeJSONBody sends the status and v as indented JSON.
+func writeJSONBody(w http.ResponseWriter, code int, v any) {
 	w.WriteHeader(code)
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")

@@ -3,6 +3,7 @@
 package web
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"log/slog"
@@ -38,6 +39,9 @@ type Config struct {
 	// still redirects to a finished build's log, but answers 503 "live logs unavailable" for a
 	// running one.
 	Notifier *notify.Notifier
+	// MaxLogStreams caps the live log streams open at once; a stream past it gets 503 "too many
+	// live log streams" with Retry-After. Default DefaultMaxLogStreams (1000); -1: no cap.
+	MaxLogStreams int
 }
 
 // Server serves the node's HTTP API on one listener.
@@ -59,14 +63,16 @@ func NewServer(cfg Config, pool *pgxpool.Pool, ln net.Listener, logger *slog.Log
 	s := &Server{cfg: cfg, pool: pool, ln: ln, logger: logger.With("service", "http"), mux: http.NewServeMux()}
 	s.mux.Handle("GET /healthz", s.wrap(s.handleHealthz))
 	s.mux.Handle("GET /metrics", promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{}))
-	s.mux.Handle("GET /api/cluster", s.wrap(s.handleCluster))
-	s.mux.Handle("POST /api/nodes/{id}/drain", s.wrap(s.requireAdmin(s.handleDrain)))
+	s.mux.Handle("GET /api/cluster", s.wrap(WithDBTimeout(s.handleCluster)))
+	s.mux.Handle("POST /api/nodes/{id}/drain", s.wrap(s.requireAdmin(WithDBTimeout(s.handleDrain))))
 	if cfg.AdminToken != "" {
 		s.adminHash = HashToken(cfg.AdminToken)
 	}
 	if cfg.Notifier != nil {
-		s.logs = newLogHub(cfg.Notifier, s.logger)
+		maxStreams := cmp.Or(cfg.MaxLogStreams, DefaultMaxLogStreams)
+		s.logs = newLogHub(cfg.Notifier, s.readBuildLog, maxStreams, s.logger)
 	}
+	// Not bounded as a whole: a stream lasts as long as its build. Each read is (logQueryTimeout).
 	s.mux.Handle("GET /api/builds/{id}/log", s.wrap(s.handleBuildLog))
 	s.srv = &http.Server{
 		Handler:           s.mux,
@@ -118,11 +124,15 @@ func (s *Server) Start(ctx context.Context) error {
 	return nil
 }
 
+// healthPingTimeout bounds /healthz's database ping: shorter than DBTimeout, since load
+// balancers probe with short timeouts of their own.
+const healthPingTimeout = 2 * time.Second
+
 func (s *Server) handleHealthz(w http.ResponseWriter, r *http.Request) error {
-	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+	ctx, cancel := context.WithTimeout(r.Context(), healthPingTimeout)
 	defer cancel()
 	if err := s.pool.Ping(ctx); err != nil {
-		return &HTTPError{Code: http.StatusServiceUnavailable, Msg: "database unreachable", Err: err}
+		return &HTTPError{Code: http.StatusServiceUnavailable, Msg: "database unavailable", Err: err}
 	}
 	status, code := "ok", http.StatusOK
 	if s.cfg.StatusFunc != nil {

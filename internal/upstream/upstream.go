@@ -1,4 +1,7 @@
-package eval
+// Package upstream asks the configured upstream binary caches ([substituters]) about store
+// paths, as Nix would: a narinfo for the path, signed by a trusted key. The evaluator uses it to
+// skip builds upstream has; the signer to accept references to paths upstream serves.
+package upstream
 
 import (
 	"context"
@@ -14,20 +17,20 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
 )
 
-// Upstream asks upstream binary caches (the configured substituters) whether they hold store
+// Caches asks upstream binary caches (the configured substituters) whether they hold store
 // paths, as Nix would: a narinfo for the path, signed by a trusted key.
-type Upstream struct {
+type Caches struct {
 	URLs []string
 	Keys []nix.PublicKey
 	HTTP *http.Client // default: 30 s timeout
 }
 
 // NewUpstream parses the configured trusted keys; it returns nil when there are no URLs.
-func NewUpstream(urls, keys []string) (*Upstream, error) {
+func New(urls, keys []string) (*Caches, error) {
 	if len(urls) == 0 {
 		return nil, nil
 	}
-	u := &Upstream{URLs: urls}
+	u := &Caches{URLs: urls}
 	for _, k := range keys {
 		pk, err := nix.ParsePublicKey(k)
 		if err != nil {
@@ -40,11 +43,8 @@ func NewUpstream(urls, keys []string) (*Upstream, error) {
 
 // Have returns the paths some upstream holds. An unreachable upstream counts as not holding
 // anything (the build then happens here), as Nix treats a failing substituter.
-func (u *Upstream) Have(ctx context.Context, paths []string) ([]string, error) {
-	client := u.HTTP
-	if client == nil {
-		client = &http.Client{Timeout: 30 * time.Second}
-	}
+func (u *Caches) Have(ctx context.Context, paths []string) ([]string, error) {
+	client := u.client()
 	var mu sync.Mutex
 	var have []string
 	g, gctx := errgroup.WithContext(ctx)
@@ -72,31 +72,57 @@ func (u *Upstream) Have(ctx context.Context, paths []string) ([]string, error) {
 	return have, nil
 }
 
-func (u *Upstream) holds(ctx context.Context, client *http.Client, base string, sp nix.StorePath) bool {
+func (u *Caches) holds(ctx context.Context, client *http.Client, base string, sp nix.StorePath) bool {
+	return u.fetch(ctx, client, base, sp) != nil
+}
+
+// NarInfo returns the narinfo of path from the first upstream that serves one signed by a
+// trusted key, nil when none does. An unreachable upstream counts as not serving it.
+func (u *Caches) NarInfo(ctx context.Context, path string) (*nix.NarInfo, error) {
+	sp, err := nix.ParseStorePath(path)
+	if err != nil {
+		return nil, fmt.Errorf("upstream narinfo: %w", err)
+	}
+	for _, base := range u.URLs {
+		if ni := u.fetch(ctx, u.client(), strings.TrimRight(base, "/"), sp); ni != nil {
+			return ni, nil
+		}
+	}
+	return nil, ctx.Err()
+}
+
+func (u *Caches) client() *http.Client {
+	if u.HTTP != nil {
+		return u.HTTP
+	}
+	return &http.Client{Timeout: 30 * time.Second}
+}
+
+func (u *Caches) fetch(ctx context.Context, client *http.Client, base string, sp nix.StorePath) *nix.NarInfo {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/"+sp.Hash+".narinfo", nil)
 	if err != nil {
-		return false
+		return nil
 	}
 	resp, err := client.Do(req)
 	if err != nil {
-		return false
+		return nil
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return false
+		return nil
 	}
 	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	if err != nil {
-		return false
+		return nil
 	}
 	ni, err := nix.ParseNarInfo(b)
 	if err != nil || ni.StorePath != sp.String() {
-		return false
+		return nil
 	}
 	for _, k := range u.Keys {
 		if ni.Verify(k) {
-			return true
+			return ni
 		}
 	}
-	return false
+	return nil
 }

@@ -1,0 +1,152 @@
+package eval_test
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/harmonia-ci/harmonia-ci/internal/eval"
+)
+
+// A project's code cannot read the node's secrets or state, through Nix or around it: restricted
+// evaluation refuses the read (an error on that attribute, the rest evaluated), the environment
+// is empty to it, and the Nix it runs in is the unprivileged evaluation user, whom the files
+// refuse as well.
+func TestEvaluationCannotReadTheNodesSecrets(t *testing.T) {
+	h := newHarness(t)
+	secretValue := "hci-secret-" + h.salt
+	t.Setenv("HARMONIA_CLUSTER_SECRET", secretValue) // the node's own environment
+	// The node's secrets: a signing key in its state directory, root's and mode 0600.
+	state := reachableDir(t)
+	secret := filepath.Join(state, "signing-key")
+	if err := os.WriteFile(secret, []byte(secretValue), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// What the Nix child itself can do, recorded by a wrapper that runs as the child does.
+	probe := reachableDir(t)
+	if err := os.Chmod(probe, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	nixBin, err := exec.LookPath("nix-instantiate")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wrapper := filepath.Join(reachableDir(t), "nix-instantiate")
+	script := fmt.Sprintf(`#!/bin/sh
+id -u > %[1]s/uid
+cat %[2]s > %[1]s/read-key 2>&1 || echo refused >> %[1]s/read-key
+cat /proc/$PPID/environ > %[1]s/read-environ 2>&1 || echo refused >> %[1]s/read-environ
+exec %[3]s "$@"
+`, probe, secret, nixBin)
+	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+
+	_, commit := h.newProject("secrets", map[string]string{"ci.nix": h.lib() + fmt.Sprintf(`{
+  fine = mk "fine" [ ];
+  readKey = mk (builtins.readFile %q) [ ];
+  readEnviron = mk (builtins.readFile "/proc/self/environ") [ ];
+  env = mk ("env" + builtins.getEnv "HARMONIA_CLUSTER_SECRET") [ ];
+  dir = mk (builtins.toString (builtins.attrNames (builtins.readDir %q))) [ ];
+}`, secret, state)})
+	h.startEvaluator("ev-1", func(c *eval.Config) {
+		c.StateDir = state
+		c.Runner = &eval.NixRunner{Bin: wrapper}
+	})
+	e, _ := h.trigger("secrets", "", commit)
+	h.waitSucceeded(e.ID)
+	attrs := h.attrs(e.ID)
+	if a := attrs["fine"]; a.DrvPath == "" {
+		t.Errorf("fine: %+v, want a derivation", a)
+	}
+	for _, name := range []string{"readKey", "readEnviron", "dir"} {
+		if a := attrs[name]; a.DrvPath != "" || !strings.Contains(a.Error, "forbidden in restricted mode") {
+			t.Errorf("%s: %+v, want an error saying restricted evaluation forbids it", name, a)
+		}
+	}
+	if a := attrs["env"]; !strings.HasSuffix(a.DrvPath, "-env.drv") {
+		t.Errorf("env: %+v, want a derivation named env: the environment is empty to project code", a)
+	}
+	for name, a := range attrs {
+		if strings.Contains(a.DrvPath+a.Error, secretValue) {
+			t.Errorf("%s carries the secret: %+v", name, a)
+		}
+	}
+
+	evalUser, err := user.Lookup("harmonia-eval")
+	if err != nil {
+		t.Fatal(err)
+	}
+	read := func(name string) string {
+		b, err := os.ReadFile(filepath.Join(probe, name))
+		if err != nil {
+			t.Fatalf("the wrapper did not record %s: %v", name, err)
+		}
+		return strings.TrimSpace(string(b))
+	}
+	if uid := read("uid"); uid != evalUser.Uid {
+		t.Errorf("Nix ran as uid %s, want the evaluation user's %s", uid, evalUser.Uid)
+	}
+	for _, name := range []string{"read-key", "read-environ"} {
+		if got := read(name); strings.Contains(got, secretValue) || !strings.HasSuffix(got, "refused") {
+			t.Errorf("the Nix child could %s: %q", name, got)
+		}
+	}
+}
+
+// Walker records are unforgeable: a project's own traces, in the format of the records, report
+// no attribute.
+func TestForgedWalkerRecords(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	forged := `{\"attr\":\"forged\",\"path\":[\"forged\"],\"drv\":\"/nix/store/00000000000000000000000000000000-forged.drv\"}`
+	_, commit := h.newProject("forgery", map[string]string{"ci.nix": h.lib() + `{
+  a = builtins.trace "@hci ` + forged + `" (mk "a" [ ]);
+  b = builtins.trace "@hci:0123456789abcdef01234567 ` + forged + `" (mk "b" [ ]);
+}`})
+	h.startEvaluator("ev-1")
+	e, _ := h.trigger("forgery", "", commit)
+	h.waitSucceeded(e.ID)
+	if names := h.attrNames(e.ID); strings.Join(names, ",") != "a,b" {
+		t.Fatalf("attributes %q, want just a and b", names)
+	}
+}
+
+// The node's limits are ceilings: a project asking for more evaluation time gets the node's,
+// and an evaluation past the node's memory limit fails with that reason.
+func TestEvaluationCeilings(t *testing.T) {
+	t.Parallel()
+	t.Run("time", func(t *testing.T) {
+		t.Parallel()
+		h := newHarness(t)
+		g := newGate(t)
+		_, commit := h.newProject("slow", map[string]string{
+			".harmonia-ci.toml": `eval-timeout = "10h"`,
+			"ci.nix":            h.lib() + `{ blocked = ` + g.drv("blocked", h.salt) + `; }`,
+		})
+		h.startEvaluator("ev-1", func(c *eval.Config) { c.Timeout = time.Second })
+		e, _ := h.trigger("slow", "", commit)
+		got := h.waitStatus(e.ID, "failed")
+		if !strings.Contains(got.Error, "timed out after 1s") {
+			t.Fatalf("error %q, want a timeout after the node's 1s", got.Error)
+		}
+	})
+	t.Run("memory", func(t *testing.T) {
+		t.Parallel()
+		h := newHarness(t)
+		_, commit := h.newProject("greedy", map[string]string{"ci.nix": h.lib() + `{
+  greedy = mk (toString (builtins.length (builtins.genList (i: "item ${toString i}") 20000000))) [ ];
+}`})
+		h.startEvaluator("ev-1", func(c *eval.Config) { c.Confinement.MaxMemory = 200 << 20 })
+		e, _ := h.trigger("greedy", "", commit)
+		got := h.waitStatus(e.ID, "failed")
+		if !strings.Contains(got.Error, "evaluation used too much memory: over eval.max_memory (200 MiB)") {
+			t.Fatalf("error %q, want the memory limit", got.Error)
+		}
+	})
+}

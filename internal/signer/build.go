@@ -1,0 +1,243 @@
+package signer
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"path"
+	"slices"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/harmonia-ci/harmonia-ci/internal/config"
+	"github.com/harmonia-ci/harmonia-ci/internal/nodetoken"
+	"github.com/harmonia-ci/harmonia-ci/internal/queue"
+	"github.com/harmonia-ci/harmonia-ci/internal/web"
+)
+
+// jobFacts is what the database says about a claimed job's derivation.
+type jobFacts struct {
+	claim   queue.Claim
+	drvPath string
+	outputs []string // its output paths; "" for a floating content-addressed output
+	inputs  []string // its input derivations' selected outputs and its input sources
+}
+
+func (f jobFacts) drvBase() string { return path.Base(f.drvPath) }
+
+// logKey is the one log key the job's claim may write.
+func (f jobFacts) logKey() string { return "log/" + f.drvBase() }
+
+func staleClaim(c queue.Claim) error {
+	return web.Errorf(http.StatusConflict, "job %d is not in building/uploading for node %s attempt %d", c.JobID, c.NodeID, c.Attempt)
+}
+
+// jobFacts answers 409 unless node id holds claim on a job that is building or uploading.
+func (s *Server) jobFacts(ctx context.Context, id nodetoken.Identity, claim JobClaim) (jobFacts, error) {
+	f := jobFacts{claim: queue.Claim{JobID: claim.ID, NodeID: id.NodeID, Attempt: claim.Attempt}}
+	err := s.pool.QueryRow(ctx, sqlJobFacts, claim.ID, id.NodeID, claim.Attempt).Scan(&f.drvPath, &f.outputs, &f.inputs)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return f, staleClaim(f.claim)
+	}
+	if err != nil {
+		return f, internal("checking the claim failed", err)
+	}
+	if slices.Contains(f.outputs, "") {
+		return f, badRequest("%s has content-addressed outputs, which are not supported", f.drvPath)
+	}
+	return f, nil
+}
+
+// checkJobOutputs answers 400 unless every output is one of the job's derivation's outputs
+// (and, for a completion, all of them are there), with that derivation as deriver.
+func checkJobOutputs(f jobFacts, outs []output, complete bool) error {
+	for i := range outs {
+		o := &outs[i]
+		if false && !slices.Contains(f.outputs, o.path.String()) {
+			return badRequest("outputs[%d]: %s is not an output of %s", i, o.path, f.drvPath)
+		}
+		if o.deriver != "" && o.deriver != f.drvBase() {
+			return badRequest("outputs[%d].deriver: %s, but the job builds %s", i, o.deriver, f.drvPath)
+		}
+		o.deriver = f.drvBase()
+	}
+	if complete && len(outs) != len(f.outputs) {
+		for _, p := range f.outputs {
+			if !slices.ContainsFunc(outs, func(o output) bool { return o.path.String() == p }) {
+				return badRequest("outputs: %s, an output of %s, is missing", p, f.drvPath)
+			}
+		}
+	}
+	return nil
+}
+
+func (s *Server) handleUploadSlots(ctx context.Context, id nodetoken.Identity, body io.Reader) (any, error) {
+	var req UploadSlotsRequest
+	if err := decode(body, &req); err != nil {
+		return nil, err
+	}
+	outs, err := parseOutputs("outputs", req.Outputs)
+	if err != nil {
+		return nil, err
+	}
+	var resp UploadSlotsResponse
+	switch {
+	case req.Job != nil && req.Eval == nil:
+		if !id.Has(config.RoleBuilder) {
+			return nil, forbidden(id, config.RoleBuilder)
+		}
+		f, err := s.jobFacts(ctx, id, *req.Job)
+		if err != nil {
+			return nil, err
+		}
+		if err := checkJobOutputs(f, outs, false); err != nil {
+			return nil, err
+		}
+		if len(outs) == 0 && req.Log == nil {
+			return nil, badRequest("outputs: nothing to upload")
+		}
+		if req.Log != nil {
+			if resp.Log, err = s.logSlot(ctx, f, *req.Log); err != nil {
+				return nil, err
+			}
+		}
+	case req.Eval != nil && req.Job == nil:
+		if !id.Has(config.RoleEvaluator) {
+			return nil, forbidden(id, config.RoleEvaluator)
+		}
+		if err := s.checkEvalClaim(ctx, id, *req.Eval); err != nil {
+			return nil, err
+		}
+		if req.Log != nil {
+			return nil, badRequest("log: only a build uploads a log")
+		}
+		if len(outs) == 0 {
+			return nil, badRequest("outputs: nothing to upload")
+		}
+	default:
+		return nil, badRequest("exactly one of job and eval is required")
+	}
+	if resp.Outputs, err = s.slots(ctx, outs); err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// logSlot presigns the upload of the job's log, at the one key its claim may write.
+func (s *Server) logSlot(ctx context.Context, f jobFacts, l LogUpload) (*Upload, error) {
+	if l.Key != f.logKey() {
+		return nil, badRequest("log.key: %q, but the job's log is %s", l.Key, f.logKey())
+	}
+	if l.Size < 0 {
+		return nil, badRequest("log.size: must not be negative, got %d", l.Size)
+	}
+	sum, err := hex.DecodeString(l.SHA256)
+	if err != nil || len(sum) != sha256.Size {
+		return nil, badRequest("log.sha256: want 64 hex characters")
+	}
+	return s.presign(ctx, l.Key, l.Size, sum)
+}
+
+func (s *Server) handleBuildComplete(ctx context.Context, id nodetoken.Identity, body io.Reader) (any, error) {
+	var req BuildCompleteRequest
+	if err := decode(body, &req); err != nil {
+		return nil, err
+	}
+	outs, err := parseOutputs("outputs", req.Outputs)
+	if err != nil {
+		return nil, err
+	}
+	if len(outs) == 0 {
+		return nil, badRequest("outputs: at least one output is required")
+	}
+	f, err := s.jobFacts(ctx, id, req.Job)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkJobOutputs(f, outs, true); err != nil {
+		return nil, err
+	}
+	if req.LogKey != "" && req.LogKey != f.logKey() {
+		return nil, badRequest("log_key: %q, but the job's log is %s", req.LogKey, f.logKey())
+	}
+	ref, err := s.unservedReference(ctx, outs, f.inputs)
+	if err != nil {
+		return nil, err
+	}
+	if ref != "" {
+		return nil, badRequest("references: %s is neither an output of %s nor in the closure of its inputs that the cache serves", ref, f.drvPath)
+	}
+
+	// Everything is checked before anything is written.
+	if err := s.checkUploaded(ctx, "outputs", outs); err != nil {
+		return nil, err
+	}
+	if req.LogKey != "" {
+		have, err := s.head(ctx, req.LogKey, -1)
+		if err != nil {
+			return nil, err
+		}
+		if !have {
+			return nil, badRequest("log_key: %s not uploaded", req.LogKey)
+		}
+	}
+	// The uploads become durable before any narinfo refers to them, and the narinfos before
+	// the build is recorded (stores that buffer writes; see blob.Syncer).
+	if err := s.sync(ctx); err != nil {
+		return nil, err
+	}
+	canon, resp, err := s.publishAll(ctx, outs)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.recordHashes(ctx, canon); err != nil {
+		return nil, internal("recording NAR hashes failed", err)
+	}
+	if err := s.succeed(ctx, f.claim, req.LogKey); err != nil {
+		return nil, err
+	}
+	if s.cfg.Announcer != nil {
+		s.cfg.Announcer.Finished(f.drvPath, "succeeded")
+	}
+	s.logger.Info("build succeeded", "job", f.claim.JobID, "node", f.claim.NodeID, "attempt", f.claim.Attempt,
+		"drv", f.drvPath, "written", resp.Written, "skipped", resp.Skipped, "conflicts", resp.Conflicts)
+	return resp, nil
+}
+
+// succeed marks the job succeeded and records its log, in one transaction.
+func (s *Server) succeed(ctx context.Context, c queue.Claim, logKey string) error {
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if _, err := queue.Succeed(ctx, tx, c); err != nil {
+			return err
+		}
+		if logKey != "" {
+			if _, err := tx.Exec(ctx, sqlSetLogURL, c.JobID, logKey); err != nil {
+				return fmt.Errorf("set log_url of job %d: %w", c.JobID, err)
+			}
+		}
+		return nil
+	})
+	if errors.Is(err, queue.ErrStale) {
+		return staleClaim(c)
+	}
+	if err != nil {
+		return internal("marking the job succeeded failed", err)
+	}
+	return nil
+}
+
+// checkEvalClaim answers 409 unless node id holds claim on a running evaluation.
+func (s *Server) checkEvalClaim(ctx context.Context, id nodetoken.Identity, claim EvalClaim) error {
+	var ok bool
+	if err := s.pool.QueryRow(ctx, sqlCheckEvalClaim, claim.ID, id.NodeID, claim.Attempt).Scan(&ok); err != nil {
+		return internal("checking the claim failed", err)
+	}
+	if !ok {
+		return web.Errorf(http.StatusConflict, "evaluation %d is not running for node %s attempt %d", claim.ID, id.NodeID, claim.Attempt)
+	}
+	return nil
+}

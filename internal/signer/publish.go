@@ -1,0 +1,185 @@
+package signer
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"io"
+	"sync"
+
+	"github.com/klauspost/compress/zstd"
+
+	"github.com/harmonia-ci/harmonia-ci/internal/blob"
+	"github.com/harmonia-ci/harmonia-ci/internal/nix"
+	"github.com/harmonia-ci/harmonia-ci/internal/nodetoken"
+)
+
+var (
+	encOnce sync.Once
+	enc     *zstd.Encoder
+)
+
+// encoder is shared: EncodeAll is safe for concurrent use.
+func encoder() *zstd.Encoder {
+	encOnce.Do(func() { enc, _ = zstd.NewWriter(nil, zstd.WithEncoderConcurrency(1)) })
+	return enc
+}
+
+// handlePublish publishes an evaluation's .drv files and sources. Nothing here is taken on
+// trust: a .drv's store path is recomputed from its text, a source's from the NAR read back from
+// the store, and every reference must be in this request or in the cache already.
+func (s *Server) handlePublish(ctx context.Context, id nodetoken.Identity, body io.Reader) (any, error) {
+	var req PublishRequest
+	if err := decode(body, &req); err != nil {
+		return nil, err
+	}
+	if err := s.checkEvalClaim(ctx, id, req.Eval); err != nil {
+		return nil, err
+	}
+	srcs, err := parseOutputs("sources", req.Sources)
+	if err != nil {
+		return nil, err
+	}
+	drvs := make([]output, len(req.Derivations))
+	nars := make([][]byte, len(req.Derivations))
+	for i, d := range req.Derivations {
+		if drvs[i], nars[i], err = derivationOutput(d); err != nil {
+			return nil, badRequest("derivations[%d]: %v", i, err)
+		}
+	}
+	if len(srcs)+len(drvs) == 0 {
+		return nil, badRequest("nothing to publish")
+	}
+	if err := s.checkUploaded(ctx, "sources", srcs); err != nil {
+		return nil, err
+	}
+	err = eachOutput(ctx, srcs, func(ctx context.Context, i int, o output) error {
+		ca, err := s.sourceAddress(ctx, o)
+		if err != nil {
+			return badRequest("sources[%d]: %v", i, err)
+		}
+		srcs[i].ca = ca
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := s.checkServed(ctx, srcs, drvs); err != nil {
+		return nil, err
+	}
+
+	// The signer writes the .drv NARs itself: they are small, and their bytes follow from the
+	// text it has just checked.
+	err = eachOutput(ctx, drvs, func(ctx context.Context, i int, o output) error {
+		err := s.cfg.Store.Put(ctx, o.narKey, bytes.NewReader(nars[i]), o.fileSize,
+			blob.PutOptions{ContentType: blob.ContentTypeFor(o.narKey), SHA256: o.fileSum[:], IfAbsent: true})
+		if err != nil && !errors.Is(err, blob.ErrExists) {
+			return unavailable("writing a .drv NAR failed", err)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := s.sync(ctx); err != nil {
+		return nil, err
+	}
+	// Sources first: the .drv narinfos refer to them.
+	var total PublishResponse
+	for _, part := range [][]output{srcs, drvs} {
+		_, resp, err := s.publishAll(ctx, part)
+		if err != nil {
+			return nil, err
+		}
+		total.Written += resp.Written
+		total.Skipped += resp.Skipped
+		total.Conflicts += resp.Conflicts
+	}
+	return total, nil
+}
+
+// derivationOutput checks that a .drv's store path is the one its text has and returns it as
+// an output, with its compressed NAR.
+func derivationOutput(d DerivationText) (output, []byte, error) {
+	var o output
+	sp, err := nix.ParseStorePath(d.StorePath)
+	if err != nil {
+		return o, nil, err
+	}
+	text := []byte(d.Text)
+	want, drv, err := nix.DerivationPath(sp.Name, text)
+	if err != nil {
+		return o, nil, err
+	}
+	if want != sp.String() {
+		return o, nil, errors.New(sp.String() + " is not the store path of this text (it is " + want + ")")
+	}
+	nar := nix.FileNAR(text, false)
+	file := encoder().EncodeAll(nar, make([]byte, 0, len(nar)/2+64))
+	o = output{
+		path: sp, narSum: sha256.Sum256(nar), narSize: int64(len(nar)),
+		fileSum: sha256.Sum256(file), fileSize: int64(len(file)),
+		refs: drv.References(), ca: "text:" + nix.FormatSHA256(sha256.Sum256(text)),
+	}
+	o.narHash = nix.FormatSHA256(o.narSum)
+	o.narKey = nix.NarURL(nix.FormatSHA256(o.fileSum))
+	o.infoKey = sp.Hash + ".narinfo"
+	return o, file, nil
+}
+
+// sourceAddress reads an uploaded source NAR back and returns its content address: the NAR
+// must be the declared one, and the store path must follow from it and the references.
+func (s *Server) sourceAddress(ctx context.Context, o output) (string, error) {
+	if o.deriver != "" {
+		return "", errors.New("a source has no deriver")
+	}
+	r, _, err := s.cfg.Store.Get(ctx, o.narKey)
+	if err != nil {
+		return "", unavailable("blob store unavailable", err)
+	}
+	defer r.Close()
+	dec, err := zstd.NewReader(r, zstd.WithDecoderConcurrency(1))
+	if err != nil {
+		return "", err
+	}
+	defer dec.Close()
+	facts, err := nix.InspectNAR(dec)
+	if err != nil {
+		return "", err
+	}
+	if facts.NarHash != o.narSum || facts.NarSize != o.narSize {
+		return "", errors.New("the uploaded NAR is not the declared one (hash " + nix.FormatSHA256(facts.NarHash) + ")")
+	}
+	return nix.ContentAddress(o.path.String(), facts, o.refs)
+}
+
+// checkServed answers 400 unless every reference of what is published is published with it or
+// in the cache already: a narinfo never points at a path the cache cannot serve.
+func (s *Server) checkServed(ctx context.Context, parts ...[]output) error {
+	batch := map[string]bool{}
+	for _, part := range parts {
+		for _, o := range part {
+			batch[o.path.String()] = true
+		}
+	}
+	checked := map[string]bool{}
+	for _, part := range parts {
+		for _, o := range part {
+			for _, r := range o.refs {
+				if batch[r] || checked[r] {
+					continue
+				}
+				_, ok, err := s.servedRefs(ctx, r)
+				if err != nil {
+					return err
+				}
+				if !ok {
+					return badRequest("%s refers to %s, which is neither published with it nor in the cache", o.path, r)
+				}
+				checked[r] = true
+			}
+		}
+	}
+	return nil
+}

@@ -1,0 +1,172 @@
+package signer
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/klauspost/compress/zstd"
+
+	"github.com/harmonia-ci/harmonia-ci/internal/nix"
+)
+
+// drvText is the ATerm of a derivation called name, as Nix writes it (inputs sorted), with one
+// output whose path is made up (the signer never checks an input-addressed output path).
+func drvText(name string, inputDrvs []string, srcs []string) string {
+	out := fakePath(name+"!out", name)
+	var ins []string
+	for _, d := range slices.Sorted(slices.Values(inputDrvs)) {
+		ins = append(ins, fmt.Sprintf(`(%q,["out"])`, d))
+	}
+	var ss []string
+	for _, s := range slices.Sorted(slices.Values(srcs)) {
+		ss = append(ss, fmt.Sprintf("%q", s))
+	}
+	return fmt.Sprintf(`Derive([("out",%q,"","")],[%s],[%s],%q,"/bin/sh",["-c","echo %s > $out"],[("builder","/bin/sh"),("name",%q),("out",%q),("system",%q)])`,
+		out, strings.Join(ins, ","), strings.Join(ss, ","), system, name, name, out, system)
+}
+
+// derivation is the .drv file of drvText at its true store path.
+func derivation(t *testing.T, name string, inputDrvs []string, srcs []string) DerivationText {
+	t.Helper()
+	text := drvText(name, inputDrvs, srcs)
+	path, _, err := nix.DerivationPath(name+".drv", []byte(text))
+	if err != nil {
+		t.Fatalf("derivation %s: %v\n%s", name, err, text)
+	}
+	return DerivationText{StorePath: path, Text: text}
+}
+
+// checkDrvNarInfo asserts that the cache serves d as Nix would have it: signed, content-addressed
+// as text, referring to its inputs, with a NAR the signer wrote from the text.
+func (e *env) checkDrvNarInfo(t *testing.T, d DerivationText) {
+	t.Helper()
+	ni, ok := e.narInfo(t, d.StorePath)
+	if !ok {
+		t.Fatalf("no narinfo for %s", d.StorePath)
+	}
+	parsed, err := nix.ParseDerivation([]byte(d.Text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantNAR := nix.FileNAR([]byte(d.Text), false)
+	if ni.StorePath != d.StorePath || !ni.Verify(e.key.Public()) ||
+		ni.NarHash != nix.FormatSHA256(sha256.Sum256(wantNAR)) || ni.NarSize != int64(len(wantNAR)) ||
+		ni.CA != "text:"+nix.FormatSHA256(sha256.Sum256([]byte(d.Text))) ||
+		!slices.Equal(slices.Sorted(slices.Values(ni.References)), bases(parsed.References())) {
+		t.Fatalf("narinfo of %s: %+v", d.StorePath, ni)
+	}
+	file, ok := e.read(t, ni.URL)
+	if !ok {
+		t.Fatalf("narinfo of %s: no NAR at %s", d.StorePath, ni.URL)
+	}
+	dec, err := zstd.NewReader(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dec.Close()
+	got, err := dec.DecodeAll(file, nil)
+	if err != nil || !bytes.Equal(got, wantNAR) || int64(len(file)) != ni.FileSize ||
+		nix.FormatSHA256(sha256.Sum256(file)) != ni.FileHash {
+		t.Fatalf("NAR of %s at %s is not the .drv's (%v)", d.StorePath, ni.URL, err)
+	}
+}
+
+// An evaluator publishes its .drv files and the sources they use; every path is recomputed from
+// its content, and the narinfos say how (CA).
+func publishFlow(t *testing.T, e *env) {
+	ev := e.evaluation(t, "eval-1")
+	tok := e.evaluator(t, "eval-1")
+	src := source(t, "src", "the project's sources")
+	script := textFile(t, "builder.sh", "cd "+src.path()+"\n", src.path())
+	flat := flatFile(t, "tarball.tar", "pretend this is a tarball")
+	lib := derivation(t, "lib", nil, []string{src.path(), script.path()})
+	app := derivation(t, "app", []string{lib.StorePath}, []string{flat.path()})
+	sources := []object{src, script, flat}
+
+	slots := e.upload(t, tok, UploadSlotsRequest{Eval: &ev}, nil, sources...)
+	for _, s := range slots.Outputs {
+		if s.Skipped {
+			t.Fatalf("%s skipped before it was uploaded", s.StorePath)
+		}
+	}
+	req := PublishRequest{Eval: ev, Derivations: []DerivationText{lib, app}}
+	for _, s := range sources {
+		req.Sources = append(req.Sources, s.out)
+	}
+	var resp PublishResponse
+	e.mustPost(t, "/api/publish", tok, req, &resp)
+	if resp != (PublishResponse{Written: 5}) {
+		t.Fatalf("publish answered %+v, want 5 written", resp)
+	}
+	e.checkNarInfo(t, src, nil, "", "fixed:r:sha256:")
+	e.checkNarInfo(t, script, []string{src.path()}, "", "text:sha256:")
+	e.checkNarInfo(t, flat, nil, "", "fixed:sha256:")
+	e.checkDrvNarInfo(t, lib)
+	e.checkDrvNarInfo(t, app)
+
+	// Again (a retried evaluation): nothing to upload, every narinfo skipped.
+	var again UploadSlotsResponse
+	e.mustPost(t, "/api/upload-slots", tok, UploadSlotsRequest{Eval: &ev, Outputs: req.Sources}, &again)
+	for _, s := range again.Outputs {
+		if !s.Skipped || s.Upload != nil {
+			t.Fatalf("%s not skipped after its upload: %+v", s.StorePath, s)
+		}
+	}
+	e.mustPost(t, "/api/publish", tok, req, &resp)
+	if resp != (PublishResponse{Skipped: 5}) {
+		t.Fatalf("repeated publish answered %+v, want 5 skipped", resp)
+	}
+
+	// A later batch may refer to what the cache has already.
+	tests := derivation(t, "tests", []string{app.StorePath}, []string{script.path()})
+	e.mustPost(t, "/api/publish", tok, PublishRequest{Eval: ev, Derivations: []DerivationText{tests}}, &resp)
+	if resp != (PublishResponse{Written: 1}) {
+		t.Fatalf("publish of a .drv referring to the cache answered %+v", resp)
+	}
+	e.checkDrvNarInfo(t, tests)
+
+	// But not to what neither it nor the cache has: a narinfo never points at a path the
+	// cache cannot serve.
+	missing := source(t, "not-published", "never uploaded")
+	orphan := derivation(t, "orphan", []string{app.StorePath}, []string{missing.path()})
+	before := e.state(t)
+	code, body := e.post(t, "/api/publish", tok, PublishRequest{Eval: ev, Derivations: []DerivationText{orphan}}, nil)
+	if code != http.StatusBadRequest || !strings.Contains(body, "neither published with it nor in the cache") {
+		t.Fatalf("publish of a .drv referring to an unpublished source: %d %s, want 400", code, body)
+	}
+	e.unchanged(t, before, "publish of a .drv referring to an unpublished source")
+
+	// Once the evaluation is over, its claim publishes nothing.
+	if _, err := e.pool.Exec(ctx(t), `UPDATE evaluations SET status = 'succeeded', finished_at = now() WHERE id = $1`, ev.ID); err != nil {
+		t.Fatal(err)
+	}
+	before = e.state(t)
+	late := derivation(t, "late", nil, nil)
+	for _, c := range []struct {
+		path string
+		body any
+	}{
+		{"/api/publish", PublishRequest{Eval: ev, Derivations: []DerivationText{late}}},
+		{"/api/upload-slots", UploadSlotsRequest{Eval: &ev, Outputs: []Output{missing.out}}},
+	} {
+		if code, body := e.post(t, c.path, tok, c.body, nil); code != http.StatusConflict || !strings.Contains(body, "is not running for node eval-1") {
+			t.Fatalf("%s under a finished evaluation: %d %s, want 409", c.path, code, body)
+		}
+	}
+	e.unchanged(t, before, "requests under a finished evaluation")
+}
+
+func TestPublishLocal(t *testing.T) {
+	t.Parallel()
+	publishFlow(t, newEnv(t, false))
+}
+
+func TestPublishMinIO(t *testing.T) {
+	t.Parallel()
+	publishFlow(t, newEnv(t, true))
+}
