@@ -13,6 +13,7 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -158,6 +159,7 @@ func upload(t *testing.T, u blob.Upload, body []byte) (int, string) {
 }
 
 func TestConformance(t *testing.T) {
+	t.Parallel()
 	for _, b := range backends {
 		t.Run(b.name, func(t *testing.T) {
 			t.Parallel()
@@ -443,41 +445,41 @@ func testIfAbsent(t *testing.T, s blob.Store) {
 }
 
 // testIfAbsentRace: of writers racing with IfAbsent on one key, exactly one stores its bytes.
+// Many rounds of small bodies, so that a check-then-write would let two through.
 func testIfAbsentRace(t *testing.T, s blob.Store) {
-	const writers = 8
-	key := "log/" + h32 + "-race.drv"
-	bodies := make([][]byte, writers)
-	errs := make([]error, writers)
-	start := make(chan struct{})
-	done := make(chan struct{})
-	for i := range writers {
-		bodies[i] = bytes.Repeat([]byte{'a' + byte(i)}, 64<<10)
-		go func() {
-			defer func() { done <- struct{}{} }()
-			<-start
-			errs[i] = putIfAbsent(s, key, bodies[i], nil)
-		}()
-	}
-	close(start)
-	for range writers {
-		<-done
-	}
-	winner := -1
-	for i, err := range errs {
-		switch {
-		case err == nil && winner >= 0:
-			t.Errorf("writers %d and %d both stored %s", winner, i, key)
-		case err == nil:
-			winner = i
-		case !errors.Is(err, blob.ErrExists):
-			t.Errorf("writer %d: %v, want nil or ErrExists", i, err)
+	const writers, rounds = 16, 100
+	for round := range rounds {
+		key := fmt.Sprintf("log/%s-race-%d.drv", h32, round)
+		bodies := make([][]byte, writers)
+		errs := make([]error, writers)
+		start := make(chan struct{})
+		var wg sync.WaitGroup
+		for i := range writers {
+			bodies[i] = []byte(fmt.Sprintf("writer %d", i))
+			wg.Go(func() {
+				<-start
+				errs[i] = putIfAbsent(s, key, bodies[i], nil)
+			})
 		}
-	}
-	if winner < 0 {
-		t.Fatalf("no writer stored %s: %v", key, errs)
-	}
-	if got, _ := content(t, s, key); got != string(bodies[winner]) {
-		t.Errorf("%s holds %d bytes starting %q, want writer %d's", key, len(got), got[:min(len(got), 8)], winner)
+		close(start)
+		wg.Wait()
+		winner := -1
+		for i, err := range errs {
+			switch {
+			case err == nil && winner >= 0:
+				t.Errorf("round %d: writers %d and %d both stored %s", round, winner, i, key)
+			case err == nil:
+				winner = i
+			case !errors.Is(err, blob.ErrExists):
+				t.Errorf("round %d: writer %d: %v, want nil or ErrExists", round, i, err)
+			}
+		}
+		if winner < 0 {
+			t.Fatalf("round %d: no writer stored %s: %v", round, key, errs)
+		}
+		if got, _ := content(t, s, key); got != string(bodies[winner]) {
+			t.Errorf("round %d: %s holds %q, want writer %d's %q", round, key, got, winner, bodies[winner])
+		}
 	}
 }
 
@@ -653,6 +655,7 @@ func testPresignRefusals(t *testing.T, s blob.Store) {
 		{"expiry 0", key, sum[:], 0, false},
 		{"negative expiry", key, sum[:], -time.Minute, false},
 		{"NAR key with another sum", key, other[:], time.Minute, false},
+		{"NAR key that is no nix32 sha256", "nar/z" + h52[1:] + ".nar.zst", sum[:], time.Minute, false},
 		{"expiry MaxURLExpiry", key, sum[:], blob.MaxURLExpiry, true},
 		{"expiry 1s", key, sum[:], time.Second, true},
 		{"log key with any sum", log, other[:], time.Minute, true},

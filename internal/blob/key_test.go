@@ -70,3 +70,21 @@ func TestValidKey(t *testing.T) {
 		}
 	}
 }
+
+func TestIsNAR(t *testing.T) {
+	for _, c := range []struct {
+		key  string
+		want bool
+	}{
+		{"nar/" + h52 + ".nar.zst", true},
+		{h32 + ".narinfo", false},
+		{h32 + ".ls", false},
+		{"log/" + h32 + "-nar.drv", false},
+		{"realisations/" + h32 + "!nar.doi", false},
+		{"nix-cache-info", false},
+	} {
+		if got := blob.IsNAR(c.key); got != c.want {
+			t.Errorf("IsNAR(%q) = %v, want %v", c.key, got, c.want)
+		}
+	}
+}

@@ -190,9 +190,11 @@ func (l *Local) put(ctx context.Context, key string, r io.Reader, size int64, su
 	}
 	f = nil
 	if ifAbsent {
-		// A hard link never replaces an existing name: of two racing writers, one wins.
-		err := l.root.Link(tmp, rel)
-		_ = l.root.Remove(tmp)
+		// Of two racing writers, one wins: the rename never replaces an existing name.
+		err := l.renameNoReplace(tmp, rel)
+		if err != nil {
+			_ = l.root.Remove(tmp)
+		}
 		if errors.Is(err, fs.ErrExist) {
 			return fmt.Errorf("%w: %s", ErrExists, key)
 		}
@@ -207,6 +209,35 @@ func (l *Local) put(ctx context.Context, key string, r io.Reader, size int64, su
 	// Durability comes from Sync, once per batch: the signer syncs before it records a build.
 	// Until then the write-then-rename keeps readers from ever seeing a partial object.
 	return nil
+}
+
+// renameNoReplace renames tmp to rel unless rel exists (fs.ErrExist then), in one step: the
+// rename(2) flag RENAME_NOREPLACE, on directories opened through the root. File systems without
+// the flag get a hard link and an unlink, which is atomic too but costs one more operation.
+func (l *Local) renameNoReplace(tmp, rel string) error {
+	from, err := l.root.Open(filepath.Dir(tmp))
+	if err != nil {
+		return err
+	}
+	defer from.Close()
+	to, err := l.root.Open(filepath.Dir(rel))
+	if err != nil {
+		return err
+	}
+	defer to.Close()
+	err = unix.Renameat2(int(from.Fd()), filepath.Base(tmp), int(to.Fd()), filepath.Base(rel), unix.RENAME_NOREPLACE)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, unix.EEXIST):
+		return fs.ErrExist
+	case errors.Is(err, unix.EINVAL), errors.Is(err, unix.ENOSYS):
+		if err := l.root.Link(tmp, rel); err != nil {
+			return err
+		}
+		return l.root.Remove(tmp)
+	}
+	return err
 }
 
 // Sync makes every object written so far durable (syncfs(2) on the store's file system): one
@@ -456,7 +487,13 @@ func (l *Local) serveUpload(w http.ResponseWriter, r *http.Request) error {
 	if err := http.NewResponseController(w).SetReadDeadline(time.Now().Add(uploadDeadline(size))); err != nil {
 		return fmt.Errorf("blob upload: set read deadline: %w", err)
 	}
-	err := l.put(r.Context(), key, r.Body, size, sum, IsNAR(key))
+	// A NAR is written once; one whose size is not its key's (cut short by a crash before the
+	// signer's sync) is replaced, or it would be refused as "not uploaded" forever.
+	writeOnce := IsNAR(key)
+	if fi, err := l.Head(r.Context(), key); writeOnce && err == nil && fi.Size != size {
+		writeOnce = false
+	}
+	err := l.put(r.Context(), key, r.Body, size, sum, writeOnce)
 	var mm *MismatchError
 	switch {
 	case errors.As(err, &mm):

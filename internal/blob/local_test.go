@@ -423,3 +423,30 @@ func TestLocalListIgnoresStrayFiles(t *testing.T) {
 		t.Errorf("List = %v, want only %s", got, kNarinfo)
 	}
 }
+
+// A NAR cut short (a crash between its write and the signer's sync) is not kept as if it were
+// whole: the next upload of the right bytes replaces it.
+func TestLocalTruncatedNARIsReplaced(t *testing.T) {
+	ctx := context.Background()
+	l := newLocal(t)
+	body := []byte(strings.Repeat("a whole NAR ", 100))
+	sum := sha256.Sum256(body)
+	key := narKey(body)
+	path := filepath.Join(l.Dir(), filepath.FromSlash(key))
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, body[:10], 0o644); err != nil {
+		t.Fatal(err)
+	}
+	u, err := l.PresignPut(ctx, key, int64(len(body)), sum[:], "", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code, msg := upload(t, u, body); code != http.StatusOK {
+		t.Fatalf("upload: %d %s", code, msg)
+	}
+	if got, _ := os.ReadFile(path); !bytes.Equal(got, body) {
+		t.Fatalf("the truncated NAR is still there (%d bytes)", len(got))
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/xml"
+	"errors"
 	"io"
 	"net/http"
 	"net/url"
@@ -288,4 +289,47 @@ func rawPut(t *testing.T, u string, h http.Header, body []byte) (int, string) {
 		_ = xml.Unmarshal(msg, &e)
 	}
 	return resp.StatusCode, e.Code
+}
+
+// TestS3IfAbsentMultipart: a Put with IfAbsent of a body that minio-go uploads in parts stores
+// nothing over an existing key, and leaves no incomplete multipart upload in the bucket.
+func TestS3IfAbsentMultipart(t *testing.T) {
+	cfg := blobtest.StartMinIO(t)
+	s, err := blob.NewS3(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, err := minio.New(cfg.Endpoint, &minio.Options{
+		Creds: credentials.NewStaticV4(cfg.AccessKey, cfg.SecretKey, ""), Region: cfg.Region,
+		BucketLookup: minio.BucketLookupPath,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := bytes.Repeat([]byte("first large body"), (17<<20)/16)
+	second := bytes.Repeat([]byte("other large body"), (17<<20)/16)
+	key := narKey(first)
+	if err := putIfAbsent(s, key, first, nil); err != nil {
+		t.Fatal(err)
+	}
+	// A multipart object's ETag ends in -<parts>.
+	oi, err := client.StatObject(context.Background(), cfg.Bucket, key, minio.StatObjectOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(oi.ETag, "-") {
+		t.Fatalf("ETag %q is not a multipart upload's: the test does not test multipart", oi.ETag)
+	}
+	if err := putIfAbsent(s, key, second, nil); !errors.Is(err, blob.ErrExists) {
+		t.Errorf("second large Put with IfAbsent = %v, want ErrExists", err)
+	}
+	if got, _ := content(t, s, key); got != string(first) {
+		t.Errorf("after the second large Put with IfAbsent the object changed (%d bytes)", len(got))
+	}
+	for u := range client.ListIncompleteUploads(context.Background(), cfg.Bucket, "", true) {
+		if u.Err != nil {
+			t.Fatal(u.Err)
+		}
+		t.Errorf("incomplete multipart upload left behind: %s (%s)", u.Key, u.UploadID)
+	}
 }

@@ -2,8 +2,9 @@ package blob
 
 // What MinIO enforces on a presigned PUT, observed against the real server
 // (github.com/minio/minio v0.0.0-20260212201848-7aac2a2c5b7c, minio-go v7.4.1) by
-// TestMinIOPresignEnforcement and TestS3PresignCopySource. "Signed" means the header is in
-// X-Amz-SignedHeaders via PresignHeader's extraHeaders; each row was one real request.
+// TestMinIOPresignEnforcement, TestS3PresignedNARWriteOnce and TestS3PresignCopySource.
+// "Signed" means the header is in X-Amz-SignedHeaders via PresignHeader's extraHeaders; each
+// row was one real request.
 //
 //	signed header            request                        MinIO answer                     stored
 //	(none)                   any body, any length           200                              yes
@@ -18,12 +19,24 @@ package blob
 //	X-Amz-Checksum-Sha256    header not sent                400 AccessDenied                 no
 //	X-Amz-Checksum-Sha256    header+body changed            403 SignatureDoesNotMatch        no
 //	Content-Type             header not sent / changed      400 AccessDenied / 403 SigMismatch  no
+//	(none)                   key exists                     200                              replaced
+//	If-None-Match: *         key absent                     200                              yes
+//	If-None-Match: *         key exists                     412 PreconditionFailed           no
+//	If-None-Match: *         header not sent, key absent    400 AccessDenied                 no
+//	If-None-Match: *         header not sent, key exists    400 AccessDenied                 no
+//	If-None-Match: *         header changed to an ETag      403 SignatureDoesNotMatch        no
 //	all of ours              URL path edited to another key 403 SignatureDoesNotMatch        no
 //	all of ours              used after expiry              403 AccessDenied "Request has expired"  no
 //
 // So MinIO does verify the body against a signed x-amz-content-sha256 (hex) and a signed
 // x-amz-checksum-sha256 (base64), and pins the length through a signed Content-Length (it
 // signs r.ContentLength). PresignPut signs all of these and Content-Type.
+//
+// A presigned NAR PUT also signs If-None-Match: *, so it can create its key but never replace
+// it, and a client cannot opt out by dropping the header. Put with IfAbsent sends the same
+// header: MinIO answered 412 to a second one, also for a 17 MiB body that minio-go sends as a
+// multipart upload (leaving no incomplete upload behind; TestS3IfAbsentMultipart), and of 16
+// concurrent ones on a key exactly one stored its body (the conformance suite's IfAbsentRace).
 //
 // One hole the signature alone does not close: an UNSIGNED x-amz-copy-source header added by
 // the client turns the PUT into a server-side CopyObject of any object in the bucket; MinIO
@@ -32,8 +45,9 @@ package blob
 // rejects the header even when empty.) PresignPut therefore also signs
 // x-amz-copy-source-if-match with an ETag no object has: a plain PUT ignores it, and a copy
 // fails its precondition (observed: 412 PreconditionFailed, nothing stored; dropping the
-// header: 400 AccessDenied). Other unsigned headers (x-amz-meta-*, Content-Encoding, ...)
-// were not probed; none of them is a documented way to replace the body.
+// header: 400 AccessDenied; the same with If-None-Match: * also signed, on a NAR key). Other
+// unsigned headers (x-amz-meta-*, Content-Encoding, ...) were not probed; none of them is a
+// documented way to replace the body.
 
 import (
 	"context"
@@ -220,7 +234,7 @@ func (s *S3) PresignPut(ctx context.Context, key string, size int64, sum []byte,
 	if IsNAR(key) {
 		// Written once: MinIO (and S3) refuse the PUT with 412 when the object exists, and
 		// refuse it outright if the client drops this signed header.
-		
+		h.Set("If-None-Match", "*")
 	}
 	start := s.now()
 	u, err := s.client.PresignHeader(ctx, http.MethodPut, s.bucket, key, expiry, url.Values{}, h)

@@ -519,3 +519,59 @@ func TestNixBuildFailed(t *testing.T) {
 		}
 	}
 }
+
+// A build in the system store cannot read the node's secrets: Nix's sandbox hides them, and
+// the build user it runs as could not read them anyway. Under the configuration builders had
+// before (root, no sandbox) the same build reads the secret into its output — the attack the
+// default configuration closes.
+func TestSystemStoreBuildsCannotReadSecrets(t *testing.T) {
+	t.Parallel()
+	secretValue := "hci-build-secret-" + storeTestSalt(t)
+	dir := t.TempDir()
+	if err := os.Chmod(dir, 0o755); err != nil { // visible, if anything could see it
+		t.Fatal(err)
+	}
+	secret := filepath.Join(dir, "signing-key")
+	if err := os.WriteFile(secret, []byte(secretValue+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		name     string
+		store    Store
+		readable bool
+	}{
+		{"root without sandbox (the old default)", Store{Unsandboxed: true}, true},
+		{"build users without sandbox", Store{Unsandboxed: true, BuildUsersGroup: "nixbld"}, false},
+		{"default: sandbox and build users", Store{BuildUsersGroup: "nixbld"}, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			salt := storeTestSalt(t)
+			drv := storeTestInstantiate(t, "", fmt.Sprintf(`{ steal = derivation {
+  name = "steal"; salt = %q; system = builtins.currentSystem; builder = "/bin/sh";
+  args = [ "-c" "read l < %s || exit 3; echo \"$l\"; echo \"$l\" > $out" ]; }; }`, salt, secret), "steal")["steal"]
+			s := tt.store
+			if err := s.Init(storeTestCtx(t)); err != nil {
+				t.Fatal(err)
+			}
+			var log storeTestLog
+			outs, err := s.Build(storeTestCtx(t), drv, BuildLimits{Timeout: time.Minute}, &log)
+			if tt.readable {
+				if err != nil {
+					t.Fatalf("the unconfined build failed: %v\n%s", err, log.String())
+				}
+				got, _ := os.ReadFile(outs["out"])
+				if !strings.Contains(string(got), secretValue) {
+					t.Fatalf("the unconfined build's output %q lacks the secret", got)
+				}
+				return
+			}
+			var be *BuildError
+			if !errors.As(err, &be) || be.Kind != "failed" {
+				t.Fatalf("Build = %v, want a failed build\n%s", err, log.String())
+			}
+			if strings.Contains(log.String(), secretValue) {
+				t.Fatalf("the log shows the secret:\n%s", log.String())
+			}
+		})
+	}
+}

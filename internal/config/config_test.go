@@ -899,3 +899,16 @@ func TestNodeTokenMustFitTheNode(t *testing.T) {
 		})
 	}
 }
+
+func TestRelativeStateDirIsMadeAbsolute(t *testing.T) {
+	setup(t)
+	dir := "relative-state"
+	c, err := Load(Overrides{StateDir: &dir}, fakeEnv(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wd, _ := os.Getwd()
+	if want := filepath.Join(wd, dir); c.StateDir != want {
+		t.Fatalf("state_dir %q, want %q", c.StateDir, want)
+	}
+}

@@ -46,6 +46,12 @@ func Load(o Overrides, getenv func(string) string) (*Config, error) {
 	from := origins{}
 	c.applyEnv(getenv, from)
 	c.applyOverrides(o, from)
+	// Relative to where the command runs, once: git, Nix and PostgreSQL get absolute paths.
+	if c.StateDir != "" && !filepath.IsAbs(c.StateDir) {
+		if abs, err := filepath.Abs(c.StateDir); err == nil {
+			c.StateDir = abs
+		}
+	}
 	errs := c.readTokens(getenv)
 	errs = append(errs, c.problems(from)...)
 	if len(errs) > 0 {

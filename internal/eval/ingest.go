@@ -325,17 +325,30 @@ func (in *ingester) publish(ctx context.Context, newDrvs []string, fresh map[str
 	}
 	var sources []upload.Path
 	var drvs []string
+	// The sources and everything they refer to: a narinfo never points at what the cache lacks.
+	var queue []string
 	for _, p := range newDrvs {
-		for _, src := range fresh[p].InputSrcs {
-			info, ok := infos[src]
-			if !ok {
-				return fmt.Errorf("source %s of %s is not valid in the evaluator's store", src, p)
+		queue = append(queue, fresh[p].InputSrcs...)
+	}
+	for len(queue) > 0 {
+		src := queue[0]
+		queue = queue[1:]
+		if in.published[src] {
+			continue
+		}
+		info, ok := infos[src]
+		if !ok {
+			more, err := in.storeDB.PathInfos(ctx, []string{src})
+			if err != nil {
+				return fmt.Errorf("read store database: %w", err)
 			}
-			if !in.published[src] {
-				in.published[src] = true
-				sources = append(sources, upload.Path{StorePath: src, References: info.References})
+			if info, ok = more[src]; !ok {
+				return fmt.Errorf("source %s is not valid in the evaluator's store", src)
 			}
 		}
+		in.published[src] = true
+		sources = append(sources, upload.Path{StorePath: src, References: info.References})
+		queue = append(queue, info.References...)
 	}
 	for _, p := range inputsFirst(newDrvs, fresh) {
 		if !in.published[p] {

@@ -10,6 +10,10 @@ let
   spec = builtins.fromJSON (builtins.readFile specFile);
   skip = builtins.listToAttrs (map (a: { name = a; value = true; }) spec.skip);
   say = msg: builtins.trace ("@hci:" + nonce + " " + builtins.toJSON msg);
+  # emit reports an attribute at once, inside the walk of that attribute: the record streams to
+  # the evaluator while Nix goes on, and an uncatchable error is never blamed on the attribute
+  # that began before it.
+  emit = msg: let r = say msg null; in builtins.seq r [ r ];
 
   root =
     if spec.mode == "flake" then
@@ -30,13 +34,10 @@ let
     if skip ? ${a} then [ ] else
     say { begin = a; } (
       let t = builtins.tryEval x; in
-      if !t.success then [ (say { attr = a; inherit path; failed = true; } null) ]
+      if !t.success then emit { attr = a; inherit path; failed = true; }
       else if isDrv t.value then
-        # Forced here, right after this attribute's begin record: an uncatchable error in its
-        # drvPath must stop Nix before the next attribute begins, or it would be blamed.
         let d = builtins.tryEval t.value.drvPath; in
-        builtins.seq d.success
-          [ (say (if d.success then { attr = a; inherit path; drv = d.value; } else { attr = a; inherit path; failed = true; }) null) ]
+        emit (if d.success then { attr = a; inherit path; drv = d.value; } else { attr = a; inherit path; failed = true; })
       else if builtins.isAttrs t.value && (force > 0 || (t.value.recurseForDerivations or false) == true) then
         builtins.concatMap (n: walk (force - 1) (path ++ [ n ]) t.value.${n})
           (builtins.filter (n: n != "recurseForDerivations") (builtins.attrNames t.value))
@@ -56,7 +57,7 @@ let
     else if skip ? ${a} then [ ]
     else say { begin = a; } (
       if l.found then walk spec.force path l.value
-      else [ (say { attr = a; inherit path; error = "attribute '${a}' does not exist"; } null) ]);
+      else emit { attr = a; inherit path; error = "attribute '${a}' does not exist"; });
 
   # probe: evaluate one attribute without tryEval, so Nix prints the real error.
   probe = let l = lookup spec.probe; in l.value.drvPath;

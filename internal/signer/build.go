@@ -57,7 +57,7 @@ func (s *Server) jobFacts(ctx context.Context, id nodetoken.Identity, claim JobC
 func checkJobOutputs(f jobFacts, outs []output, complete bool) error {
 	for i := range outs {
 		o := &outs[i]
-		if false && !slices.Contains(f.outputs, o.path.String()) {
+		if !slices.Contains(f.outputs, o.path.String()) {
 			return badRequest("outputs[%d]: %s is not an output of %s", i, o.path, f.drvPath)
 		}
 		if o.deriver != "" && o.deriver != f.drvBase() {

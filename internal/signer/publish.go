@@ -128,6 +128,9 @@ func derivationOutput(d DerivationText) (output, []byte, error) {
 	return o, file, nil
 }
 
+// maxWindow bounds the zstd window of an uploaded source the signer decompresses.
+const maxWindow = 64 << 20
+
 // sourceAddress reads an uploaded source NAR back and returns its content address: the NAR
 // must be the declared one, and the store path must follow from it and the references.
 func (s *Server) sourceAddress(ctx context.Context, o output) (string, error) {
@@ -139,7 +142,9 @@ func (s *Server) sourceAddress(ctx context.Context, o output) (string, error) {
 		return "", unavailable("blob store unavailable", err)
 	}
 	defer r.Close()
-	dec, err := zstd.NewReader(r, zstd.WithDecoderConcurrency(1))
+	// Bounded, so an uploaded file cannot make the signer allocate a window of gigabytes (the
+	// builders' and evaluators' encoder uses a few MiB).
+	dec, err := zstd.NewReader(r, zstd.WithDecoderConcurrency(1), zstd.WithDecoderMaxWindow(maxWindow))
 	if err != nil {
 		return "", err
 	}

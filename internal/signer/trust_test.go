@@ -122,7 +122,7 @@ func TestTrustZones(t *testing.T) {
 	oa := built(t, queuetest.OutPath("a"), "a", aRefs...)
 	ob := built(t, queuetest.OutPath("b"), "b")
 	e.upload(t, aTok, UploadSlotsRequest{Job: jobClaim(ja), Log: logUpload(logKey("a"), []byte("a log"))}, []byte("a log"), oa)
-	e.upload(t, bTok, UploadSlotsRequest{Job: jobClaim(jb)}, nil, ob)
+	e.upload(t, bTok, UploadSlotsRequest{Job: jobClaim(jb), Log: logUpload(logKey("b"), []byte("b log"))}, []byte("b log"), ob)
 
 	ev := e.evaluation(t, "eval-e")
 	eTok := e.evaluator(t, "eval-e")
@@ -249,8 +249,8 @@ func TestTrustZones(t *testing.T) {
 	if got := e.logURL(t, ja); got != logKey("a") {
 		t.Fatalf("a's log_url = %q", got)
 	}
-	if _, ok := e.read(t, logKey("b")); ok {
-		t.Fatal("b has a log, but b never uploaded one")
+	if got, _ := e.read(t, logKey("b")); string(got) != "b log" {
+		t.Fatalf("b's log is %q, want the one b uploaded", got)
 	}
 	if e.upstream.asked.Load() == 0 {
 		t.Fatal("the upstream was never asked about a's library")

@@ -44,7 +44,8 @@ type Publisher struct {
 	HTTP *http.Client
 	// Parallel bounds concurrent compressions and PUTs; default 16.
 	Parallel int
-	// Batch bounds the paths of one upload-slots or build-complete call; default 500.
+	// Batch bounds the sources, or the .drv files, of one upload-slots or publish call of an
+	// evaluation; default 500. A build's outputs always go in one call: they complete together.
 	Batch int
 	// Observe, if set, is told how long each step took: "upload" (NARs hashed, compressed
 	// and PUT) and "sign" (build-complete) — the builder's per-job overhead figures.
@@ -145,7 +146,8 @@ const maxPublishText = 4 << 20
 
 // PublishEval publishes an evaluation's .drv files and sources under its claim. drvs must come
 // inputs first (each after the .drv files it refers to), so that every request refers only to
-// what it publishes or what was published before; sources are uploaded and published first.
+// what it publishes or what was published before. Sources go first, at most Batch to an
+// upload-slots and publish request, each after the sources among them it refers to.
 func (p *Publisher) PublishEval(ctx context.Context, eval signer.EvalClaim, drvs []string, sources []Path) (Response, error) {
 	var total Response
 	add := func(r Response) {
@@ -153,23 +155,18 @@ func (p *Publisher) PublishEval(ctx context.Context, eval signer.EvalClaim, drvs
 		total.Skipped += r.Skipped
 		total.Conflicts += r.Conflicts
 	}
-	req := signer.PublishRequest{Eval: eval}
-	if len(sources) > 0 {
-		prep, cleanup, err := p.prepareAll(ctx, sources)
+	sources = refsFirst(sources)
+	for start := 0; start < len(sources); start += p.batch() {
+		resp, err := p.publishSources(ctx, eval, sources[start:min(start+p.batch(), len(sources))])
 		if err != nil {
 			return total, err
 		}
-		defer cleanup()
-		if err := p.uploadAll(ctx, slotClaim{eval: &eval}, prep, nil); err != nil {
-			return total, err
-		}
-		for _, pr := range prep {
-			req.Sources = append(req.Sources, pr.out)
-		}
+		add(resp)
 	}
+	req := signer.PublishRequest{Eval: eval}
 	size := 0
 	flush := func() error {
-		if len(req.Sources)+len(req.Derivations) == 0 {
+		if len(req.Derivations) == 0 {
 			return nil
 		}
 		resp, err := p.Signer.Publish(ctx, req)
@@ -195,6 +192,55 @@ func (p *Publisher) PublishEval(ctx context.Context, eval signer.EvalClaim, drvs
 		size += len(text)
 	}
 	return total, flush()
+}
+
+// publishSources uploads sources and publishes them in one request.
+func (p *Publisher) publishSources(ctx context.Context, eval signer.EvalClaim, sources []Path) (Response, error) {
+	prep, cleanup, err := p.prepareAll(ctx, sources)
+	if err != nil {
+		return Response{}, err
+	}
+	defer cleanup()
+	if err := p.uploadAll(ctx, slotClaim{eval: &eval}, prep, nil); err != nil {
+		return Response{}, err
+	}
+	req := signer.PublishRequest{Eval: eval, Sources: make([]signer.Output, len(prep))}
+	for i, pr := range prep {
+		req.Sources[i] = pr.out
+	}
+	resp, err := p.Signer.Publish(ctx, req)
+	if err != nil {
+		return resp, fmt.Errorf("publish: %w", err)
+	}
+	return resp, nil
+}
+
+// refsFirst orders paths so that each comes after the paths among them it refers to (a
+// builtins.toFile text naming another source); otherwise it keeps their order.
+func refsFirst(paths []Path) []Path {
+	index := make(map[string]int, len(paths))
+	for i, p := range paths {
+		index[p.StorePath] = i
+	}
+	done := make([]bool, len(paths))
+	out := make([]Path, 0, len(paths))
+	var visit func(i int)
+	visit = func(i int) {
+		if done[i] {
+			return
+		}
+		done[i] = true // references form no cycles but a path's own
+		for _, r := range paths[i].References {
+			if j, ok := index[r]; ok {
+				visit(j)
+			}
+		}
+		out = append(out, paths[i])
+	}
+	for i := range paths {
+		visit(i)
+	}
+	return out
 }
 
 func (p *Publisher) batch() int {

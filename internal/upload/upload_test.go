@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"net/http"
 	"os"
@@ -23,16 +24,23 @@ import (
 
 	"github.com/harmonia-ci/harmonia-ci/internal/dbtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
+	"github.com/harmonia-ci/harmonia-ci/internal/nodetoken"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 	"github.com/harmonia-ci/harmonia-ci/internal/queuetest"
 	"github.com/harmonia-ci/harmonia-ci/internal/signer"
 	"github.com/harmonia-ci/harmonia-ci/internal/signertest"
 )
 
+const (
+	system = "x86_64-linux"
+	node   = "worker-1" // the node the tests' client speaks for: builder and evaluator
+)
+
 // env is an in-process signer and binary cache (signertest) whose presigned uploads go through a
 // counting server that fails the first failPuts with 500.
 type env struct {
 	pool     *pgxpool.Pool
+	cluster  *signertest.Cluster
 	key      nix.SecretKey
 	url      string // signer and cache
 	client   *signer.Client
@@ -43,7 +51,7 @@ type env struct {
 func newEnv(t *testing.T) *env {
 	t.Helper()
 	e := &env{pool: dbtest.NewPool(t)}
-	c := signertest.Start(t, e.pool, signertest.Options{KeyName: "upload-test-1", Uploads: func(h http.Handler) http.Handler {
+	e.cluster = signertest.Start(t, e.pool, signertest.Options{KeyName: "upload-test-1", Uploads: func(h http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			e.puts.Add(1)
 			if e.failPuts.Add(-1) >= 0 {
@@ -53,29 +61,73 @@ func newEnv(t *testing.T) *env {
 			h.ServeHTTP(w, r)
 		})
 	}})
-	e.key, e.url, e.client = c.Key, c.URL, c.Client
+	e.key, e.url, e.client = e.cluster.Key, e.cluster.URL, e.cluster.Client(t, node)
+	queuetest.InsertNode(t, e.pool, queuetest.Node{ID: node, Roles: []string{"builder", "evaluator"}, Systems: []string{system}})
 	return e
 }
 
-func (e *env) publisher(t *testing.T) *Publisher {
-	return &Publisher{Signer: e.client}
-}
+func (e *env) publisher() *Publisher { return &Publisher{Signer: e.client} }
 
 func ctx(t *testing.T) context.Context {
 	t.Helper()
 	return queuetest.Ctx(t, 2*time.Minute)
 }
 
+// job enqueues a derivation called name with outputs (output name → store path) and input
+// sources srcs, claims its job as the test's node and returns the claim.
+func (e *env) job(t *testing.T, name string, outputs map[string]string, srcs ...string) (signer.JobClaim, string) {
+	t.Helper()
+	d := queuetest.Drv(name, system)
+	d.Outputs = nil
+	for _, o := range slices.Sorted(maps.Keys(outputs)) {
+		d.Outputs = append(d.Outputs, queue.Output{Name: o, Path: outputs[o]})
+	}
+	d.InputSrcs = srcs
+	queuetest.Enqueue(t, e.pool, nil, d)
+	jobs, err := queue.ClaimJobs(ctx(t), e.pool, queue.Claimer{NodeID: node, Systems: []string{system}}, 1)
+	if err != nil || len(jobs) != 1 || jobs[0].DrvPath != d.DrvPath {
+		t.Fatalf("claim %s: %v, %v", name, jobs, err)
+	}
+	return signer.JobClaim{ID: jobs[0].ID, Attempt: jobs[0].Attempt}, d.DrvPath
+}
+
+// evaluation inserts a running evaluation claimed by the test's node and returns its claim.
+func (e *env) evaluation(t *testing.T, name string) signer.EvalClaim {
+	t.Helper()
+	project := queuetest.NewProject(t, e.pool, name, 100)
+	id := queuetest.QueryInt(t, e.pool, `
+INSERT INTO evaluations (project_id, flake_url, commit_sha, branch, status, claimed_by, claimed_at, started_at, attempt)
+VALUES ($1, 'git+file:///src', 'c0ffee', 'main', 'running', $2, now(), now(), 3) RETURNING id`, project, node)
+	return signer.EvalClaim{ID: id, Attempt: 3}
+}
+
+func (e *env) jobRow(t *testing.T, id int64) (status, logURL string) {
+	t.Helper()
+	if err := e.pool.QueryRow(ctx(t), `SELECT status, COALESCE(log_url, '') FROM build_jobs WHERE id = $1`, id).Scan(&status, &logURL); err != nil {
+		t.Fatal(err)
+	}
+	return status, logURL
+}
+
 func requireNix(t *testing.T) {
 	t.Helper()
-	if _, err := exec.LookPath("nix-store"); err != nil {
-		t.Fatal("nix-store not found: install the Debian package nix-bin (scripts/deps.sh test does)")
+	for _, bin := range []string{"nix-store", "nix", "nix-instantiate"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			t.Fatalf("%s not found: install the Debian package nix-bin (scripts/deps.sh test does)", bin)
+		}
 	}
 }
 
+// run runs a Nix command offline, with a narinfo disk cache of the test's own, and returns its
+// trimmed standard output.
 func run(t *testing.T, name string, args ...string) string {
 	t.Helper()
+	args = append([]string{"--option", "substituters", "", "--option", "build-users-group", ""}, args...)
+	if name == "nix" {
+		args = append([]string{"--extra-experimental-features", "nix-command"}, args...)
+	}
 	cmd := exec.Command(name, args...)
+	cmd.Env = append(os.Environ(), "XDG_CACHE_HOME="+t.TempDir(), "NIX_REMOTE=")
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -114,11 +166,15 @@ func addToStore(t *testing.T, name string, files map[string]string) string {
 		if err := os.WriteFile(p, []byte(content), mode); err != nil {
 			t.Fatal(err)
 		}
+		if err := os.Chmod(p, mode); err != nil {
+			t.Fatal(err)
+		}
 	}
 	return run(t, "nix-store", "--add", root)
 }
 
-// fileReferring adds a text file to the store whose contents (and so references) name refs.
+// fileReferring adds a text file to the store (builtins.toFile) whose contents, and so
+// references, name refs.
 func fileReferring(t *testing.T, name string, refs ...string) string {
 	t.Helper()
 	var parts []string
@@ -126,14 +182,17 @@ func fileReferring(t *testing.T, name string, refs ...string) string {
 		parts = append(parts, fmt.Sprintf(`${builtins.storePath "%s"}`, r))
 	}
 	expr := fmt.Sprintf(`builtins.toFile "%s" "refers to %s\n"`, name, strings.Join(parts, " and "))
-	out := run(t, "nix-instantiate", "--eval", "--read-write-mode", "--option", "substituters", "", "-E", expr)
-	return strings.Trim(out, `"`)
+	return strings.Trim(run(t, "nix-instantiate", "--eval", "--read-write-mode", "-E", expr), `"`)
 }
 
-// storePaths makes the paths every test publishes: a file, a tree with an executable, a
-// symlink and a subdirectory, a file of more than 4 MiB (compressed through a temporary
-// file), and a file that refers to two of them. The contents are fixed so reruns reuse the
-// same store paths.
+func references(t *testing.T, path string) []string {
+	t.Helper()
+	return strings.Fields(run(t, "nix-store", "-q", "--references", path))
+}
+
+// storePaths makes real store paths: a file, a tree with an executable, a symlink and a
+// subdirectory, a file of more than 4 MiB (compressed through a temporary file), and a file
+// that refers to the first two. The contents are fixed so reruns reuse the same store paths.
 func storePaths(t *testing.T, tag string) []Path {
 	t.Helper()
 	rng := rand.New(rand.NewChaCha8([32]byte{'u', 'p', 'l', 'o', 'a', 'd'}))
@@ -152,14 +211,28 @@ func storePaths(t *testing.T, tag string) []Path {
 	ref := fileReferring(t, "upload-test-"+tag+"-ref", small, tree)
 	paths := []Path{{StorePath: small}, {StorePath: tree}, {StorePath: bigPath}, {StorePath: ref}}
 	for i := range paths {
-		if refs := run(t, "nix-store", "-q", "--references", paths[i].StorePath); refs != "" {
-			paths[i].References = strings.Fields(refs)
-		}
+		paths[i].References = references(t, paths[i].StorePath)
 	}
 	if got := paths[3].References; !slices.Contains(got, small) || !slices.Contains(got, tree) {
 		t.Fatalf("%s refers to %v, want %s and %s", ref, got, small, tree)
 	}
 	return paths
+}
+
+// buildJob claims a job whose outputs are paths[1:] ("out", "big", "ref") and whose input source
+// is paths[0], which the cache has (an evaluator published it): paths[3] refers to an input and
+// to another output, as a real build's outputs do. It returns the outputs to publish, with the
+// job's .drv as deriver as the builder passes it.
+func (e *env) buildJob(t *testing.T, name string, paths []Path) (signer.JobClaim, string, []Path) {
+	t.Helper()
+	e.cluster.Seed(t, "", signertest.SeedPath{StorePath: paths[0].StorePath, References: paths[0].References})
+	claim, drv := e.job(t, name, map[string]string{"out": paths[1].StorePath, "big": paths[2].StorePath, "ref": paths[3].StorePath},
+		paths[0].StorePath)
+	outs := slices.Clone(paths[1:])
+	for i := range outs {
+		outs[i].Deriver = drv
+	}
+	return claim, drv, outs
 }
 
 // pathInfo is what the system store says about a path.
@@ -168,11 +241,12 @@ type pathInfo struct {
 	NarHash    string   `json:"narHash"` // SRI: sha256-<base64>
 	NarSize    int64    `json:"narSize"`
 	References []string `json:"references"`
+	CA         string   `json:"ca"`
 }
 
 func pathInfos(t *testing.T, paths []Path) map[string]pathInfo {
 	t.Helper()
-	args := []string{"--extra-experimental-features", "nix-command", "path-info", "--json"}
+	args := []string{"path-info", "--json"}
 	for _, p := range paths {
 		args = append(args, p.StorePath)
 	}
@@ -227,7 +301,7 @@ func (e *env) narinfo(t *testing.T, path string) *nix.NarInfo {
 }
 
 // checkCache asserts every path's narinfo is in the cache, signed, with the store's NarHash,
-// NarSize and references.
+// NarSize, references and content address, and the path's deriver.
 func (e *env) checkCache(t *testing.T, paths []Path) {
 	t.Helper()
 	infos := pathInfos(t, paths)
@@ -250,18 +324,21 @@ func (e *env) checkCache(t *testing.T, paths []Path) {
 			wantRefs = append(wantRefs, filepath.Base(r))
 		}
 		slices.Sort(wantRefs)
-		gotRefs := slices.Sorted(slices.Values(ni.References))
-		if !slices.Equal(gotRefs, wantRefs) {
-			t.Errorf("%s: narinfo references %v, want %v", p.StorePath, gotRefs, wantRefs)
+		if got := slices.Sorted(slices.Values(ni.References)); !slices.Equal(got, wantRefs) {
+			t.Errorf("%s: narinfo references %v, want %v", p.StorePath, got, wantRefs)
 		}
 		if ni.StorePath != p.StorePath || ni.Compression != "zstd" || !ni.Verify(e.key.Public()) {
 			t.Errorf("%s: narinfo for %s, compression %s, signature valid %v", p.StorePath, ni.StorePath, ni.Compression, ni.Verify(e.key.Public()))
 		}
+		if wantDeriver := filepath.Base(p.Deriver); p.Deriver != "" && ni.Deriver != wantDeriver {
+			t.Errorf("%s: narinfo deriver %q, want %q", p.StorePath, ni.Deriver, wantDeriver)
+		}
 	}
 }
 
-// substitute fetches paths into a fresh chroot store from the cache, checking signatures.
-func (e *env) substitute(t *testing.T, paths []Path) string {
+// substitute fetches paths into a fresh chroot store from the cache, checking signatures, and
+// checks that each is the system store's byte for byte.
+func (e *env) substitute(t *testing.T, paths []Path) {
 	t.Helper()
 	store := t.TempDir()
 	args := []string{"--store", store, "-r"}
@@ -270,105 +347,264 @@ func (e *env) substitute(t *testing.T, paths []Path) string {
 	}
 	args = append(args, "--option", "substituters", e.url, "--option", "trusted-public-keys", e.key.Public().String(),
 		"--option", "require-sigs", "true")
-	if out, err := exec.Command("nix-store", args...).CombinedOutput(); err != nil {
-		t.Fatalf("nix-store -r from the cache: %v\n%s", err, out)
-	}
-	return store
-}
-
-// TestPublishAndSubstitute publishes real store paths; Nix then substitutes every one of them
-// from the cache, byte for byte, and a second publish finds nothing left to do.
-func TestPublishAndSubstitute(t *testing.T) {
-	requireNix(t)
-	e := newEnv(t)
-	paths := storePaths(t, "pub")
-	// Parallel 2 and Batch 2: several upload-slots and build-complete rounds.
-	pub := e.publisher(t)
-	pub.Parallel, pub.Batch = 2, 2
-
-	resp, err := pub.Publish(ctx(t), paths, Request{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if resp.Written != len(paths) || resp.Skipped != 0 || resp.Conflicts != 0 {
-		t.Fatalf("first publish: %+v, want %d written", resp, len(paths))
-	}
-	if got := e.puts.Load(); got != int64(len(paths)) {
-		t.Fatalf("first publish made %d PUTs, want %d", got, len(paths))
-	}
-	e.checkCache(t, paths)
-
-	store := e.substitute(t, paths)
+	run(t, "nix-store", args...)
 	for _, p := range paths {
 		want := run(t, "nix-store", "--dump", p.StorePath)
-		got := run(t, "nix-store", "--store", store, "--dump", p.StorePath)
-		if got != want {
+		if got := run(t, "nix-store", "--store", store, "--dump", p.StorePath); got != want {
 			t.Errorf("%s substituted with different contents", p.StorePath)
 		}
 	}
+}
 
-	// Everything is there: no upload, every narinfo skipped.
-	putsBefore := e.puts.Load()
-	resp, err = e.publisher(t).Publish(ctx(t), paths, Request{})
+// TestPublishBuildAndSubstitute publishes a build's real outputs under its job's claim; Nix then
+// substitutes every one of them, and the input they refer to, from the cache with signatures
+// required. An equivalent job later finds nothing left to upload.
+func TestPublishBuildAndSubstitute(t *testing.T) {
+	t.Parallel()
+	requireNix(t)
+	e := newEnv(t)
+	paths := storePaths(t, "pub")
+	claim, _, outs := e.buildJob(t, "pub", paths)
+	pub := e.publisher()
+	pub.Parallel = 2
+
+	resp, err := pub.PublishBuild(ctx(t), claim, outs, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if resp.Skipped != len(paths) || resp.Written != 0 || resp.Conflicts != 0 {
-		t.Fatalf("second publish: %+v, want all %d skipped", resp, len(paths))
+	if resp != (Response{Written: len(outs)}) {
+		t.Fatalf("publish: %+v, want %d written", resp, len(outs))
+	}
+	if got := e.puts.Load(); got != int64(len(outs)) {
+		t.Fatalf("publish made %d PUTs, want %d", got, len(outs))
+	}
+	if status, _ := e.jobRow(t, claim.ID); status != "succeeded" {
+		t.Fatalf("the job is %s, want succeeded", status)
+	}
+	e.checkCache(t, paths)
+	e.substitute(t, paths)
+
+	// An equivalent derivation (same outputs) built again: no upload, every narinfo skipped.
+	putsBefore := e.puts.Load()
+	again, _, outs2 := e.buildJob(t, "pub-again", paths)
+	resp, err = e.publisher().PublishBuild(ctx(t), again, outs2, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp != (Response{Skipped: len(outs)}) {
+		t.Fatalf("second publish: %+v, want all %d skipped", resp, len(outs))
 	}
 	if got := e.puts.Load() - putsBefore; got != 0 {
 		t.Fatalf("second publish made %d PUTs, want none", got)
 	}
+
+	// A finished job's claim publishes nothing more.
+	var se *signer.StatusError
+	if _, err := e.publisher().PublishBuild(ctx(t), claim, outs, nil); !errors.As(err, &se) || se.Code != http.StatusConflict {
+		t.Fatalf("publish under a finished claim = %v, want a 409", err)
+	}
+}
+
+// evalClosure instantiates a real project with Nix: a derivation using a source directory, a
+// builtins.toFile script referring to it, a flat fixed-output file and another derivation. It
+// returns the .drv files of the closure, inputs first, and the sources.
+func evalClosure(t *testing.T, tag string) (drvs []string, sources []Path) {
+	t.Helper()
+	src := addToStore(t, "upload-test-"+tag+"-src", map[string]string{"README": "sources of " + tag + "\n", "build.sh+x": "echo " + tag + "\n"})
+	dir := t.TempDir()
+	flatFile := filepath.Join(dir, "upload-test-"+tag+"-flat")
+	if err := os.WriteFile(flatFile, []byte("a flat file for "+tag+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	flat := run(t, "nix-store", "--add-fixed", "sha256", flatFile)
+	expr := fmt.Sprintf(`
+let
+  src = builtins.storePath %q;
+  flat = builtins.storePath %q;
+  script = builtins.toFile "upload-test-%s-script" "cat ${src}/README\n";
+  dep = derivation { name = "upload-test-%s-dep"; system = %q; builder = "/bin/sh"; args = [ "-c" "echo ${flat} > $out" ]; };
+in derivation {
+  name = "upload-test-%s-app"; system = %q; builder = "/bin/sh";
+  args = [ "-c" ". ${script}; echo ${dep} > $out" ];
+}`, src, flat, tag, tag, system, tag, system)
+	app := run(t, "nix-instantiate", "-E", expr)
+	// The closure of the .drv, ordered so that every path comes after its references.
+	refs := map[string][]string{}
+	for _, p := range strings.Fields(run(t, "nix-store", "-q", "--requisites", app)) {
+		refs[p] = references(t, p)
+	}
+	done := map[string]bool{}
+	var visit func(p string)
+	visit = func(p string) {
+		if done[p] {
+			return
+		}
+		done[p] = true
+		for _, r := range refs[p] {
+			if r != p {
+				visit(r)
+			}
+		}
+		if strings.HasSuffix(p, ".drv") {
+			drvs = append(drvs, p)
+		} else {
+			sources = append(sources, Path{StorePath: p, References: refs[p]})
+		}
+	}
+	visit(app)
+	if len(drvs) != 2 || len(sources) != 3 {
+		t.Fatalf("closure of %s: .drv files %v, sources %v; want 2 and 3", app, drvs, sources)
+	}
+	return drvs, sources
+}
+
+// TestPublishEval publishes an evaluation's real .drv closure and sources under its claim. The
+// cache then describes them as Nix does (content addresses included), and Nix copies the .drv
+// closure from it with signatures required, as a builder does.
+func TestPublishEval(t *testing.T) {
+	t.Parallel()
+	requireNix(t)
+	e := newEnv(t)
+	drvs, sources := evalClosure(t, "eval")
+	claim := e.evaluation(t, "eval")
+	pub := e.publisher()
+	// A request per path: each may refer only to what earlier ones published. The sources come
+	// referrers first (the script before the source it names); the publisher reorders them.
+	pub.Batch = 1
+	referrersFirst := slices.Clone(sources)
+	slices.Reverse(referrersFirst)
+
+	resp, err := pub.PublishEval(ctx(t), claim, drvs, referrersFirst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp != (Response{Written: len(drvs) + len(sources)}) {
+		t.Fatalf("publish: %+v, want %d written", resp, len(drvs)+len(sources))
+	}
+	if got := e.puts.Load(); got != int64(len(sources)) {
+		t.Fatalf("publish made %d PUTs, want one per source (%d): the signer writes .drv files itself", got, len(sources))
+	}
+	all := slices.Clone(sources)
+	for _, d := range drvs {
+		all = append(all, Path{StorePath: d})
+	}
+	e.checkCache(t, sources)
+	infos := pathInfos(t, sources)
+	for _, d := range drvs {
+		var info []pathInfo
+		if err := json.Unmarshal([]byte(run(t, "nix", "path-info", "--json", "--derivation", d)), &info); err != nil || len(info) != 1 {
+			t.Fatalf("path-info of %s: %v", d, err)
+		}
+		infos[d] = info[0]
+	}
+	if len(infos) != len(all) {
+		t.Fatalf("Nix describes %d paths, want %d", len(infos), len(all))
+	}
+	for _, info := range infos {
+		ni := e.narinfo(t, info.Path)
+		if ni == nil || ni.CA != info.CA || info.CA == "" || !ni.Verify(e.key.Public()) ||
+			!bytes.Equal(mustSHA256(t, ni.NarHash), sriSHA256(t, info.NarHash)) || len(ni.References) != len(info.References) {
+			t.Errorf("%s: the cache has %+v, Nix says %+v", info.Path, ni, info)
+		}
+	}
+
+	// A builder's first step: the .drv closure, copied from the cache into an empty store.
+	store := t.TempDir()
+	app := drvs[len(drvs)-1]
+	run(t, "nix", "copy", "--derivation", "--from", e.url, "--store", store,
+		"--option", "substituters", e.url, "--option", "trusted-public-keys", e.key.Public().String(),
+		"--option", "require-sigs", "true", app)
+	for _, p := range all {
+		if got, want := run(t, "nix-store", "--store", store, "--dump", p.StorePath), run(t, "nix-store", "--dump", p.StorePath); got != want {
+			t.Errorf("%s copied with different contents", p.StorePath)
+		}
+	}
+
+	// A retried evaluation: nothing to upload, everything skipped.
+	putsBefore := e.puts.Load()
+	resp, err = e.publisher().PublishEval(ctx(t), claim, drvs, sources)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp != (Response{Skipped: len(drvs) + len(sources)}) || e.puts.Load() != putsBefore {
+		t.Fatalf("second publish: %+v with %d PUTs, want all skipped without PUTs", resp, e.puts.Load()-putsBefore)
+	}
+
+	// Another attempt's claim (the evaluation was reclaimed) publishes nothing.
+	stale := claim
+	stale.Attempt--
+	var se *signer.StatusError
+	if _, err := e.publisher().PublishEval(ctx(t), stale, drvs, sources); !errors.As(err, &se) || se.Code != http.StatusConflict {
+		t.Fatalf("publish under a stale claim = %v, want a 409", err)
+	}
+}
+
+func mustSHA256(t *testing.T, s string) []byte {
+	t.Helper()
+	sum, err := nix.ParseSHA256(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sum[:]
 }
 
 // TestPublishRetriesFailedUploads: a PUT that fails is retried with fresh slots, and only the
-// failed one is retried; uploads that keep failing end in an error naming how many failed.
+// failed one is retried; uploads that keep failing end in an error naming how many failed, and
+// nothing is published.
 func TestPublishRetriesFailedUploads(t *testing.T) {
+	t.Parallel()
 	requireNix(t)
 	e := newEnv(t)
 	paths := storePaths(t, "retry")
+	claim, _, outs := e.buildJob(t, "retry", paths)
 
 	e.failPuts.Store(1)
-	resp, err := e.publisher(t).Publish(ctx(t), paths, Request{})
+	resp, err := e.publisher().PublishBuild(ctx(t), claim, outs, nil)
 	if err != nil {
 		t.Fatalf("publish with one failing PUT: %v", err)
 	}
-	if resp.Written != len(paths) {
-		t.Fatalf("publish with one failing PUT: %+v, want %d written", resp, len(paths))
+	if resp.Written != len(outs) {
+		t.Fatalf("publish with one failing PUT: %+v, want %d written", resp, len(outs))
 	}
-	if got := e.puts.Load(); got != int64(len(paths))+1 {
-		t.Fatalf("%d PUTs for %d paths and one failure, want %d", got, len(paths), len(paths)+1)
+	if got := e.puts.Load(); got != int64(len(outs))+1 {
+		t.Fatalf("%d PUTs for %d paths and one failure, want %d", got, len(outs), len(outs)+1)
 	}
 	e.checkCache(t, paths)
 
-	// A fresh path whose uploads always fail: three rounds, then an error, and nothing published.
-	fresh := []Path{{StorePath: addToStore(t, "upload-test-retry-doomed", map[string]string{"": "never uploaded\n"})}}
-	if ni := e.narinfo(t, fresh[0].StorePath); ni != nil {
-		t.Fatalf("%s is in the cache before it was published", fresh[0].StorePath)
-	}
+	// A fresh output whose uploads always fail: three rounds, then an error, and nothing
+	// published; the job is left to the worker.
+	doomed := Path{StorePath: addToStore(t, "upload-test-retry-doomed", map[string]string{"": "never uploaded\n"})}
+	dclaim, _ := e.job(t, "doomed", map[string]string{"out": doomed.StorePath})
 	e.failPuts.Store(1 << 30)
 	before := e.puts.Load()
-	_, err = e.publisher(t).Publish(ctx(t), fresh, Request{})
+	_, err = e.publisher().PublishBuild(ctx(t), dclaim, []Path{doomed}, nil)
 	if err == nil || !strings.Contains(err.Error(), "1 uploads failed") || !strings.Contains(err.Error(), "500") {
 		t.Fatalf("publish whose uploads all fail = %v, want an error saying 1 upload failed with 500", err)
 	}
 	if got := e.puts.Load() - before; got != 3 {
 		t.Fatalf("%d PUTs for an upload that always fails, want 3 (one per round)", got)
 	}
-	if ni := e.narinfo(t, fresh[0].StorePath); ni != nil {
-		t.Fatalf("%s was published although its upload failed", fresh[0].StorePath)
+	if ni := e.narinfo(t, doomed.StorePath); ni != nil {
+		t.Fatalf("%s was published although its upload failed", doomed.StorePath)
+	}
+	if status, _ := e.jobRow(t, dclaim.ID); status != "building" {
+		t.Fatalf("the job is %s, want building", status)
 	}
 }
 
 // TestCacheLookup is the signer's POST /api/cache-lookup through the client.
 func TestCacheLookup(t *testing.T) {
+	t.Parallel()
 	requireNix(t)
 	e := newEnv(t)
 	paths := storePaths(t, "lookup")
-	published, unpublished := paths[:2], paths[2:]
-	if _, err := e.publisher(t).Publish(ctx(t), published, Request{}); err != nil {
+	// paths[0] is seeded as the job's input; the job publishes out (paths[1]) only.
+	e.cluster.Seed(t, "", signertest.SeedPath{StorePath: paths[0].StorePath})
+	claim, _ := e.job(t, "lookup", map[string]string{"out": paths[1].StorePath}, paths[0].StorePath)
+	if _, err := e.publisher().PublishBuild(ctx(t), claim, paths[1:2], nil); err != nil {
 		t.Fatal(err)
 	}
+	published, unpublished := paths[:2], paths[2:]
 	absent := "/nix/store/" + queuetest.Hash("never-built") + "-never-built"
 
 	var ask []string
@@ -407,9 +643,20 @@ func TestCacheLookup(t *testing.T) {
 		t.Fatalf("CacheLookup of an invalid path = %v, want a 400", err)
 	}
 
-	// Without the cluster token, or with another one: 401, whatever is asked.
+	// Any node of the cluster may ask (a cache-only node too); nobody else learns anything.
+	if got, err := e.cluster.Client(t, "cache-1", "cache").CacheLookup(ctx(t), ask[:1]); err != nil || len(got) != 1 {
+		t.Fatalf("CacheLookup by a cache node = %v, %v", got, err)
+	}
+	otherCluster, err := nodetoken.NewKey("another-cluster-secret-0123456789")
+	if err != nil {
+		t.Fatal(err)
+	}
+	foreign, err := otherCluster.Issue(nodetoken.Identity{NodeID: node, Roles: []string{"builder", "evaluator"}})
+	if err != nil {
+		t.Fatal(err)
+	}
 	body, _ := json.Marshal(signer.CacheLookupRequest{StorePaths: []string{published[0].StorePath}})
-	for _, auth := range []string{"", "Bearer wrong-token", signertest.Token} {
+	for _, auth := range []string{"", "Bearer wrong-token", "Bearer " + signertest.Secret, "Bearer " + foreign} {
 		req, err := http.NewRequestWithContext(ctx(t), http.MethodPost, e.url+"/api/cache-lookup", bytes.NewReader(body))
 		if err != nil {
 			t.Fatal(err)
@@ -430,38 +677,54 @@ func TestCacheLookup(t *testing.T) {
 }
 
 // TestPublishBuildWithLog: a build's outputs and its log go up together; build-complete marks
-// the job succeeded with its log_url, and the cache serves the log.
+// the job succeeded with its log_url, and the cache serves the log. A failed build uploads its
+// log alone, and only its own.
 func TestPublishBuildWithLog(t *testing.T) {
+	t.Parallel()
 	requireNix(t)
 	e := newEnv(t)
-	paths := storePaths(t, "build")[:1]
-	queuetest.Enqueue(t, e.pool, nil, queuetest.Drv("logged", "x86_64-linux"))
-	jobs, err := queue.ClaimJobs(ctx(t), e.pool, queue.Claimer{NodeID: "builder-1", Systems: []string{"x86_64-linux"}}, 1)
-	if err != nil || len(jobs) != 1 {
-		t.Fatalf("claim: %v, %d jobs", err, len(jobs))
-	}
-	job := jobs[0]
-	key := "log/" + filepath.Base(job.DrvPath)
+	paths := storePaths(t, "build")
+	claim, drv := e.job(t, "logged", map[string]string{"out": paths[1].StorePath})
+	key := "log/" + filepath.Base(drv)
 	text := strings.Repeat("building logged\n", 1000)
-	_, err = e.publisher(t).PublishWithLog(ctx(t), paths, &Log{Key: key, Data: []byte(text)},
-		Request{JobID: &job.ID, NodeID: job.NodeID, Attempt: job.Attempt})
-	if err != nil {
+	if _, err := e.publisher().PublishBuild(ctx(t), claim, paths[1:2], &Log{Key: key, Data: []byte(text)}); err != nil {
 		t.Fatal(err)
 	}
-	var status, logURL string
-	if err := e.pool.QueryRow(ctx(t), `SELECT status, COALESCE(log_url, '') FROM build_jobs WHERE id = $1`, job.ID).Scan(&status, &logURL); err != nil {
-		t.Fatal(err)
-	}
-	if status != "succeeded" || logURL != key {
+	if status, logURL := e.jobRow(t, claim.ID); status != "succeeded" || logURL != key {
 		t.Fatalf("job %s with log_url %q, want succeeded with %q", status, logURL, key)
 	}
+	e.checkLog(t, key, text)
+
+	// A failed build: its log alone.
+	fclaim, fdrv := e.job(t, "failing", map[string]string{"out": paths[2].StorePath})
+	fkey := "log/" + filepath.Base(fdrv)
+	if err := e.publisher().UploadLog(ctx(t), fclaim, Log{Key: fkey, Data: []byte("error: it failed\n")}); err != nil {
+		t.Fatal(err)
+	}
+	e.checkLog(t, fkey, "error: it failed\n")
+	if status, _ := e.jobRow(t, fclaim.ID); status != "building" {
+		t.Fatalf("the failed job is %s after its log upload, want building (the worker records the failure)", status)
+	}
+	if ni := e.narinfo(t, paths[2].StorePath); ni != nil {
+		t.Fatal("a log upload published an output")
+	}
+	// Its claim does not reach another job's log.
+	var se *signer.StatusError
+	if err := e.publisher().UploadLog(ctx(t), fclaim, Log{Key: key, Data: []byte("overwritten")}); !errors.As(err, &se) || se.Code != http.StatusBadRequest {
+		t.Fatalf("upload of another job's log = %v, want a 400", err)
+	}
+	e.checkLog(t, key, text)
+}
+
+func (e *env) checkLog(t *testing.T, key, want string) {
+	t.Helper()
 	resp, err := http.Get(e.url + "/" + key)
 	if err != nil {
 		t.Fatal(err)
 	}
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK || string(body) != text {
-		t.Fatalf("GET /%s: %s, %d bytes; want the log (%d bytes)", key, resp.Status, len(body), len(text))
+	if resp.StatusCode != http.StatusOK || string(body) != want {
+		t.Fatalf("GET /%s: %s, %d bytes; want the log (%d bytes)", key, resp.Status, len(body), len(want))
 	}
 }
