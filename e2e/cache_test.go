@@ -27,7 +27,6 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/signer"
 )
 
-
 // TestPublishAndSubstitute is the binary cache end to end, on each blob store: real Nix builds a
 // small DAG; every output (with its build log) and the .drv closure are published through a real
 // signer node's upload-slots and build-complete; then a fresh Nix store substitutes all of it

@@ -27,8 +27,8 @@ const (
 	// clusterSecret is the secret of the e2e clusters' signers; other nodes get node tokens.
 	clusterSecret = "e2e-cluster-secret-0123456789"
 	adminToken    = "e2e-admin-token-0123456789"
-	leaderRole = "maintenance"
-	isLeader   = `harmonia_ci_leader_is_leader{role="maintenance"}`
+	leaderRole    = "maintenance"
+	isLeader      = `harmonia_ci_leader_is_leader{role="maintenance"}`
 )
 
 // fixture is a cluster of harmonia-ci processes on one fresh database.
