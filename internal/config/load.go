@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net/url"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -75,8 +76,27 @@ func (c *Config) loadFile(path string) error {
 	if err := decodeFile(string(data), c); err != nil {
 		return prefixErrors("config "+path+": ", err)
 	}
+	// A database password in a file others can read is a secret in the open.
+	if hasPassword(c.DatabaseURL) {
+		if err := checkSecretFile(path); err != nil {
+			return fmt.Errorf("config %s: database_url holds a password: %w (or give the URL in HARMONIA_DATABASE_URL)", path, err)
+		}
+	}
 	c.Source = path
 	return nil
+}
+
+// hasPassword reports whether a PostgreSQL URL or key=value DSN carries a password.
+func hasPassword(dsn string) bool {
+	if u, err := url.Parse(dsn); err == nil && u.User != nil {
+		if _, ok := u.User.Password(); ok {
+			return true
+		}
+	}
+	if strings.Contains(dsn, "password=") {
+		return true
+	}
+	return false
 }
 
 // decodeFile decodes TOML text over c. The text is first decoded generically

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -47,6 +48,38 @@ func TestSecretFileMode(t *testing.T) {
 			}
 			if c.Auth.AdminToken == "" {
 				t.Error("no admin token loaded")
+			}
+		})
+	}
+}
+
+func TestDatabasePasswordInAReadableConfigIsRefused(t *testing.T) {
+	setup(t)
+	for _, tt := range []struct {
+		name, url string
+		mode      os.FileMode
+		wantErr   bool
+	}{
+		{"password, readable by others", "postgres://ci:s3cret@db/ci", 0o644, true},
+		{"password in a DSN, readable by others", "host=db password=s3cret", 0o644, true},
+		{"password, private file", "postgres://ci:s3cret@db/ci", 0o600, false},
+		{"no password, readable by others", "postgres://ci@db/ci", 0o644, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			path := writeFile(t, t.TempDir(), "c.toml", fmt.Sprintf("database_url = %q\n", tt.url))
+			if err := os.Chmod(path, tt.mode); err != nil {
+				t.Fatal(err)
+			}
+			_, err := Load(Overrides{ConfigFile: path}, fakeEnv(nil))
+			if tt.wantErr {
+				wantErr(t, err, "database_url holds a password", "is readable by other users", "chmod 600")
+				if strings.Contains(err.Error(), "s3cret") {
+					t.Errorf("the error shows the password: %v", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
 			}
 		})
 	}

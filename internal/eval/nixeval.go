@@ -223,9 +223,11 @@ func (r *NixRunner) command(ctx context.Context, dir, nonce string, spec Spec, w
 		"--option", "allow-import-from-derivation", fmt.Sprint(spec.AllowIFD),
 		"--option", "pure-eval", "false",
 		// Restricted: files only under the search path (the walker's directory, the project's
-		// source), fetches only of allowed URIs, builtins.getEnv always "".
+		// source), no fetch by URI, builtins.getEnv always "". No allowed-uris: Nix 2.8
+		// compares them as prefixes without resolving "..", so "file://<source>/../…" would
+		// pass; without any, a file:// URI goes through the path check, which resolves it.
 		"--option", "restrict-eval", "true",
-		"--option", "allowed-uris", "file://" + spec.Source,
+		"--option", "allowed-uris", "",
 		"-I", "hci-walker=" + dir,
 		"-I", "hci-source=" + spec.Source,
 	}
