@@ -42,7 +42,7 @@ func withDBFor(cmd *cobra.Command, g *globalFlags, limit time.Duration, fn func(
 		defer cancel()
 	}
 	logger := newLoggerAt(cfg, os.Stderr, slog.LevelWarn)
-	pool, closeDB, err := node.OpenDatabase(ctx, cfg, logger)
+	pool, closeDB, err := node.OpenDatabase(ctx, cfg, logger, false)
 	if err != nil {
 		return err
 	}

@@ -121,7 +121,7 @@ func (r *runner) run(ctx context.Context, force <-chan struct{}, source, branch 
 	}
 
 	logger := newLoggerAt(cfg, r.errOut, slog.LevelWarn)
-	pool, closeDB, err := node.OpenDatabase(ctx, cfg, logger)
+	pool, closeDB, err := node.OpenDatabase(ctx, cfg, logger, true)
 	if err != nil {
 		return err
 	}

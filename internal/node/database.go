@@ -27,16 +27,24 @@ const (
 // the state directory (started, or attached to if another process runs it). The returned stop
 // func closes the pool and stops an embedded server this call started.
 //
-// A configured database that cannot be reached (db.ErrUnavailable) is retried with backoff
-// until ctx ends: nodes and their database often start together, and a node that exited would
-// need something else to restart it. A bad URL or rejected credentials fail at once, and so
-// does the embedded server, which this process starts itself.
-func OpenDatabase(ctx context.Context, cfg *config.Config, logger *slog.Logger) (*pgxpool.Pool, func(), error) {
+// With retry, a configured database that cannot be reached (db.ErrUnavailable) is retried with
+// backoff until ctx ends: nodes and their database often start together, and a node that exited
+// would need something else to restart it. One-shot commands pass false and fail at once. A bad
+// URL or rejected credentials fail at once either way, and so does the embedded server, which
+// this process starts itself.
+func OpenDatabase(ctx context.Context, cfg *config.Config, logger *slog.Logger, retry bool) (*pgxpool.Pool, func(), error) {
 	pc := db.PoolConfig{
 		ApplicationName: "harmonia-ci " + cfg.Node.ID,
 		// A process paused inside a transaction must not hold row locks (the leader fence)
 		// for longer than a lease.
 		IdleInTransactionTimeout: cfg.Cluster.LeaderElection.LeaseDuration.Duration,
+	}
+	if cfg.DatabaseURL != "" && !retry {
+		pool, err := db.Connect(ctx, cfg.DatabaseURL, pc)
+		if err != nil {
+			return nil, nil, err
+		}
+		return pool, pool.Close, nil
 	}
 	if cfg.DatabaseURL != "" {
 		pool, err := connectRetrying(ctx, cfg.DatabaseURL, pc, logger, connectRetryMin, connectRetryMax)

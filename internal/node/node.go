@@ -52,7 +52,7 @@ func Run(ctx context.Context, cfg *config.Config, logger *slog.Logger, opts Opti
 	if clk == nil {
 		clk = clock.Real{}
 	}
-	pool, closeDB, err := OpenDatabase(ctx, cfg, logger)
+	pool, closeDB, err := OpenDatabase(ctx, cfg, logger, true)
 	if err != nil {
 		return err
 	}
