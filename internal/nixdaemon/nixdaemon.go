@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"sync"
 	"syscall"
 	"time"
@@ -114,16 +115,26 @@ func (d *Daemon) Ensure(ctx context.Context) (string, error) {
 	cmd.Stdout = io.Discard
 	cmd.Stderr = &logWriter{logger: d.logger}
 	// Its own process group: a signal to the node's terminal does not reach it before the node
-	// has stopped what uses it.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		return "", fmt.Errorf("start nix-daemon: %w", err)
-	}
+	// has stopped what uses it. It dies with the node, even one killed with SIGKILL: the
+	// parent-death signal follows the thread that started it, which stays locked to the
+	// goroutine waiting for it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	started := make(chan error, 1)
 	exited := make(chan struct{})
 	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		if err := cmd.Start(); err != nil {
+			started <- err
+			return
+		}
+		started <- nil
 		_ = cmd.Wait()
 		close(exited)
 	}()
+	if err := <-started; err != nil {
+		return "", fmt.Errorf("start nix-daemon: %w", err)
+	}
 	d.cmd, d.exited = cmd, exited
 	if err := d.waitReady(ctx, exited); err != nil {
 		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)

@@ -1,0 +1,67 @@
+package e2e
+
+import (
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/harmonia-ci/harmonia-ci/internal/nixtest"
+	"github.com/harmonia-ci/harmonia-ci/internal/proctest"
+)
+
+// The evaluator's private nix-daemon never outlives its node, even one killed with SIGKILL,
+// which has no chance to stop it.
+func TestNixDaemonDiesWithItsNode(t *testing.T) {
+	t.Parallel()
+	nixtest.RequireNix(t)
+	f := newFixture(t, "[eval]\npoll_interval = \"200ms\"\n")
+	node := f.start("ev-1", "--roles", "frontend,evaluator,cache")
+	proctest.WaitFor(t, 30*time.Second, "ev-1 active", func() bool { return f.nodeStatus("ev-1") == "active" })
+	cli := newCLI(t, f)
+	repo := nixtest.NewRepo(t)
+	repo.Commit("init", map[string]string{"ci.nix": nixtest.Lib("daemon-"+randomHex(t, 6)) + `{ a = mk "a" [ ]; }`})
+	cli.ok("project", "add", "daemon", "--repo", repo.Dir)
+	cli.ok("eval", "daemon", "--wait")
+
+	var daemon int
+	proctest.WaitFor(t, 10*time.Second, "the node's nix-daemon", func() bool {
+		daemon = childNamed(node.Pid(), "nix-daemon")
+		return daemon != 0
+	})
+	node.Signal(t, syscall.SIGKILL)
+	node.Wait(t, 10*time.Second)
+	proctest.WaitFor(t, 10*time.Second, "the nix-daemon to exit with its node", func() bool {
+		b, err := os.ReadFile("/proc/" + strconv.Itoa(daemon) + "/stat")
+		// Gone, or a zombie waiting for init to reap it.
+		return err != nil || strings.Contains(string(b[strings.LastIndexByte(string(b), ')')+1:]), " Z ")
+	})
+}
+
+// childNamed returns the pid of a child of parent whose command is name, 0 if there is none.
+func childNamed(parent int, name string) int {
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		s := string(b)
+		open, end := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
+		if open < 0 || end < open {
+			continue
+		}
+		fields := strings.Fields(s[end+1:])
+		if len(fields) > 1 && s[open+1:end] == name && fields[1] == strconv.Itoa(parent) {
+			return pid
+		}
+	}
+	return 0
+}
