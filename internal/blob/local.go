@@ -389,7 +389,12 @@ func (l *Local) PresignPut(ctx context.Context, key string, size int64, sum []by
 	if contentType == "" {
 		contentType = ContentTypeFor(key)
 	}
-	expires := l.now().Add(expiry).Truncate(time.Second)
+	return l.signedUpload(key, size, sum, contentType, l.now().Add(expiry).Truncate(time.Second)), nil
+}
+
+// signedUpload is the upload URL of key, signed for exactly size bytes with sha256 sum and
+// contentType, until expires. PresignPut has checked them.
+func (l *Local) signedUpload(key string, size int64, sum []byte, contentType string, expires time.Time) Upload {
 	sumHex := hex.EncodeToString(sum)
 	q := url.Values{}
 	q.Set("expires", strconv.FormatInt(expires.Unix(), 10))
@@ -404,7 +409,7 @@ func (l *Local) PresignPut(ctx context.Context, key string, size int64, sum []by
 		Method:  http.MethodPut,
 		Headers: h,
 		Expires: expires,
-	}, nil
+	}
 }
 
 // escapeKey escapes each segment of key for a URL path ('?' can occur in a derivation name).

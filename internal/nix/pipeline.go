@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash"
 	"io"
+	"sync"
 
 	"github.com/klauspost/compress/zstd"
 )
@@ -77,4 +78,17 @@ func HashNAR(path string) (narHash string, narSize int64, err error) {
 		return "", 0, fmt.Errorf("hash nar: %w", err)
 	}
 	return c.sum(), c.n, nil
+}
+
+var (
+	zstdOnce sync.Once
+	zstdEnc  *zstd.Encoder
+)
+
+// Compress returns b compressed with zstd as CompressNAR compresses a stream: for small objects
+// (a .drv's NAR, a log) held in memory. One encoder is shared (EncodeAll is safe for concurrent
+// use): one per object would cost more than the compression.
+func Compress(b []byte) []byte {
+	zstdOnce.Do(func() { zstdEnc, _ = zstd.NewWriter(nil, zstd.WithEncoderConcurrency(1)) })
+	return zstdEnc.EncodeAll(b, make([]byte, 0, len(b)/2+64))
 }

@@ -6,7 +6,6 @@ import (
 	"crypto/sha256"
 	"errors"
 	"io"
-	"sync"
 
 	"github.com/klauspost/compress/zstd"
 
@@ -15,16 +14,6 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/nodetoken"
 )
 
-var (
-	encOnce sync.Once
-	enc     *zstd.Encoder
-)
-
-// encoder is shared: EncodeAll is safe for concurrent use.
-func encoder() *zstd.Encoder {
-	encOnce.Do(func() { enc, _ = zstd.NewWriter(nil, zstd.WithEncoderConcurrency(1)) })
-	return enc
-}
 
 // handlePublish publishes an evaluation's .drv files and sources. Nothing here is taken on
 // trust: a .drv's store path is recomputed from its text, a source's from the NAR read back from
@@ -116,7 +105,7 @@ func derivationOutput(d DerivationText) (output, []byte, error) {
 		return o, nil, errors.New(sp.String() + " is not the store path of this text (it is " + want + ")")
 	}
 	nar := nix.FileNAR(text, false)
-	file := encoder().EncodeAll(nar, make([]byte, 0, len(nar)/2+64))
+	file := nix.Compress(nar)
 	o = output{
 		path: sp, narSum: sha256.Sum256(nar), narSize: int64(len(nar)),
 		fileSum: sha256.Sum256(file), fileSize: int64(len(file)),

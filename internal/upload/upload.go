@@ -1,7 +1,7 @@
-// Package upload publishes store paths to the binary cache through the signer: each path is
-// serialised as a NAR, hashed and compressed in one pass, PUT to a presigned URL, and then
-// signed and announced by build-complete. Evaluators publish .drv closures with it, builders
-// their outputs.
+// Package upload publishes store paths to the binary cache through the signer, under the claim
+// of whoever publishes: a builder's outputs and log under its job (each path serialised as a
+// NAR, hashed and compressed in one pass, PUT to a presigned URL, then signed by
+// build-complete), an evaluator's .drv files (as text) and sources under its evaluation.
 package upload
 
 import (
@@ -19,7 +19,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/klauspost/compress/zstd"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
@@ -54,18 +53,6 @@ type Publisher struct {
 
 // memLimit is the largest NAR compressed in memory; bigger ones go through a temporary file.
 const memLimit = 4 << 20
-
-var (
-	encOnce sync.Once
-	enc     *zstd.Encoder
-)
-
-// encoder is shared: EncodeAll is safe for concurrent use, and one encoder per small path
-// would cost more than the compression.
-func encoder() *zstd.Encoder {
-	encOnce.Do(func() { enc, _ = zstd.NewWriter(nil, zstd.WithEncoderConcurrency(1)) })
-	return enc
-}
 
 // prepared is one path serialised, hashed and compressed.
 type prepared struct {
@@ -112,7 +99,7 @@ func (p *Publisher) PublishBuild(ctx context.Context, job signer.JobClaim, paths
 	var pl *preparedLog
 	req := signer.BuildCompleteRequest{Job: job, Outputs: make([]signer.Output, len(prep))}
 	if log != nil {
-		pl = &preparedLog{key: log.Key, body: encoder().EncodeAll(log.Data, nil)}
+		pl = &preparedLog{key: log.Key, body: nix.Compress(log.Data)}
 		req.LogKey = log.Key
 	}
 	if err := p.uploadAll(ctx, slotClaim{job: &job}, prep, pl); err != nil {
@@ -134,7 +121,7 @@ func (p *Publisher) PublishBuild(ctx context.Context, job signer.JobClaim, paths
 // UploadLog uploads a failed build's log alone (a successful build's log goes with its
 // outputs, see PublishBuild). The caller records log.Key with the failure.
 func (p *Publisher) UploadLog(ctx context.Context, job signer.JobClaim, log Log) error {
-	pl := &preparedLog{key: log.Key, body: encoder().EncodeAll(log.Data, nil)}
+	pl := &preparedLog{key: log.Key, body: nix.Compress(log.Data)}
 	if err := p.uploadAll(ctx, slotClaim{job: &job}, nil, pl); err != nil {
 		return fmt.Errorf("upload log %s: %w", log.Key, err)
 	}
@@ -336,7 +323,7 @@ func (pr *prepared) setSizes(s nix.Sizes) {
 }
 
 func compressSmall(nar []byte) (nix.Sizes, []byte) {
-	body := encoder().EncodeAll(nar, make([]byte, 0, len(nar)/2+64))
+	body := nix.Compress(nar)
 	return nix.Sizes{
 		NarHash: nix.FormatSHA256(sha256.Sum256(nar)), NarSize: int64(len(nar)),
 		FileHash: nix.FormatSHA256(sha256.Sum256(body)), FileSize: int64(len(body)),
