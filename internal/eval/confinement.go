@@ -42,6 +42,7 @@ type confinement struct {
 // their configuration) stay root's.
 const (
 	mirrorsDir = "git"       // the repositories' mirrors, root's only
+	runDir     = "run"       // harmonia-ci run's snapshots of the user's directories, root's only
 	sourcesDir = "eval"      // per project: a credential-free copy of the mirror, readable
 	homesDir   = "eval-home" // per project: the evaluation user's HOME (Nix's fetcher cache)
 )
@@ -88,7 +89,7 @@ func (cf *confinement) prepare() error {
 	for _, d := range []struct {
 		name string
 		mode os.FileMode
-	}{{"", 0o711}, {mirrorsDir, 0o700}, {sourcesDir, 0o711}, {homesDir, 0o711}} {
+	}{{"", 0o711}, {mirrorsDir, 0o700}, {runDir, 0o700}, {sourcesDir, 0o711}, {homesDir, 0o711}} {
 		p := filepath.Join(cf.stateDir, d.name)
 		if err := os.MkdirAll(p, d.mode); err != nil {
 			return fmt.Errorf("evaluator: %w", err)
