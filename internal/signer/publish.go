@@ -14,7 +14,6 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/nodetoken"
 )
 
-
 // handlePublish publishes an evaluation's .drv files and sources. Nothing here is taken on
 // trust: a .drv's store path is recomputed from its text, a source's from the NAR read back from
 // the store, and every reference must be in this request or in the cache already.
