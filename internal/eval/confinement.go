@@ -80,7 +80,7 @@ func newConfinement(c Confinement, stateDir string, logger *slog.Logger) (*confi
 	if c.BuildUsersGroup != "" {
 		opts = append(opts, [2]string{"build-users-group", c.BuildUsersGroup})
 	}
-	cf.daemon = nixdaemon.New(nixdaemon.Config{Options: opts}, logger)
+	cf.daemon = nixdaemon.New(nixdaemon.Config{Options: opts, Dir: filepath.Join(stateDir, "nix-daemon")}, logger)
 	return cf, nil
 }
 

@@ -33,7 +33,14 @@ type Config struct {
 	Env []string
 	// StartTimeout bounds the wait for the socket; default 10s.
 	StartTimeout time.Duration
+	// Dir is where the socket goes (made 0711 if missing), so a node that was killed leaves
+	// nothing behind that its next start does not reuse. "" or a path too long for a socket:
+	// a temporary directory, removed by Close.
+	Dir string
 }
+
+// maxSocketPath keeps the socket's path clear of the 107-byte sun_path limit.
+const maxSocketPath = 100
 
 // Daemon is a nix-daemon process listening on a socket in a private directory. It is started on
 // first use and again if it has died.
@@ -43,6 +50,7 @@ type Daemon struct {
 
 	mu     sync.Mutex
 	dir    string // socket directory, made at first start
+	ownDir bool   // dir is a temporary directory of this Daemon
 	cmd    *exec.Cmd
 	exited chan struct{}
 	closed bool
@@ -82,11 +90,19 @@ func (d *Daemon) Ensure(ctx context.Context) (string, error) {
 		}
 	}
 	if d.dir == "" {
-		// A short directory of its own: socket paths are limited to 107 bytes. Others may
-		// search it (0711) to reach the socket, which Nix creates world-writable.
-		dir, err := os.MkdirTemp("", "hci-nixd-")
-		if err != nil {
-			return "", fmt.Errorf("nix daemon: %w", err)
+		// Others may search the directory (0711) to reach the socket, which Nix creates
+		// world-writable.
+		dir := d.cfg.Dir
+		if dir != "" && len(filepath.Join(dir, "socket")) <= maxSocketPath {
+			if err := os.MkdirAll(dir, 0o711); err != nil {
+				return "", fmt.Errorf("nix daemon: %w", err)
+			}
+		} else {
+			var err error
+			if dir, err = os.MkdirTemp("", "hci-nixd-"); err != nil {
+				return "", fmt.Errorf("nix daemon: %w", err)
+			}
+			d.ownDir = true
 		}
 		if err := os.Chmod(dir, 0o711); err != nil {
 			return "", fmt.Errorf("nix daemon: %w", err)
@@ -188,7 +204,10 @@ func (d *Daemon) Close() {
 		d.cmd = nil
 	}
 	if d.dir != "" {
-		_ = os.RemoveAll(d.dir)
+		_ = os.Remove(d.socket())
+		if d.ownDir {
+			_ = os.RemoveAll(d.dir)
+		}
 		d.dir = ""
 	}
 }
