@@ -35,7 +35,7 @@ SELECT
           ORDER BY id),
     ARRAY(SELECT public_key FROM signing_keys ORDER BY first_seen, public_key)`
 
-	// The canonical NAR hashes of output paths $1 (seed 001 "Builder input validation").
+	// The canonical NAR hashes of output paths $1: what the cache serves for them.
 	sqlCanonical = `
 SELECT DISTINCT output_path, nar_hash FROM derivation_outputs
 WHERE output_path = ANY($1::text[]) AND nar_hash IS NOT NULL`

@@ -136,8 +136,8 @@ func (s *Store) InputPaths(drvPath string) ([]string, error) {
 	return slices.Compact(paths), nil
 }
 
-// EnsureInputs makes every path valid locally and canonical (seed 001 "Builder input
-// validation"). A present path whose NAR hash in the store's database differs from the canonical
+// EnsureInputs makes every path valid locally and canonical: a build never uses an input that
+// differs from what the cache serves. A present path whose NAR hash in the store's database differs from the canonical
 // one is a Frankenbuild: it is logged, deleted with its referrers (Nix deletes nothing still
 // referenced) and substituted again. Missing paths are substituted; nothing is ever built, so a
 // path no substituter has is an error wrapping ErrInputUnavailable. canonical may be nil.

@@ -218,9 +218,9 @@ func (n *node) run(ctx context.Context, ln net.Listener, opts Options) error {
 	return n.shutdown(registry, workers, electors, heartbeat, httpServer, announcer, opts.Force, fatalErr)
 }
 
-// shutdown follows seed 003's sequence: stop taking work, mark the node draining, wait for
-// in-flight work (bounded), stop leader work and resign, stop the heartbeat, deregister, and
-// only then close the HTTP server, so health checks see "draining" throughout.
+// shutdown stops in the order that loses nothing: stop taking work, mark the node draining,
+// wait for in-flight work (bounded), stop leader work and resign, stop the heartbeat,
+// deregister, and only then close the HTTP server, so health checks see "draining" throughout.
 func (n *node) shutdown(registry *cluster.Registry, workers, electors []startstop.Service, heartbeat, httpServer, announcer startstop.Service, force <-chan struct{}, fatalErr error) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

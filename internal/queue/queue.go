@@ -1,4 +1,4 @@
-// Package queue is the build queue of seed 001: enqueue with dedup, the work-stealing claim
+// Package queue is the build queue: enqueue with dedup, the work-stealing claim
 // (DAG readiness, fair shares, priority, FOR UPDATE SKIP LOCKED), guarded finishes, failure
 // propagation and rebuild, the leader-only maintenance that heals the queue when nodes die,
 // and the Worker loop that ties a node's build slots to it.
@@ -29,7 +29,7 @@ import (
 // finished by someone else. The write changed nothing.
 var ErrStale = errors.New("claim no longer holds")
 
-// Derivation is one .drv with what the queue needs to know about it (seed 002 layer 1).
+// Derivation is one .drv with what the queue needs to know about it (the derivations table).
 type Derivation struct {
 	DrvPath          string // /nix/store/<hash>-<name>.drv
 	Name             string
