@@ -196,6 +196,7 @@ func retryConflicts(ctx context.Context, f func() error) error {
 
 func request(ctx context.Context, pool *pgxpool.Pool, p RequestParams) (Evaluation, bool, error) {
 	var id int64
+	var e Evaluation
 	created := false
 	err := pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.Serializable}, func(tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, sqlEvalByKey, p.ProjectID, p.Commit, p.Branch)
@@ -207,7 +208,7 @@ func request(ctx context.Context, pool *pgxpool.Pool, p RequestParams) (Evaluati
 			return err
 		}
 		if len(existing) > 0 {
-			id = existing[0].ID
+			e = existing[0]
 			return nil
 		}
 		var reuse int64
@@ -242,13 +243,17 @@ func request(ctx context.Context, pool *pgxpool.Pool, p RequestParams) (Evaluati
 		if reuse != 0 {
 			status = StatusSkipped
 		}
-		return notifyEvaluation(ctx, tx, id, status)
+		if err := notifyEvaluation(ctx, tx, id, status); err != nil {
+			return err
+		}
+		// As requested, in this transaction: an evaluator may claim it the moment it commits.
+		e, err = Get(ctx, tx, id)
+		return err
 	})
 	if err != nil {
 		return Evaluation{}, false, err
 	}
-	e, err := Get(ctx, pool, id)
-	return e, created, err
+	return e, created, nil
 }
 
 // supersede cancels the queued and running evaluations of the project's branch older than
