@@ -827,14 +827,7 @@ func TestAttackEvaluationReadsSecrets(t *testing.T) {
 	}
 	names := slices.Sorted(maps.Keys(attacks))
 	var b strings.Builder
-	b.WriteString(`let
-  salt = "` + salt + `";
-  sh = name: script: builtins.derivation {
-    inherit name salt;
-    system = builtins.currentSystem;
-    builder = "/bin/sh";
-    args = [ "-c" script ];
-  };
+	b.WriteString(shPrelude(salt) + `
   drv = name: value: builtins.derivation {
     inherit name salt;
     system = builtins.currentSystem;
@@ -906,14 +899,7 @@ func TestAttackBuildReadsSecrets(t *testing.T) {
 		"config":        c.configFile,
 	}
 	var b strings.Builder
-	b.WriteString(`let
-  salt = "` + uniqueSalt(t) + `";
-  sh = name: script: builtins.derivation {
-    inherit name salt;
-    system = builtins.currentSystem;
-    builder = "/bin/sh";
-    args = [ "-c" script ];
-  };
+	b.WriteString(shPrelude(uniqueSalt(t)) + `
   steal = name: file: sh name ''
     echo "stealing ${file}"
     if { read -r l || [ -n "$l" ]; } < ${file}; then echo "stole: $l"; echo "$l" > $out; else echo "could not read ${file}"; exit 1; fi
@@ -1057,4 +1043,16 @@ func evalUserProcesses(t *testing.T, dir string) []int {
 		}
 	}
 	return pids
+}
+
+// shPrelude opens a Nix let with this test's salt and sh: a /bin/sh derivation running a script.
+func shPrelude(salt string) string {
+	return `let
+  salt = "` + salt + `";
+  sh = name: script: builtins.derivation {
+    inherit name salt;
+    system = builtins.currentSystem;
+    builder = "/bin/sh";
+    args = [ "-c" script ];
+  };`
 }

@@ -303,7 +303,7 @@ func checkBuildUsers(group string) error {
 // the system store Nix's build users.
 func (s *Store) sandboxOptions() []string {
 	args := []string{"--option", "sandbox", strconv.FormatBool(!s.Unsandboxed),
-		"--option", "sandbox-paths", strings.Join(s.sandboxPaths(), " ")}
+		"--option", "sandbox-paths", strings.Join(nix.SandboxPaths(s.SandboxPaths), " ")}
 	if s.Root == "" && s.BuildUsersGroup != "" {
 		args = append(args, "--option", "build-users-group", s.BuildUsersGroup)
 	}
@@ -721,23 +721,6 @@ func (s *Store) childEnv(home string) []string {
 		env = append(env, "HOME="+home)
 	}
 	return env
-}
-
-// sandboxPaths are what a sandboxed /bin/sh builder needs: the shell and the libraries of a
-// dynamically linked one (Debian's dash).
-func (s *Store) sandboxPaths() []string {
-	var paths []string
-	for _, p := range []string{"/bin/sh", "/lib", "/lib64", "/usr/lib"} {
-		if _, err := os.Stat(p); err == nil {
-			paths = append(paths, p)
-		}
-	}
-	for _, p := range s.SandboxPaths {
-		if !slices.Contains(paths, p) {
-			paths = append(paths, p)
-		}
-	}
-	return paths
 }
 
 func (s *Store) rootDir() string {

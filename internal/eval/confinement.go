@@ -9,9 +9,11 @@ import (
 	"os/user"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/gitrepo"
+	"github.com/harmonia-ci/harmonia-ci/internal/nix"
 	"github.com/harmonia-ci/harmonia-ci/internal/nixdaemon"
 )
 
@@ -66,17 +68,7 @@ func newConfinement(c Confinement, stateDir string, logger *slog.Logger) (*confi
 		return nil, fmt.Errorf("evaluator: eval.user %q must be an unprivileged user (uid %s)", c.User, u.Uid)
 	}
 	cf.user = &Credential{Name: c.User, UID: uint32(uid), GID: uint32(gid)}
-	paths := append([]string{"/bin/sh", "/lib", "/lib64", "/usr/lib"}, c.SandboxPaths...)
-	var sandboxPaths string
-	for _, p := range paths {
-		if _, err := os.Stat(p); err == nil {
-			if sandboxPaths != "" {
-				sandboxPaths += " "
-			}
-			sandboxPaths += p
-		}
-	}
-	opts := [][2]string{{"substituters", ""}, {"sandbox", strconv.FormatBool(!c.Unsandboxed)}, {"sandbox-paths", sandboxPaths}}
+	opts := [][2]string{{"substituters", ""}, {"sandbox", strconv.FormatBool(!c.Unsandboxed)}, {"sandbox-paths", strings.Join(nix.SandboxPaths(c.SandboxPaths), " ")}}
 	if c.BuildUsersGroup != "" {
 		opts = append(opts, [2]string{"build-users-group", c.BuildUsersGroup})
 	}
