@@ -18,7 +18,8 @@ func newProjectCmd(g *globalFlags) *cobra.Command {
 		Use:   "project",
 		Short: "Add, list and change projects",
 	}
-	cmd.AddCommand(newProjectAdd(g), newProjectList(g), newProjectSet(g))
+	cmd.AddCommand(newProjectAdd(g), newProjectList(g), newProjectSet(g), newProjectRepos(g),
+		newProjectEnable(g), newProjectDisable(g))
 	return cmd
 }
 
@@ -82,11 +83,36 @@ func newProjectSet(g *globalFlags) *cobra.Command {
 	var shares int
 	var enabled bool
 	var branch string
+	var pr prFlags
 	cmd := &cobra.Command{
-		Use:   "set NAME [--shares N] [--enabled=true|false] [--branch B]",
-		Short: "Change a project's shares, default branch, or whether it is evaluated",
+		Use:   "set NAME [--shares N] [--enabled=true|false] [--branch B] [--pr-enabled=B] [--pr-trust T] [--poll-interval D]",
+		Short: "Change a project's shares, default branch, pull request policy, polling, or whether it is evaluated",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			settings, err := pr.settings(cmd)
+			if err != nil {
+				return err
+			}
+			if settings != (project.Settings{}) {
+				if cmd.Flags().Changed("enabled") || cmd.Flags().Changed("branch") {
+					return fmt.Errorf("give the pull request and polling flags without --enabled and --branch")
+				}
+				if cmd.Flags().Changed("shares") {
+					settings.Shares = &shares
+				}
+				return withDB(cmd, g, func(ctx context.Context, _ *config.Config, pool *pgxpool.Pool) error {
+					p, err := project.Get(ctx, pool, args[0])
+					if err != nil {
+						return err
+					}
+					p, err = project.Configure(ctx, pool, p.RepoID, settings)
+					if err != nil {
+						return err
+					}
+					printProjects(cmd.OutOrStdout(), []project.Project{p})
+					return nil
+				})
+			}
 			var s project.SetParams
 			if cmd.Flags().Changed("shares") {
 				s.Shares = &shares
@@ -114,14 +140,27 @@ func newProjectSet(g *globalFlags) *cobra.Command {
 	f.IntVar(&shares, "shares", 100, "scheduling shares")
 	f.BoolVar(&enabled, "enabled", true, "evaluate the project (false: queued evaluations wait)")
 	f.StringVar(&branch, "branch", "", "default branch")
+	pr.add(f)
 	return cmd
 }
 
 func printProjects(w io.Writer, ps []project.Project) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tID\tBRANCH\tSHARES\tENABLED\tREPOSITORY")
+	fmt.Fprintln(tw, "NAME\tID\tBRANCH\tSHARES\tENABLED\tPULL REQUESTS\tPOLL\tREPOSITORY")
 	for _, p := range ps {
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%v\t%s\n", p.Name, p.ID, p.Branch, p.Shares, p.Enabled, p.RepoURL)
+		prs := "off"
+		if p.PREnabled {
+			prs = p.PRTrust
+		}
+		poll := "-"
+		if p.PollInterval > 0 {
+			poll = p.PollInterval.String()
+		}
+		repo := p.RepoURL
+		if p.Forge != project.ForgeGit {
+			repo = p.Forge + ":" + p.FullName
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%v\t%s\t%s\t%s\n", p.Name, p.ID, p.Branch, p.Shares, p.Enabled, prs, poll, repo)
 	}
 	if len(ps) == 0 {
 		fmt.Fprintln(tw, "(no projects; add one with harmonia-ci project add)")

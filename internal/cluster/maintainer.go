@@ -22,6 +22,10 @@ type Task struct {
 	Interval time.Duration
 	// Run does the work inside the fenced transaction and reports how many rows it changed.
 	Run func(ctx context.Context, tx pgx.Tx) (affected int64, err error)
+	// Prepare, if set, runs first, outside any transaction, for the work no transaction may
+	// stay open across (calls to a forge); it returns the write Run would do, which then runs
+	// fenced in place of Run. A nil write skips the fenced part.
+	Prepare func(ctx context.Context) (write func(ctx context.Context, tx pgx.Tx) (int64, error), err error)
 }
 
 // Maintainer runs leader-only tasks while its node leads a role. Each run is one fenced
@@ -70,9 +74,20 @@ func (m *Maintainer) Lead(ctx context.Context, term *Term) {
 // RunOnce runs task once under term's fence.
 func (m *Maintainer) RunOnce(ctx context.Context, term *Term, task Task) error {
 	var affected int64
+	run := task.Run
+	if task.Prepare != nil {
+		write, err := task.Prepare(ctx)
+		if err != nil {
+			return fmt.Errorf("maintenance %s: %w", task.Name, err)
+		}
+		if write == nil {
+			return nil
+		}
+		run = write
+	}
 	err := term.RunFenced(ctx, m.pool, func(tx pgx.Tx) error {
 		var err error
-		if affected, err = task.Run(ctx, tx); err != nil {
+		if affected, err = run(ctx, tx); err != nil {
 			return err
 		}
 		_, err = tx.Exec(ctx, sqlMaintenanceRecord, term.Role, task.Name, term.NodeID, term.Epoch, affected)

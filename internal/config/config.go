@@ -48,6 +48,8 @@ type Config struct {
 	Eval    EvalConfig    `toml:"eval"`
 
 	Substituters SubstitutersConfig `toml:"substituters"`
+	Frontend     FrontendConfig     `toml:"frontend"`
+	Forges       []ForgeConfig      `toml:"forges"`
 
 	// Source is the path of the file that was read, "" if none. Not a TOML key.
 	Source string `toml:"-"`
@@ -267,6 +269,8 @@ func defaults(getenv func(string) string) *Config {
 			URLs:              []string{},
 			TrustedPublicKeys: []string{},
 		},
+		Frontend: frontendDefaults(),
+		Forges:   []ForgeConfig{},
 		Queue: QueueConfig{
 			PollInterval:           Duration{5 * time.Second},
 			ReapInterval:           Duration{30 * time.Second},

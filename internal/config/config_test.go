@@ -140,6 +140,8 @@ func TestLoadFullFile(t *testing.T) {
 	dir := t.TempDir()
 	writeFile(t, dir, "admin.token", "admin-secret\n")
 	writeFile(t, dir, "cluster.token", "cluster-secret\n")
+	writeFile(t, dir, "gitea.token", "gitea-token\n")
+	writeFile(t, dir, "gitea.secret", "hook-secret\n")
 	path := writeFile(t, dir, "full.toml", `
 database_url = "postgres://db/ci"
 state_dir = "/srv/ci"
@@ -196,8 +198,30 @@ poll_interval = "2s"
 [substituters]
 urls = ["https://cache.example.org"]
 trusted_public_keys = ["cache.example.org-1:6NCHdD59X431o0gWypbMrAURkbJ16ZPMQFGspcDShjY="]
+
+[frontend]
+public_url = "https://ci.example.org"
+status_debounce = "1s"
+
+[[forges]]
+name = "gitea"
+type = "gitea"
+url = "https://gitea.example.org"
+token_file = "gitea.token"
+webhook_secret_file = "gitea.secret"
+
+[[forges]]
+name = "gh-enterprise"
+type = "github"
+url = "https://github.example.org"
+api_url = "https://github.example.org/api/v3"
+app_id = 42
+private_key_file = "app.pem"
 `)
-	got, err := Load(Overrides{ConfigFile: path}, fakeEnv(nil))
+	got, err := Load(Overrides{ConfigFile: path}, fakeEnv(map[string]string{
+		"HARMONIA_FORGE_GH_ENTERPRISE_PRIVATE_KEY":    "pem",
+		"HARMONIA_FORGE_GH_ENTERPRISE_WEBHOOK_SECRET": "gh-secret",
+	}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -245,6 +269,15 @@ trusted_public_keys = ["cache.example.org-1:6NCHdD59X431o0gWypbMrAURkbJ16ZPMQFGs
 			URLs:              []string{"https://cache.example.org"},
 			TrustedPublicKeys: []string{"cache.example.org-1:6NCHdD59X431o0gWypbMrAURkbJ16ZPMQFGspcDShjY="},
 		},
+		Frontend: FrontendConfig{PublicURL: "https://ci.example.org", StatusDebounce: d("1s"),
+			RepoSyncInterval: d("15m"), PollCheckInterval: d("1m"), MaxWebhookBody: 25_000_000},
+		Forges: []ForgeConfig{
+			{Name: "gitea", Type: "gitea", URL: "https://gitea.example.org", TokenFile: "gitea.token",
+				WebhookSecretFile: "gitea.secret", Token: "gitea-token", WebhookSecret: "hook-secret"},
+			{Name: "gh-enterprise", Type: "github", URL: "https://github.example.org",
+				APIURL: "https://github.example.org/api/v3", AppID: 42, PrivateKeyFile: "app.pem",
+				PrivateKey: "pem", WebhookSecret: "gh-secret"},
+		},
 		Source: path,
 	}
 	if !reflect.DeepEqual(got, want) {
@@ -277,7 +310,7 @@ func TestExampleDocumentsEveryKey(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	text := regexp.MustCompile(`(?m)^# ([a-z_]+ = .*)$`).ReplaceAllString(string(data), "$1")
+	text := regexp.MustCompile(`(?m)^# (\[\[[a-z_]+\]\]|[a-z_]+ = .*)$`).ReplaceAllString(string(data), "$1")
 	var c Config
 	md, err := toml.Decode(text, &c)
 	if err != nil {
@@ -295,6 +328,8 @@ func TestExampleDocumentsEveryKey(t *testing.T) {
 	if _, err := Load(Overrides{ConfigFile: path}, fakeEnv(map[string]string{
 		"HARMONIA_ADMIN_TOKEN": "a", "HARMONIA_CLUSTER_SECRET": "c", "HARMONIA_NODE_TOKEN": testNodeToken(t),
 		"HARMONIA_S3_ACCESS_KEY": "ak", "HARMONIA_S3_SECRET_KEY": "sk",
+		"HARMONIA_FORGE_GITEA_TOKEN": "t", "HARMONIA_FORGE_GITEA_WEBHOOK_SECRET": "s",
+		"HARMONIA_FORGE_GITHUB_PRIVATE_KEY": "k", "HARMONIA_FORGE_GITHUB_WEBHOOK_SECRET": "s",
 	})); err != nil {
 		t.Errorf("uncommented example.toml does not load: %v", err)
 	}
@@ -492,6 +527,41 @@ func TestValidate(t *testing.T) {
 		}, []string{`config: substituters.urls[0]: want an http or https URL, got "s3://bucket"`}},
 		{"substituters without keys", func(c *Config) { c.Substituters.URLs = []string{"https://cache.example.org"} },
 			[]string{"config: substituters.trusted_public_keys: required with substituters.urls (their narinfos must be signed by a trusted key)"}},
+		{"forge without secrets", func(c *Config) {
+			c.Forges = []ForgeConfig{{Name: "gitea", Type: "gitea", URL: "https://g.example"}}
+		}, []string{
+			"config: forges[0]: forge gitea needs webhook_secret_file (or HARMONIA_FORGE_GITEA_WEBHOOK_SECRET): deliveries are verified with it",
+			"config: forges[0]: gitea forge gitea needs token_file (or HARMONIA_FORGE_GITEA_TOKEN)",
+		}},
+		{"forge name and type", func(c *Config) {
+			c.Forges = []ForgeConfig{
+				{Name: "Git Hub", Type: "gitlab", WebhookSecret: "s"},
+				{Name: "git", Type: "github", AppID: 1, PrivateKey: "k", WebhookSecret: "s"},
+			}
+		}, []string{
+			`config: forges[0].name: invalid name "Git Hub" (lower-case letters, digits, '_', '-'; at most 32; it appears in /webhook/{name})`,
+			`config: forges[0].type: unknown forge type "gitlab" (want gitea or github)`,
+			`config: forges[1].name: "git" is reserved for projects added by URL`,
+		}},
+		{"duplicate forge", func(c *Config) {
+			g := ForgeConfig{Name: "gh", Type: "github", AppID: 1, PrivateKey: "k", WebhookSecret: "s"}
+			c.Forges = []ForgeConfig{g, g}
+		}, []string{`config: forges[1].name: duplicate forge name "gh"`}},
+		{"github app", func(c *Config) {
+			c.Forges = []ForgeConfig{{Name: "gh", Type: "github", APIURL: "ftp://x", TokenFile: "t", WebhookSecret: "s"}}
+		}, []string{
+			`config: forges[0].api_url: invalid URL "ftp://x" (an absolute http or https URL)`,
+			"config: forges[0]: github forge gh needs app_id (the GitHub App's id)",
+			"config: forges[0]: github forge gh needs private_key_file (or HARMONIA_FORGE_GH_PRIVATE_KEY)",
+			"config: forges[0]: token_file is for gitea forges; a GitHub App authenticates with its private key",
+		}},
+		{"gitea url", func(c *Config) {
+			c.Forges = []ForgeConfig{{Name: "g", Type: "gitea", URL: "gitea.example", Token: "t", WebhookSecret: "s"}}
+		}, []string{`config: forges[0].url: invalid URL "gitea.example" (an absolute http or https URL)`}},
+		{"public url", func(c *Config) { c.Frontend.PublicURL = "ci.example.com" },
+			[]string{`config: frontend.public_url: invalid URL "ci.example.com" (an absolute http or https URL)`}},
+		{"webhook body", func(c *Config) { c.Frontend.MaxWebhookBody = 10 },
+			[]string{"config: frontend.max_webhook_body must be at least 1 KB, got 10B"}},
 		{"bad trusted key", func(c *Config) { c.Substituters.TrustedPublicKeys = []string{"nokey"} },
 			[]string{"config: substituters.trusted_public_keys[0]: "}},
 		{"dead threshold", func(c *Config) { c.Cluster.Heartbeat.DeadThreshold = d("45s") },

@@ -260,6 +260,21 @@ func (ck *checker) value(v any, t reflect.Type, key toml.Key) {
 			bad("integer")
 		}
 	case reflect.Slice:
+		if t.Elem().Kind() == reflect.Struct {
+			// An array of tables ([[forges]]).
+			tables, ok := v.([]map[string]any)
+			if arr, isArr := v.([]any); isArr && len(arr) == 0 {
+				return // forges = [], as an encoded default says
+			}
+			if !ok {
+				bad("array of tables")
+				return
+			}
+			for i, tbl := range tables {
+				ck.table(tbl, t.Elem(), toml.Key{fmt.Sprintf("%s[%d]", key, i)})
+			}
+			return
+		}
 		arr, ok := v.([]any)
 		if !ok || t.Elem().Kind() != reflect.String {
 			bad("array of strings")
@@ -358,6 +373,7 @@ func (c *Config) readTokens(getenv func(string) string) []error {
 	read(&c.Auth.NodeToken, "HARMONIA_NODE_TOKEN", c.Auth.NodeTokenFile, "auth.node_token_file")
 	read(&c.Cache.S3.AccessKey, "HARMONIA_S3_ACCESS_KEY", c.Cache.S3.AccessKeyFile, "cache.s3.access_key_file")
 	read(&c.Cache.S3.SecretKey, "HARMONIA_S3_SECRET_KEY", c.Cache.S3.SecretKeyFile, "cache.s3.secret_key_file")
+	c.forgeSecrets(read)
 	return errs
 }
 

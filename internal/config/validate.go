@@ -222,6 +222,7 @@ func (c *Config) problems(from origins) []error {
 	if d := c.Cluster.Shutdown.DrainTimeout; d.Duration < 0 {
 		add("cluster.shutdown.drain_timeout", "cluster.shutdown.drain_timeout must not be negative, got %s", d)
 	}
+	c.forgeProblems(add)
 	return errs
 }
 

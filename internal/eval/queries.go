@@ -6,7 +6,8 @@ package eval
 const (
 	evalColumns = `e.id, e.project_id, p.name, e.flake_url, e.commit_sha, e.branch, COALESCE(e.tree_hash, ''),
        e.status, COALESCE(e.skipped_reason, ''), e.reuses_eval_id, COALESCE(e.claimed_by, ''), e.attempt,
-       COALESCE(e.error, ''), e.created_at, e.started_at, e.finished_at`
+       COALESCE(e.error, ''), e.created_at, e.started_at, e.finished_at, COALESCE(e.pr_number, 0),
+       COALESCE(e.pr_author, '')`
 
 	sqlEvalByID = `SELECT ` + evalColumns + ` FROM evaluations e JOIN projects p ON p.id = e.project_id WHERE e.id = $1`
 
@@ -23,18 +24,26 @@ ORDER BY e.id DESC LIMIT 1`
 
 	// $1 project, $2 flake url, $3 commit, $4 branch, $5 tree hash ('' = NULL)
 	sqlInsertQueued = `
-INSERT INTO evaluations (project_id, flake_url, commit_sha, branch, tree_hash)
-VALUES ($1, $2, $3, $4, NULLIF($5, ''))
+INSERT INTO evaluations (project_id, flake_url, commit_sha, branch, tree_hash, pr_number, pr_author)
+VALUES ($1, $2, $3, $4, NULLIF($5, ''), NULLIF($6, 0), NULLIF($7, ''))
 ON CONFLICT (project_id, commit_sha, branch) DO NOTHING
 RETURNING id`
 
-	// $6 the evaluation reused
+	// $6 pr_number, $7 pr_author, $8 the evaluation reused
 	sqlInsertSkipped = `
-INSERT INTO evaluations (project_id, flake_url, commit_sha, branch, tree_hash, status, skipped_reason,
-                         reuses_eval_id, finished_at)
-VALUES ($1, $2, $3, $4, NULLIF($5, ''), 'skipped', 'tree_hash_hit', $6, now())
+INSERT INTO evaluations (project_id, flake_url, commit_sha, branch, tree_hash, pr_number, pr_author,
+                         status, skipped_reason, reuses_eval_id, finished_at)
+VALUES ($1, $2, $3, $4, NULLIF($5, ''), NULLIF($6, 0), NULLIF($7, ''), 'skipped', 'tree_hash_hit', $8, now())
 ON CONFLICT (project_id, commit_sha, branch) DO NOTHING
 RETURNING id`
+
+	// A webhook delivery acted on; no row back means it was seen before. $1 forge, $2 delivery id.
+	sqlRecordDelivery = `
+INSERT INTO webhook_deliveries (forge, delivery_id) VALUES ($1, $2)
+ON CONFLICT DO NOTHING
+RETURNING true`
+
+	sqlDeliveryEval = `UPDATE webhook_deliveries SET eval_id = $3 WHERE forge = $1 AND delivery_id = $2`
 
 	sqlCopyAttrs = `
 INSERT INTO eval_attrs (eval_id, attr, drv_path, error)
@@ -53,7 +62,7 @@ RETURNING id`
 	// attempt. $1 id.
 	sqlReevaluate = `
 UPDATE evaluations SET status = 'queued', claimed_by = NULL, claimed_at = NULL, started_at = NULL,
-    finished_at = NULL, error = NULL, skipped_reason = NULL, reuses_eval_id = NULL
+    finished_at = NULL, error = NULL, skipped_reason = NULL, reuses_eval_id = NULL, report_final = false
 WHERE id = $1 AND status IN ('succeeded', 'failed', 'cancelled', 'skipped')
 RETURNING project_id, branch`
 

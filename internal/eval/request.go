@@ -54,6 +54,8 @@ type Evaluation struct {
 	CreatedAt     time.Time  `json:"created_at"`
 	StartedAt     *time.Time `json:"started_at,omitempty"`
 	FinishedAt    *time.Time `json:"finished_at,omitempty"`
+	PRNumber      int        `json:"pr_number,omitempty"`
+	PRAuthor      string     `json:"pr_author,omitempty"`
 }
 
 // Finished reports whether the evaluation will not change any more.
@@ -65,7 +67,7 @@ func scanEval(row pgx.CollectableRow) (Evaluation, error) {
 	var e Evaluation
 	err := row.Scan(&e.ID, &e.ProjectID, &e.Project, &e.FlakeURL, &e.Commit, &e.Branch, &e.TreeHash,
 		&e.Status, &e.SkippedReason, &e.ReusesEvalID, &e.ClaimedBy, &e.Attempt, &e.Error, &e.CreatedAt,
-		&e.StartedAt, &e.FinishedAt)
+		&e.StartedAt, &e.FinishedAt, &e.PRNumber, &e.PRAuthor)
 	return e, err
 }
 
@@ -159,7 +161,21 @@ type RequestParams struct {
 	Commit    string // full sha
 	Branch    string
 	TreeHash  string // "" when unknown: no dedup
+	// A pull request's evaluation: its number and author (0 and "" for a branch).
+	PRNumber int
+	PRAuthor string
+	// Delivery, if set, is the webhook delivery asking: recorded in the same transaction, and
+	// a delivery recorded before makes Request fail with ErrDuplicateDelivery.
+	Delivery *Delivery
 }
+
+// Delivery names a forge's webhook delivery.
+type Delivery struct {
+	Forge, ID string
+}
+
+// ErrDuplicateDelivery is returned for a webhook delivery that was acted on before (a replay).
+var ErrDuplicateDelivery = errors.New("webhook delivery already received")
 
 // Request queues an evaluation of a commit on a branch, idempotently: the same (project,
 // commit, branch) twice is one evaluation. A commit whose tree equals that of a succeeded
@@ -199,6 +215,16 @@ func request(ctx context.Context, pool *pgxpool.Pool, p RequestParams) (Evaluati
 	var e Evaluation
 	created := false
 	err := pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.Serializable}, func(tx pgx.Tx) error {
+		if d := p.Delivery; d != nil {
+			var fresh bool
+			err := tx.QueryRow(ctx, sqlRecordDelivery, d.Forge, d.ID).Scan(&fresh)
+			if errors.Is(err, pgx.ErrNoRows) {
+				return ErrDuplicateDelivery
+			}
+			if err != nil {
+				return fmt.Errorf("record webhook delivery: %w", err)
+			}
+		}
 		rows, err := tx.Query(ctx, sqlEvalByKey, p.ProjectID, p.Commit, p.Branch)
 		if err != nil {
 			return err
@@ -209,7 +235,7 @@ func request(ctx context.Context, pool *pgxpool.Pool, p RequestParams) (Evaluati
 		}
 		if len(existing) > 0 {
 			e = existing[0]
-			return nil
+			return recordDeliveryEval(ctx, tx, p.Delivery, e.ID)
 		}
 		var reuse int64
 		if p.TreeHash != "" {
@@ -219,17 +245,20 @@ func request(ctx context.Context, pool *pgxpool.Pool, p RequestParams) (Evaluati
 			}
 		}
 		if reuse != 0 {
-			err = tx.QueryRow(ctx, sqlInsertSkipped, p.ProjectID, p.FlakeURL, p.Commit, p.Branch, p.TreeHash, reuse).Scan(&id)
+			err = tx.QueryRow(ctx, sqlInsertSkipped, p.ProjectID, p.FlakeURL, p.Commit, p.Branch, p.TreeHash, p.PRNumber, p.PRAuthor, reuse).Scan(&id)
 			if err == nil {
 				_, err = tx.Exec(ctx, sqlCopyAttrs, id, reuse)
 			}
 		} else {
-			err = tx.QueryRow(ctx, sqlInsertQueued, p.ProjectID, p.FlakeURL, p.Commit, p.Branch, p.TreeHash).Scan(&id)
+			err = tx.QueryRow(ctx, sqlInsertQueued, p.ProjectID, p.FlakeURL, p.Commit, p.Branch, p.TreeHash, p.PRNumber, p.PRAuthor).Scan(&id)
 		}
 		if err != nil {
 			return err
 		}
 		created = true
+		if err := recordDeliveryEval(ctx, tx, p.Delivery, id); err != nil {
+			return err
+		}
 		old, err := supersede(ctx, tx, p.ProjectID, p.Branch, id)
 		if err != nil {
 			return err
@@ -254,6 +283,16 @@ func request(ctx context.Context, pool *pgxpool.Pool, p RequestParams) (Evaluati
 		return Evaluation{}, false, err
 	}
 	return e, created, nil
+}
+
+func recordDeliveryEval(ctx context.Context, tx pgx.Tx, d *Delivery, id int64) error {
+	if d == nil {
+		return nil
+	}
+	if _, err := tx.Exec(ctx, sqlDeliveryEval, d.Forge, d.ID, id); err != nil {
+		return fmt.Errorf("record webhook delivery: %w", err)
+	}
+	return nil
 }
 
 // supersede cancels the queued and running evaluations of the project's branch older than

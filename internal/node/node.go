@@ -159,8 +159,15 @@ func (n *node) run(ctx context.Context, ln net.Listener, opts Options) error {
 
 	lockConn := cluster.NewLockConn(n.pool, n.logger)
 	defer lockConn.Close()
-	var electors []startstop.Service
+	var electors, frontend []startstop.Service
 	if cfg.HasRole(config.RoleFrontend) {
+		reporter, forgeTasks, err := n.forgeSide(httpServer, notifier, endpoint)
+		if err != nil {
+			return err
+		}
+		if reporter != nil {
+			frontend = append(frontend, reporter)
+		}
 		le := cfg.Cluster.LeaderElection
 		hb := cfg.Cluster.Heartbeat
 		q := cfg.Queue
@@ -172,6 +179,7 @@ func (n *node) run(ctx context.Context, ln net.Listener, opts Options) error {
 			UnsupportedInterval: q.UnsupportedInterval.Duration, UnsupportedGrace: q.UnsupportedGrace.Duration,
 			DecayInterval: q.ShareDecayInterval.Duration, AuditInterval: q.ReadinessAuditInterval.Duration,
 		}, n.logger)...)
+		tasks = append(tasks, forgeTasks...)
 		maint := cluster.NewMaintainer(n.pool, tasks, n.logger, n.clock)
 		e, err := cluster.NewElector(cluster.ElectorConfig{
 			Role: cluster.RoleMaintenance, CheckInterval: le.CheckInterval.Duration,
@@ -188,6 +196,8 @@ func (n *node) run(ctx context.Context, ln net.Listener, opts Options) error {
 	if err != nil {
 		return err
 	}
+	// The reporter stops with the workers: what it delivers is recorded before each call.
+	workers = append(workers, frontend...)
 
 	// Services start in dependency order and stop in reverse (see shutdown).
 	services := append(append([]startstop.Service{announcer, httpServer, notifier, heartbeat}, electors...), workers...)

@@ -33,7 +33,31 @@ type Project struct {
 	Shares    int       `json:"shares"`
 	Enabled   bool      `json:"enabled"`
 	CreatedAt time.Time `json:"created_at"`
+	// The repository: its row, and for a forge's repository the forge and owner/name ("git"
+	// and the URL for one added by URL).
+	RepoID   int64  `json:"repo_id"`
+	Forge    string `json:"forge"`
+	FullName string `json:"full_name"`
+	// Pull requests: evaluated at all, and whose (see PRTrust*).
+	PREnabled bool   `json:"pr_enabled"`
+	PRTrust   string `json:"pr_trust"`
+	// PollInterval > 0 checks the default branch's head this often (besides webhooks).
+	PollInterval time.Duration `json:"poll_interval"`
 }
+
+// Who may have a pull request evaluated (projects.pr_trust).
+const (
+	// PRTrustCollaborators evaluates pull requests by users with write access; others wait
+	// for a collaborator's "/ci run" comment.
+	PRTrustCollaborators = "collaborators"
+	// PRTrustAll evaluates every pull request.
+	PRTrustAll = "all"
+	// PRTrustNone evaluates no pull request, only branch pushes.
+	PRTrustNone = "none"
+)
+
+// ForgeGit is the forge of repositories added by URL (harmonia-ci project add).
+const ForgeGit = "git"
 
 // AddParams describe a new project.
 type AddParams struct {
@@ -104,8 +128,12 @@ func Add(ctx context.Context, pool *pgxpool.Pool, p AddParams) (Project, error) 
 		if err := tx.QueryRow(ctx, sqlInsertRepository, url, p.Name, p.Branch).Scan(&repoID); err != nil {
 			return err
 		}
-		return tx.QueryRow(ctx, sqlInsertProject, repoID, p.Name, p.Shares).Scan(
-			&pr.ID, &pr.Name, &pr.RepoURL, &pr.Branch, &pr.Shares, &pr.Enabled, &pr.CreatedAt)
+		rows, err := tx.Query(ctx, sqlInsertProject, repoID, p.Name, p.Shares)
+		if err != nil {
+			return err
+		}
+		pr, err = pgx.CollectExactlyOneRow(rows, scanProject)
+		return err
 	})
 	if pe := (*pgconn.PgError)(nil); errors.As(err, &pe) && pe.Code == "23505" {
 		return Project{}, fmt.Errorf("add project %s: %w (the name or the repository %s is already used)", p.Name, ErrExists, url)
@@ -179,37 +207,9 @@ func Set(ctx context.Context, pool *pgxpool.Pool, name string, s SetParams) (Pro
 
 func scanProject(row pgx.CollectableRow) (Project, error) {
 	var p Project
-	err := row.Scan(&p.ID, &p.Name, &p.RepoURL, &p.Branch, &p.Shares, &p.Enabled, &p.CreatedAt)
+	var poll int
+	err := row.Scan(&p.ID, &p.Name, &p.RepoURL, &p.Branch, &p.Shares, &p.Enabled, &p.CreatedAt,
+		&p.RepoID, &p.Forge, &p.FullName, &p.PREnabled, &p.PRTrust, &poll)
+	p.PollInterval = time.Duration(poll) * time.Second
 	return p, err
 }
-
-const (
-	// A repository added by hand has forge 'git' and its clone URL as its full name.
-	sqlInsertRepository = `
-INSERT INTO repositories (forge, owner, name, full_name, clone_url, default_branch)
-VALUES ('git', '', $2, $1, $1, $3)
-RETURNING id`
-
-	sqlInsertProject = `
-WITH p AS (
-    INSERT INTO projects (repo_id, name, scheduling_shares) VALUES ($1, $2, $3)
-    RETURNING id, repo_id, name, scheduling_shares, enabled, created_at
-)
-SELECT p.id, p.name, r.clone_url, r.default_branch, p.scheduling_shares, p.enabled, p.created_at
-FROM p JOIN repositories r ON r.id = p.repo_id`
-
-	sqlSelectProjects = `
-SELECT p.id, p.name, r.clone_url, r.default_branch, p.scheduling_shares, p.enabled, p.created_at
-FROM projects p JOIN repositories r ON r.id = p.repo_id`
-
-	// $1 name, $2 shares, $3 enabled, $4 branch (NULL = unchanged)
-	sqlUpdateProject = `
-WITH p AS (
-    UPDATE projects SET scheduling_shares = COALESCE($2, scheduling_shares),
-                        enabled = COALESCE($3, enabled)
-    WHERE name = $1
-    RETURNING repo_id
-)
-UPDATE repositories r SET default_branch = COALESCE($4, r.default_branch)
-FROM p WHERE r.id = p.repo_id`
-)

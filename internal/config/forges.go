@@ -1,0 +1,164 @@
+package config
+
+import (
+	"fmt"
+	"net/url"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Forge types.
+const (
+	ForgeGitea  = "gitea"
+	ForgeGitHub = "github"
+)
+
+// ForgeConfig is one [[forges]] entry: a Gitea (or Forgejo) instance reached with an account's
+// token, or a GitHub App. Secrets come from files or from HARMONIA_FORGE_<NAME>_TOKEN,
+// _PRIVATE_KEY and _WEBHOOK_SECRET (NAME upper-cased, '-' as '_'), which win.
+type ForgeConfig struct {
+	Name string `toml:"name"` // webhooks arrive at /webhook/{name}; repositories are recorded under it
+	Type string `toml:"type"` // gitea or github
+	// URL is the forge's web address: the Gitea instance, or GitHub's (default
+	// https://github.com; a GitHub Enterprise server's otherwise).
+	URL string `toml:"url"`
+	// APIURL is GitHub's REST API (default https://api.github.com; GitHub Enterprise:
+	// https://HOST/api/v3). Gitea's is always URL/api/v1.
+	APIURL            string `toml:"api_url"`
+	TokenFile         string `toml:"token_file"`          // gitea: the CI account's access token
+	AppID             int    `toml:"app_id"`              // github: the App's id
+	PrivateKeyFile    string `toml:"private_key_file"`    // github: the App's private key (PEM)
+	WebhookSecretFile string `toml:"webhook_secret_file"` // the secret deliveries are signed with
+
+	// Filled by Load from the files above or the environment. Never printed: see String.
+	Token         string `toml:"-" json:"-"`
+	PrivateKey    string `toml:"-" json:"-"`
+	WebhookSecret string `toml:"-" json:"-"`
+}
+
+// String redacts the secrets.
+func (f ForgeConfig) String() string {
+	return fmt.Sprintf("{Name:%s Type:%s URL:%s APIURL:%s TokenFile:%s AppID:%d PrivateKeyFile:%s WebhookSecretFile:%s Token:%s PrivateKey:%s WebhookSecret:%s}",
+		f.Name, f.Type, f.URL, f.APIURL, f.TokenFile, f.AppID, f.PrivateKeyFile, f.WebhookSecretFile,
+		redact(f.Token), redact(f.PrivateKey), redact(f.WebhookSecret))
+}
+
+// GoString redacts the secrets for %#v too.
+func (f ForgeConfig) GoString() string { return "config.ForgeConfig" + f.String() }
+
+// envPrefix is the prefix of the forge's secret variables.
+func (f ForgeConfig) envPrefix() string {
+	return "HARMONIA_FORGE_" + strings.ToUpper(strings.NewReplacer("-", "_").Replace(f.Name)) + "_"
+}
+
+// FrontendConfig configures the frontend role's forge side.
+type FrontendConfig struct {
+	// PublicURL is where users and forges reach the frontends (behind a load balancer: its
+	// URL). Webhooks are registered to PublicURL/webhook/{forge} and commit statuses link to
+	// PublicURL/ci/.... Default: this node's endpoint.
+	PublicURL string `toml:"public_url"`
+	// StatusDebounce collects the build notifications of an evaluation this long before its
+	// commit status is computed, so a burst of finishes makes one forge call.
+	StatusDebounce Duration `toml:"status_debounce"`
+	// RepoSyncInterval is how often the forges' repositories are listed again.
+	RepoSyncInterval Duration `toml:"repo_sync_interval"`
+	// PollCheckInterval is how often projects with a poll_interval are checked for being due.
+	PollCheckInterval Duration `toml:"poll_check_interval"`
+	// MaxWebhookBody bounds a webhook delivery's body.
+	MaxWebhookBody ByteSize `toml:"max_webhook_body"`
+}
+
+var forgeNameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,31}$`)
+
+func frontendDefaults() FrontendConfig {
+	return FrontendConfig{
+		StatusDebounce:    Duration{5 * time.Second},
+		RepoSyncInterval:  Duration{15 * time.Minute},
+		PollCheckInterval: Duration{time.Minute},
+		MaxWebhookBody:    25 * sizeMB,
+	}
+}
+
+// forgeSecrets reads each forge's secrets.
+func (c *Config) forgeSecrets(read func(dst *string, env, file, key string)) {
+	for i := range c.Forges {
+		f := &c.Forges[i]
+		key := fmt.Sprintf("forges[%d]", i)
+		p := f.envPrefix()
+		read(&f.Token, p+"TOKEN", f.TokenFile, key+".token_file")
+		read(&f.PrivateKey, p+"PRIVATE_KEY", f.PrivateKeyFile, key+".private_key_file")
+		read(&f.WebhookSecret, p+"WEBHOOK_SECRET", f.WebhookSecretFile, key+".webhook_secret_file")
+	}
+}
+
+// forgeProblems checks [[forges]] and [frontend].
+func (c *Config) forgeProblems(add func(key, format string, args ...any)) {
+	fe := c.Frontend
+	if fe.PublicURL != "" {
+		if u, err := url.Parse(fe.PublicURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" {
+			add("frontend.public_url", "frontend.public_url: invalid URL %q (an absolute http or https URL)", fe.PublicURL)
+		}
+	}
+	for _, k := range []struct {
+		key string
+		d   Duration
+	}{{"frontend.status_debounce", fe.StatusDebounce}, {"frontend.repo_sync_interval", fe.RepoSyncInterval}, {"frontend.poll_check_interval", fe.PollCheckInterval}} {
+		if k.d.Duration < 0 || (k.key != "frontend.status_debounce" && k.d.Duration == 0) {
+			add(k.key, "%s must be positive, got %s", k.key, k.d)
+		}
+	}
+	if fe.MaxWebhookBody < 1024 {
+		add("frontend.max_webhook_body", "frontend.max_webhook_body must be at least 1 KB, got %s", fe.MaxWebhookBody)
+	}
+	var names []string
+	for i, f := range c.Forges {
+		key := fmt.Sprintf("forges[%d]", i)
+		switch {
+		case !forgeNameRE.MatchString(f.Name):
+			add(key+".name", "%s.name: invalid name %q (lower-case letters, digits, '_', '-'; at most 32; it appears in /webhook/{name})", key, f.Name)
+		case f.Name == "git":
+			add(key+".name", "%s.name: %q is reserved for projects added by URL", key, f.Name)
+		case slices.Contains(names, f.Name):
+			add(key+".name", "%s.name: duplicate forge name %q", key, f.Name)
+		}
+		names = append(names, f.Name)
+		checkURL := func(field, u string) {
+			if p, err := url.Parse(u); err != nil || (p.Scheme != "http" && p.Scheme != "https") || p.Host == "" {
+				add(key+"."+field, "%s.%s: invalid URL %q (an absolute http or https URL)", key, field, u)
+			}
+		}
+		if f.WebhookSecret == "" {
+			add(key+".webhook_secret_file", "%s: forge %s needs webhook_secret_file (or %sWEBHOOK_SECRET): deliveries are verified with it", key, f.Name, f.envPrefix())
+		}
+		switch f.Type {
+		case ForgeGitea:
+			checkURL("url", f.URL)
+			if f.Token == "" {
+				add(key+".token_file", "%s: gitea forge %s needs token_file (or %sTOKEN)", key, f.Name, f.envPrefix())
+			}
+			if f.AppID != 0 || f.PrivateKeyFile != "" || f.APIURL != "" {
+				add(key, "%s: app_id, private_key_file and api_url are for github forges, not gitea", key)
+			}
+		case ForgeGitHub:
+			if f.URL != "" {
+				checkURL("url", f.URL)
+			}
+			if f.APIURL != "" {
+				checkURL("api_url", f.APIURL)
+			}
+			if f.AppID <= 0 {
+				add(key+".app_id", "%s: github forge %s needs app_id (the GitHub App's id)", key, f.Name)
+			}
+			if f.PrivateKey == "" {
+				add(key+".private_key_file", "%s: github forge %s needs private_key_file (or %sPRIVATE_KEY)", key, f.Name, f.envPrefix())
+			}
+			if f.TokenFile != "" {
+				add(key+".token_file", "%s: token_file is for gitea forges; a GitHub App authenticates with its private key", key)
+			}
+		default:
+			add(key+".type", "%s.type: unknown forge type %q (want gitea or github)", key, f.Type)
+		}
+	}
+}

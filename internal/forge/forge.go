@@ -1,0 +1,158 @@
+// Package forge talks to code forges (Gitea/Forgejo and GitHub): it verifies and parses their
+// webhook deliveries and calls their REST APIs for repositories, collaborators, pull requests,
+// webhooks and commit statuses. Each forge type is one file implementing Forge; the rest of
+// harmonia-ci sees only this interface.
+package forge
+
+import (
+	"context"
+	"errors"
+	"net/http"
+)
+
+// Forge types, as [[forges]] type spells them.
+const (
+	TypeGitea  = "gitea"
+	TypeGitHub = "github"
+)
+
+// ErrSignature means a webhook delivery's signature is missing or wrong: answer 401 and record
+// nothing.
+var ErrSignature = errors.New("webhook signature missing or invalid")
+
+// ErrNotFound is a repository, pull request, branch or hook the forge does not know.
+var ErrNotFound = errors.New("not found on the forge")
+
+// Forge is one configured forge instance.
+type Forge interface {
+	// Name is the [[forges]] name: webhooks arrive at /webhook/{name} and repositories are
+	// recorded with it.
+	Name() string
+	// Type is TypeGitea or TypeGitHub.
+	Type() string
+
+	// VerifyWebhook checks a delivery's signature over the raw body, in constant time. It
+	// returns an error wrapping ErrSignature when the signature is missing or does not match.
+	VerifyWebhook(h http.Header, body []byte) error
+	// ParseWebhook decodes a verified delivery. Events harmonia-ci does not act on come back
+	// with Kind EventIgnored rather than as an error; malformed bodies are errors.
+	ParseWebhook(h http.Header, body []byte) (Event, error)
+
+	// ListRepositories returns every repository the forge credentials can see (all pages).
+	ListRepositories(ctx context.Context) ([]Repository, error)
+	// IsCollaborator reports whether login may push to repo (collaborator, member or owner).
+	IsCollaborator(ctx context.Context, repo Repo, login string) (bool, error)
+	// PullRequest returns a pull request as it is now (its current head).
+	PullRequest(ctx context.Context, repo Repo, number int) (PullRequest, error)
+	// BranchHead returns the commit a branch points at now.
+	BranchHead(ctx context.Context, repo Repo, branch string) (string, error)
+	// ReportStatus sets a commit status (one context) on sha.
+	ReportStatus(ctx context.Context, repo Repo, sha string, s Status) error
+	// LatestStatus returns the newest status of context on sha; ok is false if there is none.
+	// A frontend recovering a delivery another one may have made checks it before resending.
+	LatestStatus(ctx context.Context, repo Repo, sha, context string) (s Status, ok bool, err error)
+	// RegisterWebhook makes the forge deliver push, pull_request and issue_comment events of
+	// repo to url, signed with the forge's webhook secret, and returns the hook's id. Forges
+	// whose hooks are per installation (GitHub Apps) return "" and do nothing.
+	RegisterWebhook(ctx context.Context, repo Repo, url string) (hookID string, err error)
+	// DeleteWebhook removes a hook RegisterWebhook made; a hook already gone is not an error.
+	DeleteWebhook(ctx context.Context, repo Repo, hookID string) error
+	// CommitURL is the web page of a commit, for links.
+	CommitURL(repo Repo, sha string) string
+}
+
+// Repo names a repository on a forge.
+type Repo struct {
+	Owner string
+	Name  string
+	// InstallationID is the GitHub App installation that can act on the repository; 0 elsewhere.
+	InstallationID int64
+}
+
+// FullName is "owner/name".
+func (r Repo) FullName() string { return r.Owner + "/" + r.Name }
+
+// Repository is a repository as ListRepositories and webhooks describe it.
+type Repository struct {
+	Repo
+	CloneURL      string // https clone URL
+	DefaultBranch string
+	Private       bool
+}
+
+// PullRequest is a pull request's state.
+type PullRequest struct {
+	Number     int
+	HeadSHA    string
+	HeadBranch string
+	BaseBranch string
+	Author     string // login
+	// Fork is true when the head lives in another repository.
+	Fork  bool
+	State string // "open", "closed"
+}
+
+// State is a commit status state, the same words on Gitea and GitHub.
+type State string
+
+// Commit status states.
+const (
+	StatePending State = "pending"
+	StateSuccess State = "success"
+	StateFailure State = "failure"
+	StateError   State = "error"
+)
+
+// Status is one commit status.
+type Status struct {
+	Context     string // "harmonia-ci/nix-eval", "harmonia-ci/nix-build"
+	State       State
+	Description string
+	TargetURL   string
+}
+
+// EventKind says what a webhook delivery asks for.
+type EventKind string
+
+// Event kinds.
+const (
+	// EventPush is a push to a branch (not a tag, not a deletion).
+	EventPush EventKind = "push"
+	// EventPullRequest is a pull request opened, reopened or pushed to.
+	EventPullRequest EventKind = "pull_request"
+	// EventComment is a new comment on a pull request.
+	EventComment EventKind = "comment"
+	// EventInstallation means the repositories the forge credentials see changed (GitHub App
+	// installation events): discover them again.
+	EventInstallation EventKind = "installation"
+	// EventIgnored is anything else (pings, tag pushes, branch deletions, closed pull
+	// requests, comments on issues, edited comments): answered 200, nothing done.
+	EventIgnored EventKind = "ignored"
+)
+
+// Event is a parsed webhook delivery.
+type Event struct {
+	Kind EventKind
+	// DeliveryID is the forge's id of this delivery (X-Gitea-Delivery, X-GitHub-Delivery).
+	DeliveryID string
+	// Type is the forge's event name, for logs ("push", "pull_request", ...).
+	Type string
+	// Action is the forge's action for pull_request and comment events ("opened", "created").
+	Action string
+	// Repository is the repository the event happened in (absent for installation events).
+	Repository Repository
+	// Sender is the login of who caused the event.
+	Sender string
+
+	// Push: the branch (without refs/heads/) and the commit it now points at, and that
+	// commit's tree if the forge says (GitHub's head_commit.tree_id; "" otherwise).
+	Branch string
+	After  string
+	Tree   string
+
+	// PullRequest (EventPullRequest; EventComment: Number only, the rest unknown).
+	PullRequest PullRequest
+	// Comment (EventComment): its author and body.
+	Commenter string
+	Body      string
+}

@@ -1,0 +1,378 @@
+package forge
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"unicode/utf8"
+)
+
+// GiteaConfig configures a Gitea (or Forgejo) forge.
+type GiteaConfig struct {
+	Name          string
+	URL           string // the instance, e.g. https://gitea.example.com
+	Token         string // an access token of the CI's account (repository and user scopes)
+	WebhookSecret []byte
+	HTTPClient    *http.Client // nil: a default one with a 30 s timeout
+}
+
+// Gitea is a Gitea or Forgejo instance, reached with one account's token.
+type Gitea struct {
+	name   string
+	web    string
+	api    *api
+	secret []byte
+}
+
+// giteaHookEvents are the events a registered hook delivers. Gitea files comments on pull
+// requests under pull_request_comment, not issue_comment.
+var giteaHookEvents = []string{"push", "pull_request", "issue_comment", "pull_request_comment"}
+
+// NewGitea checks cfg and returns the forge.
+func NewGitea(cfg GiteaConfig) (*Gitea, error) {
+	if cfg.Token == "" {
+		return nil, fmt.Errorf("gitea forge %s: no token", cfg.Name)
+	}
+	if len(cfg.WebhookSecret) == 0 {
+		return nil, fmt.Errorf("gitea forge %s: no webhook secret", cfg.Name)
+	}
+	web := strings.TrimRight(cfg.URL, "/")
+	a, err := newAPI(web+"/api/v1", cfg.HTTPClient)
+	if err != nil {
+		return nil, fmt.Errorf("gitea forge %s: %w", cfg.Name, err)
+	}
+	token := cfg.Token
+	a.auth = func(_ context.Context, req *http.Request) error {
+		req.Header.Set("Authorization", "token "+token)
+		return nil
+	}
+	a.header.Set("User-Agent", "harmonia-ci")
+	return &Gitea{name: cfg.Name, web: web, api: a, secret: cfg.WebhookSecret}, nil
+}
+
+// Name implements Forge.
+func (g *Gitea) Name() string { return g.name }
+
+// Type implements Forge.
+func (g *Gitea) Type() string { return TypeGitea }
+
+// VerifyWebhook checks X-Gitea-Signature, the hex HMAC-SHA256 of the body.
+func (g *Gitea) VerifyWebhook(h http.Header, body []byte) error {
+	return checkHMAC(g.secret, body, h.Get("X-Gitea-Signature"), "X-Gitea-Signature")
+}
+
+// giteaUser is a user as Gitea's JSON shows it.
+type giteaUser struct {
+	Login string `json:"login"`
+}
+
+type giteaRepo struct {
+	Name          string    `json:"name"`
+	FullName      string    `json:"full_name"`
+	Owner         giteaUser `json:"owner"`
+	CloneURL      string    `json:"clone_url"`
+	DefaultBranch string    `json:"default_branch"`
+	Private       bool      `json:"private"`
+}
+
+func (r giteaRepo) repository() (Repository, error) {
+	owner, name, ok := strings.Cut(r.FullName, "/")
+	if !ok {
+		owner, name = r.Owner.Login, r.Name
+	}
+	repo := Repository{Repo: Repo{Owner: owner, Name: name}, CloneURL: r.CloneURL,
+		DefaultBranch: r.DefaultBranch, Private: r.Private}
+	return repo, repo.validate()
+}
+
+type giteaPR struct {
+	Number int       `json:"number"`
+	State  string    `json:"state"`
+	User   giteaUser `json:"user"`
+	Head   struct {
+		Sha  string     `json:"sha"`
+		Ref  string     `json:"ref"`
+		Repo *giteaRepo `json:"repo"`
+	} `json:"head"`
+	Base struct {
+		Ref  string     `json:"ref"`
+		Repo *giteaRepo `json:"repo"`
+	} `json:"base"`
+}
+
+func (p giteaPR) pullRequest() (PullRequest, error) {
+	pr := PullRequest{Number: p.Number, HeadSHA: p.Head.Sha, HeadBranch: p.Head.Ref,
+		BaseBranch: p.Base.Ref, Author: p.User.Login, State: p.State}
+	pr.Fork = p.Head.Repo == nil || p.Base.Repo == nil || p.Head.Repo.FullName != p.Base.Repo.FullName
+	return pr, pr.validate()
+}
+
+// ParseWebhook decodes push, pull_request and (pull request) comment deliveries.
+func (g *Gitea) ParseWebhook(h http.Header, body []byte) (Event, error) {
+	ev := Event{Kind: EventIgnored, DeliveryID: h.Get("X-Gitea-Delivery"), Type: h.Get("X-Gitea-Event")}
+	var p struct {
+		Ref         string     `json:"ref"`
+		After       string     `json:"after"`
+		Action      string     `json:"action"`
+		Number      int        `json:"number"`
+		Repository  *giteaRepo `json:"repository"`
+		Sender      giteaUser  `json:"sender"`
+		PullRequest *giteaPR   `json:"pull_request"`
+		IsPull      bool       `json:"is_pull"`
+		Issue       *struct {
+			Number      int             `json:"number"`
+			PullRequest json.RawMessage `json:"pull_request"`
+		} `json:"issue"`
+		Comment *struct {
+			Body string    `json:"body"`
+			User giteaUser `json:"user"`
+		} `json:"comment"`
+	}
+	if err := json.Unmarshal(body, &p); err != nil {
+		return ev, fmt.Errorf("gitea %s delivery: %w", ev.Type, err)
+	}
+	ev.Action, ev.Sender = p.Action, p.Sender.Login
+	if p.Repository == nil {
+		if ev.Type == "push" || ev.Type == "pull_request" || ev.Type == "issue_comment" {
+			return ev, fmt.Errorf("gitea %s delivery: no repository", ev.Type)
+		}
+		return ev, nil
+	}
+	repo, err := p.Repository.repository()
+	if err != nil {
+		return ev, fmt.Errorf("gitea %s delivery: %w", ev.Type, err)
+	}
+	ev.Repository = repo
+	switch ev.Type {
+	case "push":
+		branch, ok := strings.CutPrefix(p.Ref, "refs/heads/")
+		if !ok || isZeroSHA(p.After) {
+			return ev, nil // a tag, or a deleted branch
+		}
+		if !isSHA(p.After) {
+			return ev, fmt.Errorf("gitea push delivery: after %q is not a commit id", p.After)
+		}
+		ev.Kind, ev.Branch, ev.After = EventPush, branch, p.After
+	case "pull_request":
+		if p.Action != "opened" && p.Action != "reopened" && p.Action != "synchronized" {
+			return ev, nil
+		}
+		if p.PullRequest == nil {
+			return ev, errors.New("gitea pull_request delivery: no pull_request")
+		}
+		pr, err := p.PullRequest.pullRequest()
+		if err != nil {
+			return ev, fmt.Errorf("gitea pull_request delivery: %w", err)
+		}
+		ev.Kind, ev.PullRequest = EventPullRequest, pr
+	case "issue_comment":
+		// Gitea sends pull request comments with X-Gitea-Event issue_comment and is_pull set.
+		if p.Action != "created" || p.Issue == nil || p.Comment == nil ||
+			(!p.IsPull && (len(p.Issue.PullRequest) == 0 || string(p.Issue.PullRequest) == "null")) {
+			return ev, nil
+		}
+		if p.Issue.Number <= 0 {
+			return ev, fmt.Errorf("gitea issue_comment delivery: pull request number %d", p.Issue.Number)
+		}
+		ev.Kind = EventComment
+		ev.PullRequest = PullRequest{Number: p.Issue.Number}
+		ev.Commenter, ev.Body = p.Comment.User.Login, p.Comment.Body
+	}
+	return ev, nil
+}
+
+func (g *Gitea) repoPath(r Repo, rest ...string) string {
+	parts := []string{"/repos", url.PathEscape(r.Owner), url.PathEscape(r.Name)}
+	for _, s := range rest {
+		parts = append(parts, url.PathEscape(s))
+	}
+	return strings.Join(parts, "/")
+}
+
+// ListRepositories returns the repositories of the token's user, its collaborations and
+// its organisations.
+func (g *Gitea) ListRepositories(ctx context.Context) ([]Repository, error) {
+	page := url.Values{"limit": {"50"}}
+	raw, err := getAll[giteaRepo](ctx, g.api, g.api.url("/user/repos", page), 1000)
+	if err != nil {
+		return nil, fmt.Errorf("list repositories: %w", err)
+	}
+	orgs, err := getAll[giteaUser](ctx, g.api, g.api.url("/user/orgs", page), 100)
+	if err != nil {
+		return nil, fmt.Errorf("list organisations: %w", err)
+	}
+	for _, o := range orgs {
+		rs, err := getAll[giteaRepo](ctx, g.api, g.api.url("/orgs/"+url.PathEscape(o.Login)+"/repos", page), 1000)
+		if err != nil {
+			return nil, fmt.Errorf("list repositories of %s: %w", o.Login, err)
+		}
+		raw = append(raw, rs...)
+	}
+	seen := map[string]bool{}
+	var out []Repository
+	for _, r := range raw {
+		repo, err := r.repository()
+		if err != nil || seen[repo.FullName()] {
+			continue // a name we could not use anyway
+		}
+		seen[repo.FullName()] = true
+		out = append(out, repo)
+	}
+	return out, nil
+}
+
+// IsCollaborator asks for login's permission on the repository: write or admin (owners and
+// organisation members with write access included).
+func (g *Gitea) IsCollaborator(ctx context.Context, repo Repo, login string) (bool, error) {
+	if err := ValidateLogin(login); err != nil {
+		return false, err
+	}
+	var perm struct {
+		Permission string `json:"permission"`
+	}
+	_, err := g.api.do(ctx, http.MethodGet, g.api.url(g.repoPath(repo, "collaborators", login, "permission"), nil), nil, &perm)
+	if errors.Is(err, ErrNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("permission of %s on %s: %w", login, repo.FullName(), err)
+	}
+	return perm.Permission == "write" || perm.Permission == "admin" || perm.Permission == "owner", nil
+}
+
+// PullRequest implements Forge.
+func (g *Gitea) PullRequest(ctx context.Context, repo Repo, number int) (PullRequest, error) {
+	var p giteaPR
+	_, err := g.api.do(ctx, http.MethodGet, g.api.url(g.repoPath(repo, "pulls", strconv.Itoa(number)), nil), nil, &p)
+	if err != nil {
+		return PullRequest{}, fmt.Errorf("pull request %s#%d: %w", repo.FullName(), number, err)
+	}
+	pr, err := p.pullRequest()
+	if err != nil {
+		return PullRequest{}, fmt.Errorf("pull request %s#%d: %w", repo.FullName(), number, err)
+	}
+	return pr, nil
+}
+
+// BranchHead implements Forge.
+func (g *Gitea) BranchHead(ctx context.Context, repo Repo, branch string) (string, error) {
+	var b struct {
+		Commit struct {
+			ID string `json:"id"`
+		} `json:"commit"`
+	}
+	if _, err := g.api.do(ctx, http.MethodGet, g.api.url(g.repoPath(repo, "branches", branch), nil), nil, &b); err != nil {
+		return "", fmt.Errorf("branch %s of %s: %w", branch, repo.FullName(), err)
+	}
+	if !isSHA(b.Commit.ID) {
+		return "", fmt.Errorf("branch %s of %s: commit id %q", branch, repo.FullName(), b.Commit.ID)
+	}
+	return b.Commit.ID, nil
+}
+
+type giteaStatus struct {
+	ID          int64  `json:"id"`
+	Context     string `json:"context"`
+	State       string `json:"status"`
+	Description string `json:"description"`
+	TargetURL   string `json:"target_url"`
+}
+
+// ReportStatus implements Forge.
+func (g *Gitea) ReportStatus(ctx context.Context, repo Repo, sha string, s Status) error {
+	if !isSHA(sha) {
+		return fmt.Errorf("status on %s: %q is not a commit id", repo.FullName(), sha)
+	}
+	body := map[string]string{"state": string(s.State), "context": s.Context,
+		"description": truncate(s.Description, 255), "target_url": s.TargetURL}
+	if _, err := g.api.do(ctx, http.MethodPost, g.api.url(g.repoPath(repo, "statuses", sha), nil), body, nil); err != nil {
+		return fmt.Errorf("status %s on %s@%s: %w", s.Context, repo.FullName(), sha[:12], err)
+	}
+	return nil
+}
+
+// LatestStatus implements Forge.
+func (g *Gitea) LatestStatus(ctx context.Context, repo Repo, sha, context string) (Status, bool, error) {
+	if !isSHA(sha) {
+		return Status{}, false, fmt.Errorf("statuses of %s: %q is not a commit id", repo.FullName(), sha)
+	}
+	all, err := getAll[giteaStatus](ctx, g.api, g.api.url(g.repoPath(repo, "statuses", sha), url.Values{"limit": {"50"}}), 100)
+	if err != nil {
+		return Status{}, false, fmt.Errorf("statuses of %s@%s: %w", repo.FullName(), sha[:12], err)
+	}
+	var best *giteaStatus
+	for i := range all {
+		if all[i].Context == context && (best == nil || all[i].ID > best.ID) {
+			best = &all[i]
+		}
+	}
+	if best == nil {
+		return Status{}, false, nil
+	}
+	return Status{Context: best.Context, State: State(best.State), Description: best.Description, TargetURL: best.TargetURL}, true, nil
+}
+
+type giteaHook struct {
+	ID     int64             `json:"id"`
+	Config map[string]string `json:"config"`
+	Events []string          `json:"events"`
+	Active bool              `json:"active"`
+}
+
+// RegisterWebhook creates the repository's hook to url, or returns the one that exists.
+func (g *Gitea) RegisterWebhook(ctx context.Context, repo Repo, hookURL string) (string, error) {
+	hooks, err := getAll[giteaHook](ctx, g.api, g.api.url(g.repoPath(repo, "hooks"), url.Values{"limit": {"50"}}), 100)
+	if err != nil {
+		return "", fmt.Errorf("hooks of %s: %w", repo.FullName(), err)
+	}
+	for _, h := range hooks {
+		if h.Config["url"] == hookURL && h.Active && !slices.ContainsFunc(giteaHookEvents, func(e string) bool { return !slices.Contains(h.Events, e) }) {
+			return strconv.FormatInt(h.ID, 10), nil
+		}
+	}
+	body := map[string]any{
+		"type":   "gitea",
+		"active": true,
+		"events": giteaHookEvents,
+		"config": map[string]string{"url": hookURL, "content_type": "json", "secret": string(g.secret)},
+	}
+	var h giteaHook
+	if _, err := g.api.do(ctx, http.MethodPost, g.api.url(g.repoPath(repo, "hooks"), nil), body, &h); err != nil {
+		return "", fmt.Errorf("register webhook on %s: %w", repo.FullName(), err)
+	}
+	return strconv.FormatInt(h.ID, 10), nil
+}
+
+// DeleteWebhook implements Forge.
+func (g *Gitea) DeleteWebhook(ctx context.Context, repo Repo, hookID string) error {
+	if _, err := strconv.ParseInt(hookID, 10, 64); err != nil {
+		return fmt.Errorf("delete webhook of %s: hook id %q", repo.FullName(), hookID)
+	}
+	_, err := g.api.do(ctx, http.MethodDelete, g.api.url(g.repoPath(repo, "hooks", hookID), nil), nil, nil)
+	if err != nil && !errors.Is(err, ErrNotFound) {
+		return fmt.Errorf("delete webhook %s of %s: %w", hookID, repo.FullName(), err)
+	}
+	return nil
+}
+
+// CommitURL implements Forge.
+func (g *Gitea) CommitURL(repo Repo, sha string) string {
+	return g.web + "/" + url.PathEscape(repo.Owner) + "/" + url.PathEscape(repo.Name) + "/commit/" + url.PathEscape(sha)
+}
+
+// truncate cuts s to at most n bytes on a rune boundary.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
+}

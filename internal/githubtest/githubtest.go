@@ -1,0 +1,806 @@
+// Package githubtest is a stand-in for GitHub's REST API as a GitHub App sees it, for tests: an
+// httptest.Server that speaks GitHub's real wire format (paths, JSON shapes, status codes,
+// Link pagination, X-RateLimit-* headers, error bodies) over HTTP, with in-memory state the test
+// sets up and inspects.
+//
+// It fakes:
+//   - App authentication: RS256 JWTs checked against the App's public key (iss, iat, exp), and
+//     installation access tokens (POST /app/installations/{id}/access_tokens) that then
+//     authenticate repository calls, scoped to the installation's repositories;
+//   - GET /app/installations, GET /repos/{o}/{r}/installation, GET /installation/repositories;
+//   - collaborators, pull requests, branches and commit statuses of those repositories;
+//   - secondary and primary rate-limit answers on demand (RateLimitNext, PrimaryRateLimitNext);
+//   - webhook deliveries signed as GitHub signs them (Deliver, WebhookHeader), with payload
+//     builders in GitHub's shapes (PushPayload, PullRequestPayload, CommentPayload,
+//     InstallationPayload).
+//
+// Unlike GitHub it requires authentication on every endpoint, also for public repositories.
+package githubtest
+
+import (
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/x509"
+	"encoding/hex"
+	"encoding/json"
+	"encoding/pem"
+	"fmt"
+	"hash/fnv"
+	"math"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/golang-jwt/jwt/v5"
+)
+
+// APIVersion is the X-GitHub-Api-Version the stand-in accepts (a request may also omit it).
+const APIVersion = "2022-11-28"
+
+// Rate limit an installation token (and the App's JWT) gets per hour, as on github.com.
+const rateLimitPerHour = 5000
+
+const docsURL = "https://docs.github.com/rest"
+
+// Repo is a repository the stand-in knows.
+type Repo struct {
+	FullName      string // "owner/name"
+	Private       bool
+	DefaultBranch string // "main" if empty
+	CloneURL      string // "https://github.com/{FullName}.git" if empty
+}
+
+// PR is a pull request of a repository.
+type PR struct {
+	Number  int
+	Title   string // "Pull request #{Number}" if empty
+	State   string // "open" if empty
+	User    string // the author's login
+	HeadSHA string
+	HeadRef string
+	// HeadRepo is the full name of the repository the head lives in; empty means the base
+	// repository itself.
+	HeadRepo string
+	// HeadRepoDeleted makes head.repo null, as GitHub shows a pull request whose fork is gone.
+	HeadRepoDeleted bool
+	BaseRef         string // the base repository's default branch if empty
+}
+
+// Status is a commit status as it was created.
+type Status struct {
+	ID          int64
+	State       string
+	TargetURL   string
+	Description string
+	Context     string
+	CreatedAt   time.Time
+}
+
+// Server is the stand-in. Its exported fields are fixed at New.
+type Server struct {
+	URL           string // base URL of the API, like https://api.github.com
+	AppID         int64
+	AppSlug       string // statuses are created by "{AppSlug}[bot]"
+	PrivateKeyPEM []byte // the App's private key, PKCS#1 PEM
+	WebhookSecret []byte // what Deliver and WebhookHeader sign with
+
+	srv *httptest.Server
+	pub *rsa.PublicKey
+
+	mu            sync.Mutex
+	installations []*installation
+	repos         map[string]*repoState // by lower-case full name
+	tokens        map[string]*token
+	exchanges     int
+	requests      []string
+	limits        []rateLimit
+	used          map[string]int // requests per rate-limit bucket
+	reset         time.Time
+	nextID        int64
+	tokenLifetime time.Duration
+}
+
+type installation struct {
+	id        int64
+	repos     []string // lower-case full names, in the order added
+	suspended bool
+}
+
+type token struct {
+	installation int64
+	expires      time.Time
+}
+
+type repoState struct {
+	Repo
+	installation  int64
+	collaborators map[string]bool // lower-case logins
+	pulls         map[int]PR
+	branches      map[string]string
+	statuses      map[string][]Status // by sha
+}
+
+// rateLimit is one queued rate-limit answer: secondary (retryAfter) or primary (reset).
+type rateLimit struct {
+	retryAfter time.Duration
+	reset      time.Time
+}
+
+var (
+	keyOnce sync.Once
+	key     *rsa.PrivateKey
+	keyPEM  []byte
+	appIDs  atomic.Int64
+)
+
+// appKey is one RSA key per process: generating a 2048-bit key takes long enough to matter
+// when every test starts a server.
+func appKey() (*rsa.PrivateKey, []byte) {
+	keyOnce.Do(func() {
+		var err error
+		if key, err = rsa.GenerateKey(rand.Reader, 2048); err != nil {
+			panic(fmt.Sprintf("githubtest: generate RSA key: %v", err))
+		}
+		keyPEM = pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(key)})
+	})
+	return key, keyPEM
+}
+
+// New starts a stand-in with no installations; it is closed when tb's test ends.
+func New(tb testing.TB) *Server {
+	tb.Helper()
+	k, pemBytes := appKey()
+	secret := make([]byte, 20)
+	rand.Read(secret)
+	id := 100000 + appIDs.Add(1)
+	s := &Server{
+		AppID:         id,
+		AppSlug:       "harmonia-ci-test",
+		PrivateKeyPEM: pemBytes,
+		WebhookSecret: []byte(hex.EncodeToString(secret)),
+		pub:           &k.PublicKey,
+		repos:         map[string]*repoState{},
+		tokens:        map[string]*token{},
+		used:          map[string]int{},
+		reset:         time.Now().Add(time.Hour).Truncate(time.Second),
+		nextID:        1000,
+		tokenLifetime: time.Hour,
+	}
+	s.srv = httptest.NewServer(s.routes())
+	s.URL = s.srv.URL
+	tb.Cleanup(s.srv.Close)
+	return s
+}
+
+// Close stops the server (New already arranges it at the end of the test).
+func (s *Server) Close() { s.srv.Close() }
+
+// AddInstallation installs the App with access to repos (adding them to an installation that
+// exists). A repository belongs to one installation.
+func (s *Server) AddInstallation(id int64, repos ...Repo) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var inst *installation
+	for _, in := range s.installations {
+		if in.id == id {
+			inst = in
+		}
+	}
+	if inst == nil {
+		inst = &installation{id: id}
+		s.installations = append(s.installations, inst)
+	}
+	for _, r := range repos {
+		r.DefaultBranch = cmpOr(r.DefaultBranch, "main")
+		k := strings.ToLower(r.FullName)
+		if old := s.repos[k]; old != nil {
+			panic(fmt.Sprintf("githubtest: repository %s added twice", r.FullName))
+		}
+		s.repos[k] = &repoState{Repo: r, installation: id, collaborators: map[string]bool{},
+			pulls: map[int]PR{}, branches: map[string]string{}, statuses: map[string][]Status{}}
+		inst.repos = append(inst.repos, k)
+	}
+}
+
+// SuspendInstallation suspends an installation: it stays listed, with suspended_at set, and
+// GitHub refuses to create tokens for it.
+func (s *Server) SuspendInstallation(id int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, in := range s.installations {
+		if in.id == id {
+			in.suspended = true
+		}
+	}
+}
+
+func (s *Server) repo(fullName string) *repoState {
+	r := s.repos[strings.ToLower(fullName)]
+	if r == nil {
+		panic(fmt.Sprintf("githubtest: no repository %s (AddInstallation first)", fullName))
+	}
+	return r
+}
+
+// AddCollaborator gives login push access to the repository.
+func (s *Server) AddCollaborator(fullName, login string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.repo(fullName).collaborators[strings.ToLower(login)] = true
+}
+
+// SetPullRequest creates or replaces a pull request of the repository.
+func (s *Server) SetPullRequest(fullName string, pr PR) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.repo(fullName).pulls[pr.Number] = pr
+}
+
+// SetBranch points branch at sha.
+func (s *Server) SetBranch(fullName, branch, sha string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.repo(fullName).branches[branch] = sha
+}
+
+// Statuses returns the statuses created on sha, oldest first.
+func (s *Server) Statuses(fullName, sha string) []Status {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.repo(fullName).statuses[sha])
+}
+
+// RateLimitNext makes the next n API calls answer 403 with GitHub's secondary-rate-limit body and
+// Retry-After (whole seconds, rounded up).
+func (s *Server) RateLimitNext(n int, retryAfter time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for range n {
+		s.limits = append(s.limits, rateLimit{retryAfter: retryAfter})
+	}
+}
+
+// PrimaryRateLimitNext makes the next n API calls answer 403 as an exhausted primary rate limit:
+// X-RateLimit-Remaining 0 and X-RateLimit-Reset at reset.
+func (s *Server) PrimaryRateLimitNext(n int, reset time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for range n {
+		s.limits = append(s.limits, rateLimit{reset: reset})
+	}
+}
+
+// Requests returns "METHOD path" of every request so far, in order (rate-limited ones too).
+func (s *Server) Requests() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.requests)
+}
+
+// TokenExchanges is how many installation access tokens were created.
+func (s *Server) TokenExchanges() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.exchanges
+}
+
+// SetTokenLifetime sets how long installation tokens created from now on are valid; GitHub's
+// is one hour.
+func (s *Server) SetTokenLifetime(d time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.tokenLifetime = d
+}
+
+// ExpireTokens makes every installation token issued so far expired: further use answers 401.
+func (s *Server) ExpireTokens() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, t := range s.tokens {
+		t.expires = time.Now().Add(-time.Second)
+	}
+}
+
+func (s *Server) routes() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /app/installations", s.app(s.listInstallations))
+	mux.HandleFunc("POST /app/installations/{id}/access_tokens", s.app(s.createToken))
+	mux.HandleFunc("GET /repos/{owner}/{repo}/installation", s.app(s.repoInstallation))
+	mux.HandleFunc("GET /installation/repositories", s.installation(s.listRepositories))
+	mux.HandleFunc("GET /repos/{owner}/{repo}/collaborators/{user}", s.inRepo(s.collaborator))
+	mux.HandleFunc("GET /repos/{owner}/{repo}/pulls/{number}", s.inRepo(s.pull))
+	mux.HandleFunc("GET /repos/{owner}/{repo}/branches/{branch...}", s.inRepo(s.branch))
+	mux.HandleFunc("POST /repos/{owner}/{repo}/statuses/{sha}", s.inRepo(s.createStatus))
+	mux.HandleFunc("GET /repos/{owner}/{repo}/commits/{ref}/statuses", s.inRepo(s.listStatuses))
+	mux.HandleFunc("GET /repos/{owner}/{repo}/statuses/{ref}", s.inRepo(s.listStatuses))
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) { notFound(w) })
+	return s.common(mux)
+}
+
+// common logs the request, sets the headers GitHub sets on every answer and serves queued
+// rate-limit answers.
+func (s *Server) common(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.mu.Lock()
+		s.requests = append(s.requests, r.Method+" "+r.URL.Path)
+		var limit *rateLimit
+		if len(s.limits) > 0 {
+			limit = &s.limits[0]
+			s.limits = s.limits[1:]
+		}
+		bucket, perHour := s.bucket(r)
+		s.used[bucket]++
+		used := s.used[bucket]
+		reset := s.reset
+		s.mu.Unlock()
+
+		h := w.Header()
+		h.Set("X-GitHub-Request-Id", requestID())
+		h.Set("X-GitHub-Media-Type", "github.v3; format=json")
+		h.Set("X-GitHub-Api-Version-Selected", APIVersion)
+		h.Set("X-RateLimit-Limit", strconv.Itoa(perHour))
+		h.Set("X-RateLimit-Remaining", strconv.Itoa(max(perHour-used, 0)))
+		h.Set("X-RateLimit-Reset", strconv.FormatInt(reset.Unix(), 10))
+		h.Set("X-RateLimit-Used", strconv.Itoa(used))
+		h.Set("X-RateLimit-Resource", "core")
+		switch {
+		case r.UserAgent() == "":
+			writeJSON(w, http.StatusForbidden, map[string]string{"message": "Request forbidden by administrative rules. " +
+				"Please make sure your request has a User-Agent header (https://docs.github.com/en/rest/overview/resources-in-the-rest-api#user-agent-required). " +
+				"Check https://developer.github.com for other possible causes."})
+		case r.Header.Get("X-GitHub-Api-Version") != "" && r.Header.Get("X-GitHub-Api-Version") != APIVersion:
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("API version %s is not supported.", r.Header.Get("X-GitHub-Api-Version")),
+				"https://docs.github.com/rest/overview/api-versions")
+		case limit != nil && limit.retryAfter > 0:
+			h.Set("Retry-After", strconv.Itoa(int(math.Ceil(limit.retryAfter.Seconds()))))
+			writeError(w, http.StatusForbidden, "You have exceeded a secondary rate limit. Please wait a few minutes before you try again. "+
+				"If you reach out to GitHub Support for help, please include the request ID "+h.Get("X-GitHub-Request-Id")+".",
+				"https://docs.github.com/free-pro-team@latest/rest/overview/rate-limits-for-the-rest-api#about-secondary-rate-limits")
+		case limit != nil:
+			h.Set("X-RateLimit-Remaining", "0")
+			h.Set("X-RateLimit-Used", strconv.Itoa(perHour))
+			h.Set("X-RateLimit-Reset", strconv.FormatInt(limit.reset.Unix(), 10))
+			writeError(w, http.StatusForbidden, "API rate limit exceeded for "+bucket+".",
+				"https://docs.github.com/rest/overview/rate-limits-for-the-rest-api#about-the-primary-rate-limit")
+		default:
+			next.ServeHTTP(w, r)
+		}
+	})
+}
+
+// bucket names whose rate limit a request counts against, as GitHub words it in its
+// rate-limit message, and that limit's size.
+func (s *Server) bucket(r *http.Request) (string, int) {
+	cred := credential(r)
+	if t := s.tokens[cred]; t != nil {
+		return "installation ID " + strconv.FormatInt(t.installation, 10), rateLimitPerHour
+	}
+	if strings.Count(cred, ".") == 2 {
+		return "app ID " + strconv.FormatInt(s.AppID, 10), rateLimitPerHour
+	}
+	return "anonymous", 60
+}
+
+// credential is the token of "Authorization: Bearer X" or "Authorization: token X".
+func credential(r *http.Request) string {
+	scheme, cred, _ := strings.Cut(r.Header.Get("Authorization"), " ")
+	if !strings.EqualFold(scheme, "bearer") && !strings.EqualFold(scheme, "token") {
+		return ""
+	}
+	return strings.TrimSpace(cred)
+}
+
+// app requires the App's JWT.
+func (s *Server) app(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if msg := s.checkJWT(credential(r), time.Now()); msg != "" {
+			writeError(w, http.StatusUnauthorized, msg, docsURL)
+			return
+		}
+		h(w, r)
+	}
+}
+
+// checkJWT returns GitHub's complaint about an App JWT, "" if it is good.
+func (s *Server) checkJWT(raw string, now time.Time) string {
+	const undecodable = "A JSON web token could not be decoded"
+	if raw == "" {
+		return "Requires authentication"
+	}
+	claims := jwt.MapClaims{}
+	p := jwt.NewParser(jwt.WithValidMethods([]string{"RS256"}), jwt.WithoutClaimsValidation())
+	if _, err := p.ParseWithClaims(raw, claims, func(*jwt.Token) (any, error) { return s.pub, nil }); err != nil {
+		return undecodable
+	}
+	switch iss := claims["iss"].(type) {
+	case float64:
+		if int64(iss) != s.AppID {
+			return "Integration not found"
+		}
+	case string:
+		if iss != strconv.FormatInt(s.AppID, 10) {
+			return "Integration not found"
+		}
+	default:
+		return "'Issuer' claim ('iss') must be an Integer"
+	}
+	iat, ok1 := claims["iat"].(float64)
+	exp, ok2 := claims["exp"].(float64)
+	switch {
+	case !ok1 || time.Unix(int64(iat), 0).After(now.Add(time.Minute)):
+		return "'Issued at' claim ('iat') must be an Integer representing the time that the assertion was issued"
+	case !ok2 || !time.Unix(int64(exp), 0).After(now):
+		return "'Expiration time' claim ('exp') must be a numeric value representing the future time at which the assertion expires"
+	case exp-iat > 600 || time.Unix(int64(exp), 0).After(now.Add(10*time.Minute+time.Minute)):
+		return "'Expiration time' claim ('exp') is too far in the future"
+	}
+	return ""
+}
+
+// installation requires an installation token and passes its installation on.
+func (s *Server) installation(h func(w http.ResponseWriter, r *http.Request, inst int64)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		cred := credential(r)
+		s.mu.Lock()
+		t := s.tokens[cred]
+		valid := t != nil && time.Now().Before(t.expires)
+		s.mu.Unlock()
+		switch {
+		case cred == "":
+			writeError(w, http.StatusUnauthorized, "Requires authentication", docsURL)
+		case !valid:
+			writeError(w, http.StatusUnauthorized, "Bad credentials", docsURL)
+		default:
+			h(w, r, t.installation)
+		}
+	}
+}
+
+// inRepo requires an installation token of the installation that holds {owner}/{repo}; other
+// repositories are 404, as GitHub hides what a token cannot see. h runs with s.mu held.
+func (s *Server) inRepo(h func(w http.ResponseWriter, r *http.Request, repo *repoState)) http.HandlerFunc {
+	return s.installation(func(w http.ResponseWriter, r *http.Request, inst int64) {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		repo := s.repos[strings.ToLower(r.PathValue("owner")+"/"+r.PathValue("repo"))]
+		if repo == nil || repo.installation != inst {
+			notFound(w)
+			return
+		}
+		h(w, r, repo)
+	})
+}
+
+func (s *Server) installationJSON(in *installation) map[string]any {
+	owner := "octo-org"
+	if len(in.repos) > 0 {
+		owner, _, _ = strings.Cut(s.repos[in.repos[0]].FullName, "/")
+	}
+	var suspendedAt, suspendedBy any
+	if in.suspended {
+		suspendedAt, suspendedBy = "2024-02-03T04:05:06Z", userJSON(owner)
+	}
+	return map[string]any{
+		"id":                   in.id,
+		"account":              userJSON(owner),
+		"app_id":               s.AppID,
+		"app_slug":             s.AppSlug,
+		"target_id":            numericID(owner),
+		"target_type":          "Organization",
+		"repository_selection": "selected",
+		"access_tokens_url":    fmt.Sprintf("%s/app/installations/%d/access_tokens", s.URL, in.id),
+		"repositories_url":     s.URL + "/installation/repositories",
+		"html_url":             fmt.Sprintf("https://github.com/organizations/%s/settings/installations/%d", owner, in.id),
+		"permissions":          map[string]string{"metadata": "read", "contents": "read", "statuses": "write", "pull_requests": "read"},
+		"events":               []string{"push", "pull_request", "issue_comment"},
+		"created_at":           "2024-01-02T03:04:05Z",
+		"updated_at":           "2024-01-02T03:04:05Z",
+		"suspended_at":         suspendedAt,
+		"suspended_by":         suspendedBy,
+	}
+}
+
+func (s *Server) listInstallations(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	lo, hi := s.paginate(w, r, len(s.installations))
+	out := []map[string]any{}
+	for _, in := range s.installations[lo:hi] {
+		out = append(out, s.installationJSON(in))
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) repoInstallation(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	repo := s.repos[strings.ToLower(r.PathValue("owner")+"/"+r.PathValue("repo"))]
+	if repo == nil {
+		notFound(w)
+		return
+	}
+	for _, in := range s.installations {
+		if in.id == repo.installation {
+			writeJSON(w, http.StatusOK, s.installationJSON(in))
+			return
+		}
+	}
+	notFound(w)
+}
+
+func (s *Server) createToken(w http.ResponseWriter, r *http.Request) {
+	id, _ := strconv.ParseInt(r.PathValue("id"), 10, 64)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	i := slices.IndexFunc(s.installations, func(in *installation) bool { return in.id == id })
+	if i < 0 {
+		notFound(w)
+		return
+	}
+	if s.installations[i].suspended {
+		writeError(w, http.StatusForbidden, "This installation has been suspended", docsURL)
+		return
+	}
+	b := make([]byte, 18)
+	rand.Read(b)
+	tok := "ghs_" + strings.ToUpper(hex.EncodeToString(b))[:36]
+	expires := time.Now().Add(s.tokenLifetime).UTC().Truncate(time.Second)
+	s.tokens[tok] = &token{installation: id, expires: expires}
+	s.exchanges++
+	writeJSON(w, http.StatusCreated, map[string]any{
+		"token":                tok,
+		"expires_at":           expires.Format(time.RFC3339),
+		"permissions":          map[string]string{"metadata": "read", "contents": "read", "statuses": "write", "pull_requests": "read"},
+		"repository_selection": "selected",
+	})
+}
+
+func (s *Server) listRepositories(w http.ResponseWriter, r *http.Request, inst int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var names []string
+	for _, in := range s.installations {
+		if in.id == inst {
+			names = in.repos
+		}
+	}
+	lo, hi := s.paginate(w, r, len(names))
+	out := []map[string]any{}
+	for _, k := range names[lo:hi] {
+		out = append(out, RepoJSON(s.repos[k].Repo))
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"total_count": len(names), "repository_selection": "selected", "repositories": out})
+}
+
+func (s *Server) collaborator(w http.ResponseWriter, r *http.Request, repo *repoState) {
+	login := strings.ToLower(r.PathValue("user"))
+	owner, _, _ := strings.Cut(strings.ToLower(repo.FullName), "/")
+	if repo.collaborators[login] || login == owner {
+		w.WriteHeader(http.StatusNoContent)
+		return
+	}
+	notFound(w)
+}
+
+func (s *Server) pull(w http.ResponseWriter, r *http.Request, repo *repoState) {
+	n, err := strconv.Atoi(r.PathValue("number"))
+	pr, ok := repo.pulls[n]
+	if err != nil || !ok {
+		notFound(w)
+		return
+	}
+	writeJSON(w, http.StatusOK, PullRequestJSON(repo.Repo, pr))
+}
+
+func (s *Server) branch(w http.ResponseWriter, r *http.Request, repo *repoState) {
+	name := r.PathValue("branch")
+	sha, ok := repo.branches[name]
+	if !ok {
+		writeError(w, http.StatusNotFound, "Branch not found", "https://docs.github.com/rest/branches/branches#get-a-branch")
+		return
+	}
+	api := s.URL + "/repos/" + repo.FullName
+	writeJSON(w, http.StatusOK, map[string]any{
+		"name": name,
+		"commit": map[string]any{
+			"sha":      sha,
+			"node_id":  "C_" + sha[:16],
+			"url":      api + "/commits/" + sha,
+			"html_url": "https://github.com/" + repo.FullName + "/commit/" + sha,
+		},
+		"_links":         map[string]string{"self": api + "/branches/" + name, "html": "https://github.com/" + repo.FullName + "/tree/" + name},
+		"protected":      false,
+		"protection_url": api + "/branches/" + name + "/protection",
+	})
+}
+
+// maxStatuses is GitHub's limit of statuses per sha and context.
+const maxStatuses = 1000
+
+func (s *Server) createStatus(w http.ResponseWriter, r *http.Request, repo *repoState) {
+	sha := r.PathValue("sha")
+	var in struct {
+		State       string  `json:"state"`
+		TargetURL   *string `json:"target_url"`
+		Description *string `json:"description"`
+		Context     *string `json:"context"`
+	}
+	if err := json.NewDecoder(r.Body).Decode(&in); err != nil {
+		writeError(w, http.StatusBadRequest, "Problems parsing JSON", docsURL)
+		return
+	}
+	st := Status{State: in.State, TargetURL: deref(in.TargetURL), Description: deref(in.Description),
+		Context: cmpOr(deref(in.Context), "default"), CreatedAt: time.Now().UTC().Truncate(time.Second)}
+	n := 0
+	for _, old := range repo.statuses[sha] {
+		if old.Context == st.Context {
+			n++
+		}
+	}
+	switch {
+	case !isSHA(sha):
+		validationFailed(w, "sha", "No commit found for SHA: "+sha)
+	case !slices.Contains([]string{"error", "failure", "pending", "success"}, st.State):
+		validationFailed(w, "state", "state is not included in the list")
+	case len([]rune(st.Description)) > 140:
+		validationFailed(w, "description", "description is too long (maximum is 140 characters)")
+	case n >= maxStatuses:
+		validationFailed(w, "context", "This SHA and context has reached the maximum number of statuses.")
+	default:
+		s.nextID++
+		st.ID = s.nextID
+		repo.statuses[sha] = append(repo.statuses[sha], st)
+		w.Header().Set("Location", s.URL+"/repos/"+repo.FullName+"/statuses/"+sha)
+		writeJSON(w, http.StatusCreated, s.statusJSON(repo, sha, st))
+	}
+}
+
+func (s *Server) listStatuses(w http.ResponseWriter, r *http.Request, repo *repoState) {
+	sha := r.PathValue("ref")
+	if b, ok := repo.branches[sha]; ok {
+		sha = b
+	}
+	all := repo.statuses[sha]
+	lo, hi := s.paginate(w, r, len(all))
+	out := []map[string]any{}
+	for i := lo; i < hi; i++ {
+		out = append(out, s.statusJSON(repo, sha, all[len(all)-1-i])) // newest first
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) statusJSON(repo *repoState, sha string, st Status) map[string]any {
+	return map[string]any{
+		"url":         s.URL + "/repos/" + repo.FullName + "/statuses/" + sha,
+		"avatar_url":  "https://avatars.githubusercontent.com/in/" + strconv.FormatInt(s.AppID, 10) + "?v=4",
+		"id":          st.ID,
+		"node_id":     "SC_" + strconv.FormatInt(st.ID, 10),
+		"state":       st.State,
+		"description": nilIfEmpty(st.Description),
+		"target_url":  nilIfEmpty(st.TargetURL),
+		"context":     st.Context,
+		"created_at":  st.CreatedAt.Format(time.RFC3339),
+		"updated_at":  st.CreatedAt.Format(time.RFC3339),
+		"creator":     userJSON(s.AppSlug + "[bot]"),
+	}
+}
+
+// paginate reads per_page (default 30, at most 100) and page (from 1), sets the Link header as
+// GitHub writes it (prev, next, last, first; absolute URLs keeping the other parameters) and
+// returns the slice bounds of the page among n items.
+func (s *Server) paginate(w http.ResponseWriter, r *http.Request, n int) (lo, hi int) {
+	q := r.URL.Query()
+	per := 30
+	if v, err := strconv.Atoi(q.Get("per_page")); err == nil && v > 0 {
+		per = min(v, 100)
+	}
+	page := 1
+	if v, err := strconv.Atoi(q.Get("page")); err == nil && v > 0 {
+		page = v
+	}
+	last := max((n+per-1)/per, 1)
+	var links []string
+	link := func(p int, rel string) {
+		links = append(links, fmt.Sprintf(`<%s>; rel="%s"`, s.pageURL(r, p), rel))
+	}
+	if page > 1 {
+		link(min(page-1, last), "prev")
+	}
+	if page < last {
+		link(page+1, "next")
+		link(last, "last")
+	}
+	if page > 1 {
+		link(1, "first")
+	}
+	if links != nil {
+		w.Header().Set("Link", strings.Join(links, ", "))
+	}
+	lo = min((page-1)*per, n)
+	return lo, min(lo+per, n)
+}
+
+// pageURL is the request's URL with page set to p, other parameters kept in their order.
+func (s *Server) pageURL(r *http.Request, p int) string {
+	var params []string
+	for kv := range strings.SplitSeq(r.URL.RawQuery, "&") {
+		if kv != "" && !strings.HasPrefix(kv, "page=") {
+			params = append(params, kv)
+		}
+	}
+	params = append(params, "page="+strconv.Itoa(p))
+	return s.URL + r.URL.EscapedPath() + "?" + strings.Join(params, "&")
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json; charset=utf-8")
+	w.WriteHeader(code)
+	json.NewEncoder(w).Encode(v)
+}
+
+// writeError writes GitHub's error body.
+func writeError(w http.ResponseWriter, code int, msg, doc string) {
+	writeJSON(w, code, map[string]string{"message": msg, "documentation_url": doc, "status": strconv.Itoa(code)})
+}
+
+func notFound(w http.ResponseWriter) {
+	writeError(w, http.StatusNotFound, "Not Found", docsURL)
+}
+
+func validationFailed(w http.ResponseWriter, field, msg string) {
+	writeJSON(w, http.StatusUnprocessableEntity, map[string]any{
+		"message":           "Validation Failed",
+		"errors":            []map[string]string{{"resource": "Status", "code": "custom", "field": field, "message": msg}},
+		"documentation_url": "https://docs.github.com/rest/commits/statuses#create-a-commit-status",
+		"status":            "422",
+	})
+}
+
+func requestID() string {
+	b := make([]byte, 8)
+	rand.Read(b)
+	return strings.ToUpper(hex.EncodeToString(b[:2]) + ":" + hex.EncodeToString(b[2:5]) + ":" + hex.EncodeToString(b[5:]))
+}
+
+func isSHA(s string) bool {
+	if len(s) != 40 {
+		return false
+	}
+	_, err := hex.DecodeString(s)
+	return err == nil && strings.ToLower(s) == s
+}
+
+// numericID is a stable made-up id for a name, so the same user or repository has the same id
+// in every payload.
+func numericID(name string) int64 {
+	h := fnv.New32a()
+	h.Write([]byte(strings.ToLower(name)))
+	return int64(h.Sum32()%90000000) + 1000000
+}
+
+func deref(p *string) string {
+	if p == nil {
+		return ""
+	}
+	return *p
+}
+
+func nilIfEmpty(s string) any {
+	if s == "" {
+		return nil
+	}
+	return s
+}
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}

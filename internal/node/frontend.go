@@ -1,0 +1,66 @@
+package node
+
+import (
+	"context"
+	"strings"
+	"time"
+
+	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
+	"github.com/harmonia-ci/harmonia-ci/internal/commitstatus"
+	"github.com/harmonia-ci/harmonia-ci/internal/forge"
+	"github.com/harmonia-ci/harmonia-ci/internal/forgesync"
+	"github.com/harmonia-ci/harmonia-ci/internal/notify"
+	"github.com/harmonia-ci/harmonia-ci/internal/project"
+	"github.com/harmonia-ci/harmonia-ci/internal/web"
+	"github.com/harmonia-ci/harmonia-ci/internal/webhook"
+)
+
+// forgeSide builds the frontend's side of the forges: the webhook receiver and the project
+// admin API on the HTTP server, the commit status reporter, and the maintenance leader's
+// repository discovery and polling tasks.
+func (n *node) forgeSide(httpServer *web.Server, notifier *notify.Notifier, endpoint string) (*commitstatus.Reporter, []cluster.Task, error) {
+	cfg := n.cfg
+	forges, err := forge.FromConfig(cfg.Forges)
+	if err != nil {
+		return nil, nil, err
+	}
+	publicURL := strings.TrimRight(cmpOr(cfg.Frontend.PublicURL, endpoint), "/")
+	httpServer.RegisterProjects(&project.Enabler{Pool: n.pool, Forges: forges, PublicURL: publicURL})
+	if len(forges) == 0 {
+		return nil, nil, nil
+	}
+	discover := func(name string) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		if _, err := forgesync.Discover(ctx, n.pool, forges[name]); err != nil {
+			n.logger.Warn("repository discovery failed", "forge", name, "error", err)
+		}
+	}
+	receiver := webhook.New(webhook.Config{
+		Forges: forges, MaxBody: int64(cfg.Frontend.MaxWebhookBody),
+		OnRepositoriesChanged: discover, Logger: n.logger,
+	}, n.pool)
+	receiver.Register(httpServer.Mux())
+	reporter := commitstatus.New(commitstatus.Config{
+		NodeID: cfg.Node.ID, Forges: forges, Links: commitstatus.Links{Base: publicURL},
+		Debounce: cfg.Frontend.StatusDebounce.Duration, Notifier: notifier, Logger: n.logger,
+	}, n.pool)
+	tasks := forgesync.Tasks(forgesync.Config{
+		Forges: forges, SyncInterval: cfg.Frontend.RepoSyncInterval.Duration,
+		PollCheck: cfg.Frontend.PollCheckInterval.Duration,
+		Push: func(ctx context.Context, f forge.Forge, ev forge.Event) error {
+			_, err := receiver.Dispatch(ctx, f, ev)
+			return err
+		},
+		Logger: n.logger,
+	}, n.pool)
+	n.logger.Info("forges connected", "forges", strings.Join(forges.Names(), ","), "public_url", publicURL)
+	return reporter, tasks, nil
+}
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}

@@ -1,0 +1,88 @@
+package project
+
+const (
+	// A repository added by hand has forge 'git' and its clone URL as its full name.
+	sqlInsertRepository = `
+INSERT INTO repositories (forge, owner, name, full_name, clone_url, default_branch)
+VALUES ('git', '', $2, $1, $1, $3)
+RETURNING id`
+
+	sqlInsertProject = `
+WITH p AS (
+    INSERT INTO projects (repo_id, name, scheduling_shares) VALUES ($1, $2, $3)
+    RETURNING *
+)
+SELECT ` + projectColumns + `
+FROM p JOIN repositories r ON r.id = p.repo_id`
+
+	projectColumns = `p.id, p.name, r.clone_url, r.default_branch, p.scheduling_shares, p.enabled, p.created_at,
+       r.id, r.forge, r.full_name, p.pr_enabled, p.pr_trust, p.poll_interval`
+
+	sqlSelectProjects = `
+SELECT ` + projectColumns + `
+FROM projects p JOIN repositories r ON r.id = p.repo_id`
+
+	// $1 name, $2 shares, $3 enabled, $4 branch (NULL = unchanged)
+	sqlUpdateProject = `
+WITH p AS (
+    UPDATE projects SET scheduling_shares = COALESCE($2, scheduling_shares),
+                        enabled = COALESCE($3, enabled)
+    WHERE name = $1
+    RETURNING repo_id
+)
+UPDATE repositories r SET default_branch = COALESCE($4, r.default_branch)
+FROM p WHERE r.id = p.repo_id`
+
+	repositoryColumns = `r.id, r.forge, r.full_name, r.clone_url, r.default_branch, r.is_private,
+       COALESCE(r.installation_id, 0), COALESCE(r.hook_id, ''), COALESCE(r.last_synced, 'epoch'::timestamptz),
+       COALESCE(p.name, ''), COALESCE(p.enabled, false)`
+
+	// $1 forge, $2 owner, $3 name, $4 full name, $5 clone URL, $6 private, $7 default branch,
+	// $8 installation (0: none)
+	sqlUpsertRepository = `
+INSERT INTO repositories (forge, owner, name, full_name, clone_url, is_private, default_branch, installation_id, last_synced)
+VALUES ($1, $2, $3, $4, $5, $6, $7, NULLIF($8, 0), now())
+ON CONFLICT (forge, full_name) DO UPDATE
+SET owner = EXCLUDED.owner, name = EXCLUDED.name, clone_url = EXCLUDED.clone_url,
+    is_private = EXCLUDED.is_private, default_branch = EXCLUDED.default_branch,
+    installation_id = EXCLUDED.installation_id, last_synced = now()`
+
+	// $1 forge ("" all), $2 substring of the name ("" all)
+	sqlListRepositories = `
+SELECT ` + repositoryColumns + `
+FROM repositories r LEFT JOIN projects p ON p.repo_id = r.id
+WHERE ($1 = '' OR r.forge = $1) AND ($2 = '' OR strpos(lower(r.full_name), lower($2)) > 0)
+ORDER BY r.forge, r.full_name`
+
+	sqlRepositoryByID = `
+SELECT ` + repositoryColumns + `
+FROM repositories r LEFT JOIN projects p ON p.repo_id = r.id
+WHERE r.id = $1`
+
+	sqlSetHook   = `UPDATE repositories SET hook_id = NULLIF($2, '') WHERE id = $1`
+	sqlClearHook = `UPDATE repositories SET hook_id = NULL WHERE id = $1 AND hook_id = $2`
+
+	// $1 repository, $2 name of a new project
+	sqlEnableProject = `
+INSERT INTO projects (repo_id, name, enabled) VALUES ($1, $2, true)
+ON CONFLICT (repo_id) DO UPDATE SET enabled = true`
+
+	sqlDisableProject = `UPDATE projects SET enabled = false WHERE repo_id = $1`
+
+	// $1 repository, $2 shares, $3 pr_enabled, $4 pr_trust, $5 poll_interval seconds (NULL: unchanged)
+	sqlProjectSettings = `
+UPDATE projects SET scheduling_shares = COALESCE($2, scheduling_shares),
+                    pr_enabled = COALESCE($3, pr_enabled),
+                    pr_trust = COALESCE($4, pr_trust),
+                    poll_interval = COALESCE($5, poll_interval)
+WHERE repo_id = $1`
+
+	sqlNameTaken = `SELECT EXISTS (SELECT 1 FROM projects WHERE name = $1)`
+
+	sqlWhereDuePoll = `
+WHERE p.enabled AND p.poll_interval > 0 AND r.forge <> 'git'
+  AND (p.last_polled IS NULL OR p.last_polled + p.poll_interval * interval '1 second' <= now())
+ORDER BY p.id`
+
+	sqlMarkPolled = `UPDATE projects SET last_polled = now() WHERE id = ANY($1)`
+)
