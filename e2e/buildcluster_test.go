@@ -41,6 +41,12 @@ type buildClusterOptions struct {
 	dbURL string
 	// deadThreshold replaces proctest.FastConfig's dead threshold (1s) if set.
 	deadThreshold string
+	// extraConfig is appended to the nodes' configuration (after every other table, so it may
+	// hold [[forges]]).
+	extraConfig string
+	// frontendEnv is added to the environment of the nodes that run the frontend role (forge
+	// secrets, the admin token).
+	frontendEnv []string
 }
 
 // buildCluster is a whole harmonia-ci cluster that builds with real Nix: front-1 (frontend,
@@ -54,6 +60,7 @@ type buildCluster struct {
 	cacheURL string   // front-1's endpoint: the cache, the API
 	stores   map[string]string
 	stopped  map[string]bool // processes the test ended on purpose
+	frontEnv []string        // added for frontend nodes
 	cli      *ciCLI
 	repo     *nixtest.Repo
 	project  string
@@ -78,7 +85,7 @@ func newBuildCluster(t *testing.T, o buildClusterOptions) *buildCluster {
 	cfg := string(raw) + "[node]\nmax_jobs = 2\n" +
 		"[queue]\npoll_interval = \"1s\"\nreap_interval = \"500ms\"\n" +
 		"[eval]\npoll_interval = \"500ms\"\n" +
-		"[build]\nextra_sandbox_paths = [" + strings.Join(paths, ", ") + "]\n" + o.build + "\n"
+		"[build]\nextra_sandbox_paths = [" + strings.Join(paths, ", ") + "]\n" + o.build + "\n" + o.extraConfig + "\n"
 	if o.deadThreshold != "" {
 		const fast = `dead_threshold = "1s"`
 		if !strings.Contains(cfg, fast) {
@@ -94,7 +101,7 @@ func newBuildCluster(t *testing.T, o buildClusterOptions) *buildCluster {
 	}
 	c := &buildCluster{
 		fixture: f, nodeCfg: proctest.WriteFile(t, "build-node.toml", cfg), env: env, pub: pub,
-		stores: map[string]string{}, stopped: map[string]bool{}, project: "build",
+		stores: map[string]string{}, stopped: map[string]bool{}, project: "build", frontEnv: o.frontendEnv,
 	}
 	for i := 1; i <= o.builders; i++ {
 		id := fmt.Sprintf("b%d", i)
@@ -129,7 +136,11 @@ func (c *buildCluster) startNode(id, roles string, extra ...string) *proctest.Pr
 	c.t.Helper()
 	args := append([]string{"serve", "--config", c.nodeCfg, "--database-url", c.dbURL, "--node-id", id,
 		"--roles", roles, "--listen", "127.0.0.1:0", "--state-dir", filepath.Join(stateDir(c.t), "state")}, extra...)
-	p := proctest.Start(c.t, id, nodeEnv(c.t, c.env, id, roles), args...)
+	env := c.env
+	if slices.Contains(strings.Split(roles, ","), "frontend") {
+		env = append(slices.Clone(env), c.frontEnv...)
+	}
+	p := proctest.Start(c.t, id, nodeEnv(c.t, env, id, roles), args...)
 	c.procs[id] = p
 	delete(c.stopped, id)
 	return p

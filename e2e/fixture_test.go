@@ -17,11 +17,12 @@ import (
 
 	"github.com/harmonia-ci/harmonia-ci/internal/blobtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/dbtest"
+	"github.com/harmonia-ci/harmonia-ci/internal/giteatest"
 	"github.com/harmonia-ci/harmonia-ci/internal/nodetoken"
 	"github.com/harmonia-ci/harmonia-ci/internal/proctest"
 )
 
-func TestMain(m *testing.M) { dbtest.Main(m, proctest.Cleanup, blobtest.Cleanup) }
+func TestMain(m *testing.M) { dbtest.Main(m, proctest.Cleanup, blobtest.Cleanup, giteatest.Cleanup) }
 
 const (
 	// clusterSecret is the secret of the e2e clusters' signers; other nodes get node tokens.

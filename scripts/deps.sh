@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what harmonia-ci needs on a Debian machine, skipping anything already present.
 #   scripts/deps.sh run    what `harmonia-ci up` needs (PostgreSQL server binaries, Nix)
-#   scripts/deps.sh test   what the test suite needs (the same, plus the MinIO server)
+#   scripts/deps.sh test   what the test suite needs (the same, plus the MinIO server, and a
+#                          Gitea server with git and the unprivileged user it runs as)
 #   scripts/deps.sh bench  what `harmonia-ci bench` needs (the same as run, plus nginx and wrk)
 #   scripts/deps.sh nix    Nix alone: nix-bin if missing, then the set-up below
 #
@@ -27,6 +28,10 @@ esac
 
 # The MinIO server the S3 tests run against, built from the Go module proxy (never committed).
 MINIO_VERSION=v0.0.0-20260212201848-7aac2a2c5b7c
+# The Gitea server the forge tests run against (scripts/gitea/go.mod pins the same version), and
+# the unprivileged user it runs as: Gitea refuses to run as root.
+GITEA_VERSION=v1.26.0
+GITEA_USER=${HARMONIA_GITEA_USER:-harmonia-gitea}
 
 say() { echo "deps: $*" >&2; }
 die() { say "$*"; exit 1; }
@@ -53,6 +58,9 @@ if [ "$mode" != nix ]; then
   have_postgres || need_apt+=(postgresql)
   command -v pgbench >/dev/null 2>&1 || need_apt+=(postgresql-contrib)
   command -v go >/dev/null 2>&1 || die "Go is required (https://go.dev/dl); not found on PATH"
+fi
+if [ "$mode" = test ]; then
+  command -v git >/dev/null 2>&1 || need_apt+=(git) # Gitea serves repositories with it
 fi
 if [ "$mode" = bench ]; then
   command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need_apt+=(nginx)
@@ -164,5 +172,38 @@ if [ "$mode" = test ]; then
   if [ ! -x "$gobin/minio" ]; then
     say "building the MinIO server (go install, a few minutes)"
     go install "github.com/minio/minio@$MINIO_VERSION"
+  fi
+
+  # Gitea, built from scripts/gitea (go install refuses a module with replace directives), with
+  # the templates/, options/ and public/ it reads at run time copied out of the module cache
+  # (private to its owner) into gobin/gitea-static, readable by everyone. VERSION in the copy
+  # records which Gitea it belongs to; an older pair is rebuilt.
+  static=$gobin/gitea-static
+  if [ ! -x "$gobin/gitea" ] || [ "$(cat "$static/VERSION" 2>/dev/null)" != "$GITEA_VERSION" ]; then
+    tools=$(cd "$(dirname "${BASH_SOURCE[0]}")/gitea" && pwd)
+    say "building the Gitea server $GITEA_VERSION (go build, a few minutes)"
+    mkdir -p "$gobin"
+    (cd "$tools" && CGO_ENABLED=1 go build -tags 'sqlite sqlite_unlock_notify' \
+      -ldflags "-X main.Version=${GITEA_VERSION#v}" -o "$gobin/gitea.new" code.gitea.io/gitea)
+    src=$(cd "$tools" && go list -m -f '{{.Dir}}' code.gitea.io/gitea)
+    [ -d "$src/templates" ] || die "no templates/ in $src"
+    rm -rf "$static.new"
+    mkdir -p "$static.new"
+    cp -R "$src/templates" "$src/options" "$src/public" "$static.new/"
+    echo "$GITEA_VERSION" >"$static.new/VERSION"
+    chmod -R u+w "$static.new" # the module cache's copies are read-only
+    find "$static.new" -type d -exec chmod 0755 {} +
+    find "$static.new" -type f -exec chmod 0644 {} +
+    rm -rf "$static"
+    mv "$static.new" "$static"
+    chmod 0755 "$gobin/gitea.new"
+    mv "$gobin/gitea.new" "$gobin/gitea"
+  fi
+  if ! getent passwd "$GITEA_USER" >/dev/null; then
+    nologin=$(command -v nologin || true)
+    for nologin in $nologin /usr/sbin/nologin /sbin/nologin; do [ -x "$nologin" ] && break; done
+    say "creating the Gitea user $GITEA_USER"
+    as_root useradd --system --home-dir /nonexistent --no-create-home --user-group \
+      --shell "$nologin" "$GITEA_USER"
   fi
 fi

@@ -15,7 +15,7 @@ import (
 
 func newBench(g *globalFlags) *cobra.Command {
 	c := &cobra.Command{Use: "bench", Short: "Run benchmarks against a real PostgreSQL"}
-	c.AddCommand(newBenchQueue(g), newBenchWorker(g), newBenchCache(), newBenchEval(), newBenchE2E())
+	c.AddCommand(newBenchQueue(g), newBenchWorker(g), newBenchCache(), newBenchEval(), newBenchE2E(), newBenchWebhook())
 	return c
 }
 
@@ -258,6 +258,51 @@ exits 0 whether targets are met or not. Needs nix-bin and git.`,
 	f.IntVar(&o.Samples, "samples", 10, "single-derivation plain Nix builds and replayed jobs (-1 skips both)")
 	f.BoolVar(&o.TraceNix, "trace-nix", false, "count and time the builders' Nix processes through logging wrappers (adds a bash start to each)")
 	f.BoolVar(&o.Keep, "keep", false, "keep the temporary directory")
+	f.BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+func newBenchWebhook() *cobra.Command {
+	var o bench.WebhookOptions
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "webhook",
+		Short: "Measure webhook deliveries accepted per second and build-to-status latency",
+		Long: `webhook runs a frontend's forge side on a private PostgreSQL. It posts --deliveries signed push
+deliveries in a real Gitea 1.26 delivery's format (spread over --repos projects, --concurrency at a
+time) to one webhook receiver over loopback HTTP: each is verified, written as an evaluation
+(superseding the branch's previous one) and answered 202. Then it finishes --statuses builds one
+at a time, each the last build of an evaluation, with the notification the queue sends, and times
+each from the notification's arrival to the commit status call leaving the node (no debounce),
+against a forge that answers at once.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			o.Logger = benchLogger(cmd.ErrOrStderr())
+			ctx, _, stop := signalContext()
+			defer stop()
+			r, err := bench.Webhook(ctx, o)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(cmd.OutOrStdout(), r)
+			}
+			w := cmd.OutOrStdout()
+			fmt.Fprintf(w, "harmonia-ci bench webhook — %s, PostgreSQL %s, %s\n", r.Machine, r.Postgres, r.Date)
+			fmt.Fprintf(w, "  %d push deliveries over %d projects, %d at a time\n", r.Deliveries, r.Repos, r.Concurrency)
+			fmt.Fprintf(w, "  accepted %.0f deliveries/s (%.0f/min)   p50 %.1f ms   p99 %.1f ms\n",
+				r.DeliveriesPerSecond, r.DeliveriesPerSecond*60, r.DeliveryP50Ms, r.DeliveryP99Ms)
+			fmt.Fprintf(w, "  build notification → status call: %d statuses   p50 %.1f ms   p99 %.1f ms   max %.1f ms\n",
+				r.Statuses, r.StatusP50Ms, r.StatusP99Ms, r.StatusMaxMs)
+			fmt.Fprintf(w, "  forge calls %d, exact repeats %d\n", r.ForgeCalls, r.DuplicateCalls)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.IntVar(&o.Deliveries, "deliveries", 5000, "push deliveries to post")
+	f.IntVar(&o.Concurrency, "concurrency", 16, "deliveries in flight at once")
+	f.IntVar(&o.Repos, "repos", 50, "projects the pushes spread over")
+	f.IntVar(&o.Statuses, "statuses", 500, "finished builds timed to their status call")
 	f.BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
 }

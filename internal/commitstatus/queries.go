@@ -30,16 +30,20 @@ FROM attrs LEFT JOIN drvs d ON true LEFT JOIN build_jobs j ON j.drv_path = d.drv
 GROUP BY attrs.attrs, attrs.errors`
 
 	// The seed's deduplication: only the frontend whose UPDATE changes last_status reports it.
-	// It also takes the delivery lease unless another frontend holds a live one (that one then
-	// delivers this report after its own). $1 id, $2 report, $3 final, $4 this node, $5 lease.
+	// It also takes the delivery lease unless a live one is held, by another frontend or by a
+	// delivery of this one already under way (the holder delivers this report after its own):
+	// it returns true only if it took the lease. A lease taken from a frontend that died counts
+	// as an attempt, as in sqlTakeOver: its last call may have reached the forge, so the forge
+	// is asked before sending again. $1 id, $2 report, $3 final, $4 this node, $5 lease.
 	sqlTransition = `
-UPDATE evaluations
+UPDATE evaluations e
 SET last_status = $2, last_status_at = now(), report_final = $3,
-    report_owner = CASE WHEN report_owner IS NULL OR report_lease_until < now() THEN $4 ELSE report_owner END,
-    report_lease_until = CASE WHEN report_owner IS NULL OR report_lease_until < now()
-                              THEN now() + $5::interval ELSE report_lease_until END
-WHERE id = $1 AND last_status IS DISTINCT FROM $2
-RETURNING report_owner = $4`
+    report_owner = CASE WHEN prev.free THEN $4 ELSE e.report_owner END,
+    report_lease_until = CASE WHEN prev.free THEN now() + $5::interval ELSE e.report_lease_until END,
+    report_attempts = e.report_attempts + CASE WHEN e.report_owner IS NOT NULL AND prev.free THEN 1 ELSE 0 END
+FROM (SELECT report_owner IS NULL OR report_lease_until < now() AS free FROM evaluations WHERE id = $1) prev
+WHERE e.id = $1 AND e.last_status IS DISTINCT FROM $2
+RETURNING prev.free`
 
 	// Mark a report final without a change (a project without a configured forge).
 	sqlMarkFinal = `UPDATE evaluations SET report_final = true WHERE id = $1`

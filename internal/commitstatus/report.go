@@ -6,6 +6,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/eval"
 	"github.com/harmonia-ci/harmonia-ci/internal/forge"
@@ -174,7 +175,11 @@ func plural(n int, what string) string {
 func oneLine(s string) string {
 	s, _, _ = strings.Cut(strings.TrimSpace(s), "\n")
 	if len(s) > 120 {
-		s = s[:117] + "..."
+		cut := 117
+		for cut > 0 && !utf8.RuneStart(s[cut]) {
+			cut-- // never in the middle of a character
+		}
+		s = s[:cut] + "..."
 	}
 	return s
 }

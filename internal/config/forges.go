@@ -129,13 +129,15 @@ func (c *Config) forgeProblems(add func(key, format string, args ...any)) {
 				add(key+"."+field, "%s.%s: invalid URL %q (an absolute http or https URL)", key, field, u)
 			}
 		}
-		if f.WebhookSecret == "" {
+		// Only frontends talk to forges: other nodes may share the file without the secrets.
+		frontend := c.HasRole(RoleFrontend)
+		if frontend && f.WebhookSecret == "" {
 			add(key+".webhook_secret_file", "%s: forge %s needs webhook_secret_file (or %sWEBHOOK_SECRET): deliveries are verified with it", key, f.Name, f.envPrefix())
 		}
 		switch f.Type {
 		case ForgeGitea:
 			checkURL("url", f.URL)
-			if f.Token == "" {
+			if frontend && f.Token == "" {
 				add(key+".token_file", "%s: gitea forge %s needs token_file (or %sTOKEN)", key, f.Name, f.envPrefix())
 			}
 			if f.AppID != 0 || f.PrivateKeyFile != "" || f.APIURL != "" {
@@ -151,7 +153,7 @@ func (c *Config) forgeProblems(add func(key, format string, args ...any)) {
 			if f.AppID <= 0 {
 				add(key+".app_id", "%s: github forge %s needs app_id (the GitHub App's id)", key, f.Name)
 			}
-			if f.PrivateKey == "" {
+			if frontend && f.PrivateKey == "" {
 				add(key+".private_key_file", "%s: github forge %s needs private_key_file (or %sPRIVATE_KEY)", key, f.Name, f.envPrefix())
 			}
 			if f.TokenFile != "" {

@@ -41,9 +41,14 @@ func (n *node) forgeSide(httpServer *web.Server, notifier *notify.Notifier, endp
 		OnRepositoriesChanged: discover, Logger: n.logger,
 	}, n.pool)
 	receiver.Register(httpServer.Mux())
+	// A frontend the cluster counts as dead loses its status deliveries to the others; a forge
+	// call gets half that window, so a live frontend renews its lease in time.
+	lease := cfg.Cluster.Heartbeat.DeadThreshold.Duration
 	reporter := commitstatus.New(commitstatus.Config{
 		NodeID: cfg.Node.ID, Forges: forges, Links: commitstatus.Links{Base: publicURL},
 		Debounce: cfg.Frontend.StatusDebounce.Duration, Notifier: notifier, Logger: n.logger,
+		Lease: lease, CallTimeout: min(commitstatus.DefaultCallTimeout, lease/2),
+		RetryInterval: cfg.Cluster.Heartbeat.Interval.Duration,
 	}, n.pool)
 	tasks := forgesync.Tasks(forgesync.Config{
 		Forges: forges, SyncInterval: cfg.Frontend.RepoSyncInterval.Duration,
