@@ -78,6 +78,12 @@ UPDATE evaluations SET report_owner = NULL, report_lease_until = NULL,
     report_attempts = report_attempts + 1, report_next_attempt = now() + $3::interval
 WHERE id = $1 AND report_owner = $2`
 
+	// At start: the deliveries this node id held before it restarted are free to take at once.
+	// They count as attempts (the last call may have reached the forge). $1 this node.
+	sqlReleaseMine = `
+UPDATE evaluations SET report_owner = NULL, report_lease_until = NULL, report_attempts = report_attempts + 1
+WHERE report_owner = $1`
+
 	// Evaluations whose forge has not been told their report, and which no live lease covers:
 	// failed deliveries whose backoff is over, and deliveries of frontends that died. $1 forges.
 	sqlBehind = `

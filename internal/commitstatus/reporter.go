@@ -98,6 +98,11 @@ func (r *Reporter) Start(ctx context.Context) error {
 	if len(r.forges) == 0 {
 		return nil // nothing to report to
 	}
+	// A previous process of this node may have died holding deliveries: nobody else would take
+	// them before its lease ran out.
+	if _, err := r.pool.Exec(ctx, sqlReleaseMine, r.cfg.NodeID); err != nil {
+		return fmt.Errorf("commit statuses: release this node's old deliveries: %w", err)
+	}
 	jobs, err := r.cfg.Notifier.Subscribe("build_jobs")
 	if err != nil {
 		return fmt.Errorf("commit statuses: %w", err)

@@ -57,6 +57,14 @@ UPDATE evaluations SET status = 'cancelled', finished_at = now(),
 WHERE project_id = $1 AND branch = $2 AND id < $3 AND status IN ('queued', 'running')
 RETURNING id`
 
+	// A branch gone back to a commit whose evaluation was superseded: that evaluation is the
+	// head's again and supersedes every other unfinished one of the branch, newer ones too.
+	sqlSupersedeOthers = `
+UPDATE evaluations SET status = 'cancelled', finished_at = now(),
+    error = 'superseded by evaluation ' || $3::bigint
+WHERE project_id = $1 AND branch = $2 AND id <> $3 AND status IN ('queued', 'running')
+RETURNING id`
+
 	// Re-evaluation: a finished evaluation goes back to the queue as it was before its first
 	// claim. attempt is kept: the next claim bumps it, which fences any runner of an earlier
 	// attempt. $1 id.

@@ -235,6 +235,17 @@ func request(ctx context.Context, pool *pgxpool.Pool, p RequestParams) (Evaluati
 		}
 		if len(existing) > 0 {
 			e = existing[0]
+			if p.Delivery != nil && wasSuperseded(e) && Supersedes(p.Branch) {
+				// The forge says the branch points at this commit again (a revert, a
+				// force-push back): evaluate it again rather than leave it cancelled.
+				if err := requeueSuperseded(ctx, tx, e); err != nil {
+					return err
+				}
+				created = true
+				if e, err = Get(ctx, tx, e.ID); err != nil {
+					return err
+				}
+			}
 			return recordDeliveryEval(ctx, tx, p.Delivery, e.ID)
 		}
 		var reuse int64
@@ -293,6 +304,40 @@ func recordDeliveryEval(ctx context.Context, tx pgx.Tx, d *Delivery, id int64) e
 		return fmt.Errorf("record webhook delivery: %w", err)
 	}
 	return nil
+}
+
+// supersededPrefix starts the error of an evaluation a newer one of its branch superseded.
+const supersededPrefix = "superseded by evaluation "
+
+func wasSuperseded(e Evaluation) bool {
+	return e.Status == StatusCancelled && strings.HasPrefix(e.Error, supersededPrefix)
+}
+
+// requeueSuperseded puts a superseded evaluation back in the queue under its id, superseding
+// every other unfinished evaluation of its branch.
+func requeueSuperseded(ctx context.Context, tx pgx.Tx, e Evaluation) error {
+	var projectID int64
+	var branch string
+	if err := tx.QueryRow(ctx, sqlReevaluate, e.ID).Scan(&projectID, &branch); err != nil {
+		return fmt.Errorf("requeue evaluation %d: %w", e.ID, err)
+	}
+	rows, err := tx.Query(ctx, sqlSupersedeOthers, projectID, branch, e.ID)
+	if err != nil {
+		return fmt.Errorf("supersede other evaluations: %w", err)
+	}
+	old, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return fmt.Errorf("supersede other evaluations: %w", err)
+	}
+	for _, o := range old {
+		if err := notifyEvaluation(ctx, tx, o, StatusCancelled); err != nil {
+			return err
+		}
+	}
+	if err := rollback(ctx, tx, append(old, e.ID)); err != nil {
+		return err
+	}
+	return notifyEvaluation(ctx, tx, e.ID, StatusQueued)
 }
 
 // supersede cancels the queued and running evaluations of the project's branch older than

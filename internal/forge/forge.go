@@ -150,7 +150,8 @@ type Event struct {
 	After  string
 	Tree   string
 
-	// PullRequest (EventPullRequest; EventComment: Number only, the rest unknown).
+	// PullRequest (EventPullRequest; EventComment: Number, and the rest as of the comment if the
+	// forge sends it, as Gitea does; GitHub does not).
 	PullRequest PullRequest
 	// Comment (EventComment): its author and body.
 	Commenter string

@@ -182,6 +182,13 @@ func (g *Gitea) ParseWebhook(h http.Header, body []byte) (Event, error) {
 		}
 		ev.Kind = EventComment
 		ev.PullRequest = PullRequest{Number: p.Issue.Number}
+		// Gitea sends the pull request as it was when the comment was made: its head then is
+		// the one an approval approves, whatever was pushed since.
+		if p.PullRequest != nil && p.PullRequest.Number == p.Issue.Number {
+			if pr, err := p.PullRequest.pullRequest(); err == nil {
+				ev.PullRequest = pr
+			}
+		}
 		ev.Commenter, ev.Body = p.Comment.User.Login, p.Comment.Body
 	}
 	return ev, nil

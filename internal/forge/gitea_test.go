@@ -119,8 +119,10 @@ func TestGiteaParseWebhook(t *testing.T) {
 		{name: "pull request closed", file: "pull_request", edit: func(s string) string {
 			return strings.Replace(s, `"action": "opened"`, `"action": "closed"`, 1)
 		}, want: Event{Kind: EventIgnored, Type: "pull_request", Action: "closed", Repository: repo, Sender: "contrib2"}},
+		// The pull request as it was when the comment was made comes with it.
 		{name: "comment on a pull request", file: "pull_request_comment", want: Event{Kind: EventComment, Type: "issue_comment",
-			Action: "created", Repository: repo, Sender: "contrib2", PullRequest: PullRequest{Number: 1},
+			Action: "created", Repository: repo, Sender: "contrib2", PullRequest: PullRequest{Number: 1, HeadSHA: head2,
+				HeadBranch: "feature", BaseBranch: "main", Author: "contrib2", Fork: true, State: "open"},
 			Commenter: "contrib2", Body: "please build"}},
 		{name: "comment edited", file: "pull_request_comment", edit: func(s string) string {
 			return strings.Replace(s, `"action": "created"`, `"action": "edited"`, 1)

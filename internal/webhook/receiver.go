@@ -164,10 +164,14 @@ func (r *Receiver) Dispatch(ctx context.Context, f forge.Forge, ev forge.Event) 
 		if !trusted {
 			return ok("%q by %s ignored: not a collaborator", RunCommand, ev.Commenter), nil
 		}
-		// The head as of the approval: a push after it needs another approval.
-		pr, err := f.PullRequest(ctx, repo, ev.PullRequest.Number)
-		if err != nil {
-			return Outcome{}, forgeUnavailable("read the pull request", err)
+		// The head as of the approval: a push after it needs another approval. A forge that
+		// sends the pull request with the comment says what it was then; otherwise it is asked
+		// now, as close to the comment as this frontend gets.
+		pr := ev.PullRequest
+		if pr.HeadSHA == "" {
+			if pr, err = f.PullRequest(ctx, repo, ev.PullRequest.Number); err != nil {
+				return Outcome{}, forgeUnavailable("read the pull request", err)
+			}
 		}
 		if pr.State != "" && pr.State != "open" {
 			return ok("pull request #%d is %s", pr.Number, pr.State), nil

@@ -25,6 +25,8 @@ ALTER TABLE evaluations ADD COLUMN report_next_attempt TIMESTAMPTZ;
 -- Evaluations whose statuses the forge has not been told yet: the retry sweep reads these.
 CREATE INDEX evaluations_report_behind_idx ON evaluations (report_next_attempt)
     WHERE reported_status IS DISTINCT FROM last_status;
+-- A restarted frontend frees the deliveries its previous process held.
+CREATE INDEX evaluations_report_owner_idx ON evaluations (report_owner) WHERE report_owner IS NOT NULL;
 -- Evaluations whose statuses are not final yet: the reconciliation sweep recomputes these.
 ALTER TABLE evaluations ADD COLUMN report_final BOOLEAN NOT NULL DEFAULT false;
 CREATE INDEX evaluations_report_open_idx ON evaluations (id) WHERE NOT report_final;
