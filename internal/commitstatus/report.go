@@ -114,12 +114,18 @@ func compute(s evalState, links Links) Report {
 	evalURL := links.Eval(s.Project, s.ID)
 	var r Report
 	switch s.Status {
-	case eval.StatusQueued:
+	case eval.StatusQueued, eval.StatusRunning:
 		r.Eval = Line{forge.StatePending, "queued", evalURL}
-	case eval.StatusRunning:
-		r.Eval = Line{forge.StatePending, "evaluating", evalURL}
+		if s.Status == eval.StatusRunning {
+			r.Eval.Description = "evaluating"
+		}
+		// Evaluated again (re-evaluation, a push back to this commit): the commit's old
+		// nix-build status no longer holds.
+		if decodeReport(s.LastStatus).Build.State != "" {
+			r.Build = Line{forge.StatePending, "waiting for the evaluation", evalURL}
+		}
 	case eval.StatusFailed:
-		r.Eval = Line{forge.StateFailure, oneLine("evaluation failed: " + s.Error), evalURL}
+		r.Eval = Line{forge.StateFailure, oneLine("evaluation failed: " + strings.TrimSpace(s.Error)), evalURL}
 	case eval.StatusCancelled:
 		why := "cancelled"
 		if strings.Contains(s.Error, "superseded") {

@@ -434,10 +434,7 @@ func (r *Reporter) deliver(ctx context.Context, id int64, noticed time.Time) {
 			}
 			st := wl.line.status(wl.context)
 			if err := r.send(ctx, id, f, repo, commit, st, attempts > 0, noticed); err != nil {
-				r.fail(ctx, id, attempts, err)
-				if _, derr := r.pool.Exec(ctx, sqlDelivered, id, r.cfg.NodeID, have.encode()); derr != nil {
-					r.log.Warn("could not record a partial delivery", "evaluation", id, "error", derr)
-				}
+				r.fail(ctx, id, attempts, err) // what was sent before is recorded already
 				return
 			}
 			*haveLines[i].line = *wl.line
