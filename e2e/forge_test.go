@@ -382,6 +382,27 @@ func TestGiteaPushToCommitStatuses(t *testing.T) {
 		t.Fatalf("forged deliveries recorded: %d (%v)", deliveries, err)
 	}
 
+	// Polling: with the webhook gone (a forge that cannot reach the CI), a project with a
+	// poll_interval still has new heads of its default branch evaluated.
+	hooks, err = c.gitea.Hooks(ctx, c.repo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range hooks {
+		if err := c.gitea.Do(ctx, c.owner.Token, http.MethodDelete, fmt.Sprintf("/repos/%s/hooks/%d", c.repo.FullName(), h.ID), nil, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if code, out := c.admin("front-1", http.MethodPost, fmt.Sprintf("/api/projects/%d/settings", c.repoID), map[string]any{"poll_interval": "1m"}); code != http.StatusOK {
+		t.Fatalf("settings: %d %s", code, out)
+	}
+	polled := c.push(c.owner, c.repo, "main", map[string]string{"ci.nix": okNix(salt + "-polled")}, false)
+	// Due now rather than in a minute: the leader checks every poll_check_interval (1s).
+	if _, err := c.pool.Exec(ctx, `UPDATE projects SET last_polled = now() - interval '1 hour' WHERE repo_id = $1`, c.repoID); err != nil {
+		t.Fatal(err)
+	}
+	checkOnce(t, c.waitStatuses(polled, "success", "success", 2*time.Minute))
+
 	// Disabling removes the webhook; a genuine delivery for the disabled project is answered
 	// 200 without an evaluation.
 	if code, out := c.admin("front-1", http.MethodPost, fmt.Sprintf("/api/projects/%d/disable", c.repoID), nil); code != http.StatusOK {

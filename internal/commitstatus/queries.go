@@ -29,7 +29,7 @@ SELECT attrs.attrs, attrs.errors, count(d.drv_path)::int,
 FROM attrs LEFT JOIN drvs d ON true LEFT JOIN build_jobs j ON j.drv_path = d.drv_path
 GROUP BY attrs.attrs, attrs.errors`
 
-	// The seed's deduplication: only the frontend whose UPDATE changes last_status reports it.
+	// Deduplication across frontends: only the frontend whose UPDATE changes last_status reports it.
 	// It also takes the delivery lease unless a live one is held, by another frontend or by a
 	// delivery of this one already under way (the holder delivers this report after its own):
 	// it returns true only if it took the lease. A lease taken from a frontend that died counts
