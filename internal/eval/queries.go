@@ -84,6 +84,10 @@ RETURNING id`
 	// unneeded while an evaluation that needs it commits its attributes.
 	sqlNeedLock = `SELECT pg_advisory_xact_lock($1, 3)`
 
+	// A project's evaluation requests run one at a time. $1 class, $2 project id (folded into
+	// the lock's 32-bit key; two projects sharing a key only wait for each other).
+	sqlRequestLock = `SELECT pg_advisory_xact_lock($1, ($2::bigint % 2147483647)::int)`
+
 	// Pending jobs in the closure of evaluations $1 that no live evaluation needs are cancelled.
 	// "Needed" is searched from the pending jobs upwards: any derivation that depends on a
 	// pending job is in "up", a live evaluation's attribute in "up" needs every pending job

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -252,6 +253,49 @@ func TestPushBackToSupersededCommit(t *testing.T) {
 	one := b.deliver(t, "push", push(hello, q, sha(4)))
 	if again := b.deliver(t, "push", push(hello, q, sha(4))); again.msg != "evaluation exists" || again.eval != one.eval {
 		t.Fatalf("merge-queue push again answered %+v", again)
+	}
+}
+
+// A burst of pushes to one branch, delivered at once, is all accepted: one evaluation is left
+// queued and every other one is superseded (none is lost to a conflict between requests).
+func TestBurstOfPushes(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	const n = 32
+	codes := make([]int, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			resp, err := b.gh.Deliver(testCtx(t), b.url, "push", push(hello, "main", sha(100+i)))
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			codes[i] = resp.StatusCode
+			resp.Body.Close()
+		})
+	}
+	close(start)
+	wg.Wait()
+	for i := range n {
+		if errs[i] != nil || codes[i] != http.StatusAccepted {
+			t.Errorf("delivery %d: %d %v, want 202", i, codes[i], errs[i])
+		}
+	}
+	queued, superseded := 0, 0
+	for _, e := range b.evals(t) {
+		switch {
+		case e.Status == "queued":
+			queued++
+		case e.Status == "cancelled" && strings.HasPrefix(e.Error, "superseded by evaluation "):
+			superseded++
+		}
+	}
+	if queued != 1 || superseded != n-1 {
+		t.Errorf("%d queued and %d superseded evaluations, want 1 and %d", queued, superseded, n-1)
 	}
 }
 
