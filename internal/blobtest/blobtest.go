@@ -36,6 +36,7 @@ import (
 	"github.com/minio/minio-go/v7/pkg/credentials"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/blob"
+	"github.com/harmonia-ci/harmonia-ci/internal/logtest"
 )
 
 // Region is the region the test server runs in.
@@ -52,7 +53,7 @@ var (
 	exited    chan struct{}
 	dataDir   string
 	cfg       blob.S3Config
-	logs      *syncBuffer
+	logs      *logtest.Buffer
 	closed    bool
 	bucketSeq atomic.Int64
 )
@@ -187,7 +188,7 @@ func start() error {
 func run(bin string, port, consolePort int) error {
 	addr := "127.0.0.1:" + strconv.Itoa(port)
 	user, pass := "hci"+randomString(8), randomString(20)
-	logs = &syncBuffer{}
+	logs = &logtest.Buffer{Limit: 1 << 20}
 	c := exec.Command(bin, "server", "--quiet", "--address", addr,
 		"--console-address", "127.0.0.1:"+strconv.Itoa(consolePort), filepath.Join(dataDir, "data"))
 	c.Env = append(os.Environ(),
@@ -266,24 +267,4 @@ func Logs() string {
 		return ""
 	}
 	return logs.String()
-}
-
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf []byte
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if len(b.buf) < 1<<20 {
-		b.buf = append(b.buf, p...)
-	}
-	return len(p), nil
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return string(b.buf)
 }

@@ -42,6 +42,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/harmonia-ci/harmonia-ci/internal/logtest"
 )
 
 // DefaultUser is the unprivileged user Gitea runs as when the tests run as root; the
@@ -333,7 +335,7 @@ func (s *Server) run(ctx context.Context, runUser string) error {
 	s.mu.Lock()
 	c := exec.Command(s.bin, "web", "--config", s.configPath())
 	c.Dir, c.Env = s.Dir, s.env
-	logs := &tailBuffer{}
+	logs := &logtest.Buffer{Limit: 1 << 20}
 	c.Stdout, c.Stderr = logs, logs
 	// Its own process group, so Stop kills Gitea and the git processes it runs.
 	c.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL, Credential: s.cred}
@@ -630,28 +632,6 @@ func freePort() (int, error) {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
-// tailBuffer keeps the first MiB written to it: Gitea's own stdout and stderr, which are short
-// (its log goes to a file).
-type tailBuffer struct {
-	mu  sync.Mutex
-	buf []byte
-}
-
-func (b *tailBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if len(b.buf) < 1<<20 {
-		b.buf = append(b.buf, p...)
-	}
-	return len(p), nil
-}
-
-func (b *tailBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return string(b.buf)
 }
 
 // Do calls Gitea's API: method on path (below /api/v1, e.g. "/repos/o/r/hooks"), authenticated

@@ -9,6 +9,10 @@ import (
 
 // Buffer is a bytes.Buffer safe for concurrent writers and readers.
 type Buffer struct {
+	// Limit, if positive, keeps only the first Limit bytes or so (whole writes, until the
+	// buffer holds Limit): a chatty process cannot fill the test's memory.
+	Limit int
+
 	mu  sync.Mutex
 	buf bytes.Buffer
 }
@@ -16,6 +20,9 @@ type Buffer struct {
 func (b *Buffer) Write(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if b.Limit > 0 && b.buf.Len() >= b.Limit {
+		return len(p), nil
+	}
 	return b.buf.Write(p)
 }
 
