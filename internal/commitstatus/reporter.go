@@ -74,6 +74,7 @@ type Reporter struct {
 
 	mu      sync.Mutex
 	due     map[int64]time.Time // evaluation → when to compute it
+	busy    map[int64]bool      // evaluations being computed
 	noticed map[int64]time.Time // evaluation → first unprocessed notification
 	kick    chan struct{}
 }
@@ -89,7 +90,7 @@ func New(cfg Config, pool *pgxpool.Pool) *Reporter {
 	}
 	cfg.Links.Base = strings.TrimRight(cfg.Links.Base, "/")
 	return &Reporter{cfg: cfg, pool: pool, log: cfg.Logger.With("service", "commit-status"),
-		forges: cfg.Forges.Names(), due: map[int64]time.Time{}, noticed: map[int64]time.Time{},
+		forges: cfg.Forges.Names(), due: map[int64]time.Time{}, busy: map[int64]bool{}, noticed: map[int64]time.Time{},
 		kick: make(chan struct{}, 1)}
 }
 
@@ -223,16 +224,34 @@ func (r *Reporter) reconcileSoon() {
 	}()
 }
 
-// work computes due evaluations, one at a time in due order.
+// workers bounds the evaluations one frontend reports at once: a slow forge call holds one
+// of them, not the whole reporter.
+const workers = 8
+
+// work computes due evaluations in due order, up to workers at a time, never one evaluation
+// twice at once.
 func (r *Reporter) work(ctx context.Context) {
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
+	sem := make(chan struct{}, workers)
+	var wg sync.WaitGroup
+	defer wg.Wait()
 	for {
 		id, wait, ok := r.next()
 		if ok {
-			if err := r.Transition(ctx, id); err != nil && ctx.Err() == nil {
-				r.log.Warn("could not report evaluation", "evaluation", id, "error", err)
+			select {
+			case sem <- struct{}{}:
+			case <-ctx.Done():
+				return
 			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer func() { <-sem; r.done(id) }()
+				if err := r.Transition(ctx, id); err != nil && ctx.Err() == nil {
+					r.log.Warn("could not report evaluation", "evaluation", id, "error", err)
+				}
+			}()
 			continue
 		}
 		timer.Reset(wait)
@@ -245,6 +264,17 @@ func (r *Reporter) work(ctx context.Context) {
 	}
 }
 
+// done ends evaluation id's computation; one that became due meanwhile is due now.
+func (r *Reporter) done(id int64) {
+	r.mu.Lock()
+	delete(r.busy, id)
+	r.mu.Unlock()
+	select {
+	case r.kick <- struct{}{}:
+	default:
+	}
+}
+
 // next returns the evaluation due first, or how long until one is.
 func (r *Reporter) next() (int64, time.Duration, bool) {
 	r.mu.Lock()
@@ -253,6 +283,9 @@ func (r *Reporter) next() (int64, time.Duration, bool) {
 	var best int64
 	var at time.Time
 	for id, t := range r.due {
+		if r.busy[id] {
+			continue // computed now; it runs again when that ends
+		}
 		if best == 0 || t.Before(at) {
 			best, at = id, t
 		}
@@ -264,6 +297,7 @@ func (r *Reporter) next() (int64, time.Duration, bool) {
 		return 0, at.Sub(now), false
 	}
 	delete(r.due, best)
+	r.busy[best] = true
 	return best, 0, true
 }
 
