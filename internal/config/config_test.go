@@ -727,10 +727,12 @@ func TestTokensNotPrinted(t *testing.T) {
 	setup(t)
 	c := defaults(fakeEnv(nil))
 	c.Auth = AuthConfig{AdminTokenFile: "/a", AdminToken: "s3cret-admin", ClusterSecret: "s3cret-cluster", NodeToken: "s3cret-node"}
+	c.Forges = []ForgeConfig{{Name: "gitea", Type: "gitea", URL: "bad", Token: "s3cret-forge", WebhookSecret: "s3cret-hook"},
+		{Name: "gh", Type: "github", AppID: 0, PrivateKey: "s3cret-key", WebhookSecret: "s3cret-hook2"}}
 	c.Node.MaxJobs = 0
 	for _, s := range []string{
 		fmt.Sprint(c), fmt.Sprintf("%+v", c), fmt.Sprintf("%#v", c), fmt.Sprintf("%v", *c),
-		fmt.Sprint(c.Auth), c.Validate().Error(),
+		fmt.Sprint(c.Auth), c.Validate().Error(), fmt.Sprint(c.Forges), fmt.Sprintf("%+v %#v", c.Forges[0], c.Forges[1]),
 	} {
 		if strings.Contains(s, "s3cret") {
 			t.Errorf("token printed: %s", s)
