@@ -146,15 +146,23 @@ func compute(s evalState, links Links) Report {
 	return r
 }
 
+// maxProgressSteps bounds the pending nix-build descriptions of one evaluation.
+const maxProgressSteps = 50
+
 func buildLine(s evalState, links Links, evalURL string) Line {
 	done := s.Succeeded + s.Failed + s.Cancelled
 	switch {
 	case s.Total == 0:
 		return Line{forge.StateSuccess, "nothing to build", evalURL}
 	case s.Pending > 0:
-		d := fmt.Sprintf("%d/%d builds complete", done, s.Total)
-		if s.Failed > 0 {
-			d += fmt.Sprintf(", %d failed", s.Failed)
+		// Progress moves in steps of a 50th of the builds: each step is a forge call, and
+		// GitHub keeps at most 1000 statuses per commit.
+		step := (s.Total + maxProgressSteps - 1) / maxProgressSteps
+		d := fmt.Sprintf("%d/%d builds complete", done-done%step, s.Total)
+		if failed := s.Failed - s.Failed%step; failed > 0 {
+			d += fmt.Sprintf(", %d failed", failed)
+		} else if s.Failed > 0 {
+			d += ", some failed" // fewer than a step
 		}
 		return Line{forge.StatePending, d, evalURL}
 	case s.Failed > 0:

@@ -35,6 +35,18 @@ func TestCompute(t *testing.T) {
 			want: Report{Eval: Line{forge.StatePending, "evaluating", evalURL}},
 		},
 		{
+			name: "large evaluations report progress in fiftieths",
+			s:    evalState{Status: eval.StatusSucceeded, Attrs: 5000, Total: 5000, Succeeded: 342, Failed: 30, Pending: 4628},
+			want: Report{Eval: Line{forge.StateSuccess, "evaluated 5000 attributes", evalURL},
+				Build: Line{forge.StatePending, "300/5000 builds complete, some failed", evalURL}},
+		},
+		{
+			name: "large evaluations: failures in fiftieths too",
+			s:    evalState{Status: eval.StatusSucceeded, Attrs: 5000, Total: 5000, Succeeded: 342, Failed: 250, Pending: 4408},
+			want: Report{Eval: Line{forge.StateSuccess, "evaluated 5000 attributes", evalURL},
+				Build: Line{forge.StatePending, "500/5000 builds complete, 200 failed", evalURL}},
+		},
+		{
 			name: "running again after builds were reported: nix-build waits",
 			s:    evalState{Status: eval.StatusRunning, LastStatus: ptr(`{"eval":{"state":"success"},"build":{"state":"success","description":"3/3 builds complete"}}`)},
 			want: Report{Eval: Line{forge.StatePending, "evaluating", evalURL}, Build: Line{forge.StatePending, "waiting for the evaluation", evalURL}},
