@@ -4,12 +4,15 @@ BIN     ?= bin/harmonia-ci
 PKGS    ?= ./...
 TIMEOUT ?= 25m
 
-.PHONY: help build example up test test-race vet fmt lint clean
+.PHONY: help assets build example up test test-race vet fmt lint clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
 
-build: ## build bin/harmonia-ci
+assets: ## fetch the web UI's pinned, checksum-checked HTMX from npm (embedded by the build)
+	scripts/assets.sh
+
+build: assets ## build bin/harmonia-ci
 	$(GO) build -o $(BIN) ./cmd/harmonia-ci
 
 example: ## install what is missing, build, and build the example project with `harmonia-ci run`
@@ -24,11 +27,13 @@ up: ## install what is missing, build, and run a single-node cluster on the embe
 
 test: ## install what is missing, then run vet and the whole test suite against real PostgreSQL
 	scripts/deps.sh test
+	scripts/assets.sh
 	$(GO) vet $(PKGS)
 	$(GO) test -count=1 -timeout $(TIMEOUT) $(PKGS)
 
 test-race: ## the test suite under the race detector
 	scripts/deps.sh test
+	scripts/assets.sh
 	$(GO) test -race -count=1 -timeout $(TIMEOUT) $(PKGS)
 
 fmt: ## gofmt every Go file in place

@@ -13,6 +13,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/project"
 	"github.com/harmonia-ci/harmonia-ci/internal/web"
 	"github.com/harmonia-ci/harmonia-ci/internal/webhook"
+	"github.com/harmonia-ci/harmonia-ci/internal/webui"
 )
 
 // forgeSide builds the frontend's side of the forges: the webhook receiver and the project
@@ -26,6 +27,11 @@ func (n *node) forgeSide(httpServer *web.Server, notifier *notify.Notifier, endp
 	}
 	publicURL := strings.TrimRight(cmpOr(cfg.Frontend.PublicURL, endpoint), "/")
 	httpServer.RegisterProjects(&project.Enabler{Pool: n.pool, Forges: forges, PublicURL: publicURL})
+	ui, err := webui.New(webui.Config{Pool: n.pool, Forges: forges, Notifier: notifier, Logger: n.logger})
+	if err != nil {
+		return nil, nil, err
+	}
+	ui.Register(httpServer.Mux())
 	if len(forges) == 0 {
 		return nil, nil, nil
 	}

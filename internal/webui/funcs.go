@@ -1,0 +1,125 @@
+package webui
+
+import (
+	"fmt"
+	"html/template"
+	"net/url"
+	"strconv"
+	"time"
+)
+
+// funcs are the helpers every template may use.
+var funcs = template.FuncMap{
+	"short":    shortSHA,
+	"ago":      ago,
+	"duration": duration,
+	"between":  between,
+	"status":   statusClass,
+	"query":    func(k, v string) string { return url.Values{k: {v}}.Encode() },
+	"pathesc":  url.PathEscape,
+	"plus":     func(a, b int) int { return a + b },
+	"itoa":     func(n int64) string { return strconv.FormatInt(n, 10) },
+	"deref":    deref,
+}
+
+// deref is what a *string or *int64 points at, or its zero value.
+func deref(v any) any {
+	switch p := v.(type) {
+	case *string:
+		if p == nil {
+			return ""
+		}
+		return *p
+	case *int64:
+		if p == nil {
+			return int64(0)
+		}
+		return *p
+	}
+	return v
+}
+
+// shortSHA is a commit's first 12 characters.
+func shortSHA(s string) string {
+	if len(s) > 12 {
+		return s[:12]
+	}
+	return s
+}
+
+// ago says how long ago t was, coarsely ("3 min ago"); "" for a nil or zero time.
+func ago(t any) string {
+	tm, ok := timeOf(t)
+	if !ok {
+		return ""
+	}
+	d := time.Since(tm)
+	switch {
+	case d < time.Minute:
+		return "just now"
+	case d < time.Hour:
+		return fmt.Sprintf("%d min ago", int(d.Minutes()))
+	case d < 48*time.Hour:
+		return fmt.Sprintf("%d h ago", int(d.Hours()))
+	default:
+		return fmt.Sprintf("%d days ago", int(d.Hours()/24))
+	}
+}
+
+// duration formats a duration for people: "850ms", "12s", "4m05s", "2h03m".
+func duration(d time.Duration) string {
+	switch {
+	case d <= 0:
+		return ""
+	case d < time.Second:
+		return fmt.Sprintf("%dms", d.Milliseconds())
+	case d < time.Minute:
+		return fmt.Sprintf("%.0fs", d.Seconds())
+	case d < time.Hour:
+		return fmt.Sprintf("%dm%02ds", int(d.Minutes()), int(d.Seconds())%60)
+	default:
+		return fmt.Sprintf("%dh%02dm", int(d.Hours()), int(d.Minutes())%60)
+	}
+}
+
+// between is the duration from a to b ("" unless both are set; b unset means now).
+func between(a, b any) string {
+	ta, ok := timeOf(a)
+	if !ok {
+		return ""
+	}
+	tb, ok := timeOf(b)
+	if !ok {
+		tb = time.Now()
+	}
+	return duration(tb.Sub(ta))
+}
+
+func timeOf(t any) (time.Time, bool) {
+	switch v := t.(type) {
+	case time.Time:
+		return v, !v.IsZero()
+	case *time.Time:
+		if v == nil {
+			return time.Time{}, false
+		}
+		return *v, !v.IsZero()
+	}
+	return time.Time{}, false
+}
+
+// statusClass is the CSS class of a job or evaluation status.
+func statusClass(s string) string {
+	switch s {
+	case "succeeded", "success":
+		return "ok"
+	case "failed", "failure", "dep-failed":
+		return "bad"
+	case "cancelled", "skipped", "error":
+		return "off"
+	case "building", "uploading", "running", "evaluating":
+		return "busy"
+	default:
+		return "wait"
+	}
+}
