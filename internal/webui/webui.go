@@ -97,6 +97,10 @@ func (u *UI) Register(mux *http.ServeMux) {
 	mux.Handle("GET /ci/static/", http.StripPrefix("/ci/static/", u.staticHandler()))
 	mux.Handle("GET /{$}", http.RedirectHandler("/ci/", http.StatusFound))
 	mux.Handle("GET /ci/{$}", u.page(u.dashboard))
+	u.registerEvalPages(mux)   // evaluation and build pages (eval.go, build.go)
+	u.registerBrowsePages(mux) // project, nodes and queue pages (browse.go)
+	u.registerEvents(mux)      // live updates over SSE (events.go)
+	u.registerAuth(mux)        // login, logout and the actions (auth.go, actions.go)
 }
 
 func (u *UI) staticHandler() http.Handler {

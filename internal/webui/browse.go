@@ -1,0 +1,5 @@
+package webui
+
+import "net/http"
+
+func (u *UI) registerBrowsePages(mux *http.ServeMux) {}

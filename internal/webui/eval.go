@@ -1,0 +1,5 @@
+package webui
+
+import "net/http"
+
+func (u *UI) registerEvalPages(mux *http.ServeMux) {}

@@ -1,0 +1,5 @@
+package webui
+
+import "net/http"
+
+func (u *UI) registerEvents(mux *http.ServeMux) {}
