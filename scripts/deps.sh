@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what harmonia-ci needs on a Debian machine, skipping anything already present.
 #   scripts/deps.sh run    what `harmonia-ci up` needs (PostgreSQL server binaries, Nix)
-#   scripts/deps.sh test   what the test suite needs (the same, plus the MinIO server, and a
-#                          Gitea server with git and the unprivileged user it runs as)
+#   scripts/deps.sh test   what the test suite needs (the same, plus the MinIO server, a
+#                          Gitea server with git and the unprivileged user it runs as, and a
+#                          headless Chromium for the web UI's tests)
 #   scripts/deps.sh bench  what `harmonia-ci bench` needs (the same as run, plus nginx and wrk)
 #   scripts/deps.sh nix    Nix alone: nix-bin if missing, then the set-up below
 #
@@ -61,6 +62,9 @@ if [ "$mode" != nix ]; then
 fi
 if [ "$mode" = test ]; then
   command -v git >/dev/null 2>&1 || need_apt+=(git) # Gitea serves repositories with it
+  # The web UI's end-to-end tests drive a headless Chromium (internal/browsertest).
+  command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 ||
+    [ -x /usr/bin/chromium ] || need_apt+=(chromium)
 fi
 if [ "$mode" = bench ]; then
   command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need_apt+=(nginx)
