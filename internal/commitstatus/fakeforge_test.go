@@ -158,6 +158,10 @@ func (f *fakeForge) ListRepositories(context.Context) ([]forge.Repository, error
 func (f *fakeForge) IsCollaborator(context.Context, forge.Repo, string) (bool, error) {
 	return false, errUnexpected
 }
+
+func (f *fakeForge) Permission(context.Context, forge.Repo, string) (forge.Permission, error) {
+	return forge.PermissionNone, errUnexpected
+}
 func (f *fakeForge) PullRequest(context.Context, forge.Repo, int) (forge.PullRequest, error) {
 	return forge.PullRequest{}, errUnexpected
 }

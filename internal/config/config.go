@@ -71,24 +71,33 @@ type AuthConfig struct {
 	AdminTokenFile    string `toml:"admin_token_file"`    // admin API bearer token
 	ClusterSecretFile string `toml:"cluster_secret_file"` // signers: the secret node tokens are derived from
 	NodeTokenFile     string `toml:"node_token_file"`     // this node's token (harmonia-ci node-token)
+	// SecretFile holds the key web UI login cookies are signed with (HMAC-SHA256); every
+	// frontend needs the same one, and changing it logs everyone out.
+	SecretFile string `toml:"secret_file"`
+	// Admins may do anything in the web UI, as "forge:login" ("gitea:alice").
+	Admins []string `toml:"admins"`
 
-	// Filled by Load from the files above or from HARMONIA_ADMIN_TOKEN, HARMONIA_CLUSTER_SECRET
-	// and HARMONIA_NODE_TOKEN (env wins). Never printed: see String.
+	// Filled by Load from the files above or from HARMONIA_ADMIN_TOKEN, HARMONIA_CLUSTER_SECRET,
+	// HARMONIA_NODE_TOKEN and HARMONIA_AUTH_SECRET (env wins). Never printed: see String.
 	AdminToken    string `toml:"-" json:"-"`
 	ClusterSecret string `toml:"-" json:"-"`
 	NodeToken     string `toml:"-" json:"-"`
+	Secret        string `toml:"-" json:"-"`
 }
+
+// MinAuthSecret is the shortest [auth] secret accepted.
+const MinAuthSecret = 32
 
 // String redacts the secrets so that logging a Config (%v, %+v, slog) cannot leak them.
 func (a AuthConfig) String() string {
-	return fmt.Sprintf("{AdminTokenFile:%s ClusterSecretFile:%s NodeTokenFile:%s AdminToken:%s ClusterSecret:%s NodeToken:%s}",
-		a.AdminTokenFile, a.ClusterSecretFile, a.NodeTokenFile, redact(a.AdminToken), redact(a.ClusterSecret), redact(a.NodeToken))
+	return fmt.Sprintf("{AdminTokenFile:%s ClusterSecretFile:%s NodeTokenFile:%s SecretFile:%s Admins:%v AdminToken:%s ClusterSecret:%s NodeToken:%s Secret:%s}",
+		a.AdminTokenFile, a.ClusterSecretFile, a.NodeTokenFile, a.SecretFile, a.Admins, redact(a.AdminToken), redact(a.ClusterSecret), redact(a.NodeToken), redact(a.Secret))
 }
 
 // GoString redacts the secrets for %#v too.
 func (a AuthConfig) GoString() string {
-	return fmt.Sprintf("config.AuthConfig{AdminTokenFile:%q, ClusterSecretFile:%q, NodeTokenFile:%q, AdminToken:%q, ClusterSecret:%q, NodeToken:%q}",
-		a.AdminTokenFile, a.ClusterSecretFile, a.NodeTokenFile, redact(a.AdminToken), redact(a.ClusterSecret), redact(a.NodeToken))
+	return fmt.Sprintf("config.AuthConfig{AdminTokenFile:%q, ClusterSecretFile:%q, NodeTokenFile:%q, SecretFile:%q, Admins:%q, AdminToken:%q, ClusterSecret:%q, NodeToken:%q, Secret:%q}",
+		a.AdminTokenFile, a.ClusterSecretFile, a.NodeTokenFile, a.SecretFile, a.Admins, redact(a.AdminToken), redact(a.ClusterSecret), redact(a.NodeToken), redact(a.Secret))
 }
 
 func redact(token string) string {

@@ -330,6 +330,8 @@ func TestExampleDocumentsEveryKey(t *testing.T) {
 		"HARMONIA_S3_ACCESS_KEY": "ak", "HARMONIA_S3_SECRET_KEY": "sk",
 		"HARMONIA_FORGE_GITEA_TOKEN": "t", "HARMONIA_FORGE_GITEA_WEBHOOK_SECRET": "s",
 		"HARMONIA_FORGE_GITHUB_PRIVATE_KEY": "k", "HARMONIA_FORGE_GITHUB_WEBHOOK_SECRET": "s",
+		"HARMONIA_AUTH_SECRET": strings.Repeat("a", MinAuthSecret), "HARMONIA_FORGE_GITEA_OAUTH_SECRET": "o",
+		"HARMONIA_FORGE_GITHUB_OAUTH_SECRET": "o",
 	})); err != nil {
 		t.Errorf("uncommented example.toml does not load: %v", err)
 	}
@@ -555,6 +557,31 @@ func TestValidate(t *testing.T) {
 			"config: forges[0]: github forge gh needs private_key_file (or HARMONIA_FORGE_GH_PRIVATE_KEY)",
 			"config: forges[0]: token_file is for gitea forges; a GitHub App authenticates with its private key",
 		}},
+		{"oauth without secrets", func(c *Config) {
+			c.Forges = []ForgeConfig{
+				{Name: "g", Type: "gitea", URL: "https://g.example", Token: "t", WebhookSecret: "s", OAuthClientID: "id"},
+				{Name: "h", Type: "gitea", URL: "https://h.example", Token: "t", WebhookSecret: "s", OAuthClientSecretFile: "f"},
+			}
+		}, []string{
+			"config: forges[0]: forge g needs oauth_client_secret_file (or HARMONIA_FORGE_G_OAUTH_SECRET) for its oauth_client_id",
+			"config: forges[1]: forge h has oauth_client_secret_file but no oauth_client_id",
+		}},
+		{"oauth without cookie secret", func(c *Config) {
+			c.Forges = []ForgeConfig{{Name: "g", Type: "gitea", URL: "https://g.example", Token: "t", WebhookSecret: "s",
+				OAuthClientID: "id", OAuthClientSecret: "o"}}
+			c.Auth.Secret = ""
+		}, []string{"config: auth.secret_file: forge g has oauth_client_id: web UI logins need a cookie secret of at least 32 characters"}},
+		{"short cookie secret", func(c *Config) { c.Auth.Secret = "short" },
+			[]string{"config: auth.secret_file: the secret has 5 characters, want at least 32"}},
+		{"admins", func(c *Config) {
+			c.Forges = []ForgeConfig{{Name: "g", Type: "gitea", URL: "https://g.example", Token: "t", WebhookSecret: "s"}}
+			c.Auth.Admins = []string{"g:alice", "alice", "g:", "gh:bob", "g:a/b"}
+		}, []string{
+			`config: auth.admins[1]: "alice": want "forge:login", as "gitea:alice"`,
+			`config: auth.admins[2]: "g:": want "forge:login"`,
+			`config: auth.admins[3]: "gh:bob": no [[forges]] entry is named gh`,
+			`config: auth.admins[4]: "g:a/b": want "forge:login"`,
+		}},
 		{"gitea url", func(c *Config) {
 			c.Forges = []ForgeConfig{{Name: "g", Type: "gitea", URL: "gitea.example", Token: "t", WebhookSecret: "s"}}
 		}, []string{`config: forges[0].url: invalid URL "gitea.example" (an absolute http or https URL)`}},
@@ -689,6 +716,9 @@ func TestTokens(t *testing.T) {
 		{"env overrides file", map[string]string{"admin": "from-file\n"},
 			"[auth]\nadmin_token_file = \"admin\"", map[string]string{"HARMONIA_ADMIN_TOKEN": secret + "\n"}, secret, "", nil},
 		{"env without file", nil, "", map[string]string{"HARMONIA_CLUSTER_SECRET": secret}, "", secret, nil},
+		{"auth secret file", map[string]string{"auth": strings.Repeat("x", 40) + "\n"}, "[auth]\nsecret_file = \"auth\"", nil, "", "", nil},
+		{"empty auth secret file", map[string]string{"auth": "\n"}, "[auth]\nsecret_file = \"auth\"", nil, "", "",
+			[]string{"config: auth.secret_file: ", "auth is empty"}},
 		{"env makes missing file irrelevant", nil, "[auth]\nadmin_token_file = \"missing\"",
 			map[string]string{"HARMONIA_ADMIN_TOKEN": secret}, secret, "", nil},
 		{"empty file", map[string]string{"admin": " \n"}, "[auth]\nadmin_token_file = \"admin\"", nil, "", "",
@@ -726,8 +756,10 @@ func TestTokens(t *testing.T) {
 func TestTokensNotPrinted(t *testing.T) {
 	setup(t)
 	c := defaults(fakeEnv(nil))
-	c.Auth = AuthConfig{AdminTokenFile: "/a", AdminToken: "s3cret-admin", ClusterSecret: "s3cret-cluster", NodeToken: "s3cret-node"}
-	c.Forges = []ForgeConfig{{Name: "gitea", Type: "gitea", URL: "bad", Token: "s3cret-forge", WebhookSecret: "s3cret-hook"},
+	c.Auth = AuthConfig{AdminTokenFile: "/a", AdminToken: "s3cret-admin", ClusterSecret: "s3cret-cluster", NodeToken: "s3cret-node",
+		Secret: "s3cret-auth"}
+	c.Forges = []ForgeConfig{{Name: "gitea", Type: "gitea", URL: "bad", Token: "s3cret-forge", WebhookSecret: "s3cret-hook",
+		OAuthClientID: "id", OAuthClientSecret: "s3cret-oauth"},
 		{Name: "gh", Type: "github", AppID: 0, PrivateKey: "s3cret-key", WebhookSecret: "s3cret-hook2"}}
 	c.Node.MaxJobs = 0
 	for _, s := range []string{
@@ -982,5 +1014,39 @@ func TestRelativeStateDirIsMadeAbsolute(t *testing.T) {
 	wd, _ := os.Getwd()
 	if want := filepath.Join(wd, dir); c.StateDir != want {
 		t.Fatalf("state_dir %q, want %q", c.StateDir, want)
+	}
+}
+
+func TestAuthSecretAndOAuthSecret(t *testing.T) {
+	setup(t)
+	dir := t.TempDir()
+	fromFile := strings.Repeat("f", MinAuthSecret)
+	writeFile(t, dir, "auth", fromFile+"\n")
+	writeFile(t, dir, "oauth", "client-secret\n")
+	path := writeFile(t, dir, "c.toml", `[auth]
+secret_file = "auth"
+admins = ["gitea:alice"]
+[[forges]]
+name = "gitea"
+type = "gitea"
+url = "https://gitea.example"
+oauth_client_id = "id"
+oauth_client_secret_file = "oauth"
+`)
+	env := map[string]string{"HARMONIA_FORGE_GITEA_TOKEN": "t", "HARMONIA_FORGE_GITEA_WEBHOOK_SECRET": "s"}
+	c, err := Load(Overrides{ConfigFile: path}, fakeEnv(env))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Auth.Secret != fromFile || c.Forges[0].OAuthClientSecret != "client-secret" || !slices.Equal(c.Auth.Admins, []string{"gitea:alice"}) {
+		t.Errorf("secret %q, oauth secret %q, admins %v", c.Auth.Secret, c.Forges[0].OAuthClientSecret, c.Auth.Admins)
+	}
+	fromEnv := strings.Repeat("e", MinAuthSecret)
+	env["HARMONIA_AUTH_SECRET"], env["HARMONIA_FORGE_GITEA_OAUTH_SECRET"] = fromEnv, "env-secret"
+	if c, err = Load(Overrides{ConfigFile: path}, fakeEnv(env)); err != nil {
+		t.Fatal(err)
+	}
+	if c.Auth.Secret != fromEnv || c.Forges[0].OAuthClientSecret != "env-secret" {
+		t.Errorf("with the environment: secret %q, oauth secret %q", c.Auth.Secret, c.Forges[0].OAuthClientSecret)
 	}
 }

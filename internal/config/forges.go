@@ -17,7 +17,7 @@ const (
 
 // ForgeConfig is one [[forges]] entry: a Gitea (or Forgejo) instance reached with an account's
 // token, or a GitHub App. Secrets come from files or from HARMONIA_FORGE_<NAME>_TOKEN,
-// _PRIVATE_KEY and _WEBHOOK_SECRET (NAME upper-cased, '-' as '_'), which win.
+// _PRIVATE_KEY, _WEBHOOK_SECRET and _OAUTH_SECRET (NAME upper-cased, '-' as '_'), which win.
 type ForgeConfig struct {
 	Name string `toml:"name"` // webhooks arrive at /webhook/{name}; repositories are recorded under it
 	Type string `toml:"type"` // gitea or github
@@ -31,18 +31,24 @@ type ForgeConfig struct {
 	AppID             int    `toml:"app_id"`              // github: the App's id
 	PrivateKeyFile    string `toml:"private_key_file"`    // github: the App's private key (PEM)
 	WebhookSecretFile string `toml:"webhook_secret_file"` // the secret deliveries are signed with
+	// OAuthClientID is the OAuth2 application (Gitea) or the GitHub App's client id users log
+	// in to the web UI with; empty: no login with this forge.
+	OAuthClientID         string `toml:"oauth_client_id"`
+	OAuthClientSecretFile string `toml:"oauth_client_secret_file"` // that application's client secret
 
 	// Filled by Load from the files above or the environment. Never printed: see String.
 	Token         string `toml:"-" json:"-"`
 	PrivateKey    string `toml:"-" json:"-"`
 	WebhookSecret string `toml:"-" json:"-"`
+	// OAuthClientSecret is filled from OAuthClientSecretFile or HARMONIA_FORGE_<NAME>_OAUTH_SECRET.
+	OAuthClientSecret string `toml:"-" json:"-"`
 }
 
 // String redacts the secrets.
 func (f ForgeConfig) String() string {
-	return fmt.Sprintf("{Name:%s Type:%s URL:%s APIURL:%s TokenFile:%s AppID:%d PrivateKeyFile:%s WebhookSecretFile:%s Token:%s PrivateKey:%s WebhookSecret:%s}",
-		f.Name, f.Type, f.URL, f.APIURL, f.TokenFile, f.AppID, f.PrivateKeyFile, f.WebhookSecretFile,
-		redact(f.Token), redact(f.PrivateKey), redact(f.WebhookSecret))
+	return fmt.Sprintf("{Name:%s Type:%s URL:%s APIURL:%s TokenFile:%s AppID:%d PrivateKeyFile:%s WebhookSecretFile:%s OAuthClientID:%s OAuthClientSecretFile:%s Token:%s PrivateKey:%s WebhookSecret:%s OAuthClientSecret:%s}",
+		f.Name, f.Type, f.URL, f.APIURL, f.TokenFile, f.AppID, f.PrivateKeyFile, f.WebhookSecretFile, f.OAuthClientID, f.OAuthClientSecretFile,
+		redact(f.Token), redact(f.PrivateKey), redact(f.WebhookSecret), redact(f.OAuthClientSecret))
 }
 
 // GoString redacts the secrets for %#v too.
@@ -90,6 +96,7 @@ func (c *Config) forgeSecrets(read func(dst *string, env, file, key string)) {
 		read(&f.Token, p+"TOKEN", f.TokenFile, key+".token_file")
 		read(&f.PrivateKey, p+"PRIVATE_KEY", f.PrivateKeyFile, key+".private_key_file")
 		read(&f.WebhookSecret, p+"WEBHOOK_SECRET", f.WebhookSecretFile, key+".webhook_secret_file")
+		read(&f.OAuthClientSecret, p+"OAUTH_SECRET", f.OAuthClientSecretFile, key+".oauth_client_secret_file")
 	}
 }
 
@@ -134,6 +141,14 @@ func (c *Config) forgeProblems(add func(key, format string, args ...any)) {
 		if frontend && f.WebhookSecret == "" {
 			add(key+".webhook_secret_file", "%s: forge %s needs webhook_secret_file (or %sWEBHOOK_SECRET): deliveries are verified with it", key, f.Name, f.envPrefix())
 		}
+		switch {
+		case f.OAuthClientID == "" && f.OAuthClientSecretFile != "":
+			add(key+".oauth_client_id", "%s: forge %s has oauth_client_secret_file but no oauth_client_id", key, f.Name)
+		case f.OAuthClientID != "" && frontend && f.OAuthClientSecret == "":
+			add(key+".oauth_client_secret_file", "%s: forge %s needs oauth_client_secret_file (or %sOAUTH_SECRET) for its oauth_client_id", key, f.Name, f.envPrefix())
+		case f.OAuthClientID != "" && frontend && len(c.Auth.Secret) < MinAuthSecret:
+			add("auth.secret_file", "auth.secret_file: forge %s has oauth_client_id: web UI logins need a cookie secret of at least %d characters (auth.secret_file or HARMONIA_AUTH_SECRET)", f.Name, MinAuthSecret)
+		}
 		switch f.Type {
 		case ForgeGitea:
 			checkURL("url", f.URL)
@@ -161,6 +176,24 @@ func (c *Config) forgeProblems(add func(key, format string, args ...any)) {
 			}
 		default:
 			add(key+".type", "%s.type: unknown forge type %q (want gitea or github)", key, f.Type)
+		}
+	}
+	c.authProblems(add, names)
+}
+
+// authProblems checks the web UI's [auth] keys: the cookie secret's length and the admins,
+// "forge:login" with a configured forge.
+func (c *Config) authProblems(add func(key, format string, args ...any), forges []string) {
+	if c.Auth.Secret != "" && len(c.Auth.Secret) < MinAuthSecret {
+		add("auth.secret_file", "auth.secret_file: the secret has %d characters, want at least %d (openssl rand -hex 32)", len(c.Auth.Secret), MinAuthSecret)
+	}
+	for i, a := range c.Auth.Admins {
+		forge, login, ok := strings.Cut(a, ":")
+		switch {
+		case !ok || !forgeNameRE.MatchString(forge) || login == "" || strings.ContainsAny(login, " \t\n/:?#@"):
+			add("auth.admins", "auth.admins[%d]: %q: want \"forge:login\", as \"gitea:alice\"", i, a)
+		case c.HasRole(RoleFrontend) && !slices.Contains(forges, forge):
+			add("auth.admins", "auth.admins[%d]: %q: no [[forges]] entry is named %s", i, a, forge)
 		}
 	}
 }

@@ -371,6 +371,7 @@ func (c *Config) readTokens(getenv func(string) string) []error {
 	read(&c.Auth.AdminToken, "HARMONIA_ADMIN_TOKEN", c.Auth.AdminTokenFile, "auth.admin_token_file")
 	read(&c.Auth.ClusterSecret, "HARMONIA_CLUSTER_SECRET", c.Auth.ClusterSecretFile, "auth.cluster_secret_file")
 	read(&c.Auth.NodeToken, "HARMONIA_NODE_TOKEN", c.Auth.NodeTokenFile, "auth.node_token_file")
+	read(&c.Auth.Secret, "HARMONIA_AUTH_SECRET", c.Auth.SecretFile, "auth.secret_file")
 	read(&c.Cache.S3.AccessKey, "HARMONIA_S3_ACCESS_KEY", c.Cache.S3.AccessKeyFile, "cache.s3.access_key_file")
 	read(&c.Cache.S3.SecretKey, "HARMONIA_S3_SECRET_KEY", c.Cache.S3.SecretKeyFile, "cache.s3.secret_key_file")
 	c.forgeSecrets(read)

@@ -42,6 +42,9 @@ type Forge interface {
 	ListRepositories(ctx context.Context) ([]Repository, error)
 	// IsCollaborator reports whether login may push to repo (collaborator, member or owner).
 	IsCollaborator(ctx context.Context, repo Repo, login string) (bool, error)
+	// Permission is login's access to repo: PermissionNone, Read, Write or Admin (a user the
+	// forge does not know has none). The web UI asks it before a user may act or see.
+	Permission(ctx context.Context, repo Repo, login string) (Permission, error)
 	// PullRequest returns a pull request as it is now (its current head).
 	PullRequest(ctx context.Context, repo Repo, number int) (PullRequest, error)
 	// BranchHead returns the commit a branch points at now.

@@ -253,6 +253,25 @@ func (g *Gitea) IsCollaborator(ctx context.Context, repo Repo, login string) (bo
 	return perm.Permission == "write" || perm.Permission == "admin" || perm.Permission == "owner", nil
 }
 
+// Permission asks GET /repos/{o}/{r}/collaborators/{u}/permission (the CI account must be an
+// admin of the repository); a user Gitea does not know has none.
+func (g *Gitea) Permission(ctx context.Context, repo Repo, login string) (Permission, error) {
+	if err := ValidateLogin(login); err != nil {
+		return PermissionNone, err
+	}
+	var perm struct {
+		Permission string `json:"permission"`
+	}
+	_, err := g.api.do(ctx, http.MethodGet, g.api.url(g.repoPath(repo, "collaborators", login, "permission"), nil), nil, &perm)
+	if errors.Is(err, ErrNotFound) {
+		return PermissionNone, nil
+	}
+	if err != nil {
+		return PermissionNone, fmt.Errorf("permission of %s on %s: %w", login, repo.FullName(), err)
+	}
+	return parsePermission(perm.Permission), nil
+}
+
 // PullRequest implements Forge.
 func (g *Gitea) PullRequest(ctx context.Context, repo Repo, number int) (PullRequest, error) {
 	var p giteaPR

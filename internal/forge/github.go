@@ -416,6 +416,28 @@ func (g *GitHub) IsCollaborator(ctx context.Context, repo Repo, login string) (b
 	return true, nil
 }
 
+// Permission asks GET /repos/{o}/{r}/collaborators/{u}/permission as the installation; a user
+// GitHub does not know (404) has none.
+func (g *GitHub) Permission(ctx context.Context, repo Repo, login string) (Permission, error) {
+	if err := ValidateRepo(repo); err != nil {
+		return PermissionNone, err
+	}
+	if err := validGitHubLogin(login); err != nil {
+		return PermissionNone, err
+	}
+	var perm struct {
+		Permission string `json:"permission"`
+	}
+	_, err := g.repoDo(ctx, repo, http.MethodGet, g.repoURL(repo, nil, "collaborators", login, "permission"), nil, &perm)
+	if errors.Is(err, ErrNotFound) {
+		return PermissionNone, nil
+	}
+	if err != nil {
+		return PermissionNone, fmt.Errorf("permission of %s on %s: %w", login, repo.FullName(), err)
+	}
+	return parsePermission(perm.Permission), nil
+}
+
 // PullRequest implements Forge.
 func (g *GitHub) PullRequest(ctx context.Context, repo Repo, number int) (PullRequest, error) {
 	if err := ValidateRepo(repo); err != nil {

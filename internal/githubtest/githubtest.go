@@ -8,7 +8,10 @@
 //     installation access tokens (POST /app/installations/{id}/access_tokens) that then
 //     authenticate repository calls, scoped to the installation's repositories;
 //   - GET /app/installations, GET /repos/{o}/{r}/installation, GET /installation/repositories;
-//   - collaborators, pull requests, branches and commit statuses of those repositories;
+//   - collaborators (and their permission), pull requests, branches and commit statuses of
+//     those repositories;
+//   - the user login flow: /login/oauth/authorize, /login/oauth/access_token and GET /user
+//     (oauth.go), for a user the test chooses with OAuthAs;
 //   - secondary and primary rate-limit answers on demand (RateLimitNext, PrimaryRateLimitNext);
 //   - webhook deliveries signed as GitHub signs them (Deliver, WebhookHeader), with payload
 //     builders in GitHub's shapes (PushPayload, PullRequestPayload, CommentPayload,
@@ -89,6 +92,9 @@ type Server struct {
 	AppSlug       string // statuses are created by "{AppSlug}[bot]"
 	PrivateKeyPEM []byte // the App's private key, PKCS#1 PEM
 	WebhookSecret []byte // what Deliver and WebhookHeader sign with
+	// The App's OAuth client credentials for the user login flow.
+	OAuthClientID     string
+	OAuthClientSecret string
 
 	srv *httptest.Server
 	pub *rsa.PublicKey
@@ -104,6 +110,9 @@ type Server struct {
 	reset         time.Time
 	nextID        int64
 	tokenLifetime time.Duration
+	oauthLogin    string                // who approves the next authorizations
+	codes         map[string]*oauthCode // authorization codes not exchanged yet
+	userTokens    map[string]string     // user access token → login
 }
 
 type installation struct {
@@ -124,6 +133,7 @@ type repoState struct {
 	pulls         map[int]PR
 	branches      map[string]string
 	statuses      map[string][]Status // by sha
+	permissions   map[string]string   // lower-case login → explicit permission (SetPermission)
 }
 
 // rateLimit is one queued rate-limit answer: secondary (retryAfter) or primary (reset).
@@ -171,7 +181,14 @@ func New(tb testing.TB) *Server {
 		reset:         time.Now().Add(time.Hour).Truncate(time.Second),
 		nextID:        1000,
 		tokenLifetime: time.Hour,
+		codes:         map[string]*oauthCode{},
+		userTokens:    map[string]string{},
 	}
+	client := make([]byte, 28)
+	rand.Read(client)
+	s.OAuthClientID = "Iv1." + hex.EncodeToString(client[:8])
+	s.OAuthClientSecret = hex.EncodeToString(client[8:])
+
 	s.srv = httptest.NewServer(s.routes())
 	s.URL = s.srv.URL
 	tb.Cleanup(s.srv.Close)
@@ -319,6 +336,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("POST /repos/{owner}/{repo}/statuses/{sha}", s.inRepo(s.createStatus))
 	mux.HandleFunc("GET /repos/{owner}/{repo}/commits/{ref}/statuses", s.inRepo(s.listStatuses))
 	mux.HandleFunc("GET /repos/{owner}/{repo}/statuses/{ref}", s.inRepo(s.listStatuses))
+	s.oauthRoutes(mux)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) { notFound(w) })
 	return s.common(mux)
 }

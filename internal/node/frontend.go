@@ -27,7 +27,13 @@ func (n *node) forgeSide(httpServer *web.Server, notifier *notify.Notifier, endp
 	}
 	publicURL := strings.TrimRight(cmpOr(cfg.Frontend.PublicURL, endpoint), "/")
 	httpServer.RegisterProjects(&project.Enabler{Pool: n.pool, Forges: forges, PublicURL: publicURL})
-	ui, err := webui.New(webui.Config{Pool: n.pool, Forges: forges, Notifier: notifier, Logger: n.logger})
+	oauth, err := forge.OAuthFromConfig(cfg.Forges)
+	if err != nil {
+		return nil, nil, err
+	}
+	ui, err := webui.New(webui.Config{Pool: n.pool, Forges: forges, Notifier: notifier, Logger: n.logger,
+		Secret: []byte(cfg.Auth.Secret), Admins: cfg.Auth.Admins, AdminToken: cfg.Auth.AdminToken,
+		PublicURL: cfg.Frontend.PublicURL, OAuth: oauth})
 	if err != nil {
 		return nil, nil, err
 	}

@@ -1,5 +1,316 @@
 package webui
 
-import "net/http"
+import (
+	"context"
+	"crypto/subtle"
+	"fmt"
+	"maps"
+	"net/http"
+	"net/url"
+	"path"
+	"slices"
+	"strings"
+	"time"
 
-func (u *UI) registerAuth(mux *http.ServeMux) {}
+	"github.com/harmonia-ci/harmonia-ci/internal/forge"
+	"github.com/harmonia-ci/harmonia-ci/internal/session"
+	"github.com/harmonia-ci/harmonia-ci/internal/web"
+)
+
+// Login with the forge: GET /ci/login (choose a forge), GET /ci/login/{forge} (off to the
+// forge with a random state in a short-lived signed cookie), GET /ci/oauth/{forge}/callback
+// (check the state, trade the code for a token, read the login, set the session cookie, go
+// back where the user came from), POST /ci/logout. Without [auth] secret_file there is no
+// login, and only the admin token can act.
+
+const (
+	// stateCookie holds the OAuth state while the user is at the forge.
+	stateCookie  = "harmonia_oauth"
+	statePurpose = "oauth-state"
+	stateTTL     = 10 * time.Minute
+)
+
+// auth is the UI's login state: the cookie signer, the forges users log in with and the
+// permission cache.
+type auth struct {
+	sessions *session.Manager // nil: no login
+	oauth    map[string]forge.OAuth
+	perms    *permCache
+	admin    web.TokenHash
+	hasAdmin bool
+}
+
+// initAuth sets up u.auth from the Config.
+func (u *UI) initAuth() error {
+	a := &auth{oauth: map[string]forge.OAuth{}, perms: newPermCache(u.cfg.PermissionTTL)}
+	if len(u.cfg.Secret) > 0 {
+		var trusted []string
+		if pu, err := url.Parse(u.cfg.PublicURL); err == nil && pu.Host != "" {
+			trusted = append(trusted, pu.Scheme+"://"+pu.Host)
+		}
+		m, err := session.New(u.cfg.Secret, trusted...)
+		if err != nil {
+			return fmt.Errorf("web UI login: %w", err)
+		}
+		a.sessions = m
+		for name, o := range u.cfg.OAuth {
+			a.oauth[name] = o
+		}
+	} else if len(u.cfg.OAuth) > 0 {
+		u.log.Warn("forges have oauth_client_id but [auth] secret_file is not set: login is off")
+	}
+	if u.cfg.AdminToken != "" {
+		a.admin, a.hasAdmin = web.HashToken(u.cfg.AdminToken), true
+	}
+	u.auth = a
+	return nil
+}
+
+// registerAuth mounts login, logout and the actions (actions.go).
+func (u *UI) registerAuth(mux *http.ServeMux) {
+	mux.Handle("GET /ci/login", u.page(u.loginPage))
+	mux.Handle("GET /ci/login/{forge}", u.page(u.loginStart))
+	mux.Handle("GET /ci/oauth/{forge}/callback", u.page(u.loginCallback))
+	mux.Handle("POST /ci/logout", http.HandlerFunc(u.logout))
+	u.registerActions(mux)
+}
+
+// session is the request's valid session, if any.
+func (u *UI) session(r *http.Request) (session.Session, bool) {
+	if u.auth == nil || u.auth.sessions == nil {
+		return session.Session{}, false
+	}
+	return u.auth.sessions.Get(r)
+}
+
+// Viewer is who looks at a page, for the header and the action buttons.
+type Viewer struct {
+	LoggedIn     bool
+	Forge, Login string
+	// CSRF is the token the page's forms carry in their hidden "csrf" field.
+	CSRF string
+	// LoginURL is the login page, coming back to this page; "" when no forge offers login.
+	LoginURL string
+
+	u     *UI
+	r     *http.Request
+	actor actor
+	cache map[string]bool // "eval:12", "build:34" → may act
+}
+
+// viewer is the request's Viewer. Page handlers get it in Page.Viewer (u.page sets it).
+func (u *UI) viewer(r *http.Request) Viewer {
+	v := Viewer{u: u, r: r, cache: map[string]bool{}}
+	if u.auth == nil || u.auth.sessions == nil {
+		return v
+	}
+	if len(u.auth.oauth) > 0 {
+		v.LoginURL = "/ci/login"
+		if next := localNext(r.URL.RequestURI()); next != "" && r.Method == http.MethodGet && r.URL.Path != "/ci/login" {
+			v.LoginURL += "?" + url.Values{"next": {next}}.Encode()
+		}
+	}
+	s, ok := u.auth.sessions.Get(r)
+	if !ok {
+		return v
+	}
+	v.LoggedIn, v.Forge, v.Login = true, s.Forge, s.Login
+	v.CSRF = u.auth.sessions.RequestCSRFToken(r)
+	v.actor = actor{admin: u.isAdmin(s.Forge, s.Login), forge: s.Forge, login: s.Login}
+	return v
+}
+
+// Admin reports whether the viewer is one of the [auth] admins.
+func (v Viewer) Admin() bool { return v.LoggedIn && v.actor.admin }
+
+// MayActOnEval reports whether the viewer may re-evaluate, rebuild or cancel evaluation id;
+// the action buttons show only then. A failed check (the forge did not answer) is false.
+func (v Viewer) MayActOnEval(id int64) bool {
+	return v.mayAct("eval", id, v.u.mayActOnEval)
+}
+
+// MayActOnBuild reports whether the viewer may rebuild or cancel build job id.
+func (v Viewer) MayActOnBuild(id int64) bool {
+	return v.mayAct("build", id, v.u.mayActOnBuild)
+}
+
+func (v Viewer) mayAct(kind string, id int64, check func(context.Context, actor, int64) (bool, error)) bool {
+	if !v.LoggedIn || v.u == nil || v.r == nil {
+		return false
+	}
+	key := fmt.Sprint(kind, ":", id)
+	if ok, seen := v.cache[key]; seen {
+		return ok
+	}
+	ok, err := check(v.r.Context(), v.actor, id)
+	if err != nil {
+		v.u.log.Warn("permission check for the page's buttons failed", "viewer", v.actor.String(), kind, id, "error", err)
+	}
+	v.cache[key] = ok
+	return ok
+}
+
+// loginPage is GET /ci/login[?forge=name&next=/ci/...]: straight to the only forge, or a choice.
+func (u *UI) loginPage(w http.ResponseWriter, r *http.Request) (string, Page, error) {
+	if u.auth.sessions == nil || len(u.auth.oauth) == 0 {
+		return "", Page{}, notFound("login is not configured: no forge has oauth_client_id")
+	}
+	next := localNext(r.URL.Query().Get("next"))
+	names := slices.Sorted(maps.Keys(u.auth.oauth))
+	choice := r.URL.Query().Get("forge")
+	if choice == "" && len(names) == 1 {
+		choice = names[0]
+	}
+	if choice != "" {
+		if _, ok := u.auth.oauth[choice]; !ok {
+			return "", Page{}, notFound("no forge %q to log in with", choice)
+		}
+		http.Redirect(w, r, loginStartURL(choice, next), http.StatusFound)
+		return "", Page{}, nil
+	}
+	type option struct{ Name, URL string }
+	var opts []option
+	for _, n := range names {
+		opts = append(opts, option{Name: n, URL: loginStartURL(n, next)})
+	}
+	return "login", Page{Title: "Log in", Data: opts}, nil
+}
+
+func loginStartURL(forgeName, next string) string {
+	u := "/ci/login/" + url.PathEscape(forgeName)
+	if next != "" {
+		u += "?" + url.Values{"next": {next}}.Encode()
+	}
+	return u
+}
+
+// oauthState is what the state cookie holds while the user is at the forge.
+type oauthState struct {
+	State   string    `json:"state"`
+	Forge   string    `json:"forge"`
+	Next    string    `json:"next"`
+	Expires time.Time `json:"expires"`
+}
+
+// loginStart is GET /ci/login/{forge}: a fresh state in a cookie, and off to the forge.
+func (u *UI) loginStart(w http.ResponseWriter, r *http.Request) (string, Page, error) {
+	name := r.PathValue("forge")
+	o, ok := u.auth.oauth[name]
+	if !ok || u.auth.sessions == nil {
+		return "", Page{}, notFound("no forge %q to log in with", name)
+	}
+	m := u.auth.sessions
+	st := oauthState{State: session.Random(24), Forge: name, Next: localNext(r.URL.Query().Get("next")),
+		Expires: time.Now().Add(stateTTL).UTC().Truncate(time.Second)}
+	v, err := m.Sign(statePurpose, st)
+	if err != nil {
+		return "", Page{}, err
+	}
+	c := m.Cookie(r, stateCookie, v, st.Expires)
+	c.Path = "/ci/oauth/"
+	http.SetCookie(w, c)
+	w.Header().Set("Cache-Control", "no-store")
+	http.Redirect(w, r, o.AuthorizeURL(st.State, u.callbackURL(r, name)), http.StatusFound)
+	return "", Page{}, nil
+}
+
+// callbackURL is where the forge sends the user back: under the public URL if configured,
+// else under the address the request came to.
+func (u *UI) callbackURL(r *http.Request, forgeName string) string {
+	base := strings.TrimRight(u.cfg.PublicURL, "/")
+	if base == "" {
+		scheme := "http"
+		if r.TLS != nil || strings.EqualFold(r.Header.Get("X-Forwarded-Proto"), "https") {
+			scheme = "https"
+		}
+		base = scheme + "://" + r.Host
+	}
+	return base + "/ci/oauth/" + url.PathEscape(forgeName) + "/callback"
+}
+
+// loginCallback is GET /ci/oauth/{forge}/callback?code&state.
+func (u *UI) loginCallback(w http.ResponseWriter, r *http.Request) (string, Page, error) {
+	name := r.PathValue("forge")
+	o, ok := u.auth.oauth[name]
+	if !ok || u.auth.sessions == nil {
+		return "", Page{}, notFound("no forge %q to log in with", name)
+	}
+	m := u.auth.sessions
+	// The state cookie is single-use: clear it whatever happens next.
+	clearState := m.Cookie(r, stateCookie, "", time.Time{})
+	clearState.Path, clearState.MaxAge = "/ci/oauth/", -1
+	http.SetCookie(w, clearState)
+
+	q := r.URL.Query()
+	if e := q.Get("error"); e != "" {
+		return "", Page{}, &web.HTTPError{Code: http.StatusForbidden, Msg: "the forge did not log you in",
+			Err: fmt.Errorf("oauth error %.60q", e)}
+	}
+	var st oauthState
+	c, err := r.Cookie(stateCookie)
+	if err != nil || m.Verify(statePurpose, c.Value, &st) != nil || !time.Now().Before(st.Expires) {
+		return "", Page{}, web.Errorf(http.StatusBadRequest, "the login has expired or was started elsewhere: log in again")
+	}
+	got := q.Get("state")
+	if st.Forge != name || got == "" || subtle.ConstantTimeCompare([]byte(got), []byte(st.State)) != 1 {
+		return "", Page{}, web.Errorf(http.StatusBadRequest, "the login's state does not match: log in again")
+	}
+	code := q.Get("code")
+	if code == "" {
+		return "", Page{}, web.Errorf(http.StatusBadRequest, "the forge sent no code")
+	}
+	token, err := o.Exchange(r.Context(), code, u.callbackURL(r, name))
+	if err != nil {
+		return "", Page{}, &web.HTTPError{Code: http.StatusBadGateway, Msg: "the forge refused the login", Err: err}
+	}
+	login, err := o.User(r.Context(), token)
+	if err != nil {
+		return "", Page{}, &web.HTTPError{Code: http.StatusBadGateway, Msg: "the forge did not say who you are", Err: err}
+	}
+	if _, err := m.Login(w, r, name, login); err != nil {
+		return "", Page{}, err
+	}
+	u.log.Info("login", "forge", name, "login", login)
+	next := st.Next
+	if next == "" {
+		next = "/ci/"
+	}
+	w.Header().Set("Cache-Control", "no-store")
+	http.Redirect(w, r, next, http.StatusSeeOther)
+	return "", Page{}, nil
+}
+
+// logout is POST /ci/logout: the session cookie cleared, CSRF-checked when there is one.
+func (u *UI) logout(w http.ResponseWriter, r *http.Request) {
+	r.Body = http.MaxBytesReader(w, r.Body, maxActionBody)
+	if _, ok := u.session(r); ok {
+		if err := u.auth.sessions.CheckCSRF(r); err != nil {
+			u.fail(w, r, &web.HTTPError{Code: http.StatusForbidden, Msg: "cross-site request refused: reload the page and try again", Err: err}, "/ci/")
+			return
+		}
+	}
+	if u.auth.sessions != nil {
+		u.auth.sessions.Logout(w, r)
+	}
+	if !browserForm(r) {
+		web.WriteJSON(w, http.StatusOK, map[string]string{"message": "logged out"})
+		return
+	}
+	http.Redirect(w, r, "/ci/", http.StatusSeeOther)
+}
+
+// localNext returns next if it is a path of the UI ("/ci/..."), "" otherwise: the login must
+// not send users to another site.
+func localNext(next string) string {
+	if next == "" || len(next) > 2000 || !strings.HasPrefix(next, "/ci/") || strings.ContainsAny(next, "\\\r\n\t") {
+		return ""
+	}
+	p, err := url.Parse(next)
+	if err != nil || p.Scheme != "" || p.Host != "" || p.User != nil || p.Opaque != "" {
+		return ""
+	}
+	if clean := path.Clean(p.Path); clean != "/ci" && !strings.HasPrefix(clean, "/ci/") {
+		return ""
+	}
+	return next
+}

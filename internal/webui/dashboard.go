@@ -3,8 +3,6 @@ package webui
 import (
 	"net/http"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 )
 
 // QueueBar is the dashboard's summary of the cluster.
@@ -16,7 +14,7 @@ type QueueBar struct {
 type ProjectRow struct {
 	ID                                         int64
 	Name, Forge, FullName, CloneURL            string
-	Enabled                                    bool
+	Enabled, Private                           bool
 	EvalID                                     *int64
 	Commit, Branch, EvalStatus                 *string
 	EvalCreated                                *time.Time
@@ -27,22 +25,30 @@ type ProjectRow struct {
 type Dashboard struct {
 	Bar      QueueBar
 	Projects []ProjectRow
+	Charts   *Charts // recent throughput and queue depth (charts.go); nil in live updates
 }
 
 func (u *UI) dashboard(w http.ResponseWriter, r *http.Request) (string, Page, error) {
 	ctx := r.Context()
-	var d Dashboard
-	b := &d.Bar
-	if err := u.cfg.Pool.QueryRow(ctx, sqlQueueBar).Scan(&b.Pending, &b.Building, &b.Uploading, &b.NodesOnline); err != nil {
-		return "", Page{}, err
-	}
-	rows, err := u.cfg.Pool.Query(ctx, sqlDashboardProjects)
+	d, err := u.loadDashboard(ctx)
 	if err != nil {
 		return "", Page{}, err
 	}
-	d.Projects, err = pgx.CollectRows(rows, pgx.RowToStructByPos[ProjectRow])
+	visible := d.Projects[:0]
+	for _, p := range d.Projects {
+		ok, err := u.canSee(r, p.Private, p.Forge, p.FullName)
+		if err != nil {
+			return "", Page{}, err
+		}
+		if ok {
+			visible = append(visible, p)
+		}
+	}
+	d.Projects = visible
+	charts, err := u.activityCharts(ctx)
 	if err != nil {
 		return "", Page{}, err
 	}
+	d.Charts = &charts
 	return "dashboard", Page{Title: "Dashboard", Nav: "dashboard", Data: d}, nil
 }

@@ -1,5 +1,264 @@
 package webui
 
-import "net/http"
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
 
-func (u *UI) registerEvalPages(mux *http.ServeMux) {}
+	"github.com/jackc/pgx/v5"
+
+	"github.com/harmonia-ci/harmonia-ci/internal/eval"
+	"github.com/harmonia-ci/harmonia-ci/internal/forge"
+	"github.com/harmonia-ci/harmonia-ci/internal/web"
+)
+
+// attrPageSize is how many attributes an evaluation page lists before "Load more".
+const attrPageSize = 200
+
+// registerEvalPages mounts the pages of a project: GET /ci/{project}/ (browse.go),
+// GET /ci/{project}/eval/{id} and GET /ci/{project}/build/{id}.
+//
+// They are served through one pattern, GET /ci/{project}/{rest...}, because ServeMux refuses
+// GET /ci/{project}/eval/{id} (or /ci/{project}/{$}) next to GET /ci/static/: both match
+// /ci/static/eval/1 and neither is more specific. /ci/static/ and the fixed pages
+// (/ci/queue, /ci/nodes) are more specific than this pattern, so they keep their paths;
+// anything else under a project is a 404 page.
+func (u *UI) registerEvalPages(mux *http.ServeMux) {
+	projectPage, evalPage, buildPage := u.projectPageHandler(), u.page(u.evalPage), u.buildPageHandler()
+	mux.Handle("GET /ci/{project}/{rest...}", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rest := r.PathValue("rest")
+		if rest == "" {
+			projectPage.ServeHTTP(w, r)
+			return
+		}
+		// A private project's pages are someone else's 404.
+		if ok, err := u.projectVisible(r, r.PathValue("project")); err != nil || !ok {
+			if err == nil {
+				err = notFound("no project %s", r.PathValue("project"))
+			}
+			u.renderError(w, r, err)
+			return
+		}
+		kind, id, ok := strings.Cut(rest, "/")
+		if !ok || strings.Contains(id, "/") {
+			kind = ""
+		}
+		r.SetPathValue("id", id)
+		switch kind {
+		case "eval":
+			evalPage.ServeHTTP(w, r)
+		case "build":
+			buildPage.ServeHTTP(w, r)
+		default:
+			u.renderError(w, r, notFound("no such page"))
+		}
+	}))
+}
+
+// pathID is the page's positive integer {id}, or a 404 naming what.
+func pathID(r *http.Request, what string) (int64, error) {
+	raw := r.PathValue("id")
+	id, err := strconv.ParseInt(raw, 10, 64)
+	if err != nil || id <= 0 || strings.TrimLeft(raw, "0123456789") != "" {
+		if len(raw) > 40 {
+			raw = raw[:40] + "…"
+		}
+		return 0, notFound("no %s %q", what, raw)
+	}
+	return id, nil
+}
+
+// EvalHeader is an evaluation as its page's header shows it.
+type EvalHeader struct {
+	ID                     int64
+	ProjectID              int64
+	Project                string
+	Forge, Owner, Repo     string
+	FullName               string
+	Commit, Branch, Status string
+	SkippedReason, Error   string
+	PRNumber               int
+	PRAuthor               string
+	CreatedAt              time.Time
+	StartedAt, FinishedAt  *time.Time
+	ReusesEvalID           *int64
+	CommitURL              string // the commit's page on the forge; "" when unknown
+}
+
+// Finished reports whether the evaluation itself is over (its builds may still run).
+func (e EvalHeader) Finished() bool {
+	return e.Status != eval.StatusQueued && e.Status != eval.StatusRunning
+}
+
+// AttrRow is one attribute of an evaluation as its table row shows it: the template
+// "attr-row" (templates/parts/attr.html) renders it as <tr id="attr-{{.ID}}">.
+type AttrRow struct {
+	ID        int64  // eval_attrs.id
+	Project   string // the evaluation's project, for links
+	Attr      string
+	DrvPath   string // "" when the attribute failed to evaluate
+	EvalError string // why it failed to evaluate
+	JobID     int64  // 0: no build job (its outputs were cached, or it failed to evaluate)
+	// Status is the job's status, "cached" without a job, or "eval error".
+	Status                string
+	ClaimedBy             string // the builder
+	StartedAt, FinishedAt *time.Time
+	// For a dep-failed job: the nearest failed (or cancelled) build below it, which caused it.
+	CauseID   int64
+	CauseName string
+}
+
+// Class is the row's badge class.
+func (a AttrRow) Class() string {
+	switch a.Status {
+	case "cached":
+		return "ok"
+	case "eval error":
+		return "bad"
+	}
+	return statusClass(a.Status)
+}
+
+// evalTabs are the tabs of an evaluation page, in order, with their labels.
+var evalTabs = []struct{ Key, Label string }{
+	{"all", "All"}, {"failed", "Failed"}, {"building", "Building"}, {"pending", "Pending"}, {"succeeded", "Succeeded"},
+}
+
+// Tab is one tab of an evaluation page.
+type Tab struct {
+	Key, Label, Href string
+	Count            int
+	Current          bool
+}
+
+// EvalPage is an evaluation page's data.
+type EvalPage struct {
+	Eval EvalHeader
+	Tabs []Tab
+	Tab  string
+	// Jobs counts the builds of the attributes' closures (dependencies included) by status.
+	Jobs  map[string]int
+	Rows  []AttrRow
+	After string // the "after" cursor of this page; "" on the first
+	First string // the link to the first page; "" on the first
+	More  string // the "Load more" link; "" when this is the last page
+	// Timeline is the picture of the builds; nil when nothing was built.
+	Timeline *Timeline
+}
+
+func (u *UI) evalPage(w http.ResponseWriter, r *http.Request) (string, Page, error) {
+	ctx := r.Context()
+	id, err := pathID(r, "evaluation")
+	if err != nil {
+		return "", Page{}, err
+	}
+	project := r.PathValue("project")
+	e, err := u.evalHeader(ctx, id, project)
+	if err != nil {
+		return "", Page{}, err
+	}
+	q := r.URL.Query()
+	tab := q.Get("tab")
+	if tab == "" {
+		tab = "all"
+	}
+	if !slices.ContainsFunc(evalTabs, func(t struct{ Key, Label string }) bool { return t.Key == tab }) {
+		return "", Page{}, web.Errorf(http.StatusBadRequest, "unknown tab %.40q", tab)
+	}
+	p := EvalPage{Eval: e, Tab: tab}
+	var after *string
+	if a := q.Get("after"); a != "" {
+		after, p.After = &a, a
+		p.First = "?"
+		if tab != "all" {
+			p.First = "?" + url.Values{"tab": {tab}}.Encode()
+		}
+	}
+	limit := attrPageSize + 1
+	p.Rows, err = u.queryAttrRows(ctx, attrQuery{evalID: id, tab: tab, after: after, limit: &limit})
+	if err != nil {
+		return "", Page{}, err
+	}
+	if len(p.Rows) > attrPageSize {
+		p.Rows = p.Rows[:attrPageSize]
+		v := url.Values{"after": {p.Rows[len(p.Rows)-1].Attr}}
+		if tab != "all" {
+			v.Set("tab", tab)
+		}
+		p.More = "?" + v.Encode()
+	}
+	var counts [5]int
+	if err := u.cfg.Pool.QueryRow(ctx, sqlEvalTabCounts, id).Scan(&counts[0], &counts[1], &counts[2], &counts[3], &counts[4]); err != nil {
+		return "", Page{}, fmt.Errorf("count attributes of evaluation %d: %w", id, err)
+	}
+	for i, t := range evalTabs {
+		href := "?"
+		if t.Key != "all" {
+			href = "?" + url.Values{"tab": {t.Key}}.Encode()
+		}
+		p.Tabs = append(p.Tabs, Tab{Key: t.Key, Label: t.Label, Href: href, Count: counts[i], Current: t.Key == tab})
+	}
+	if p.Jobs, err = eval.JobCounts(ctx, u.cfg.Pool, id); err != nil {
+		return "", Page{}, err
+	}
+	if p.Timeline, err = u.timeline(ctx, id, e.Project); err != nil {
+		return "", Page{}, err
+	}
+	title := fmt.Sprintf("%s · evaluation #%d", e.Project, e.ID)
+	return "eval", Page{Title: title, Data: p}, nil
+}
+
+// evalHeader reads evaluation id of project, or a 404 if there is no such evaluation of it.
+func (u *UI) evalHeader(ctx context.Context, id int64, project string) (EvalHeader, error) {
+	var e EvalHeader
+	err := u.cfg.Pool.QueryRow(ctx, sqlEvalHeader, id, project).Scan(&e.ID, &e.ProjectID, &e.Project, &e.Forge,
+		&e.Owner, &e.Repo, &e.FullName, &e.Commit, &e.Branch, &e.Status, &e.SkippedReason, &e.Error, &e.PRNumber,
+		&e.PRAuthor, &e.CreatedAt, &e.StartedAt, &e.FinishedAt, &e.ReusesEvalID)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return e, notFound("project %s has no evaluation %d", project, id)
+	}
+	if err != nil {
+		return e, fmt.Errorf("read evaluation %d: %w", id, err)
+	}
+	if f, ok := u.cfg.Forges[e.Forge]; ok {
+		e.CommitURL = f.CommitURL(forge.Repo{Owner: e.Owner, Name: e.Repo}, e.Commit)
+	}
+	return e, nil
+}
+
+// attrQuery selects attribute rows of an evaluation.
+type attrQuery struct {
+	evalID int64
+	tab    string   // one of evalTabs' keys
+	after  *string  // only attributes after this name
+	drvs   []string // nil: any; otherwise only attributes of these derivations
+	limit  *int     // nil: no limit
+}
+
+// attrRows renders-ready rows of evaluation evalID, by attribute name: all of them when
+// drvPaths is nil, otherwise those whose derivation is one of drvPaths (the live updates
+// re-render the rows of the builds that changed).
+func (u *UI) attrRows(ctx context.Context, evalID int64, drvPaths []string) ([]AttrRow, error) {
+	if drvPaths != nil && len(drvPaths) == 0 {
+		return nil, nil
+	}
+	return u.queryAttrRows(ctx, attrQuery{evalID: evalID, tab: "all", drvs: drvPaths})
+}
+
+func (u *UI) queryAttrRows(ctx context.Context, q attrQuery) ([]AttrRow, error) {
+	rows, err := u.cfg.Pool.Query(ctx, sqlEvalAttrRows, q.evalID, q.tab, q.after, q.drvs, q.limit)
+	if err != nil {
+		return nil, fmt.Errorf("attributes of evaluation %d: %w", q.evalID, err)
+	}
+	as, err := pgx.CollectRows(rows, pgx.RowToStructByPos[AttrRow])
+	if err != nil {
+		return nil, fmt.Errorf("attributes of evaluation %d: %w", q.evalID, err)
+	}
+	return as, nil
+}

@@ -20,6 +20,7 @@ var funcs = template.FuncMap{
 	"plus":     func(a, b int) int { return a + b },
 	"itoa":     func(n int64) string { return strconv.FormatInt(n, 10) },
 	"deref":    deref,
+	"joinList": joinList, // browse.go
 }
 
 // deref is what a *string or *int64 points at, or its zero value.

@@ -8,7 +8,7 @@ const (
 	// Every project with its latest evaluation and that evaluation's attribute jobs by status
 	// (an attribute without a job had its outputs cached: it counts as succeeded).
 	sqlDashboardProjects = `
-SELECT p.id, p.name, r.forge, r.full_name, r.clone_url, p.enabled,
+SELECT p.id, p.name, r.forge, r.full_name, r.clone_url, p.enabled, r.is_private,
        e.id, e.commit_sha, e.branch, e.status, e.created_at,
        COALESCE(c.total, 0), COALESCE(c.succeeded, 0), COALESCE(c.failed, 0),
        COALESCE(c.running, 0), COALESCE(c.pending, 0)
@@ -36,4 +36,383 @@ SELECT count(*) FILTER (WHERE status = 'pending')::int,
        count(*) FILTER (WHERE status = 'uploading')::int,
        (SELECT count(*)::int FROM nodes WHERE status IN ('active', 'draining'))
 FROM build_jobs WHERE status IN ('pending', 'building', 'uploading')`
+)
+
+// Project, nodes and queue pages.
+const (
+	// A project by name, with its repository. $1 name.
+	sqlProject = `
+SELECT p.id, p.name, p.enabled, p.scheduling_shares, p.consumed_seconds, p.pr_enabled, p.pr_trust,
+       p.poll_interval, p.last_polled, r.forge, r.owner, r.name, r.full_name, r.clone_url, r.is_private,
+       r.default_branch
+FROM projects p JOIN repositories r ON r.id = p.repo_id
+WHERE p.name = $1`
+
+	// The latest evaluation of each branch (pull requests apart), the default branch first, then
+	// the most recently evaluated. $1 project, $2 default branch, $3 limit.
+	sqlProjectBranches = `
+SELECT id, branch, commit_sha, status, created_at, started_at, finished_at, 0, ''
+FROM (
+    SELECT DISTINCT ON (branch) id, branch, commit_sha, status, created_at, started_at, finished_at
+    FROM evaluations WHERE project_id = $1 AND pr_number IS NULL
+    ORDER BY branch, id DESC
+) b
+ORDER BY branch = $2 DESC, id DESC
+LIMIT $3`
+
+	// The latest evaluation of each pull request, the most recently evaluated first.
+	// $1 project, $2 limit.
+	sqlProjectPulls = `
+SELECT id, branch, commit_sha, status, created_at, started_at, finished_at, pr_number, pr_author
+FROM (
+    SELECT DISTINCT ON (pr_number) id, branch, commit_sha, status, created_at, started_at, finished_at,
+           pr_number, COALESCE(pr_author, '') AS pr_author
+    FROM evaluations WHERE project_id = $1 AND pr_number IS NOT NULL
+    ORDER BY pr_number, id DESC
+) p
+ORDER BY id DESC
+LIMIT $2`
+
+	// A page of a project's evaluations, newest first. $1 project, $2 before this id, $3 limit.
+	sqlProjectEvals = `
+SELECT id, branch, commit_sha, status, created_at, started_at, finished_at, COALESCE(pr_number, 0),
+       COALESCE(pr_author, '')
+FROM evaluations
+WHERE project_id = $1 AND id < $2
+ORDER BY id DESC
+LIMIT $3`
+
+	// Every node, the live ones first.
+	sqlNodes = `
+SELECT id, roles, status, draining, systems, features, current_jobs, max_jobs, speed_factor,
+       hostname, version, started_at, last_seen
+FROM nodes
+ORDER BY status = 'dead', id`
+
+	// Pending jobs: how many are ready, how many wait for their inputs (index-only scans of
+	// build_jobs_ready_idx and build_jobs_pending_idx).
+	sqlQueueCounts = `
+SELECT r.n::int, (p.n - r.n)::int
+FROM (SELECT count(*) AS n FROM build_jobs WHERE status = 'pending' AND blocked_inputs = 0) r,
+     (SELECT count(*) AS n FROM build_jobs WHERE status = 'pending') p`
+
+	// The queue page and the charts read in a transaction without JIT: the planner prices the
+	// per-(system, project) walk by its unLIMITed rows and the charts' grouping by a row per
+	// job, far above jit_above_cost, and compiling either would take longer than running it.
+	sqlNoJIT = `SET LOCAL jit = off`
+
+	// A page of ready jobs in the claim's order (priority DESC, the project's consumed/shares
+	// ratio, created_at, id), after the cursor ($1 priority, $2 ratio, $3 created_at, $4 id;
+	// the first page passes a priority above any). Like the claim, it walks build_jobs_ready_idx
+	// per (system, project) and merges: the systems come from a skip scan of that index, and
+	// each partition's rows after the cursor are those of the cursor's priority past the cursor
+	// (which the ratio decides: the whole priority, part of it, or none) followed by every lower
+	// priority, two index range scans. $5 limit. capable is false when no live builder has the
+	// job's system and features; the repository's privacy and name let the page hide private jobs.
+	sqlQueueReady = `
+WITH RECURSIVE systems AS (
+    (SELECT system FROM build_jobs WHERE status = 'pending' AND blocked_inputs = 0 ORDER BY system LIMIT 1)
+  UNION ALL
+    SELECT (SELECT bj.system FROM build_jobs bj
+            WHERE bj.status = 'pending' AND bj.blocked_inputs = 0 AND bj.system > s.system
+            ORDER BY bj.system LIMIT 1)
+    FROM systems s WHERE s.system IS NOT NULL
+), shares AS (
+    SELECT p.id AS project_id, p.consumed_seconds / GREATEST(p.scheduling_shares, 1) AS ratio
+    FROM projects p
+), candidates AS (
+    SELECT c.id, c.priority, s.ratio, c.created_at
+    FROM systems sys
+    CROSS JOIN shares s
+    CROSS JOIN LATERAL (
+        (SELECT bj.id, bj.priority, bj.created_at FROM build_jobs bj
+         WHERE bj.status = 'pending' AND bj.blocked_inputs = 0
+           AND bj.system = sys.system AND bj.project_id = s.project_id
+           AND bj.priority = $1::bigint AND s.ratio >= $2::float8
+           AND (bj.created_at, bj.id) > (CASE WHEN s.ratio > $2::float8 THEN '-infinity' ELSE $3::timestamptz END,
+                                         CASE WHEN s.ratio > $2::float8 THEN 0 ELSE $4::bigint END)
+         ORDER BY bj.created_at, bj.id
+         LIMIT $5)
+      UNION ALL
+        (SELECT bj.id, bj.priority, bj.created_at FROM build_jobs bj
+         WHERE bj.status = 'pending' AND bj.blocked_inputs = 0
+           AND bj.system = sys.system AND bj.project_id = s.project_id
+           AND bj.priority < $1::bigint
+         ORDER BY bj.priority DESC, bj.created_at, bj.id
+         LIMIT $5)
+    ) c
+    WHERE sys.system IS NOT NULL
+  UNION ALL
+    SELECT c.id, c.priority, 0, c.created_at
+    FROM systems sys
+    CROSS JOIN LATERAL (
+        (SELECT bj.id, bj.priority, bj.created_at FROM build_jobs bj
+         WHERE bj.status = 'pending' AND bj.blocked_inputs = 0
+           AND bj.system = sys.system AND bj.project_id IS NULL
+           AND bj.priority = $1::bigint AND 0 >= $2::float8
+           AND (bj.created_at, bj.id) > (CASE WHEN 0 > $2::float8 THEN '-infinity' ELSE $3::timestamptz END,
+                                         CASE WHEN 0 > $2::float8 THEN 0 ELSE $4::bigint END)
+         ORDER BY bj.created_at, bj.id
+         LIMIT $5)
+      UNION ALL
+        (SELECT bj.id, bj.priority, bj.created_at FROM build_jobs bj
+         WHERE bj.status = 'pending' AND bj.blocked_inputs = 0
+           AND bj.system = sys.system AND bj.project_id IS NULL
+           AND bj.priority < $1::bigint
+         ORDER BY bj.priority DESC, bj.created_at, bj.id
+         LIMIT $5)
+    ) c
+    WHERE sys.system IS NOT NULL
+), page AS (
+    SELECT * FROM candidates ORDER BY priority DESC, ratio, created_at, id LIMIT $5
+)
+SELECT pg.id, pg.priority, pg.ratio, pg.created_at, bj.system, COALESCE(d.name, bj.drv_path),
+       COALESCE(p.name, ''), 0,
+       EXISTS (SELECT 1 FROM nodes n
+               WHERE n.status = 'active' AND NOT n.draining
+                 AND bj.system = ANY (n.systems) AND bj.required_features <@ n.features),
+       COALESCE(r.is_private, false), COALESCE(r.forge, ''), COALESCE(r.full_name, '')
+FROM page pg
+JOIN build_jobs bj ON bj.id = pg.id
+LEFT JOIN derivations d ON d.drv_path = bj.drv_path
+LEFT JOIN projects p ON p.id = bj.project_id
+LEFT JOIN repositories r ON r.id = p.repo_id
+ORDER BY pg.priority DESC, pg.ratio, pg.created_at, pg.id`
+
+	// A page of the pending jobs that wait for their inputs, by priority then age, after the
+	// cursor ($1 priority, $2 created_at, $3 id; the first page passes a priority above any), in
+	// two range scans of build_jobs_pending_idx as above. $4 limit.
+	sqlQueueBlocked = `
+WITH page AS (
+    (SELECT bj.id FROM build_jobs bj
+     WHERE bj.status = 'pending' AND bj.blocked_inputs > 0
+       AND bj.priority = $1::bigint AND (bj.created_at, bj.id) > ($2::timestamptz, $3::bigint)
+     ORDER BY bj.created_at, bj.id
+     LIMIT $4)
+  UNION ALL
+    (SELECT bj.id FROM build_jobs bj
+     WHERE bj.status = 'pending' AND bj.blocked_inputs > 0 AND bj.priority < $1::bigint
+     ORDER BY bj.priority DESC, bj.created_at, bj.id
+     LIMIT $4)
+)
+SELECT bj.id, bj.priority, 0::float8, bj.created_at, bj.system, COALESCE(d.name, bj.drv_path),
+       COALESCE(p.name, ''), bj.blocked_inputs,
+       EXISTS (SELECT 1 FROM nodes n
+               WHERE n.status = 'active' AND NOT n.draining
+                 AND bj.system = ANY (n.systems) AND bj.required_features <@ n.features),
+       COALESCE(r.is_private, false), COALESCE(r.forge, ''), COALESCE(r.full_name, '')
+FROM page pg
+JOIN build_jobs bj ON bj.id = pg.id
+LEFT JOIN derivations d ON d.drv_path = bj.drv_path
+LEFT JOIN projects p ON p.id = bj.project_id
+LEFT JOIN repositories r ON r.id = p.repo_id
+ORDER BY bj.priority DESC, bj.created_at, bj.id
+LIMIT $4`
+
+	// The dashboard's charts: per 10-minute bucket of the 6 hours before $1 (a bucket boundary),
+	// the builds that finished in it by result, and the jobs pending at its end (created before
+	// it, and neither claimed nor finished by then). A job enters the queue when it is created
+	// and leaves it at the first of claimed_at and finished_at. The depth at a bucket's end is
+	// the jobs that have waited since before the window (pending, created before it: a count
+	// of build_jobs_pending_idx) plus the running sum of the arrivals and departures of the
+	// jobs active in the window, those whose GREATEST(created_at, claimed_at, finished_at) falls
+	// in it (a job already waiting when the window opens arrives in the first bucket). That
+	// condition is the one an expression index on GREATEST(created_at, claimed_at, finished_at)
+	// would serve; without it, it is a sequential scan of build_jobs.
+	// A job rebuilt or retried loses its earlier claim, so it counts as waiting since its
+	// creation.
+	sqlActivity = `
+WITH jobs AS (
+    SELECT bj.status, bj.created_at, bj.finished_at, LEAST(bj.claimed_at, bj.finished_at) AS left_at,
+           $1::timestamptz - interval '6 hours' AS lo, $1::timestamptz AS hi
+    FROM build_jobs bj
+    WHERE bj.created_at < $1::timestamptz
+      AND GREATEST(bj.created_at, bj.claimed_at, bj.finished_at) >= $1::timestamptz - interval '6 hours'
+), grouped AS MATERIALIZED (
+    -- per job: the buckets of its arrival, departure and finish (NULL: none in the window)
+    SELECT CASE WHEN left_at IS NULL OR left_at >= lo
+                THEN GREATEST(floor(date_part('epoch', created_at - lo) / 600), 0) END AS arrived,
+           CASE WHEN left_at >= lo AND left_at < hi
+                THEN floor(date_part('epoch', left_at - lo) / 600) END AS departed,
+           CASE WHEN finished_at >= lo AND finished_at < hi AND status IN ('succeeded', 'failed')
+                THEN floor(date_part('epoch', finished_at - lo) / 600) END AS finished,
+           status = 'succeeded' AS ok,
+           count(*) AS n
+    FROM jobs
+    GROUP BY 1, 2, 3, 4
+), per_bucket AS (
+    SELECT s.b,
+           COALESCE(sum(g.n) FILTER (WHERE g.arrived = s.b), 0)
+             - COALESCE(sum(g.n) FILTER (WHERE g.departed = s.b), 0) AS delta,
+           COALESCE(sum(g.n) FILTER (WHERE g.finished = s.b AND g.ok), 0) AS succeeded,
+           COALESCE(sum(g.n) FILTER (WHERE g.finished = s.b AND NOT g.ok), 0) AS failed
+    FROM generate_series(0, 35) AS s(b)
+    LEFT JOIN grouped g ON true
+    GROUP BY s.b
+), waiting AS (
+    SELECT count(*) AS n FROM build_jobs
+    WHERE status = 'pending' AND created_at < $1::timestamptz - interval '6 hours'
+)
+SELECT pb.b, (waiting.n + sum(pb.delta) OVER (ORDER BY pb.b))::int, pb.succeeded::int, pb.failed::int
+FROM per_bucket pb CROSS JOIN waiting
+ORDER BY pb.b`
+)
+
+// Evaluation and build pages.
+const (
+	// $1 evaluation id, $2 project name: no row unless the evaluation is of that project.
+	sqlEvalHeader = `
+SELECT e.id, p.id, p.name, r.forge, r.owner, r.name, r.full_name, e.commit_sha, e.branch, e.status,
+       COALESCE(e.skipped_reason, ''), COALESCE(e.error, ''), COALESCE(e.pr_number, 0), COALESCE(e.pr_author, ''),
+       e.created_at, e.started_at, e.finished_at, e.reuses_eval_id
+FROM evaluations e
+JOIN projects p ON p.id = e.project_id
+JOIN repositories r ON r.id = p.repo_id
+WHERE e.id = $1 AND p.name = $2`
+
+	// An evaluation's attributes per tab: all, failed (to evaluate or to build), building,
+	// pending, succeeded (built or cached). $1 evaluation id.
+	sqlEvalTabCounts = `
+SELECT count(*)::int,
+       count(*) FILTER (WHERE ea.drv_path IS NULL OR j.status IN ('failed', 'dep-failed'))::int,
+       count(*) FILTER (WHERE j.status IN ('building', 'uploading'))::int,
+       count(*) FILTER (WHERE j.status = 'pending')::int,
+       count(*) FILTER (WHERE ea.drv_path IS NOT NULL AND (j.id IS NULL OR j.status = 'succeeded'))::int
+FROM eval_attrs ea
+LEFT JOIN build_jobs j ON j.drv_path = ea.drv_path
+WHERE ea.eval_id = $1`
+
+	// An evaluation's attribute rows (AttrRow), by name, keyset-paged. $1 evaluation id, $2 tab
+	// (as sqlEvalTabCounts), $3 only attributes after this name (NULL: from the first), $4 only
+	// attributes of these derivations (NULL: any), $5 at most this many (NULL: all).
+	//
+	// A dep-failed job's cause is the nearest failed (or cancelled) job below it: failure
+	// propagates up through pending jobs only, so the walk follows dep-failed jobs down. Rows
+	// are (derivation, depth) pairs, so a diamond of dependencies costs depth × jobs at most.
+	sqlEvalAttrRows = `
+SELECT ea.id, p.name, ea.attr, COALESCE(ea.drv_path, ''), COALESCE(ea.error, ''), COALESCE(j.id, 0),
+       CASE WHEN ea.drv_path IS NULL THEN 'eval error' WHEN j.id IS NULL THEN 'cached' ELSE j.status END,
+       COALESCE(j.claimed_by, ''), j.started_at, j.finished_at,
+       COALESCE(cause.id, 0), COALESCE(cause.name, '')
+FROM eval_attrs ea
+JOIN evaluations e ON e.id = ea.eval_id
+JOIN projects p ON p.id = e.project_id
+LEFT JOIN build_jobs j ON j.drv_path = ea.drv_path
+LEFT JOIN LATERAL (
+    WITH RECURSIVE down (id, drv_path, status, depth) AS (
+        SELECT i.id, i.drv_path, i.status, 1
+        FROM derivation_inputs di
+        JOIN build_jobs i ON i.drv_path = di.input_drv
+        WHERE j.status = 'dep-failed' AND di.referrer = j.drv_path
+          AND i.status IN ('failed', 'cancelled', 'dep-failed')
+      UNION
+        SELECT i.id, i.drv_path, i.status, d.depth + 1
+        FROM down d
+        JOIN derivation_inputs di ON di.referrer = d.drv_path
+        JOIN build_jobs i ON i.drv_path = di.input_drv
+        WHERE d.status = 'dep-failed' AND i.status IN ('failed', 'cancelled', 'dep-failed')
+    )
+    SELECT down.id, dv.name
+    FROM down JOIN derivations dv ON dv.drv_path = down.drv_path
+    WHERE down.status IN ('failed', 'cancelled')
+    ORDER BY down.depth, down.status <> 'failed', down.id
+    LIMIT 1
+) cause ON true
+WHERE ea.eval_id = $1
+  AND CASE $2::text
+      WHEN 'failed' THEN ea.drv_path IS NULL OR j.status IN ('failed', 'dep-failed')
+      WHEN 'building' THEN j.status IN ('building', 'uploading')
+      WHEN 'pending' THEN j.status = 'pending'
+      WHEN 'succeeded' THEN ea.drv_path IS NOT NULL AND (j.id IS NULL OR j.status = 'succeeded')
+      ELSE true END
+  AND ($3::text IS NULL OR ea.attr > $3)
+  AND ($4::text[] IS NULL OR ea.drv_path = ANY($4))
+ORDER BY ea.attr
+LIMIT $5`
+
+	// The timeline's builds: the claimed jobs of an evaluation's attributes and their input
+	// closures, newest claim first, each with an attribute naming it (if it is one) and the
+	// number of such jobs; and the database's clock. $1 evaluation id, $2 at most this many.
+	sqlTimelineBuilds = `
+WITH RECURSIVE closure AS (
+    SELECT drv_path FROM eval_attrs WHERE eval_id = $1 AND drv_path IS NOT NULL
+  UNION
+    SELECT di.input_drv FROM derivation_inputs di JOIN closure c ON di.referrer = c.drv_path
+)
+SELECT j.id, d.name, COALESCE(a.attr, ''), j.status, j.claimed_by, COALESCE(j.claimed_at, j.started_at),
+       j.finished_at, count(*) OVER ()::int, now()
+FROM closure
+JOIN build_jobs j ON j.drv_path = closure.drv_path
+JOIN derivations d ON d.drv_path = j.drv_path
+LEFT JOIN LATERAL (
+    SELECT attr FROM eval_attrs WHERE eval_id = $1 AND drv_path = j.drv_path ORDER BY attr LIMIT 1
+) a ON true
+WHERE j.claimed_by IS NOT NULL AND COALESCE(j.claimed_at, j.started_at) IS NOT NULL
+ORDER BY COALESCE(j.claimed_at, j.started_at) DESC, j.id DESC
+LIMIT $2`
+
+	// A build page's job, and whether the project its URL names exists. $1 job id, $2 project.
+	sqlBuildJob = `
+SELECT j.id, j.drv_path, d.name, j.system, j.status, j.priority, j.attempt, j.retry_count,
+       COALESCE(j.claimed_by, ''), j.claimed_at, j.started_at, j.finished_at, j.exit_code,
+       COALESCE(j.error_message, ''), COALESCE(j.log_url, ''), j.created_at, COALESCE(jp.name, ''),
+       EXISTS (SELECT 1 FROM projects WHERE name = $2)
+FROM build_jobs j
+JOIN derivations d ON d.drv_path = j.drv_path
+LEFT JOIN projects jp ON jp.id = j.project_id
+WHERE j.id = $1`
+
+	// The newest evaluations that have a derivation as an attribute. $1 drv path, $2 limit.
+	sqlBuildEvals = `
+SELECT e.id, p.name, e.branch, e.commit_sha, e.status, ea.attr, e.created_at
+FROM eval_attrs ea
+JOIN evaluations e ON e.id = ea.eval_id
+JOIN projects p ON p.id = e.project_id
+WHERE ea.drv_path = $1
+ORDER BY e.id DESC
+LIMIT $2`
+
+	// The jobs that take a derivation as an input. $1 drv path, $2 limit.
+	sqlBuildDependents = `
+SELECT j.id, d.name, j.status
+FROM derivation_inputs di
+JOIN build_jobs j ON j.drv_path = di.referrer
+JOIN derivations d ON d.drv_path = j.drv_path
+WHERE di.input_drv = $1
+ORDER BY j.id DESC
+LIMIT $2`
+
+	// A build's log state: status, archived log key, live tail. $1 job id.
+	sqlBuildLogState = `
+SELECT j.status, COALESCE(j.log_url, ''), t.log_tail
+FROM build_jobs j
+LEFT JOIN build_log_tails t ON t.build_job_id = j.id
+WHERE j.id = $1`
+
+	// The cache nodes that may serve an archived log, the most recently seen first.
+	sqlCacheEndpoints = `
+SELECT endpoint FROM nodes
+WHERE 'cache' = ANY(capabilities) AND status = 'active'
+ORDER BY last_seen DESC, id`
+)
+
+// Live updates.
+const (
+	// The attributes of watched evaluations among these derivations. $1 evaluations, $2 drvs.
+	sqlWatchedAttrDrvs = `
+SELECT DISTINCT eval_id, drv_path FROM eval_attrs WHERE eval_id = ANY($1) AND drv_path = ANY($2)`
+
+	sqlEvalStatus = `SELECT status FROM evaluations WHERE id = $1`
+)
+
+// Visibility.
+const (
+	// A project's repository: private or not, and where. $1 project name.
+	sqlProjectRepo = `
+SELECT r.is_private, r.forge, r.full_name FROM projects p JOIN repositories r ON r.id = p.repo_id
+WHERE p.name = $1`
+
+	// The project of an evaluation. $1 evaluation id.
+	sqlEvalProjectName = `
+SELECT p.name FROM evaluations e JOIN projects p ON p.id = e.project_id WHERE e.id = $1`
 )

@@ -16,6 +16,7 @@ import (
 	"net/http"
 	"path"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -44,6 +45,23 @@ type Config struct {
 	// Notifier is the process's LISTEN session; the live updates subscribe through it.
 	Notifier *notify.Notifier
 	Logger   *slog.Logger
+
+	// Login and actions (auth.go, actions.go, permission.go).
+	// Secret signs the login cookies ([auth] secret_file); nil turns login off, and then only
+	// the admin token can act.
+	Secret []byte
+	// Admins may do anything, as "forge:login" ([auth] admins).
+	Admins []string
+	// AdminToken lets scripts act (Authorization: Bearer); "" turns that off.
+	AdminToken string
+	// PublicURL is where users reach the UI: the OAuth callbacks are under it. "" derives it
+	// from each request's Host.
+	PublicURL string
+	// OAuth are the forges users log in with, by [[forges]] name.
+	OAuth map[string]forge.OAuth
+	// PermissionTTL is how long a forge's answer about a user's permission is reused; 0 means
+	// DefaultPermissionTTL (5 min).
+	PermissionTTL time.Duration
 }
 
 // UI serves the pages.
@@ -54,6 +72,8 @@ type UI struct {
 	static fs.FS
 	// scripts is false when the build did not embed HTMX: pages then work without it.
 	scripts bool
+	hub     *hub  // live updates
+	auth    *auth // login, sessions and permissions (auth.go)
 }
 
 // New parses the templates.
@@ -64,6 +84,9 @@ func New(cfg Config) (*UI, error) {
 		return nil, err
 	}
 	u.static = static
+	if err := u.initAuth(); err != nil {
+		return nil, err
+	}
 	_, errH := fs.Stat(static, htmxScript)
 	_, errS := fs.Stat(static, sseScript)
 	u.scripts = errH == nil && errS == nil
@@ -122,6 +145,8 @@ type Page struct {
 	Nav     string // which navigation entry is current
 	Scripts bool   // HTMX is embedded
 	Data    any
+	// Viewer is who looks: the header's login and the action buttons (auth.go). u.page sets it.
+	Viewer Viewer
 }
 
 // pageFunc computes a page: its template, title, navigation entry and data.
@@ -142,6 +167,7 @@ func (u *UI) page(f pageFunc) http.Handler {
 			return // the page answered itself (a redirect)
 		}
 		p.Scripts = u.scripts
+		p.Viewer = u.viewer(r)
 		u.render(w, http.StatusOK, name, p)
 	})
 }
@@ -184,7 +210,7 @@ func (u *UI) renderError(w http.ResponseWriter, r *http.Request, err error) {
 		level = slog.LevelError
 	}
 	u.log.Log(r.Context(), level, "page failed", "path", r.URL.Path, "status", code, "error", err)
-	u.render(w, code, "error", Page{Title: http.StatusText(code), Scripts: u.scripts, Data: msg})
+	u.render(w, code, "error", Page{Title: http.StatusText(code), Scripts: u.scripts, Data: msg, Viewer: u.viewer(r)})
 }
 
 // notFound is the error of a page about something that does not exist.

@@ -1,0 +1,283 @@
+package webui
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"html/template"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/harmonia-ci/harmonia-ci/internal/eval"
+	"github.com/harmonia-ci/harmonia-ci/internal/queue"
+	"github.com/harmonia-ci/harmonia-ci/internal/web"
+)
+
+// The actions, all POST: rebuild and cancel a build, rebuild an evaluation's failed builds,
+// re-evaluate and cancel an evaluation. A browser authenticates with the session cookie and the
+// CSRF token (form field "csrf" or header X-CSRF-Token); scripts with "Authorization: Bearer
+// <admin token>" and no CSRF token. permission.go says who may act.
+//
+// Answers: a plain form post (no HX-Request, Accept: text/html) is sent back to the page with a
+// 303 (its Referer if that is a page of the UI, else the evaluation's or build's page), or to
+// the login when logged out; HTMX gets a small HTML fragment; other clients JSON.
+
+// maxActionBody bounds an action's form body.
+const maxActionBody = 64 << 10
+
+// actionTimeout bounds an action: the forge's permission answer and the database work.
+const actionTimeout = time.Minute
+
+// actionFunc carries out an action on id for who and returns what to tell the user.
+type actionFunc func(ctx context.Context, id int64, who actor) (string, error)
+
+func (u *UI) registerActions(mux *http.ServeMux) {
+	mux.Handle("POST /api/builds/{id}/rebuild", u.action("build", u.rebuildBuild))
+	mux.Handle("POST /api/builds/{id}/cancel", u.action("build", u.cancelBuild))
+	mux.Handle("POST /api/evals/{id}/rebuild-failed", u.action("eval", u.rebuildFailed))
+	mux.Handle("POST /api/evals/{id}/re-evaluate", u.action("eval", u.reevaluate))
+	mux.Handle("POST /api/evals/{id}/cancel", u.action("eval", u.cancelEval))
+}
+
+// action wraps an actionFunc on a build ("build") or an evaluation ("eval") with
+// authentication, the CSRF check, the permission check and the answer.
+func (u *UI) action(kind string, run actionFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), actionTimeout)
+		defer cancel()
+		r = r.WithContext(ctx)
+		r.Body = http.MaxBytesReader(w, r.Body, maxActionBody)
+		id, err := pathID(r, map[string]string{"build": "build", "eval": "evaluation"}[kind])
+		if err != nil {
+			u.fail(w, r, err, "/ci/")
+			return
+		}
+		who, msg, err := u.act(r, kind, id, run)
+		if err != nil {
+			u.fail(w, r, err, u.backURL(ctx, kind, id))
+			return
+		}
+		u.log.Info("action", "action", r.URL.Path, "by", who.String(), "result", msg)
+		switch {
+		case r.Header.Get("HX-Request") == "true":
+			w.Header().Set("Content-Type", "text/html; charset=utf-8")
+			w.Header().Set("Cache-Control", "no-store")
+			fmt.Fprintf(w, `<p class="flash ok" role="status">%s</p>`, template.HTMLEscapeString(msg))
+		case browserForm(r):
+			http.Redirect(w, r, u.returnTo(r, u.backURL(ctx, kind, id)), http.StatusSeeOther)
+		default:
+			web.WriteJSON(w, http.StatusOK, map[string]any{"message": msg, kind: id})
+		}
+	})
+}
+
+// act authenticates the request, checks the permission and runs the action.
+func (u *UI) act(r *http.Request, kind string, id int64, run actionFunc) (actor, string, error) {
+	who, err := u.authenticate(r)
+	if err != nil {
+		return who, "", err
+	}
+	ctx := r.Context()
+	check := u.mayActOnEval
+	if kind == "build" {
+		check = u.mayActOnBuild
+	}
+	ok, err := check(ctx, who, id)
+	switch {
+	case err != nil && !ok:
+		return who, "", err // no such build or evaluation, the forge did not answer, the database failed
+	case !ok:
+		return who, "", errNoPermission
+	}
+	msg, err := run(ctx, id, who)
+	return who, msg, err
+}
+
+// authenticate is the admin token (Authorization: Bearer), or the session with a valid CSRF
+// token; otherwise a 401 (no credentials) or 403 (a bad CSRF token).
+func (u *UI) authenticate(r *http.Request) (actor, error) {
+	if tok, ok := web.BearerToken(r); ok {
+		if !u.auth.hasAdmin || !u.auth.admin.Matches(tok) {
+			return actor{}, web.Errorf(http.StatusUnauthorized, "invalid admin token")
+		}
+		return actor{token: true, admin: true}, nil
+	}
+	s, ok := u.session(r)
+	if !ok {
+		return actor{}, web.Errorf(http.StatusUnauthorized, "log in first")
+	}
+	if err := u.auth.sessions.CheckCSRF(r); err != nil {
+		return actor{}, &web.HTTPError{Code: http.StatusForbidden, Msg: "cross-site request refused: reload the page and try again", Err: err}
+	}
+	return actor{admin: u.isAdmin(s.Forge, s.Login), forge: s.Forge, login: s.Login}, nil
+}
+
+// fail answers an action's error: the HTML error page for a browser's form post (or the login
+// page for a 401), else JSON through web.Handle. back is the page to return to after login.
+func (u *UI) fail(w http.ResponseWriter, r *http.Request, err error, back string) {
+	if browserForm(r) {
+		var he *web.HTTPError
+		if errors.As(err, &he) && he.Code == http.StatusUnauthorized && u.auth.sessions != nil && len(u.auth.oauth) > 0 {
+			http.Redirect(w, r, "/ci/login?"+url.Values{"next": {u.returnTo(r, back)}}.Encode(), http.StatusSeeOther)
+			return
+		}
+		u.renderError(w, r, err)
+		return
+	}
+	web.Handle(u.log, func(http.ResponseWriter, *http.Request) error { return err }).ServeHTTP(w, r)
+}
+
+// browserForm reports whether r is a plain form post from a browser, which wants a page back.
+func browserForm(r *http.Request) bool {
+	return r.Header.Get("HX-Request") != "true" && strings.Contains(r.Header.Get("Accept"), "text/html")
+}
+
+// returnTo is the page to send a browser back to: its Referer if that is a page of the UI on
+// this host, else fallback.
+func (u *UI) returnTo(r *http.Request, fallback string) string {
+	ref, err := url.Parse(r.Referer())
+	if err != nil || ref.Host == "" || !strings.EqualFold(ref.Host, r.Host) {
+		return fallback
+	}
+	if next := localNext(ref.RequestURI()); next != "" {
+		return next
+	}
+	return fallback
+}
+
+const (
+	sqlEvalProject = `SELECT p.name FROM evaluations e JOIN projects p ON p.id = e.project_id WHERE e.id = $1`
+	// A job's page is under the project it was queued for, or that of its newest evaluation.
+	sqlBuildProject = `
+SELECT COALESCE(
+    (SELECT p.name FROM projects p WHERE p.id = j.project_id),
+    (SELECT p.name FROM eval_attrs a JOIN evaluations e ON e.id = a.eval_id JOIN projects p ON p.id = e.project_id
+     WHERE a.drv_path = j.drv_path ORDER BY e.id DESC LIMIT 1))
+FROM build_jobs j WHERE j.id = $1`
+)
+
+// backURL is the page of the evaluation or build, "/ci/" if it has none.
+func (u *UI) backURL(ctx context.Context, kind string, id int64) string {
+	q, seg := sqlEvalProject, "eval"
+	if kind == "build" {
+		q, seg = sqlBuildProject, "build"
+	}
+	var project *string
+	if err := u.cfg.Pool.QueryRow(ctx, q, id).Scan(&project); err != nil || project == nil {
+		return "/ci/"
+	}
+	return fmt.Sprintf("/ci/%s/%s/%d", url.PathEscape(*project), seg, id)
+}
+
+// rebuildBuild is POST /api/builds/{id}/rebuild: a failed, dep-failed or cancelled job back to
+// pending at priority 100, with its dep-failed dependents.
+func (u *UI) rebuildBuild(ctx context.Context, id int64, _ actor) (string, error) {
+	n, err := queue.Rebuild(ctx, u.cfg.Pool, id)
+	if err != nil {
+		return "", err
+	}
+	if n == 0 {
+		return "", web.Errorf(http.StatusConflict, "build %d is not failed, dep-failed or cancelled: nothing to rebuild", id)
+	}
+	return plural(n, "build", "builds") + " queued again", nil
+}
+
+// cancelBuild is POST /api/builds/{id}/cancel: a pending or running job cancelled.
+func (u *UI) cancelBuild(ctx context.Context, id int64, _ actor) (string, error) {
+	err := queue.Cancel(ctx, u.cfg.Pool, id)
+	if errors.Is(err, queue.ErrStale) {
+		return "", web.Errorf(http.StatusConflict, "build %d has already finished", id)
+	}
+	if err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("build %d cancelled", id), nil
+}
+
+// sqlEvalFailed lists the jobs an evaluation's failed attributes are failed by: the failed
+// and dep-failed attribute jobs, and below each dep-failed one its failed, dep-failed or
+// cancelled inputs, top-down (attributes first).
+const sqlEvalFailed = `
+WITH RECURSIVE down(drv_path, depth) AS (
+    SELECT a.drv_path, 0 FROM eval_attrs a JOIN build_jobs j ON j.drv_path = a.drv_path
+    WHERE a.eval_id = $1 AND j.status IN ('failed', 'dep-failed')
+  UNION
+    SELECT di.input_drv, d.depth + 1 FROM down d
+    JOIN build_jobs r ON r.drv_path = d.drv_path AND r.status = 'dep-failed'
+    JOIN derivation_inputs di ON di.referrer = d.drv_path
+    JOIN build_jobs j ON j.drv_path = di.input_drv AND j.status IN ('failed', 'dep-failed', 'cancelled')
+    WHERE d.depth < 500
+)
+SELECT j.id FROM down JOIN build_jobs j ON j.drv_path = down.drv_path
+GROUP BY j.id ORDER BY min(down.depth), j.id`
+
+// rebuildFailed is POST /api/evals/{id}/rebuild-failed: every job its failed attributes are
+// failed by back to pending at priority 100 with fresh retries (queue.Rebuild each, top-down,
+// so each still counts as failed when its turn comes and gets the priority).
+func (u *UI) rebuildFailed(ctx context.Context, id int64, _ actor) (string, error) {
+	rows, err := u.cfg.Pool.Query(ctx, sqlEvalFailed, id)
+	if err != nil {
+		return "", err
+	}
+	var ids []int64
+	for rows.Next() {
+		var j int64
+		if err := rows.Scan(&j); err != nil {
+			rows.Close()
+			return "", err
+		}
+		ids = append(ids, j)
+	}
+	if err := rows.Err(); err != nil {
+		return "", err
+	}
+	total := 0
+	for _, j := range ids {
+		n, err := queue.Rebuild(ctx, u.cfg.Pool, j)
+		if err != nil {
+			return "", err
+		}
+		total += n
+	}
+	if total == 0 {
+		return "", web.Errorf(http.StatusConflict, "evaluation %d has no failed builds", id)
+	}
+	return plural(total, "build", "builds") + " queued again", nil
+}
+
+// reevaluate is POST /api/evals/{id}/re-evaluate: a finished evaluation queued again.
+func (u *UI) reevaluate(ctx context.Context, id int64, _ actor) (string, error) {
+	_, err := eval.Reevaluate(ctx, u.cfg.Pool, id)
+	switch {
+	case errors.Is(err, eval.ErrNotFound):
+		return "", notFound("no evaluation %d", id)
+	case errors.Is(err, eval.ErrNotFinished):
+		return "", web.Errorf(http.StatusConflict, "evaluation %d has not finished: cancel it first", id)
+	case err != nil:
+		return "", err
+	}
+	return fmt.Sprintf("evaluation %d queued again", id), nil
+}
+
+// cancelEval is POST /api/evals/{id}/cancel: a queued or running evaluation cancelled.
+func (u *UI) cancelEval(ctx context.Context, id int64, who actor) (string, error) {
+	err := eval.Cancel(ctx, u.cfg.Pool, id, "cancelled by "+who.String())
+	switch {
+	case errors.Is(err, eval.ErrNotFound):
+		return "", notFound("no evaluation %d", id)
+	case errors.Is(err, eval.ErrFinished):
+		return "", web.Errorf(http.StatusConflict, "evaluation %d has already finished", id)
+	case err != nil:
+		return "", err
+	}
+	return fmt.Sprintf("evaluation %d cancelled", id), nil
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return "1 " + one
+	}
+	return fmt.Sprintf("%d %s", n, many)
+}

@@ -1,0 +1,245 @@
+package webui
+
+import (
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"path"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/klauspost/compress/zstd"
+)
+
+func TestBuildPage(t *testing.T) {
+	t.Parallel()
+	fx := newEvalFixture(t)
+	s := fx.newScenario()
+	fx.exec(`UPDATE build_jobs SET attempt = 2, retry_count = 1 WHERE id = $1`, s.jobs["bad"])
+	var badDrv, midDrv string
+	if err := fx.pool.QueryRow(fx.ctx, `SELECT (SELECT drv_path FROM build_jobs WHERE id = $1),
+       (SELECT drv_path FROM build_jobs WHERE id = $2)`, s.jobs["bad"], s.jobs["mid"]).Scan(&badDrv, &midDrv); err != nil {
+		t.Fatal(err)
+	}
+
+	for _, tc := range []struct {
+		job  string
+		want []string
+	}{
+		{"bad", []string{
+			`<h1>bad <span class="badge bad">failed</span></h1>`,
+			"Attempt 2/3", "(1 transient failure retried)",
+			`<dt>Exit code</dt><dd class="mono">1</dd>`,
+			`<pre class="err">builder failed with exit code 1</pre>`,
+			`<dt>Builder</dt><dd>node-a</dd>`,
+			`<dt>Duration</dt><dd>3m00s</dd>`,
+			badDrv,
+			fmt.Sprintf(`<a href="/ci/proj/eval/%d">proj #%d</a>`, s.eval, s.eval),
+			`<div class="actions">`,
+			"This build has no log.",
+			`<script src="/ci/static/log.js" defer></script>`,
+		}},
+		{"lib", []string{
+			"built as a dependency",
+			fmt.Sprintf(`<a href="/ci/proj/build/%d">mid</a>`, s.jobs["mid"]), // needed by
+		}},
+		{"waiting", []string{
+			`<span class="badge wait">pending</span>`,
+			"not claimed yet",
+			fmt.Sprintf(`data-stream="/api/builds/%d/log"`, s.jobs["waiting"]),
+			"No output yet.",
+		}},
+	} {
+		t.Run(tc.job, func(t *testing.T) {
+			body := fx.get(fmt.Sprintf("/ci/proj/build/%d", s.jobs[tc.job]), http.StatusOK)
+			for _, want := range tc.want {
+				if !strings.Contains(body, want) {
+					t.Errorf("page lacks %s", want)
+				}
+			}
+		})
+	}
+}
+
+func TestBuildPageShowsTheLiveTail(t *testing.T) {
+	t.Parallel()
+	fx := newEvalFixture(t)
+	s := fx.newScenario()
+	id := s.jobs["busy"]
+	fx.exec(`INSERT INTO build_log_tails (build_job_id, log_tail, log_seq) VALUES ($1, $2, 3)`, id,
+		[]byte("configuring\n\x1b[1mbuilding <b>bold</b>\x1b[0m\n50%\r100%\n"))
+	body := fx.get(fmt.Sprintf("/ci/proj/build/%d", id), http.StatusOK)
+	want := fmt.Sprintf(`<pre class="log" id="log" data-stream="/api/builds/%d/log">configuring
+building &lt;b&gt;bold&lt;/b&gt;
+100%%
+</pre>`, id)
+	if !strings.Contains(body, want) {
+		t.Errorf("page lacks the live tail %s:\n%s", want, body)
+	}
+	if strings.Contains(body, "raw log") || strings.Contains(body, "full log") {
+		t.Error("a running build links to an archived log")
+	}
+}
+
+// logCache is a fake cache node serving one log at /log/<name>.
+type logCache struct {
+	srv      *httptest.Server
+	asked    chan string // the Accept-Encoding of each request
+	status   int
+	zstd     bool // answer zstd to a client accepting it
+	log      []byte
+	name     string
+	lastSeen int // seconds ago
+}
+
+func newLogCache(t *testing.T, name string, log []byte) *logCache {
+	c := &logCache{asked: make(chan string, 10), status: http.StatusOK, log: log, name: name}
+	c.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c.asked <- r.Header.Get("Accept-Encoding")
+		if r.URL.Path != "/log/"+c.name || c.status != http.StatusOK {
+			http.Error(w, "no", max(c.status, http.StatusNotFound))
+			return
+		}
+		body := c.log
+		if c.zstd && strings.Contains(r.Header.Get("Accept-Encoding"), "zstd") {
+			enc, _ := zstd.NewWriter(nil)
+			body = enc.EncodeAll(c.log, nil)
+			w.Header().Set("Content-Encoding", "zstd")
+		}
+		_, _ = w.Write(body)
+	}))
+	t.Cleanup(c.srv.Close)
+	return c
+}
+
+func TestBuildPageShowsTheArchivedLog(t *testing.T) {
+	t.Parallel()
+	var big strings.Builder
+	for i := 0; big.Len() < 300<<10; i++ {
+		fmt.Fprintf(&big, "line %06d of a long build\n", i)
+	}
+	big.WriteString("the end\n")
+
+	type node struct {
+		status   int // of the cache; 0: the node is dead and must not be asked
+		lastSeen int
+	}
+	for _, tc := range []struct {
+		name    string
+		log     string
+		zstd    bool
+		caches  []node // in the order of last_seen, the most recent first
+		want    []string
+		notWant []string
+	}{
+		{"small", "hello <world>\n", false, []node{{status: http.StatusOK}},
+			[]string{`>hello &lt;world&gt;` + "\n</pre>", `<a href="/log/NAME">raw log</a>`}, []string{"showing the last"}},
+		{"big", big.String(), false, []node{{status: http.StatusOK}},
+			[]string{"showing the last 256 KiB of 300 KiB · <a href=\"/log/NAME\">full log</a>", "the end\n</pre>"},
+			[]string{"line 000000"}},
+		{"big zstd", big.String(), true, []node{{status: http.StatusOK}},
+			[]string{"showing the last 256 KiB of 300 KiB", "the end\n</pre>"}, []string{"line 000000"}},
+		{"a failing cache, then a good one", "hello\n", false,
+			[]node{{status: http.StatusInternalServerError, lastSeen: 1}, {status: http.StatusOK, lastSeen: 2}},
+			[]string{">hello\n</pre>"}, nil},
+		{"a dead cache is not asked", "hello\n", false,
+			[]node{{status: 0, lastSeen: 1}, {status: http.StatusOK, lastSeen: 2}},
+			[]string{">hello\n</pre>"}, nil},
+		{"not archived", "", false, []node{{status: http.StatusNotFound}},
+			[]string{"This build has no log."}, []string{`<pre class="log"`, "raw log"}},
+		{"no cache node", "hello\n", false, nil,
+			[]string{"The log could not be read from the cache right now."}, []string{`<pre class="log"`}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			fx := newEvalFixture(t)
+			s := fx.newScenario()
+			id := s.jobs["bad"]
+			var drv string
+			if err := fx.pool.QueryRow(fx.ctx, `SELECT drv_path FROM build_jobs WHERE id = $1`, id).Scan(&drv); err != nil {
+				t.Fatal(err)
+			}
+			name := path.Base(drv)
+			fx.exec(`UPDATE build_jobs SET log_url = $2 WHERE id = $1`, id, "log/"+name)
+			var caches []*logCache
+			for i, n := range tc.caches {
+				c := newLogCache(t, name, []byte(tc.log))
+				c.zstd, c.status = tc.zstd, n.status
+				status := "active"
+				if n.status == 0 {
+					status = "dead"
+				}
+				fx.exec(`INSERT INTO nodes (id, roles, endpoint, incarnation, status, last_seen)
+VALUES ($1, '{cache,signer}', $2, gen_random_uuid(), $3, now() - $4 * interval '1 second')`,
+					fmt.Sprintf("cache-%d", i), c.srv.URL, status, n.lastSeen)
+				caches = append(caches, c)
+			}
+			// A builder's endpoint is never asked for logs.
+			fx.exec(`INSERT INTO nodes (id, roles, endpoint, incarnation, status) VALUES ('b', '{builder}', 'http://127.0.0.1:1', gen_random_uuid(), 'active')`)
+
+			body := fx.get(fmt.Sprintf("/ci/proj/build/%d", id), http.StatusOK)
+			for _, want := range tc.want {
+				if want = strings.ReplaceAll(want, "NAME", name); !strings.Contains(body, want) {
+					t.Errorf("page lacks %s", want)
+				}
+			}
+			if strings.Contains(tc.name, "big") && !regexp.MustCompile(`id="log">line \d{6} of a long build\n`).MatchString(body) {
+				t.Error("the tail does not start with a whole line")
+			}
+			for _, bad := range tc.notWant {
+				if strings.Contains(body, bad) {
+					t.Errorf("page has %s", bad)
+				}
+			}
+			for i, c := range caches {
+				select {
+				case enc := <-c.asked:
+					if tc.caches[i].status == 0 {
+						t.Errorf("the dead cache node was asked")
+					}
+					if enc != "zstd" {
+						t.Errorf("Accept-Encoding %q, want zstd", enc)
+					}
+				default:
+					if tc.caches[i].status != 0 {
+						t.Errorf("cache %d was not asked", i)
+					}
+				}
+			}
+		})
+	}
+}
+
+func TestTailBufferKeepsTheEnd(t *testing.T) {
+	t.Parallel()
+	var all strings.Builder
+	tb := &tailBuffer{max: 100}
+	for i := range 1000 {
+		chunk := fmt.Sprintf("%d,", i)
+		all.WriteString(chunk)
+		_, _ = tb.Write([]byte(chunk))
+	}
+	if want := all.String()[all.Len()-100:]; string(tb.bytes()) != want || tb.size != int64(all.Len()) {
+		t.Errorf("tail %q (size %d), want %q (size %d)", tb.bytes(), tb.size, want, all.Len())
+	}
+	if len(tb.buf) > 2*tb.max {
+		t.Errorf("the buffer grew to %d bytes", len(tb.buf))
+	}
+}
+
+func TestCleanLog(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ in, want string }{
+		{"plain\n", "plain\n"},
+		{"\x1b[31;1mred\x1b[0m text\n", "red text\n"},
+		{"\x1b]0;title\x07after", "after"},
+		{"10%\r50%\r100%\r\nnext\r\n", "100%\nnext\n"},
+		{"a\rb\r", "b"},
+		{"bad \xff byte", "bad \uFFFD byte"},
+	} {
+		if got := cleanLog([]byte(tc.in)); got != tc.want {
+			t.Errorf("cleanLog(%q) = %q, want %q", tc.in, got, tc.want)
+		}
+	}
+}

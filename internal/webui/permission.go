@@ -1,0 +1,346 @@
+package webui
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/harmonia-ci/harmonia-ci/internal/forge"
+	"github.com/harmonia-ci/harmonia-ci/internal/web"
+)
+
+// Who may act (permission rules of the design, §4 "Actions"):
+//   - the admin token (scripts) and the [auth] admins ("forge:login") may do anything;
+//   - on an evaluation of a pull request, its author (logged in with the repository's forge);
+//   - on any evaluation of a repository, users the forge says may push to it (write or admin),
+//     asked of the forge and remembered for PermissionTTL;
+//   - a build job belongs to every evaluation whose attributes include it (directly or in
+//     their closure) and to the project it was queued for: whoever may act on one of those
+//     may act on the job;
+//   - projects added by URL (forge 'git') have no forge to ask: admins only.
+//
+// Who may see: public repositories everyone; private ones users with read access (and
+// admins), see canSee.
+
+// DefaultPermissionTTL is how long a forge's answer about a user's permission is reused.
+const DefaultPermissionTTL = 5 * time.Minute
+
+// forgeGit is the forge of projects added by URL.
+const forgeGit = "git"
+
+// actor is who asks for an action: the admin token, or a logged-in user.
+type actor struct {
+	token        bool // the admin token: anything, and no CSRF token needed
+	admin        bool // the token or an [auth] admin
+	forge, login string
+}
+
+func (a actor) String() string {
+	if a.token {
+		return "the admin token"
+	}
+	return a.forge + ":" + a.login
+}
+
+// target is a repository an action touches, with the pull request author when it is an
+// evaluation of a pull request.
+type target struct {
+	Forge, FullName string
+	Installation    int64
+	Private         bool
+	PRAuthor        string
+}
+
+// isAdmin reports whether forge:login is one of the [auth] admins.
+func (u *UI) isAdmin(forgeName, login string) bool {
+	return slices.ContainsFunc(u.cfg.Admins, func(a string) bool {
+		f, l, _ := strings.Cut(a, ":")
+		return f == forgeName && strings.EqualFold(l, login)
+	})
+}
+
+// mayAct reports whether a may act on something that belongs to targets.
+func (u *UI) mayAct(ctx context.Context, a actor, targets []target) (bool, error) {
+	if a.admin {
+		return true, nil
+	}
+	if a.login == "" {
+		return false, nil
+	}
+	for _, t := range targets {
+		if t.Forge == a.forge && t.PRAuthor != "" && strings.EqualFold(t.PRAuthor, a.login) {
+			return true, nil
+		}
+	}
+	var firstErr error
+	asked := map[string]bool{}
+	for _, t := range targets {
+		key := strings.ToLower(t.FullName)
+		if t.Forge != a.forge || t.Forge == forgeGit || asked[key] {
+			continue
+		}
+		asked[key] = true
+		p, err := u.permission(ctx, t, a.login)
+		if err != nil {
+			firstErr = cmpErr(firstErr, err)
+			continue
+		}
+		if p.CanWrite() {
+			return true, nil
+		}
+	}
+	return false, firstErr
+}
+
+func cmpErr(a, b error) error {
+	if a != nil {
+		return a
+	}
+	return b
+}
+
+// permission is login's permission on t's repository, from the cache or the forge.
+func (u *UI) permission(ctx context.Context, t target, login string) (forge.Permission, error) {
+	f, ok := u.cfg.Forges[t.Forge]
+	if !ok {
+		return forge.PermissionNone, nil // a forge no longer configured: nobody to ask
+	}
+	owner, name, ok := strings.Cut(t.FullName, "/")
+	if !ok {
+		return forge.PermissionNone, nil
+	}
+	p, err := u.auth.perms.get(ctx, f, forge.Repo{Owner: owner, Name: name, InstallationID: t.Installation}, login)
+	if err != nil {
+		return forge.PermissionNone, forgeUnavailable(err)
+	}
+	return p, nil
+}
+
+// canSee reports whether the request's user may see a repository: a public one everyone; a
+// private one admins and users with read access on its forge. The page handlers call it
+// before showing a project, an evaluation or a build.
+func (u *UI) canSee(r *http.Request, repoPrivate bool, forgeName, fullName string) (bool, error) {
+	if !repoPrivate {
+		return true, nil
+	}
+	s, ok := u.session(r)
+	if !ok {
+		return false, nil
+	}
+	if u.isAdmin(s.Forge, s.Login) {
+		return true, nil
+	}
+	if s.Forge != forgeName || forgeName == forgeGit {
+		return false, nil
+	}
+	p, err := u.permission(r.Context(), target{Forge: forgeName, FullName: fullName}, s.Login)
+	if err != nil {
+		return false, err
+	}
+	return p.CanRead(), nil
+}
+
+// projectVisible reports whether the request's user may see project name; false also for a
+// project that does not exist.
+func (u *UI) projectVisible(r *http.Request, name string) (bool, error) {
+	var private bool
+	var forgeName, fullName string
+	err := u.cfg.Pool.QueryRow(r.Context(), sqlProjectRepo, name).Scan(&private, &forgeName, &fullName)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return u.canSee(r, private, forgeName, fullName)
+}
+
+// SQL of the permission checks.
+const (
+	// The repository of an evaluation, and its pull request's author.
+	sqlEvalTarget = `
+SELECT r.forge, r.full_name, COALESCE(r.installation_id, 0), r.is_private,
+       CASE WHEN e.pr_number IS NOT NULL THEN COALESCE(e.pr_author, '') ELSE '' END
+FROM evaluations e
+JOIN projects p ON p.id = e.project_id
+JOIN repositories r ON r.id = p.repo_id
+WHERE e.id = $1`
+
+	// The repositories a build job belongs to directly: the project it was queued for, and the
+	// evaluations that have its derivation as an attribute. NULL forge: the job exists but has
+	// neither.
+	sqlBuildTargets = `
+WITH j AS (SELECT id, drv_path, project_id FROM build_jobs WHERE id = $1)
+SELECT r.forge, r.full_name, COALESCE(r.installation_id, 0), r.is_private, ''
+FROM j JOIN projects p ON p.id = j.project_id JOIN repositories r ON r.id = p.repo_id
+UNION
+SELECT r.forge, r.full_name, COALESCE(r.installation_id, 0), r.is_private,
+       CASE WHEN e.pr_number IS NOT NULL THEN COALESCE(e.pr_author, '') ELSE '' END
+FROM j
+JOIN eval_attrs a ON a.drv_path = j.drv_path
+JOIN evaluations e ON e.id = a.eval_id
+JOIN projects p ON p.id = e.project_id
+JOIN repositories r ON r.id = p.repo_id
+UNION
+SELECT NULL, '', 0, false, '' FROM j`
+
+	// The repositories of the evaluations whose attributes need the job's derivation through
+	// their closure (the job is a dependency), at most 200.
+	sqlBuildClosureTargets = `
+WITH RECURSIVE up(drv_path) AS (
+    SELECT drv_path FROM build_jobs WHERE id = $1
+  UNION
+    SELECT di.referrer FROM derivation_inputs di JOIN up ON di.input_drv = up.drv_path
+)
+SELECT DISTINCT r.forge, r.full_name, COALESCE(r.installation_id, 0), r.is_private,
+       CASE WHEN e.pr_number IS NOT NULL THEN COALESCE(e.pr_author, '') ELSE '' END
+FROM up
+JOIN eval_attrs a ON a.drv_path = up.drv_path
+JOIN evaluations e ON e.id = a.eval_id
+JOIN projects p ON p.id = e.project_id
+JOIN repositories r ON r.id = p.repo_id
+LIMIT 200`
+)
+
+func scanTargets(rows pgx.Rows) ([]target, error) {
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (target, error) {
+		var t target
+		var f *string
+		err := row.Scan(&f, &t.FullName, &t.Installation, &t.Private, &t.PRAuthor)
+		if f != nil {
+			t.Forge = *f
+		}
+		return t, err
+	})
+}
+
+// evalTargets is the evaluation's repository; a 404 if there is no such evaluation.
+func (u *UI) evalTargets(ctx context.Context, id int64) ([]target, error) {
+	rows, err := u.cfg.Pool.Query(ctx, sqlEvalTarget, id)
+	if err != nil {
+		return nil, err
+	}
+	ts, err := scanTargets(rows)
+	if err != nil {
+		return nil, err
+	}
+	if len(ts) == 0 {
+		return nil, notFound("no evaluation %d", id)
+	}
+	return ts, nil
+}
+
+// mayActOnEval reports whether a may act on evaluation id (a 404 if there is none).
+func (u *UI) mayActOnEval(ctx context.Context, a actor, id int64) (bool, error) {
+	ts, err := u.evalTargets(ctx, id)
+	if err != nil {
+		return false, err
+	}
+	return u.mayAct(ctx, a, ts)
+}
+
+// mayActOnBuild reports whether a may act on build job id (a 404 if there is none): first
+// by the evaluations that have it as an attribute and its project, and only if those do not
+// allow it by the evaluations that need it as a dependency.
+func (u *UI) mayActOnBuild(ctx context.Context, a actor, id int64) (bool, error) {
+	rows, err := u.cfg.Pool.Query(ctx, sqlBuildTargets, id)
+	if err != nil {
+		return false, err
+	}
+	ts, err := scanTargets(rows)
+	if err != nil {
+		return false, err
+	}
+	if len(ts) == 0 {
+		return false, notFound("no build %d", id)
+	}
+	if a.admin {
+		return true, nil
+	}
+	ok, err := u.mayAct(ctx, a, ts)
+	if ok || a.login == "" {
+		return ok, err
+	}
+	rows, err = u.cfg.Pool.Query(ctx, sqlBuildClosureTargets, id)
+	if err != nil {
+		return false, err
+	}
+	more, err := scanTargets(rows)
+	if err != nil {
+		return false, err
+	}
+	ok, err2 := u.mayAct(ctx, a, slices.DeleteFunc(more, func(t target) bool { return slices.Contains(ts, t) }))
+	return ok, cmpErr(err, err2)
+}
+
+// forgeUnavailable is the answer when the forge could not say whether a user may act.
+func forgeUnavailable(err error) error {
+	return &web.HTTPError{Code: http.StatusBadGateway, Msg: "the forge did not answer the permission check; try again", Err: err}
+}
+
+// permCache remembers the forges' answers about users' permissions for a while, per (forge,
+// repository, login). Errors are not remembered.
+type permCache struct {
+	ttl time.Duration
+	now func() time.Time
+
+	mu      sync.Mutex
+	entries map[permKey]permEntry
+}
+
+type permKey struct{ forge, repo, login string }
+
+type permEntry struct {
+	perm    forge.Permission
+	expires time.Time
+}
+
+// permCacheMax bounds the cache; past it expired entries are dropped, and if that is not
+// enough, everything.
+const permCacheMax = 10000
+
+func newPermCache(ttl time.Duration) *permCache {
+	if ttl <= 0 {
+		ttl = DefaultPermissionTTL
+	}
+	return &permCache{ttl: ttl, now: time.Now, entries: map[permKey]permEntry{}}
+}
+
+func (c *permCache) get(ctx context.Context, f forge.Forge, repo forge.Repo, login string) (forge.Permission, error) {
+	k := permKey{f.Name(), strings.ToLower(repo.FullName()), strings.ToLower(login)}
+	c.mu.Lock()
+	e, ok := c.entries[k]
+	c.mu.Unlock()
+	if ok && c.now().Before(e.expires) {
+		return e.perm, nil
+	}
+	p, err := f.Permission(ctx, repo, login)
+	if err != nil {
+		return forge.PermissionNone, fmt.Errorf("permission of %s on %s/%s: %w", login, f.Name(), repo.FullName(), err)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := c.now()
+	if len(c.entries) >= permCacheMax {
+		for k, e := range c.entries {
+			if !now.Before(e.expires) {
+				delete(c.entries, k)
+			}
+		}
+		if len(c.entries) >= permCacheMax {
+			clear(c.entries)
+		}
+	}
+	c.entries[k] = permEntry{perm: p, expires: now.Add(c.ttl)}
+	return p, nil
+}
+
+// errNoPermission is the 403 of an action the user may not take.
+var errNoPermission = web.Errorf(http.StatusForbidden, "you may not do this: it needs write access to the repository, the pull request's authorship, or an admin")
