@@ -45,6 +45,9 @@ type forgeOptions struct {
 	builders int
 	// publicURL is [frontend] public_url; "" leaves the default (the node's endpoint).
 	publicURL string
+	// prepare runs once the Gitea user exists, before the cluster starts: it may create more
+	// repositories and return lines for the [[forges]] entry and the frontends' environment.
+	prepare func(g *giteatest.Server, owner giteatest.User) (forgeLines string, env []string)
 }
 
 // newForgeCluster creates a Gitea user and repository with a first commit on main, then
@@ -70,12 +73,19 @@ func newForgeCluster(t *testing.T, o forgeOptions) *forgeCluster {
 		extra += fmt.Sprintf("public_url = %q\n", o.publicURL)
 	}
 	extra += fmt.Sprintf("[[forges]]\nname = \"gitea\"\ntype = \"gitea\"\nurl = %q\n", g.URL)
+	env := []string{
+		"HARMONIA_FORGE_GITEA_TOKEN=" + owner.Token,
+		"HARMONIA_FORGE_GITEA_WEBHOOK_SECRET=" + giteaWebhookSecret,
+		"HARMONIA_ADMIN_TOKEN=" + adminToken,
+	}
+	if o.prepare != nil {
+		lines, more := o.prepare(g, owner)
+		extra += lines
+		env = append(env, more...)
+	}
 	c := &forgeCluster{
-		buildCluster: newBuildCluster(t, buildClusterOptions{builders: max(o.builders, 1), extraConfig: extra, frontendEnv: []string{
-			"HARMONIA_FORGE_GITEA_TOKEN=" + owner.Token,
-			"HARMONIA_FORGE_GITEA_WEBHOOK_SECRET=" + giteaWebhookSecret,
-			"HARMONIA_ADMIN_TOKEN=" + adminToken,
-		}}),
+		buildCluster: newBuildCluster(t, buildClusterOptions{builders: max(o.builders, 1), extraConfig: extra, frontendEnv: env,
+			sandboxPaths: []string{"/bin/sleep"}}),
 		gitea: g, owner: owner, repo: repo,
 	}
 	proctest.WaitFor(t, 30*time.Second, "repository "+repo.FullName()+" discovered", func() bool {
@@ -444,7 +454,11 @@ func (p *roundRobin) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		b := backends[(start+i)%len(backends)]
 		req, _ := http.NewRequestWithContext(r.Context(), r.Method, b+r.URL.RequestURI(), bytes.NewReader(body))
 		req.Header = r.Header.Clone()
-		resp, err := p.client.Do(req)
+		client := *p.client
+		client.CheckRedirect = func(*http.Request, []*http.Request) error {
+			return http.ErrUseLastResponse // redirects are the browser's to follow
+		}
+		resp, err := client.Do(req)
 		var op *net.OpError
 		if errors.As(err, &op) && op.Op == "dial" {
 			continue // a dead frontend: the next one

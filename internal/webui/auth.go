@@ -217,15 +217,7 @@ func (u *UI) loginStart(w http.ResponseWriter, r *http.Request) (string, Page, e
 // callbackURL is where the forge sends the user back: under the public URL if configured,
 // else under the address the request came to.
 func (u *UI) callbackURL(r *http.Request, forgeName string) string {
-	base := strings.TrimRight(u.cfg.PublicURL, "/")
-	if base == "" {
-		scheme := "http"
-		if r.TLS != nil || strings.EqualFold(r.Header.Get("X-Forwarded-Proto"), "https") {
-			scheme = "https"
-		}
-		base = scheme + "://" + r.Host
-	}
-	return base + "/ci/oauth/" + url.PathEscape(forgeName) + "/callback"
+	return u.publicBase(r) + "/ci/oauth/" + url.PathEscape(forgeName) + "/callback"
 }
 
 // loginCallback is GET /ci/oauth/{forge}/callback?code&state.

@@ -19,6 +19,7 @@ type ProjectRow struct {
 	Commit, Branch, EvalStatus                 *string
 	EvalCreated                                *time.Time
 	Total, Succeeded, Failed, Running, Pending int
+	CommitURL                                  string // the commit on its forge, "" if none
 }
 
 // Dashboard is the dashboard's data.

@@ -274,7 +274,7 @@ func TestEvalPageShowsEveryAttribute(t *testing.T) {
 		"PR #7 by alice",
 		`href="` + testForgeURL + "/o/r/commit/" + evalTestCommit + `"`,
 		`<span class="badge busy">running</span>`, // the evaluation's status
-		`sse-connect="/api/events/eval/` + fmt.Sprint(s.eval) + `"`,
+		`sse-connect="/api/events/eval/` + fmt.Sprint(s.eval) + `?since=`,
 		`hx-ext="sse"`,
 		`<div class="actions">`,
 		`<a href="?tab=failed">Failed <span class="count">3</span></a>`,

@@ -14,6 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/harmonia-ci/harmonia-ci/internal/forge"
 	"github.com/harmonia-ci/harmonia-ci/internal/notify"
 )
 
@@ -43,9 +44,13 @@ func (u *UI) registerEvents(mux *http.ServeMux) {
 // stream is one open event stream: the dashboard's (evalID 0) or an evaluation's.
 type stream struct {
 	evalID int64
-	out    chan []byte
-	gone   chan struct{} // closed when the hub dropped it (too slow)
-	once   sync.Once
+	// since is when the page the stream belongs to was rendered: on joining, the stream is
+	// first sent what changed after it (the page may predate the hub's LISTEN).
+	since time.Time
+	fresh bool // not caught up yet
+	out   chan []byte
+	gone  chan struct{} // closed when the hub dropped it (too slow)
+	once  sync.Once
 }
 
 func (s *stream) drop() { s.once.Do(func() { close(s.gone) }) }
@@ -59,9 +64,13 @@ type hub struct {
 	cancel  context.CancelFunc // of the running loop; nil when none runs
 	// lastDash is the dashboard fragments last sent, by element id: only changes go out.
 	lastDash map[string]string
+	// kick asks the loop to catch new streams up at once.
+	kick chan struct{}
 }
 
-func newHub(u *UI) *hub { return &hub{u: u, streams: map[*stream]struct{}{}} }
+func newHub(u *UI) *hub {
+	return &hub{u: u, streams: map[*stream]struct{}{}, kick: make(chan struct{}, 1)}
+}
 
 var errTooManyStreams = fmt.Errorf("too many live streams")
 
@@ -72,7 +81,12 @@ func (h *hub) join(s *stream) error {
 	if len(h.streams) >= maxEventStreams {
 		return errTooManyStreams
 	}
+	s.fresh = true
 	h.streams[s] = struct{}{}
+	select {
+	case h.kick <- struct{}{}:
+	default:
+	}
 	if h.cancel == nil && h.u.cfg.Notifier != nil {
 		ctx, cancel := context.WithCancel(context.Background())
 		h.cancel = cancel
@@ -137,7 +151,10 @@ func (h *hub) run(ctx context.Context) {
 			c.any = true // notifications may have been missed: refresh what is watched
 		case <-evals.Resync:
 			c.any = true
+		case <-h.kick:
+			h.catchUp(ctx)
 		case <-tick.C:
+			h.catchUp(ctx) // streams that joined before the subscription was in place
 			if !c.any {
 				continue
 			}
@@ -145,6 +162,56 @@ func (h *hub) run(ctx context.Context) {
 			c = changes{drvs: map[string]struct{}{}, evals: map[int64]struct{}{}}
 		}
 	}
+}
+
+// catchUp sends each new stream what changed since its page was rendered: a dashboard the
+// whole set of fragments, an evaluation its title and the rows whose builds moved since.
+func (h *hub) catchUp(ctx context.Context) {
+	h.mu.Lock()
+	var fresh []*stream
+	for s := range h.streams {
+		if s.fresh {
+			s.fresh = false
+			fresh = append(fresh, s)
+		}
+	}
+	h.mu.Unlock()
+	if len(fresh) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	for _, s := range fresh {
+		if s.evalID == 0 {
+			msg, err := h.dashboardFull(ctx)
+			if err != nil {
+				h.u.log.Warn("live updates: dashboard", "error", err)
+				continue
+			}
+			h.send([]*stream{s}, msg)
+			continue
+		}
+		rows, err := h.u.cfg.Pool.Query(ctx, sqlAttrDrvsMovedSince, s.evalID, s.since)
+		if err != nil {
+			h.u.log.Warn("live updates: catch up", "evaluation", s.evalID, "error", err)
+			continue
+		}
+		drvs, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			h.u.log.Warn("live updates: catch up", "evaluation", s.evalID, "error", err)
+			continue
+		}
+		h.evalUpdates(ctx, changes{evals: map[int64]struct{}{s.evalID: {}}, drvs: setOf(drvs)},
+			map[int64][]*stream{s.evalID: {s}})
+	}
+}
+
+func setOf(ss []string) map[string]struct{} {
+	m := make(map[string]struct{}, len(ss))
+	for _, s := range ss {
+		m[s] = struct{}{}
+	}
+	return m
 }
 
 // notifiedDrvs are the derivations a build_jobs notification names ({"drv_path"} or the
@@ -230,6 +297,31 @@ func (h *hub) dashboardUpdate(ctx context.Context) ([]byte, error) {
 	h.lastDash = frags
 	if out.Len() == 0 {
 		return nil, nil
+	}
+	return sseMessage("update", out.Bytes()), nil
+}
+
+// dashboardFull renders every dashboard fragment, for a stream that just joined.
+func (h *hub) dashboardFull(ctx context.Context) ([]byte, error) {
+	d, err := h.u.loadDashboard(ctx)
+	if err != nil {
+		return nil, err
+	}
+	t := h.u.pages["dashboard"]
+	var out, b bytes.Buffer
+	if err := t.ExecuteTemplate(&b, "queue-bar-oob", d.Bar); err != nil {
+		return nil, err
+	}
+	out.WriteString(oob(b.String()))
+	for _, p := range d.Projects {
+		if p.Private {
+			continue
+		}
+		b.Reset()
+		if err := t.ExecuteTemplate(&b, "project-row", p); err != nil {
+			return nil, err
+		}
+		out.WriteString(oob(b.String()))
 	}
 	return sseMessage("update", out.Bytes()), nil
 }
@@ -334,8 +426,23 @@ func (u *UI) loadDashboard(ctx context.Context) (Dashboard, error) {
 	if err != nil {
 		return d, err
 	}
-	d.Projects, err = pgx.CollectRows(rows, pgx.RowToStructByPos[ProjectRow])
-	return d, err
+	d.Projects, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (ProjectRow, error) {
+		var p ProjectRow
+		err := row.Scan(&p.ID, &p.Name, &p.Forge, &p.FullName, &p.CloneURL, &p.Enabled, &p.Private, &p.EvalID,
+			&p.Commit, &p.Branch, &p.EvalStatus, &p.EvalCreated, &p.Total, &p.Succeeded, &p.Failed, &p.Running, &p.Pending)
+		return p, err
+	})
+	if err != nil {
+		return d, err
+	}
+	for i := range d.Projects {
+		p := &d.Projects[i]
+		if f, ok := u.cfg.Forges[p.Forge]; ok && p.Commit != nil {
+			owner, name, _ := strings.Cut(p.FullName, "/")
+			p.CommitURL = f.CommitURL(forge.Repo{Owner: owner, Name: name}, *p.Commit)
+		}
+	}
+	return d, nil
 }
 
 func (u *UI) evalEvents(w http.ResponseWriter, r *http.Request) {
@@ -361,7 +468,12 @@ func (u *UI) evalEvents(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "internal error", http.StatusInternalServerError)
 		return
 	}
-	u.serveEvents(w, r, &stream{evalID: id, out: make(chan []byte, clientBuffer), gone: make(chan struct{})})
+	// Without a (valid) render time, catch up on the last minute.
+	since := time.Now().Add(-time.Minute)
+	if ms, err := strconv.ParseInt(r.URL.Query().Get("since"), 10, 64); err == nil && ms > 0 {
+		since = time.UnixMilli(ms)
+	}
+	u.serveEvents(w, r, &stream{evalID: id, since: since, out: make(chan []byte, clientBuffer), gone: make(chan struct{})})
 }
 
 // evalUpdates sends each watched evaluation the attribute rows whose builds changed and, when

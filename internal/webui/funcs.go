@@ -20,6 +20,9 @@ var funcs = template.FuncMap{
 	"plus":     func(a, b int) int { return a + b },
 	"itoa":     func(n int64) string { return strconv.FormatInt(n, 10) },
 	"deref":    deref,
+	// nowms is the render time, in Unix milliseconds: a live stream opened from the page
+	// catches up on what changed since.
+	"nowms":    func() int64 { return time.Now().UnixMilli() },
 	"joinList": joinList, // browse.go
 }
 

@@ -403,6 +403,13 @@ const (
 SELECT DISTINCT eval_id, drv_path FROM eval_attrs WHERE eval_id = ANY($1) AND drv_path = ANY($2)`
 
 	sqlEvalStatus = `SELECT status FROM evaluations WHERE id = $1`
+
+	// The attributes of an evaluation whose builds moved since a time (a second of slack for
+	// clocks: the page's time is this node's, the columns the database's). $1 evaluation, $2 time.
+	sqlAttrDrvsMovedSince = `
+SELECT DISTINCT ea.drv_path FROM eval_attrs ea JOIN build_jobs j ON j.drv_path = ea.drv_path
+WHERE ea.eval_id = $1
+  AND GREATEST(j.created_at, j.claimed_at, j.started_at, j.finished_at) >= $2::timestamptz - interval '1 second'`
 )
 
 // Visibility.
@@ -415,4 +422,27 @@ WHERE p.name = $1`
 	// The project of an evaluation. $1 evaluation id.
 	sqlEvalProjectName = `
 SELECT p.name FROM evaluations e JOIN projects p ON p.id = e.project_id WHERE e.id = $1`
+)
+
+// Settings pages.
+const (
+	// A repository with its project's settings (zero values when it has none).
+	settingsColumns = `
+SELECT r.id, r.forge, r.full_name, r.clone_url, r.default_branch, r.is_private, COALESCE(r.hook_id, ''),
+       COALESCE(p.name, ''), p.id IS NOT NULL, COALESCE(p.enabled, false), COALESCE(p.scheduling_shares, 0),
+       COALESCE(p.pr_enabled, false), COALESCE(p.pr_trust, ''), COALESCE(p.poll_interval, 0)
+FROM repositories r LEFT JOIN projects p ON p.repo_id = r.id`
+
+	// The repositories whose owner/name, forge or project name match an ILIKE pattern ('' for
+	// all), by forge and name, after a repository (keyset; 0 for the first page).
+	// $1 pattern, $2 after repository id, $3 limit.
+	sqlSettingsRepos = settingsColumns + `
+WHERE ($1::text = '' OR r.full_name ILIKE $1 OR r.forge ILIKE $1 OR p.name ILIKE $1)
+  AND ($2::bigint = 0 OR (r.forge, r.full_name) > (SELECT forge, full_name FROM repositories WHERE id = $2))
+ORDER BY r.forge, r.full_name
+LIMIT $3`
+
+	// One repository. $1 repository id.
+	sqlSettingsRepo = settingsColumns + `
+WHERE r.id = $1`
 )

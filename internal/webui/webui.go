@@ -124,6 +124,7 @@ func (u *UI) Register(mux *http.ServeMux) {
 	u.registerBrowsePages(mux) // project, nodes and queue pages (browse.go)
 	u.registerEvents(mux)      // live updates over SSE (events.go)
 	u.registerAuth(mux)        // login, logout and the actions (auth.go, actions.go)
+	u.registerSettings(mux)    // the admins' project settings (settings.go)
 }
 
 func (u *UI) staticHandler() http.Handler {
