@@ -27,9 +27,11 @@ for a in "${assets[@]}"; do
   tarball="$registry/$name/-/$(basename "$name")-$version.tgz"
   say "fetching $name@$version"
   curl -fsSL --retry 3 -o "$tmp/pkg.tgz" "$tarball"
-  got="sha512-$(openssl dgst -sha512 -binary "$tmp/pkg.tgz" | base64 -w0)"
-  if [ "$got" != "$integrity" ]; then
-    say "$name@$version: integrity $got, want $integrity; refusing it"
+  # npm's integrity is base64 of the sha512; compare as hex with coreutils alone.
+  want=$(printf '%s' "${integrity#sha512-}" | base64 -d | od -An -v -tx1 | tr -d ' \n')
+  got=$(sha512sum "$tmp/pkg.tgz" | cut -d' ' -f1)
+  if [ "$got" != "$want" ]; then
+    say "$name@$version: sha512 $got, want $want ($integrity); refusing it"
     exit 1
   fi
   tar -xzf "$tmp/pkg.tgz" -C "$tmp" "package/$file"
