@@ -59,6 +59,8 @@ if [ "$mode" != nix ]; then
   have_postgres || need_apt+=(postgresql)
   command -v pgbench >/dev/null 2>&1 || need_apt+=(postgresql-contrib)
   command -v go >/dev/null 2>&1 || die "Go is required (https://go.dev/dl); not found on PATH"
+  # scripts/assets.sh fetches the web UI's HTMX from the npm registry with it.
+  command -v curl >/dev/null 2>&1 || need_apt+=(curl)
 fi
 if [ "$mode" = test ]; then
   command -v git >/dev/null 2>&1 || need_apt+=(git) # Gitea serves repositories with it
