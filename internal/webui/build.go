@@ -15,6 +15,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/klauspost/compress/zstd"
+
+	"github.com/harmonia-ci/harmonia-ci/internal/forge"
 )
 
 const (
@@ -49,12 +51,19 @@ type BuildEval struct {
 	ID                                    int64
 	Project, Branch, Commit, Status, Attr string
 	CreatedAt                             time.Time
+	CommitURL                             string // on the forge; "" if none
 }
 
 // BuildDependent is a build that takes the build's outputs as inputs.
 type BuildDependent struct {
 	ID           int64
 	Name, Status string
+}
+
+// repoRef is where a listed row's project lives, to decide whether the viewer may see it.
+type repoRef struct {
+	private         bool
+	forge, fullName string
 }
 
 // LogView is the log part of a build page.
@@ -128,18 +137,41 @@ func (u *UI) buildPage(r *http.Request, logCtx context.Context) (string, Page, e
 			return "", Page{}, notFound("no build %d", id)
 		}
 	}
+	// A derivation may be shared with other projects: list only what the viewer may see.
 	rows, err := u.cfg.Pool.Query(ctx, sqlBuildEvals, j.DrvPath, buildListLimit)
-	if err == nil {
-		p.Evals, err = pgx.CollectRows(rows, pgx.RowToStructByPos[BuildEval])
-	}
 	if err != nil {
 		return "", Page{}, fmt.Errorf("evaluations of build %d: %w", id, err)
 	}
-	rows, err = u.cfg.Pool.Query(ctx, sqlBuildDependents, j.DrvPath, buildListLimit)
-	if err == nil {
-		p.Dependents, err = pgx.CollectRows(rows, pgx.RowToStructByPos[BuildDependent])
+	var e BuildEval
+	var ref repoRef
+	if _, err := pgx.ForEachRow(rows, []any{&e.ID, &e.Project, &e.Branch, &e.Commit, &e.Status, &e.Attr, &e.CreatedAt,
+		&ref.private, &ref.forge, &ref.fullName}, func() error {
+		if ok, err := u.canSee(r, ref.private, ref.forge, ref.fullName); err != nil || !ok {
+			return err
+		}
+		if f, ok := u.cfg.Forges[ref.forge]; ok {
+			owner, name, _ := strings.Cut(ref.fullName, "/")
+			e.CommitURL = f.CommitURL(forge.Repo{Owner: owner, Name: name}, e.Commit)
+		} else {
+			e.CommitURL = ""
+		}
+		p.Evals = append(p.Evals, e)
+		return nil
+	}); err != nil {
+		return "", Page{}, fmt.Errorf("evaluations of build %d: %w", id, err)
 	}
+	rows, err = u.cfg.Pool.Query(ctx, sqlBuildDependents, j.DrvPath, buildListLimit)
 	if err != nil {
+		return "", Page{}, fmt.Errorf("dependents of build %d: %w", id, err)
+	}
+	var d BuildDependent
+	if _, err := pgx.ForEachRow(rows, []any{&d.ID, &d.Name, &d.Status, &ref.private, &ref.forge, &ref.fullName}, func() error {
+		if ok, err := u.canSee(r, ref.private, ref.forge, ref.fullName); err != nil || !ok {
+			return err
+		}
+		p.Dependents = append(p.Dependents, d)
+		return nil
+	}); err != nil {
 		return "", Page{}, fmt.Errorf("dependents of build %d: %w", id, err)
 	}
 

@@ -364,20 +364,23 @@ WHERE j.id = $1`
 
 	// The newest evaluations that have a derivation as an attribute. $1 drv path, $2 limit.
 	sqlBuildEvals = `
-SELECT e.id, p.name, e.branch, e.commit_sha, e.status, ea.attr, e.created_at
+SELECT e.id, p.name, e.branch, e.commit_sha, e.status, ea.attr, e.created_at, r.is_private, r.forge, r.full_name
 FROM eval_attrs ea
 JOIN evaluations e ON e.id = ea.eval_id
 JOIN projects p ON p.id = e.project_id
+JOIN repositories r ON r.id = p.repo_id
 WHERE ea.drv_path = $1
 ORDER BY e.id DESC
 LIMIT $2`
 
 	// The jobs that take a derivation as an input. $1 drv path, $2 limit.
 	sqlBuildDependents = `
-SELECT j.id, d.name, j.status
+SELECT j.id, d.name, j.status, COALESCE(r.is_private, false), COALESCE(r.forge, ''), COALESCE(r.full_name, '')
 FROM derivation_inputs di
 JOIN build_jobs j ON j.drv_path = di.referrer
 JOIN derivations d ON d.drv_path = j.drv_path
+LEFT JOIN projects p ON p.id = j.project_id
+LEFT JOIN repositories r ON r.id = p.repo_id
 WHERE di.input_drv = $1
 ORDER BY j.id DESC
 LIMIT $2`

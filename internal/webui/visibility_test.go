@@ -39,4 +39,15 @@ func TestPrivateProjectsHidden(t *testing.T) {
 	if code, _ := get(t, mux, fmt.Sprintf("/ci/proj/eval/%d", public)); code != http.StatusOK {
 		t.Errorf("a public project's evaluation: %d, want 200", code)
 	}
+
+	// A derivation both projects build: the public build page lists the public evaluation
+	// only, and none of the private project's names.
+	shared := fx.drv("shared")
+	fx.attr(public, "shared", shared)
+	fx.attr(e, "shared-secretly", shared)
+	sharedJob := fx.job(shared, jobSpec{status: "succeeded", node: "b1", claimed: 0, ended: 1})
+	code, body = get(t, mux, fmt.Sprintf("/ci/proj/build/%d", sharedJob))
+	if code != http.StatusOK || strings.Contains(body, "secret") || !strings.Contains(body, fmt.Sprintf("/ci/proj/eval/%d", public)) {
+		t.Errorf("a shared build's page logged out: %d; want the public evaluation and nothing of the private one:\n%s", code, body)
+	}
 }
