@@ -471,7 +471,24 @@ func (p *roundRobin) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			w.Header()[k] = v
 		}
 		w.WriteHeader(resp.StatusCode)
-		_, _ = io.Copy(w, resp.Body)
+		// Pass every chunk on at once, as a balancer in front of event streams must: buffered,
+		// a live update would wait for the next 4 KB.
+		fl, _ := w.(http.Flusher)
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := resp.Body.Read(buf)
+			if n > 0 {
+				if _, werr := w.Write(buf[:n]); werr != nil {
+					break
+				}
+				if fl != nil {
+					fl.Flush()
+				}
+			}
+			if err != nil {
+				break
+			}
+		}
 		resp.Body.Close()
 		return
 	}

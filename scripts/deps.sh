@@ -3,7 +3,8 @@
 #   scripts/deps.sh run    what `harmonia-ci up` needs (PostgreSQL server binaries, Nix)
 #   scripts/deps.sh test   what the test suite needs (the same, plus the MinIO server, a
 #                          Gitea server with git and the unprivileged user it runs as, and a
-#                          headless Chromium for the web UI's tests)
+#                          headless Chromium for the web UI's tests, and Prometheus for
+#                          promtool)
 #   scripts/deps.sh bench  what `harmonia-ci bench` needs (the same as run, plus nginx and wrk)
 #   scripts/deps.sh nix    Nix alone: nix-bin if missing, then the set-up below
 #
@@ -67,6 +68,8 @@ if [ "$mode" = test ]; then
   # The web UI's end-to-end tests drive a headless Chromium (internal/browsertest).
   command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 ||
     [ -x /usr/bin/chromium ] || need_apt+=(chromium)
+  # promtool checks the example alert rules (deploy/prometheus/alerts.yml).
+  command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
 fi
 if [ "$mode" = bench ]; then
   command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need_apt+=(nginx)
@@ -82,6 +85,8 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   as_root systemctl disable --now postgresql >/dev/null 2>&1 || true
   # Likewise nginx: `bench cache` starts its own on a free port.
   if [ "$mode" = bench ]; then as_root systemctl disable --now nginx >/dev/null 2>&1 || true; fi
+  # Likewise Prometheus: the tests need only its promtool.
+  if [ "$mode" = test ]; then as_root systemctl disable --now prometheus >/dev/null 2>&1 || true; fi
 fi
 
 # in_group USER GROUP: whether USER has GROUP as its primary or a supplementary group.

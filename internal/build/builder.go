@@ -15,6 +15,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/clock"
 	"github.com/harmonia-ci/harmonia-ci/internal/notify"
@@ -56,6 +57,8 @@ type Config struct {
 	RetryPause time.Duration
 	// Observe, if set, receives each job's step timings (the benchmark's instrumentation).
 	Observe func(Timings)
+	// Registerer, if set, receives the builder's series (harmonia_ci_build_step_seconds).
+	Registerer prometheus.Registerer
 }
 
 // Timings is where one job's time went, for the per-job overhead figures.
@@ -77,6 +80,8 @@ type Builder struct {
 
 	mu      sync.Mutex
 	running map[int64]*runningJob
+
+	steps *prometheus.HistogramVec // nil without a registerer
 
 	// fetchMu serialises the retry of a failed .drv fetch (see handle).
 	fetchMu sync.Mutex
@@ -114,8 +119,17 @@ func New(cfg Config, pool *pgxpool.Pool, logger *slog.Logger, clk clock.Clock) (
 	if cfg.DeadThreshold <= 0 {
 		cfg.DeadThreshold = 2 * time.Minute
 	}
+	var steps *prometheus.HistogramVec
+	if cfg.Registerer != nil {
+		steps = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "harmonia_ci_build_step_seconds",
+			Help:    "Time a build attempt on this node spent in each step that ran (fetch, build, upload, sign).",
+			Buckets: prometheus.ExponentialBuckets(0.01, 4, 10),
+		}, []string{"step"})
+		cfg.Registerer.MustRegister(steps)
+	}
 	return &Builder{
-		cfg: cfg, pool: pool, clock: clk, running: map[int64]*runningJob{},
+		cfg: cfg, pool: pool, clock: clk, running: map[int64]*runningJob{}, steps: steps,
 		logger: logger.With("service", "builder", "node_id", cfg.NodeID),
 	}, nil
 }
@@ -239,11 +253,29 @@ func (b *Builder) Handle(ctx context.Context, job queue.Job) queue.Result {
 	if res.Err != nil && res.Kind == queue.Transient && !res.Abandoned && ctx.Err() == nil {
 		b.backOff(jctx, job, logger, res.Err)
 	}
+	if ctx.Err() == nil {
+		b.observeSteps(t)
+	}
 	if b.cfg.Observe != nil && ctx.Err() == nil {
 		t.Succeeded = res.Err == nil && !res.Abandoned
 		b.cfg.Observe(t)
 	}
 	return res
+}
+
+// observeSteps records the steps of t that ran.
+func (b *Builder) observeSteps(t Timings) {
+	if b.steps == nil {
+		return
+	}
+	for _, s := range []struct {
+		name string
+		d    time.Duration
+	}{{"fetch", t.Fetch}, {"build", t.Build}, {"upload", t.Upload}, {"sign", t.Sign}} {
+		if s.d > 0 {
+			b.steps.WithLabelValues(s.name).Observe(s.d.Seconds())
+		}
+	}
 }
 
 func (b *Builder) handle(ctx context.Context, job queue.Job, logger *slog.Logger, t *Timings) queue.Result {

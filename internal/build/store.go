@@ -66,6 +66,10 @@ type BuildError struct {
 
 func (e *BuildError) Error() string { return e.Message + " (" + e.Kind + ")" }
 
+// Timeout reports whether the build went over its time or silence limit (the queue's failure
+// metrics count these apart).
+func (e *BuildError) Timeout() bool { return e.Kind == "timeout" || e.Kind == "silent" }
+
 const (
 	// nixKillGrace is how long Nix gets to stop its builder after SIGTERM: Nix starts the
 	// builder in a session of its own, so only Nix (or the fallback below) can kill it.

@@ -24,6 +24,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
 	"github.com/harmonia-ci/harmonia-ci/internal/config"
 	"github.com/harmonia-ci/harmonia-ci/internal/db"
+	"github.com/harmonia-ci/harmonia-ci/internal/metrics"
 	"github.com/harmonia-ci/harmonia-ci/internal/notify"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 	"github.com/harmonia-ci/harmonia-ci/internal/startstop"
@@ -83,6 +84,7 @@ type node struct {
 	pool   *pgxpool.Pool
 	clock  clock.Clock
 
+	reg         *prometheus.Registry // the node's /metrics
 	inFlight    cluster.InFlight
 	buildWorker *queue.Worker // nil unless the node builds
 	active      atomic.Bool   // set once every service runs
@@ -114,9 +116,12 @@ func (n *node) run(ctx context.Context, ln net.Listener, opts Options) error {
 	hostname, _ := os.Hostname()
 
 	reg := prometheus.NewRegistry()
+	n.reg = reg
+	// Every node reports the cluster's state (one cheap query per scrape), so any node can be
+	// scraped for it.
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		cluster.NewNodeCountCollector(n.pool))
-	metrics := cluster.NewMetrics(reg)
+		cluster.NewNodeCountCollector(n.pool), metrics.NewCollector(n.pool))
+	clusterMetrics := cluster.NewMetrics(reg)
 
 	registry := cluster.NewRegistry(n.pool, cluster.NodeInfo{
 		ID: cfg.Node.ID, Roles: cfg.Node.Roles, Endpoint: endpoint, Hostname: hostname,
@@ -141,7 +146,7 @@ func (n *node) run(ctx context.Context, ln net.Listener, opts Options) error {
 		},
 		OnDrain:      n.requestDrain,
 		OnSuperseded: func(err error) { n.fatal <- err },
-	}, registry, metrics, n.logger, n.clock)
+	}, registry, clusterMetrics, n.logger, n.clock)
 
 	// One LISTEN connection per process; role services and log streams subscribe to it.
 	notifier := notify.New(notify.Config{}, n.pool, n.logger, n.clock)
@@ -185,7 +190,7 @@ func (n *node) run(ctx context.Context, ln net.Listener, opts Options) error {
 			Role: cluster.RoleMaintenance, CheckInterval: le.CheckInterval.Duration,
 			LeaseDuration: le.LeaseDuration.Duration, RefreshInterval: le.RefreshInterval.Duration,
 			LeaderFunc: maint.Lead, Notifier: notifier,
-		}, n.pool, lockConn, id, metrics, n.logger, n.clock)
+		}, n.pool, lockConn, id, clusterMetrics, n.logger, n.clock)
 		if err != nil {
 			return err
 		}

@@ -170,6 +170,7 @@ func (n *node) roleWorkers(notifier *notify.Notifier, announcer *queue.Announcer
 			Signer:        client,
 			Notifier:      notifier,
 			Observe:       n.opts.BuildObserver,
+			Registerer:    n.reg,
 		}, n.pool, n.logger, n.clock)
 		if err != nil {
 			return nil, err
@@ -183,6 +184,7 @@ func (n *node) roleWorkers(notifier *notify.Notifier, announcer *queue.Announcer
 			Notifier:     notifier,
 			Announcer:    announcer,
 			ClaimFunc:    n.opts.ClaimObserver,
+			Registerer:   n.reg,
 		}, n.pool, n.logger, n.clock)
 		if err != nil {
 			return nil, err

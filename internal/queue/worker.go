@@ -15,6 +15,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/clock"
 	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
@@ -73,6 +74,8 @@ type WorkerConfig struct {
 	// ClaimFunc, if set, is called after every claim with its latency and the jobs it returned
 	// (the benchmark's instrumentation).
 	ClaimFunc func(latency time.Duration, jobs []Job)
+	// Registerer, if set, receives the worker's series (claims, build durations, failures).
+	Registerer prometheus.Registerer
 }
 
 // Worker ties a node's build slots to the queue: whenever a slot is free and the node is not
@@ -89,6 +92,7 @@ type Worker struct {
 	jobs         sync.WaitGroup
 	charger      Charger
 	ownAnnouncer bool
+	metrics      *workerMetrics
 
 	mu      sync.Mutex
 	running int
@@ -122,7 +126,8 @@ func NewWorker(cfg WorkerConfig, pool *pgxpool.Pool, logger *slog.Logger, clk cl
 	}
 	return &Worker{
 		cfg: cfg, pool: pool, clock: clk, wake: make(chan struct{}, 1), ownAnnouncer: ownAnnouncer,
-		logger: logger.With("service", "worker", "node_id", cfg.Claimer.NodeID),
+		metrics: newWorkerMetrics(cfg.Registerer),
+		logger:  logger.With("service", "worker", "node_id", cfg.Claimer.NodeID),
 	}, nil
 }
 
@@ -244,6 +249,9 @@ func (w *Worker) fill(ctx context.Context) {
 		}
 		start := time.Now()
 		jobs, err := claimJobs(ctx, w.pool, w.cfg.Claimer, free, w.cfg.ClaimForm)
+		if err == nil {
+			w.metrics.claimed(time.Since(start), jobs)
+		}
 		if w.cfg.ClaimFunc != nil && err == nil {
 			w.cfg.ClaimFunc(time.Since(start), jobs)
 		}
@@ -302,6 +310,7 @@ func (w *Worker) build(ctx context.Context, job Job, release func()) {
 		return
 	}
 	if res.Err == nil && res.Recorded {
+		w.metrics.finished(job, res, elapsed, 0)
 		w.charger.Add(job.ProjectID, elapsed.Seconds())
 		w.recordDuration(elapsed)
 		return
@@ -317,6 +326,7 @@ func (w *Worker) build(ctx context.Context, job Job, release func()) {
 		return Fail(fctx, w.pool, job.Claim(), Failure{Kind: res.Kind, ExitCode: res.ExitCode, Message: msg, LogKey: res.LogKey})
 	})
 	if err == nil {
+		w.metrics.finished(job, res, elapsed, out.DepFailed)
 		w.charger.Add(out.ProjectID, out.Seconds)
 		if res.Err == nil {
 			w.cfg.Announcer.Finished(out.DrvPath, out.Status)

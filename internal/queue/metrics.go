@@ -1,0 +1,90 @@
+package queue
+
+import (
+	"errors"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// workerMetrics are a builder's queue series; nil (no registerer) records nothing.
+type workerMetrics struct {
+	claims      prometheus.Counter
+	claimTime   prometheus.Histogram
+	claimedJobs *prometheus.CounterVec
+	duration    *prometheus.HistogramVec
+	failures    *prometheus.CounterVec
+}
+
+// BuildDurationBuckets are the buckets of harmonia_ci_build_duration_seconds: 1 s to about 4.5 h.
+var BuildDurationBuckets = prometheus.ExponentialBuckets(1, 2.5, 10)
+
+func newWorkerMetrics(reg prometheus.Registerer) *workerMetrics {
+	if reg == nil {
+		return nil
+	}
+	m := &workerMetrics{
+		claims: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "harmonia_ci_claims_total", Help: "Claim statements this node's builder ran (each may claim several jobs, or none).",
+		}),
+		claimTime: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "harmonia_ci_claim_duration_seconds", Help: "Latency of this node's builder's claim statements.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 3, 10),
+		}),
+		claimedJobs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "harmonia_ci_claimed_jobs_total", Help: "Build jobs this node's builder claimed, by system.",
+		}, []string{"system"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "harmonia_ci_build_duration_seconds", Help: "Wall time of a build attempt on this node, from claim to recorded result, by system and result (succeeded or failed).",
+			Buckets: BuildDurationBuckets,
+		}, []string{"system", "result"}),
+		failures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "harmonia_ci_build_failures_total", Help: "Failed build attempts recorded by this node, by kind (permanent, transient, timeout), and jobs they marked dep-failed (kind dep-failed).",
+		}, []string{"kind"}),
+	}
+	for _, k := range []string{"permanent", "transient", "timeout", "dep-failed"} {
+		m.failures.WithLabelValues(k)
+	}
+	reg.MustRegister(m.claims, m.claimTime, m.claimedJobs, m.duration, m.failures)
+	return m
+}
+
+func (m *workerMetrics) claimed(latency time.Duration, jobs []Job) {
+	if m == nil {
+		return
+	}
+	m.claims.Inc()
+	m.claimTime.Observe(latency.Seconds())
+	for _, j := range jobs {
+		m.claimedJobs.WithLabelValues(j.System).Inc()
+	}
+}
+
+// finished records an attempt whose result was recorded: res.Err nil is a success.
+func (m *workerMetrics) finished(job Job, res Result, elapsed time.Duration, depFailed int) {
+	if m == nil {
+		return
+	}
+	if res.Err == nil {
+		m.duration.WithLabelValues(job.System, "succeeded").Observe(elapsed.Seconds())
+		return
+	}
+	m.duration.WithLabelValues(job.System, "failed").Observe(elapsed.Seconds())
+	m.failures.WithLabelValues(failureKind(res)).Inc()
+	if depFailed > 0 {
+		m.failures.WithLabelValues("dep-failed").Add(float64(depFailed))
+	}
+}
+
+// failureKind is "timeout" for an error that says it timed out (a build over its time or
+// silence limit), else the kind the handler gave.
+func failureKind(res Result) string {
+	var to interface{ Timeout() bool }
+	if errors.As(res.Err, &to) && to.Timeout() {
+		return "timeout"
+	}
+	if res.Kind == Permanent {
+		return "permanent"
+	}
+	return "transient"
+}
