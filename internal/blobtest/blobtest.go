@@ -37,6 +37,7 @@ import (
 
 	"github.com/harmonia-ci/harmonia-ci/internal/blob"
 	"github.com/harmonia-ci/harmonia-ci/internal/logtest"
+	"github.com/harmonia-ci/harmonia-ci/internal/proctest"
 )
 
 // Region is the region the test server runs in.
@@ -115,30 +116,7 @@ func BucketName(testName string, n int64) string {
 }
 
 // Binary returns the path of the MinIO server binary, or an error naming how to install it.
-func Binary() (string, error) {
-	if p, err := exec.LookPath("minio"); err == nil {
-		return p, nil
-	}
-	var dirs []string
-	if out, err := exec.Command("go", "env", "GOBIN", "GOPATH").Output(); err == nil {
-		lines := strings.Split(string(out), "\n") // GOBIN's line may be empty
-		if len(lines) > 0 && strings.TrimSpace(lines[0]) != "" {
-			dirs = append(dirs, strings.TrimSpace(lines[0]))
-		}
-		if len(lines) > 1 {
-			for _, gp := range filepath.SplitList(strings.TrimSpace(lines[1])) {
-				dirs = append(dirs, filepath.Join(gp, "bin"))
-			}
-		}
-	}
-	for _, d := range dirs {
-		p := filepath.Join(d, "minio")
-		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0 {
-			return p, nil
-		}
-	}
-	return "", fmt.Errorf("no minio binary on PATH or in %v; install it with `scripts/deps.sh test`", dirs)
-}
+func Binary() (string, error) { return proctest.Installed("minio") }
 
 func randomString(n int) string {
 	b := make([]byte, n)

@@ -44,6 +44,7 @@ import (
 	"time"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/logtest"
+	"github.com/harmonia-ci/harmonia-ci/internal/proctest"
 )
 
 // DefaultUser is the unprivileged user Gitea runs as when the tests run as root; the
@@ -142,30 +143,7 @@ func IsNotFound(err error) bool {
 }
 
 // Binary returns the path of the Gitea binary, or an error naming how to install it.
-func Binary() (string, error) {
-	var dirs []string
-	if out, err := exec.Command("go", "env", "GOBIN", "GOPATH").Output(); err == nil {
-		lines := strings.Split(string(out), "\n") // GOBIN's line may be empty
-		if len(lines) > 0 && strings.TrimSpace(lines[0]) != "" {
-			dirs = append(dirs, strings.TrimSpace(lines[0]))
-		}
-		if len(lines) > 1 {
-			for _, gp := range filepath.SplitList(strings.TrimSpace(lines[1])) {
-				dirs = append(dirs, filepath.Join(gp, "bin"))
-			}
-		}
-	}
-	for _, d := range dirs {
-		p := filepath.Join(d, "gitea")
-		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0 {
-			return p, nil
-		}
-	}
-	if p, err := exec.LookPath("gitea"); err == nil {
-		return p, nil
-	}
-	return "", fmt.Errorf("no gitea binary in %v or on PATH; install it with `scripts/deps.sh test`", dirs)
-}
+func Binary() (string, error) { return proctest.Installed("gitea") }
 
 // Need skips t when there is no Gitea binary, or fails it when the CI environment variable is
 // "true": CI must run the forge tests.

@@ -67,6 +67,24 @@ func decodeProjectRequest(r *http.Request) (projectRequest, error) {
 	return p, nil
 }
 
+// projectRequestOf reads an enable or settings request: the repository id, the body and its
+// settings, validated.
+func projectRequestOf(r *http.Request) (int64, projectRequest, project.Settings, error) {
+	id, err := repoID(r)
+	if err != nil {
+		return 0, projectRequest{}, project.Settings{}, err
+	}
+	req, err := decodeProjectRequest(r)
+	if err != nil {
+		return 0, projectRequest{}, project.Settings{}, err
+	}
+	s := req.settings()
+	if err := s.Validate(); err != nil {
+		return 0, projectRequest{}, project.Settings{}, Errorf(http.StatusBadRequest, "%v", err)
+	}
+	return id, req, s, nil
+}
+
 // projectError maps the project package's errors to answers.
 func projectError(err error) error {
 	switch {
@@ -98,17 +116,9 @@ func (h *projectAPI) list(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (h *projectAPI) enable(w http.ResponseWriter, r *http.Request) error {
-	id, err := repoID(r)
+	id, req, s, err := projectRequestOf(r)
 	if err != nil {
 		return err
-	}
-	req, err := decodeProjectRequest(r)
-	if err != nil {
-		return err
-	}
-	s := req.settings()
-	if err := s.Validate(); err != nil {
-		return Errorf(http.StatusBadRequest, "%v", err)
 	}
 	if req.Name != "" {
 		if err := project.ValidateName(req.Name); err != nil {
@@ -137,20 +147,12 @@ func (h *projectAPI) disable(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (h *projectAPI) settings(w http.ResponseWriter, r *http.Request) error {
-	id, err := repoID(r)
-	if err != nil {
-		return err
-	}
-	req, err := decodeProjectRequest(r)
+	id, req, s, err := projectRequestOf(r)
 	if err != nil {
 		return err
 	}
 	if req.Name != "" {
 		return Errorf(http.StatusBadRequest, "a project's name cannot be changed")
-	}
-	s := req.settings()
-	if err := s.Validate(); err != nil {
-		return Errorf(http.StatusBadRequest, "%v", err)
 	}
 	p, err := project.Configure(r.Context(), h.en.Pool, id, s)
 	if err != nil {
