@@ -49,6 +49,7 @@ type Config struct {
 
 	Substituters SubstitutersConfig `toml:"substituters"`
 	Frontend     FrontendConfig     `toml:"frontend"`
+	Retention    RetentionConfig    `toml:"retention"`
 	Forges       []ForgeConfig      `toml:"forges"`
 
 	// Source is the path of the file that was read, "" if none. Not a TOML key.
@@ -125,6 +126,12 @@ type BuildConfig struct {
 	// BuildUsersGroup is the group of the Nix build users sandboxed builds in the system store
 	// run as.
 	BuildUsersGroup string `toml:"build_users_group"`
+
+	// MinFree and MaxFree bound the builder's store like Nix's min-free/max-free: when the free
+	// space of its file system falls below MinFree, the builder collects the garbage no
+	// running job roots until MaxFree is free. MinFree 0 turns this off.
+	MinFree ByteSize `toml:"min_free"`
+	MaxFree ByteSize `toml:"max_free"`
 }
 
 // ClusterConfig tunes how nodes find each other and agree on a leader.
@@ -210,6 +217,15 @@ type EvalConfig struct {
 	User string `toml:"user"`
 }
 
+// RetentionConfig says how long evaluations, their builds and cache objects, and logs are
+// kept, and how often the garbage collector runs.
+type RetentionConfig struct {
+	Default      Duration `toml:"default"`       // evaluations; a project's .harmonia-ci.toml may say otherwise
+	LogRetention Duration `toml:"log_retention"` // build logs, even of builds that are kept
+	GCInterval   Duration `toml:"gc_interval"`   // how often the GC leader collects
+	Grace        Duration `toml:"grace"`         // cache objects younger than this are never deleted
+}
+
 // SubstitutersConfig names the upstream binary caches whose contents need no build job and
 // which builders substitute from.
 type SubstitutersConfig struct {
@@ -254,6 +270,8 @@ func defaults(getenv func(string) string) *Config {
 			ExtraSandboxPaths: []string{},
 			Sandbox:           true,
 			BuildUsersGroup:   "nixbld",
+			MinFree:           2 * sizeGiB,
+			MaxFree:           10 * sizeGiB,
 		},
 		Cluster: ClusterConfig{
 			Heartbeat: HeartbeatConfig{
@@ -279,6 +297,8 @@ func defaults(getenv func(string) string) *Config {
 			TrustedPublicKeys: []string{},
 		},
 		Frontend: frontendDefaults(),
+		Retention: RetentionConfig{Default: Duration{90 * 24 * time.Hour}, LogRetention: Duration{30 * 24 * time.Hour},
+			GCInterval: Duration{24 * time.Hour}, Grace: Duration{24 * time.Hour}},
 		Forges:   []ForgeConfig{},
 		Queue: QueueConfig{
 			PollInterval:           Duration{5 * time.Second},

@@ -255,6 +255,8 @@ private_key_file = "app.pem"
 			ExtraSandboxPaths: []string{"/bin/sleep"},
 			Sandbox:           true,
 			BuildUsersGroup:   "nixbld",
+			MinFree:           2 << 30,
+			MaxFree:           10 << 30,
 		},
 		Cluster: ClusterConfig{
 			Heartbeat:      HeartbeatConfig{d("10s"), d("1m"), d("168h")},
@@ -271,6 +273,7 @@ private_key_file = "app.pem"
 		},
 		Frontend: FrontendConfig{PublicURL: "https://ci.example.org", StatusDebounce: d("1s"),
 			RepoSyncInterval: d("15m"), PollCheckInterval: d("1m"), MaxWebhookBody: 25_000_000},
+		Retention: RetentionConfig{Default: d("90d"), LogRetention: d("30d"), GCInterval: d("24h"), Grace: d("24h")},
 		Forges: []ForgeConfig{
 			{Name: "gitea", Type: "gitea", URL: "https://gitea.example.org", TokenFile: "gitea.token",
 				WebhookSecretFile: "gitea.secret", Token: "gitea-token", WebhookSecret: "hook-secret"},
@@ -593,6 +596,10 @@ func TestValidate(t *testing.T) {
 			[]string{"config: substituters.trusted_public_keys[0]: "}},
 		{"dead threshold", func(c *Config) { c.Cluster.Heartbeat.DeadThreshold = d("45s") },
 			[]string{"config: cluster.heartbeat.dead_threshold (45s) must be at least twice heartbeat.interval (30s)"}},
+		{"max free below min free", func(c *Config) { c.Build.MinFree, c.Build.MaxFree = 2 << 30, 1 << 30 },
+			[]string{"config: build.max_free (1GiB) must be at least build.min_free (2GiB)"}},
+		{"retention zero", func(c *Config) { c.Retention.Default = d("0s") },
+			[]string{"config: retention.default must be positive"}},
 		{"listen no port", func(c *Config) { c.Listen = "nope" },
 			[]string{`config: listen: invalid address "nope": missing port in address`}},
 		{"listen bad port", func(c *Config) { c.Listen = "localhost:99999" },

@@ -16,6 +16,12 @@ type Duration struct{ time.Duration }
 // maxDays keeps N*24h within int64 nanoseconds.
 const maxDays = int64(1<<63-1) / int64(24*time.Hour)
 
+// ParseDuration parses a duration as the configuration writes it ("30s", "1h30m", "7d").
+func ParseDuration(s string) (time.Duration, error) {
+	d, err := parseDuration(s)
+	return d.Duration, err
+}
+
 func parseDuration(s string) (Duration, error) {
 	s = strings.TrimSpace(s)
 	if days, ok := strings.CutSuffix(s, "d"); ok {

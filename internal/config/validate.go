@@ -132,6 +132,19 @@ func (c *Config) problems(from origins) []error {
 		add("build.max_log_size", "build.max_log_size must be positive, got %s", b.MaxLogSize)
 	}
 
+	if b.MinFree < 0 {
+		add("build.min_free", "build.min_free must not be negative, got %s", b.MinFree)
+	}
+	if b.MinFree > 0 && b.MaxFree < b.MinFree {
+		add("build.max_free", "build.max_free (%s) must be at least build.min_free (%s)", b.MaxFree, b.MinFree)
+	}
+
+	r := &c.Retention
+	positive("retention.default", r.Default)
+	positive("retention.log_retention", r.LogRetention)
+	positive("retention.gc_interval", r.GCInterval)
+	positive("retention.grace", r.Grace)
+
 	h := &c.Cluster.Heartbeat
 	positive("cluster.heartbeat.interval", h.Interval)
 	if h.Interval.Duration > 0 && h.DeadThreshold.Duration < 2*h.Interval.Duration {
