@@ -299,7 +299,7 @@ func defaults(getenv func(string) string) *Config {
 		Frontend: frontendDefaults(),
 		Retention: RetentionConfig{Default: Duration{90 * 24 * time.Hour}, LogRetention: Duration{30 * 24 * time.Hour},
 			GCInterval: Duration{24 * time.Hour}, Grace: Duration{24 * time.Hour}},
-		Forges:   []ForgeConfig{},
+		Forges: []ForgeConfig{},
 		Queue: QueueConfig{
 			PollInterval:           Duration{5 * time.Second},
 			ReapInterval:           Duration{30 * time.Second},

@@ -596,7 +596,7 @@ func TestValidate(t *testing.T) {
 			[]string{"config: substituters.trusted_public_keys[0]: "}},
 		{"dead threshold", func(c *Config) { c.Cluster.Heartbeat.DeadThreshold = d("45s") },
 			[]string{"config: cluster.heartbeat.dead_threshold (45s) must be at least twice heartbeat.interval (30s)"}},
-		{"max free below min free", func(c *Config) { c.Build.MinFree, c.Build.MaxFree = 2 << 30, 1 << 30 },
+		{"max free below min free", func(c *Config) { c.Build.MinFree, c.Build.MaxFree = 2<<30, 1<<30 },
 			[]string{"config: build.max_free (1GiB) must be at least build.min_free (2GiB)"}},
 		{"retention zero", func(c *Config) { c.Retention.Default = d("0s") },
 			[]string{"config: retention.default must be positive"}},
