@@ -47,6 +47,8 @@ type buildClusterOptions struct {
 	// frontendEnv is added to the environment of the nodes that run the frontend role (forge
 	// secrets, the admin token).
 	frontendEnv []string
+	// backend is the cache's store: "s3" (MinIO, the default) or "local".
+	backend string
 }
 
 // buildCluster is a whole harmonia-ci cluster that builds with real Nix: front-1 (frontend,
@@ -73,7 +75,7 @@ func newBuildCluster(t *testing.T, o buildClusterOptions) *buildCluster {
 	requireNix(t)
 	nixtest.RequireNix(t)
 	dir := t.TempDir()
-	base, env, pub := signerConfig(t, dir, "e2e-build-1", "s3")
+	base, env, pub := signerConfig(t, dir, "e2e-build-1", cmpOr(o.backend, "s3"))
 	raw, err := os.ReadFile(base)
 	if err != nil {
 		t.Fatal(err)

@@ -70,6 +70,8 @@ if [ "$mode" = test ]; then
     [ -x /usr/bin/chromium ] || need_apt+=(chromium)
   # promtool checks the example alert rules (deploy/prometheus/alerts.yml).
   command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
+  # systemd-analyze verifies the systemd units (deploy/systemd).
+  command -v systemd-analyze >/dev/null 2>&1 || need_apt+=(systemd)
 fi
 if [ "$mode" = bench ]; then
   command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need_apt+=(nginx)

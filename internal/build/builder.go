@@ -57,7 +57,12 @@ type Config struct {
 	RetryPause time.Duration
 	// Observe, if set, receives each job's step timings (the benchmark's instrumentation).
 	Observe func(Timings)
-	// Registerer, if set, receives the builder's series (harmonia_ci_build_step_seconds).
+	// MinFree and MaxFree bound the store ([build] min_free, max_free): when the free space of
+	// its file system is below MinFree, the garbage no running job roots is collected until
+	// MaxFree is free (see storeGC). MinFree 0 turns this off; MaxFree is at least MinFree.
+	MinFree, MaxFree int64
+	// Registerer, if set, receives the builder's series (harmonia_ci_build_step_seconds, the
+	// store's harmonia_ci_builder_store_*).
 	Registerer prometheus.Registerer
 }
 
@@ -82,6 +87,10 @@ type Builder struct {
 	running map[int64]*runningJob
 
 	steps *prometheus.HistogramVec // nil without a registerer
+
+	gc *storeGC
+	// gcWake asks the service loop for a free-space check (a job is about to start).
+	gcWake chan struct{}
 
 	// fetchMu serialises the retry of a failed .drv fetch (see handle).
 	fetchMu sync.Mutex
@@ -128,13 +137,16 @@ func New(cfg Config, pool *pgxpool.Pool, logger *slog.Logger, clk clock.Clock) (
 		}, []string{"step"})
 		cfg.Registerer.MustRegister(steps)
 	}
+	logger = logger.With("service", "builder", "node_id", cfg.NodeID)
 	return &Builder{
-		cfg: cfg, pool: pool, clock: clk, running: map[int64]*runningJob{}, steps: steps,
-		logger: logger.With("service", "builder", "node_id", cfg.NodeID),
+		cfg: cfg, pool: pool, clock: clk, running: map[int64]*runningJob{}, steps: steps, logger: logger,
+		gc:     newStoreGC(cfg.Store, cfg.MinFree, cfg.MaxFree, logger, clk, cfg.Registerer),
+		gcWake: make(chan struct{}, 1),
 	}, nil
 }
 
-// Start removes the GC roots a crashed predecessor left and runs the claim checks until Stop.
+// Start removes the GC roots a crashed predecessor left and runs the claim checks and the
+// store's free-space checks until Stop.
 func (b *Builder) Start(ctx context.Context) error {
 	if err := b.cfg.Store.Init(ctx); err != nil {
 		return fmt.Errorf("builder: %w", err)
@@ -150,11 +162,13 @@ func (b *Builder) Start(ctx context.Context) error {
 		}
 	}
 	b.Run(ctx, func(ctx context.Context) {
+		defer b.gc.wait()
 		var notes <-chan notify.Notification
 		if sub != nil {
 			defer sub.Close()
 			notes = sub.C
 		}
+		b.gc.check(ctx)
 		tick := b.clock.After(b.cfg.CheckInterval)
 		for {
 			select {
@@ -164,8 +178,11 @@ func (b *Builder) Start(ctx context.Context) error {
 				if cancelled(n.Payload) {
 					b.checkClaims(ctx)
 				}
+			case <-b.gcWake:
+				b.gc.check(ctx)
 			case <-tick:
 				b.checkClaims(ctx)
+				b.gc.check(ctx)
 				tick = b.clock.After(b.cfg.CheckInterval)
 			}
 		}
@@ -242,7 +259,14 @@ func (b *Builder) Handle(ctx context.Context, job queue.Job) queue.Result {
 			delete(b.running, job.ID)
 		}
 		b.mu.Unlock()
+		b.gc.jobDone()
 	}()
+	// The job will fill the store: check its free space first (in the service loop, which owns
+	// the collections; the job does not wait).
+	select {
+	case b.gcWake <- struct{}{}:
+	default:
+	}
 
 	logger := b.logger.With("job_id", job.ID, "drv_path", job.DrvPath, "attempt", job.Attempt)
 	t := Timings{JobID: job.ID}
@@ -284,6 +308,16 @@ func (b *Builder) handle(ctx context.Context, job queue.Job, logger *slog.Logger
 	if err != nil {
 		return transient(err)
 	}
+	// Each root is made before what it roots is fetched, substituted or built, so that the
+	// store's GC never takes what a running job needs (see storeGC.roots): the .drv (which
+	// keeps its .drv closure and input sources), the inputs, and the outputs until they are
+	// uploaded.
+	name := b.rootName(job)
+	unrootDrv, err := b.gc.addRoots(ctx, store, name+"-drv", []string{job.DrvPath})
+	if err != nil {
+		return transient(err)
+	}
+	defer unrootDrv()
 	if err := store.FetchDerivation(ctx, job.DrvPath); err != nil {
 		if ctx.Err() != nil {
 			return transient(err)
@@ -301,12 +335,20 @@ func (b *Builder) handle(ctx context.Context, job queue.Job, logger *slog.Logger
 	if err != nil {
 		return transient(err)
 	}
-	// Rooted before they are fetched: a concurrent garbage collection must not take them.
-	unroot, err := store.AddRoots(b.rootName(job), append(inputs, job.DrvPath))
+	outPaths, err := store.OutputPaths(job.DrvPath)
 	if err != nil {
 		return transient(err)
 	}
-	defer unroot()
+	unrootIn, err := b.gc.addRoots(ctx, store, name, inputs)
+	if err != nil {
+		return transient(err)
+	}
+	defer unrootIn()
+	unrootOut, err := b.gc.addRoots(ctx, store, name+"-out", outPaths)
+	if err != nil {
+		return transient(err)
+	}
+	defer unrootOut()
 	if _, err := store.EnsureInputs(ctx, inputs, b.canonical, logger); err != nil {
 		return transient(err)
 	}
@@ -328,6 +370,13 @@ func (b *Builder) handle(ctx context.Context, job queue.Job, logger *slog.Logger
 		if !errors.As(err, &be) {
 			return queue.Result{Err: err, Kind: queue.Transient, Finally: finally} // cancelled or stopping
 		}
+		if be.Kind == "output-size" {
+			// Build could not delete the outputs while this job rooted them.
+			unrootOut()
+			if err := store.deleteDead(ctx, outPaths); err != nil {
+				logger.Warn("could not delete the oversized outputs", "error", err)
+			}
+		}
 		res := queue.Result{Err: be, Message: be.Message, Kind: queue.Permanent, Finally: finally}
 		if be.Kind == "nix" {
 			res.Kind = queue.Transient
@@ -344,12 +393,7 @@ func (b *Builder) handle(ctx context.Context, job queue.Job, logger *slog.Logger
 		return res
 	}
 
-	outPaths := slices.Sorted(maps.Values(outputs))
-	unrootOut, err := store.AddRoots(b.rootName(job)+"-out", outPaths)
-	if err != nil {
-		return queue.Result{Err: err, Kind: queue.Transient, Finally: finally}
-	}
-	defer unrootOut()
+	outPaths = slices.Sorted(maps.Values(outputs))
 	if err := queue.MarkUploading(ctx, b.pool, job.Claim()); err != nil {
 		if errors.Is(err, queue.ErrStale) {
 			return queue.Result{Abandoned: true, Finally: finally}

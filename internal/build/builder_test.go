@@ -215,7 +215,7 @@ func TestLimits(t *testing.T) {
 			drv := h.instantiate(sh(h.salt)+fmt.Sprintf(`{ x = sh "%s" %q; }`, tt.name, tt.script), "x")["x"]
 			h.enqueue(drv)
 			tt.cfg.Store.SandboxPaths = []string{"/bin/sleep"}
-			h.startBuilder("builder-1", tt.cfg)
+			node := h.startBuilder("builder-1", tt.cfg)
 
 			j := h.waitStatus(drv, tt.status)
 			switch {
@@ -252,6 +252,10 @@ func TestLimits(t *testing.T) {
 				}
 				if hashes := h.canonicalHashes(drv); hashes["out"] != "" {
 					t.Errorf("a failed build's output has a canonical NAR hash %s", hashes["out"])
+				}
+				// The job roots its outputs from the start; an oversized one is deleted all the same.
+				if _, ok := pathInfos(t, node.store, []string{out})[out]; ok && tt.name == "output" {
+					t.Errorf("the oversized output %s is still in the builder's store", out)
 				}
 			}
 		})

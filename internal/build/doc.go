@@ -1,7 +1,11 @@
-// Package build is the builder role: it runs claimed build jobs with Nix, streams their logs
-// and enforces the build limits of seed 001 ("Build Log Streaming", "Build Timeouts").
+// Package build is the builder role: Builder runs claimed build jobs with Nix in its Store (the
+// system store or a chroot store), streams their logs (LogBuffer with its size cap, TailWriter
+// for the live tail in build_log_tails), enforces the build limits, and uploads the outputs
+// through the signer.
 //
-// In progress. So far it holds the log handling (LogBuffer, the in-memory log with its size
-// cap, and TailWriter, which keeps the job's live tail in build_log_tails) and the Nix store
-// wrapper; the build loop itself comes next.
+// The store is kept within [build] min_free and max_free (storeGC): when its file system has
+// less than min_free free, `nix-store --gc` deletes what no GC root keeps. A job roots its .drv,
+// inputs and outputs under gcroots/harmonia-ci/<node>-job-<id>… before they are fetched,
+// substituted or built, and drops the roots when it ends; a builder that starts removes the
+// roots its node's predecessor left.
 package build

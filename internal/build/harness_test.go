@@ -224,15 +224,22 @@ func (h *harness) outputs(drv string) map[string]string {
 
 // builderNode is a running builder: its Builder and worker, on a chroot store of its own.
 type builderNode struct {
-	id    string
-	store string // the chroot store's directory
-	stop  func()
+	id      string
+	store   string // the chroot store's directory
+	builder *build.Builder
+	stop    func()
 }
 
 // startBuilder registers node id and runs a Builder with cfg (NodeID, Signer, a fresh chroot
 // store and short intervals filled in) and a worker with two slots, stopped at the end of the
 // test or by stop.
 func (h *harness) startBuilder(id string, cfg build.Config) *builderNode {
+	h.t.Helper()
+	return h.startBuilderWith(id, cfg, nil)
+}
+
+// startBuilderWith is startBuilder calling setup, if set, on the Builder before it starts.
+func (h *harness) startBuilderWith(id string, cfg build.Config, setup func(*build.Builder)) *builderNode {
 	h.t.Helper()
 	queuetest.InsertNode(h.t, h.pool, queuetest.Node{ID: id, Systems: []string{h.system}})
 	cfg.NodeID, cfg.Signer = id, h.cluster.Client(h.t, id, "builder")
@@ -251,6 +258,9 @@ func (h *harness) startBuilder(id string, cfg build.Config) *builderNode {
 	b, err := build.New(cfg, h.pool, h.logger, clock.Real{})
 	if err != nil {
 		h.t.Fatal(err)
+	}
+	if setup != nil {
+		setup(b)
 	}
 	if err := b.Start(context.Background()); err != nil {
 		h.t.Fatal(err)
@@ -278,7 +288,7 @@ func (h *harness) startBuilder(id string, cfg build.Config) *builderNode {
 	// The worker first: its handlers end, and their claims are released, before the checks do.
 	stop := func() { w.Stop(); b.Stop() }
 	h.t.Cleanup(stop)
-	return &builderNode{id: id, store: cfg.Store.Root, stop: stop}
+	return &builderNode{id: id, store: cfg.Store.Root, builder: b, stop: stop}
 }
 
 // handledResults returns the results of the Handle calls for jobID so far.

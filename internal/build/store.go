@@ -140,6 +140,23 @@ func (s *Store) InputPaths(drvPath string) ([]string, error) {
 	return slices.Compact(paths), nil
 }
 
+// OutputPaths returns the output paths drvPath names, sorted; content-addressed outputs, which
+// Build refuses, have none.
+func (s *Store) OutputPaths(drvPath string) ([]string, error) {
+	drv, err := nix.ReadDerivation(s.Root, drvPath)
+	if err != nil {
+		return nil, fmt.Errorf("output paths: %w", err)
+	}
+	var paths []string
+	for _, o := range drv.Outputs {
+		if o.Path != "" {
+			paths = append(paths, o.Path)
+		}
+	}
+	slices.Sort(paths)
+	return paths, nil
+}
+
 // EnsureInputs makes every path valid locally and canonical: a build never uses an input that
 // differs from what the cache serves. A present path whose NAR hash in the store's database differs from the canonical
 // one is a Frankenbuild: it is logged, deleted with its referrers (Nix deletes nothing still
@@ -210,6 +227,16 @@ func (s *Store) EnsureInputs(ctx context.Context, paths []string, canonical Cano
 		}
 	}
 	return mismatches, nil
+}
+
+// deleteDead deletes paths unless something keeps them (a root, a referrer), as nix-store
+// --delete does.
+func (s *Store) deleteDead(ctx context.Context, paths []string) error {
+	args := append([]string{"--delete"}, s.options(nil)...)
+	if _, err := s.run(ctx, "nix-store", append(args, paths...)...); err != nil {
+		return fmt.Errorf("delete: %w", err)
+	}
+	return nil
 }
 
 // deleteWithReferrers deletes paths and every local path referring to them, even if rooted:
@@ -441,7 +468,8 @@ func (s *Store) checkBuildable(ctx context.Context, drvPath string) (map[string]
 }
 
 // checkOutputs checks a successful build's outputs against maxSize. Oversized outputs are
-// deleted at once, as nothing else keeps the builder's disk from filling up with them.
+// deleted at once unless rooted (the builder, which roots a job's outputs, deletes them itself
+// then): they must not wait for the store's GC, which runs only when the disk is short.
 func (s *Store) checkOutputs(ctx context.Context, outputs map[string]string, maxSize int64) (map[string]string, error) {
 	paths := slices.Sorted(maps.Values(outputs))
 	infos, err := s.pathInfos(ctx, paths)
@@ -457,8 +485,7 @@ func (s *Store) checkOutputs(ctx context.Context, outputs map[string]string, max
 		total += info.NarSize
 	}
 	if maxSize > 0 && total > maxSize {
-		args := append([]string{"--delete"}, s.options(nil)...)
-		_, _ = s.run(ctx, "nix-store", append(args, paths...)...)
+		_ = s.deleteDead(ctx, paths)
 		return nil, &BuildError{Kind: "output-size",
 			Message: fmt.Sprintf("outputs are %s, over max_output_size %s", approxSize(total), approxSize(maxSize)), ExitCode: -1}
 	}

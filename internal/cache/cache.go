@@ -28,6 +28,7 @@ import (
 	"strings"
 
 	"github.com/klauspost/compress/zstd"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/blob"
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
@@ -56,6 +57,8 @@ type Config struct {
 	Store    blob.Store
 	Priority int // nix-cache-info Priority, default 30
 	Logger   *slog.Logger
+	// Registerer, if set, receives the cache's series (requests by kind and result, bytes).
+	Registerer prometheus.Registerer
 }
 
 // Server serves the binary cache. Create it with New.
@@ -63,6 +66,7 @@ type Server struct {
 	store     blob.Store
 	logger    *slog.Logger
 	cacheInfo string
+	metrics   *cacheMetrics
 }
 
 // New returns a server for cfg. cfg.Store must be set.
@@ -82,6 +86,7 @@ func New(cfg Config) *Server {
 		store:     cfg.Store,
 		logger:    logger,
 		cacheInfo: fmt.Sprintf("StoreDir: %s\nWantMassQuery: 1\nPriority: %d\n", nix.StoreDir, prio),
+		metrics:   newCacheMetrics(cfg.Registerer),
 	}
 }
 
@@ -122,9 +127,11 @@ func (s *Server) serveCacheInfo(w http.ResponseWriter, r *http.Request) {
 	h.Set("Content-Length", strconv.Itoa(len(s.cacheInfo)))
 	h.Set("Cache-Control", cacheHit)
 	w.WriteHeader(http.StatusOK)
+	var n int
 	if r.Method != http.MethodHead {
-		_, _ = io.WriteString(w, s.cacheInfo)
+		n, _ = io.WriteString(w, s.cacheInfo)
 	}
+	s.metrics.hit(kindCacheInfo, int64(n))
 }
 
 // serveTopLevel serves /<hash>.narinfo and /<hash>.ls; other single-segment names are 404.
@@ -132,30 +139,31 @@ func (s *Server) serveTopLevel(w http.ResponseWriter, r *http.Request) error {
 	name := r.PathValue("name")
 	var ctype string
 	var hash string
+	var kind objectKind
 	switch {
 	case strings.HasSuffix(name, ".narinfo"):
-		hash, ctype = strings.TrimSuffix(name, ".narinfo"), typeNarinfo
+		hash, ctype, kind = strings.TrimSuffix(name, ".narinfo"), typeNarinfo, kindNarinfo
 	case strings.HasSuffix(name, ".ls"):
-		hash, ctype = strings.TrimSuffix(name, ".ls"), typeListing
+		hash, ctype, kind = strings.TrimSuffix(name, ".ls"), typeListing, kindListing
 	default:
-		return errNotFound()
+		return errNotFound() // no object kind: not counted
 	}
 	if !nix.ValidHashPart(hash) {
-		return web.Errorf(http.StatusBadRequest, "invalid store path hash")
+		return s.metrics.failed(kind, web.Errorf(http.StatusBadRequest, "invalid store path hash"))
 	}
-	return s.serveBlob(w, r, name, ctype, cacheHit)
+	return s.metrics.failed(kind, s.serveBlob(w, r, kind, name, ctype, cacheHit))
 }
 
 func (s *Server) serveNAR(w http.ResponseWriter, r *http.Request) error {
 	key := "nar/" + r.PathValue("file")
 	if err := blob.ValidKey(key); err != nil {
-		return web.Errorf(http.StatusBadRequest, "invalid NAR file name")
+		return s.metrics.failed(kindNAR, web.Errorf(http.StatusBadRequest, "invalid NAR file name"))
 	}
-	return s.serveBlob(w, r, key, typeNAR, cacheImmutable)
+	return s.metrics.failed(kindNAR, s.serveBlob(w, r, kindNAR, key, typeNAR, cacheImmutable))
 }
 
-// serveBlob streams key as stored.
-func (s *Server) serveBlob(w http.ResponseWriter, r *http.Request, key, ctype, cacheControl string) error {
+// serveBlob streams key as stored and counts the hit; the caller counts errors.
+func (s *Server) serveBlob(w http.ResponseWriter, r *http.Request, kind objectKind, key, ctype, cacheControl string) error {
 	if r.Method == http.MethodHead {
 		info, err := s.store.Head(r.Context(), key)
 		if err != nil {
@@ -163,6 +171,7 @@ func (s *Server) serveBlob(w http.ResponseWriter, r *http.Request, key, ctype, c
 		}
 		setHeaders(w, ctype, cacheControl, info.Size)
 		w.WriteHeader(http.StatusOK)
+		s.metrics.hit(kind, 0)
 		return nil
 	}
 	rc, info, err := s.store.Get(r.Context(), key)
@@ -180,16 +189,20 @@ func (s *Server) serveBlob(w http.ResponseWriter, r *http.Request, key, ctype, c
 		}
 		setHeaders(w, ctype, cacheControl, info.Size)
 		w.WriteHeader(http.StatusOK)
-		if _, err := w.Write(body); err != nil {
+		n, err := w.Write(body)
+		if err != nil {
 			s.copyError(r, key, 0, err)
 		}
+		s.metrics.hit(kind, int64(n))
 		return nil
 	}
 	setHeaders(w, ctype, cacheControl, info.Size)
 	w.WriteHeader(http.StatusOK)
-	if n, err := io.Copy(w, rc); err != nil {
+	n, err := io.Copy(w, rc)
+	if err != nil {
 		s.copyError(r, key, n, err)
 	}
+	s.metrics.hit(kind, n)
 	return nil
 }
 
@@ -197,6 +210,11 @@ func (s *Server) serveBlob(w http.ResponseWriter, r *http.Request, key, ctype, c
 const smallObject = 64 << 10
 
 func (s *Server) serveLog(w http.ResponseWriter, r *http.Request) error {
+	return s.metrics.failed(kindLog, s.sendLog(w, r))
+}
+
+// sendLog serves a log and counts its hit; serveLog counts its errors.
+func (s *Server) sendLog(w http.ResponseWriter, r *http.Request) error {
 	key := "log/" + r.PathValue("drv")
 	if err := blob.ValidKey(key); err != nil {
 		return web.Errorf(http.StatusBadRequest, "invalid derivation name")
@@ -204,7 +222,7 @@ func (s *Server) serveLog(w http.ResponseWriter, r *http.Request) error {
 	w.Header().Set("Vary", "Accept-Encoding")
 	if acceptsZstd(r.Header.Values("Accept-Encoding")) {
 		w.Header().Set("Content-Encoding", "zstd")
-		return s.serveBlob(w, r, key, typeLog, cacheHit)
+		return s.serveBlob(w, r, kindLog, key, typeLog, cacheHit)
 	}
 	// Decompressed: the length is unknown until the whole log has been read.
 	if r.Method == http.MethodHead {
@@ -213,6 +231,7 @@ func (s *Server) serveLog(w http.ResponseWriter, r *http.Request) error {
 		}
 		setHeaders(w, typeLog, cacheHit, -1)
 		w.WriteHeader(http.StatusOK)
+		s.metrics.hit(kindLog, 0)
 		return nil
 	}
 	rc, _, err := s.store.Get(r.Context(), key)
@@ -233,11 +252,15 @@ func (s *Server) serveLog(w http.ResponseWriter, r *http.Request) error {
 	}
 	setHeaders(w, typeLog, cacheHit, -1)
 	w.WriteHeader(http.StatusOK)
-	if n, err := io.Copy(w, br); err != nil {
+	n, err := io.Copy(w, br)
+	if err != nil {
 		s.copyError(r, key, n, err)
+		s.metrics.failed(kindLog, err)
+		s.metrics.bytes(kindLog, n)
 		// Abort the chunked response, so the client sees an error, not a short log.
 		panic(http.ErrAbortHandler)
 	}
+	s.metrics.hit(kindLog, n)
 	return nil
 }
 

@@ -76,7 +76,9 @@ func newRoot() *cobra.Command {
 	pf.StringVar(&g.nixStore, "nix-store", "", "chroot Nix store directory builds run in (env HARMONIA_NIX_STORE; default: the system store)")
 
 	root.AddCommand(newRun(&g), newServe(&g), newUp(&g), newProjectCmd(&g), newEvalCmd(&g), newJobCmd(&g), newNodes(&g), newClusterCmd(&g), newDrain(&g),
-		newMigrate(&g), newBench(&g), newKeygen(), newNodeToken(&g))
+		newMigrate(&g), newBench(&g), newKeygen(), newNodeToken(&g), newGC(&g))
+	root.AddCommand(newStatus(&g))
+	root.AddCommand(newDBCmd(&g))
 	return root
 }
 

@@ -23,11 +23,15 @@ const (
 	// RoleMaintenance runs the cluster's housekeeping: marking dead nodes, cleaning their rows,
 	// and (with the queue) reaping their jobs, failing unsupported builds and decaying shares.
 	RoleMaintenance = "maintenance"
+	// RoleGC collects garbage: expired evaluations and the cache objects nothing live needs.
+	// Only nodes holding the cache's blob store (the signer role) stand for it.
+	RoleGC = "gc"
 )
 
 // leaderLockIDs gives each leader role its advisory lock object id (class LockClass).
 var leaderLockIDs = map[string]int32{
 	RoleMaintenance: 1,
+	RoleGC:          4, // objects 2 and 3 are the enqueue and job-need locks
 }
 
 // ElectorConfig configures leader election for one role. Defaults follow seed 004, except the

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/clock"
+	"github.com/harmonia-ci/harmonia-ci/internal/notify"
 )
 
 // Task is one piece of leader-only housekeeping.
@@ -26,6 +27,12 @@ type Task struct {
 	// stay open across (calls to a forge); it returns the write Run would do, which then runs
 	// fenced in place of Run. A nil write skips the fenced part.
 	Prepare func(ctx context.Context) (write func(ctx context.Context, tx pgx.Tx) (int64, error), err error)
+	// Long, if set, replaces Run and Prepare for work that is long and mixes database writes
+	// with network calls (the garbage collector): it runs outside any transaction and opens
+	// its own short fenced transactions with term.RunFenced.
+	Long func(ctx context.Context, term *Term) (affected int64, err error)
+	// Wake, if set, starts a run before the interval is up (an operator's "run now").
+	Wake <-chan notify.Notification
 }
 
 // Maintainer runs leader-only tasks while its node leads a role. Each run is one fenced
@@ -64,6 +71,7 @@ func (m *Maintainer) Lead(ctx context.Context, term *Term) {
 				case <-ctx.Done():
 					return
 				case <-m.clock.After(task.Interval):
+				case <-task.Wake:
 				}
 			}
 		}()
@@ -75,7 +83,13 @@ func (m *Maintainer) Lead(ctx context.Context, term *Term) {
 func (m *Maintainer) RunOnce(ctx context.Context, term *Term, task Task) error {
 	var affected int64
 	run := task.Run
-	if task.Prepare != nil {
+	if task.Long != nil {
+		n, err := task.Long(ctx, term)
+		if err != nil {
+			return fmt.Errorf("maintenance %s: %w", task.Name, err)
+		}
+		run = func(context.Context, pgx.Tx) (int64, error) { return n, nil }
+	} else if task.Prepare != nil {
 		write, err := task.Prepare(ctx)
 		if err != nil {
 			return fmt.Errorf("maintenance %s: %w", task.Name, err)

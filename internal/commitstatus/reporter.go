@@ -20,6 +20,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/forge"
 	"github.com/harmonia-ci/harmonia-ci/internal/notify"
@@ -62,15 +63,18 @@ type Config struct {
 	// notification that caused it, minus the debounce (zero when no notification did).
 	Observe func(evalID int64, s forge.Status, sinceNotify time.Duration)
 	Logger  *slog.Logger
+	// Registerer, if set, receives the forge calls' series (calls by result, latency).
+	Registerer prometheus.Registerer
 }
 
 // Reporter is the frontend's commit status service.
 type Reporter struct {
 	startstop.Base
-	cfg    Config
-	pool   *pgxpool.Pool
-	log    *slog.Logger
-	forges []string
+	cfg     Config
+	pool    *pgxpool.Pool
+	log     *slog.Logger
+	forges  []string
+	metrics *reporterMetrics
 
 	mu      sync.Mutex
 	due     map[int64]time.Time // evaluation → when to compute it
@@ -90,7 +94,7 @@ func New(cfg Config, pool *pgxpool.Pool) *Reporter {
 	}
 	cfg.Links.Base = strings.TrimRight(cfg.Links.Base, "/")
 	return &Reporter{cfg: cfg, pool: pool, log: cfg.Logger.With("service", "commit-status"),
-		forges: cfg.Forges.Names(), due: map[int64]time.Time{}, busy: map[int64]bool{}, noticed: map[int64]time.Time{},
+		forges: cfg.Forges.Names(), metrics: newReporterMetrics(cfg.Registerer, cfg.Forges.Names()), due: map[int64]time.Time{}, busy: map[int64]bool{}, noticed: map[int64]time.Time{},
 		kick: make(chan struct{}, 1)}
 }
 
@@ -515,7 +519,10 @@ func (r *Reporter) send(ctx context.Context, id int64, f forge.Forge, repo forge
 		}
 		r.cfg.Observe(id, st, since)
 	}
-	if err := f.ReportStatus(cctx, repo, commit, st); err != nil {
+	start := time.Now()
+	err = f.ReportStatus(cctx, repo, commit, st)
+	r.metrics.called(f.Name(), time.Since(start), err)
+	if err != nil {
 		return err
 	}
 	r.log.Info("commit status reported", "evaluation", id, "repository", repo.FullName(), "commit", commit,

@@ -12,11 +12,13 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/clock"
 	"github.com/harmonia-ci/harmonia-ci/internal/dbtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/eval"
 	"github.com/harmonia-ci/harmonia-ci/internal/forge"
+	"github.com/harmonia-ci/harmonia-ci/internal/metricstest"
 	"github.com/harmonia-ci/harmonia-ci/internal/notify"
 	"github.com/harmonia-ci/harmonia-ci/internal/waittest"
 )
@@ -618,7 +620,9 @@ func TestRetryFailedDelivery(t *testing.T) {
 			fx := newFixture(t)
 			// The backoff is RetryInterval, doubling with each failed attempt.
 			retryEvery := func(c *Config) { c.RetryInterval = time.Minute }
-			a, b := fx.reporter("frontend-a", retryEvery), fx.reporter("frontend-b", retryEvery)
+			reg := prometheus.NewRegistry()
+			a := fx.reporter("frontend-a", retryEvery, func(c *Config) { c.Registerer = reg })
+			b := fx.reporter("frontend-b", retryEvery)
 			id := fx.newEval(fx.project)
 			if tt.evaluate {
 				fx.addBuilds(id, 2)
@@ -628,6 +632,9 @@ func TestRetryFailedDelivery(t *testing.T) {
 			fx.forge.failAfter(tt.pass, 1)
 			fx.transition(a, id)
 			fx.wantSent(0, tt.wantFirst(id)...)
+			if ok, failed, timed := statusCalls(t, reg, fx.forge.Name()); ok != float64(tt.pass) || failed != 1 || timed != uint64(tt.pass+1) {
+				t.Errorf("calls ok %v, error %v, timed %d; want %d, 1, %d", ok, failed, timed, tt.pass, tt.pass+1)
+			}
 			r := fx.row(id)
 			if r.Owner != nil || r.Attempts != 1 || r.NextAttemptIn == nil || *r.NextAttemptIn < 50*time.Second ||
 				*r.NextAttemptIn > time.Minute {
@@ -1057,4 +1064,14 @@ func TestStartReportsOnNotifications(t *testing.T) {
 			t.Errorf("%s %q observed %v after its notification, want > 0", o.status.Context, o.status.Description, o.since)
 		}
 	}
+}
+
+// statusCalls reads harmonia_ci_commit_status_calls_total of forgeName by result and the sample
+// count of its latency histogram.
+func statusCalls(t *testing.T, reg *prometheus.Registry, forgeName string) (ok, failed float64, timed uint64) {
+	t.Helper()
+	const calls = "harmonia_ci_commit_status_calls_total"
+	return metricstest.Value(t, reg, calls, "forge", forgeName, "result", "ok"),
+		metricstest.Value(t, reg, calls, "forge", forgeName, "result", "error"),
+		uint64(metricstest.Value(t, reg, "harmonia_ci_commit_status_call_duration_seconds", "forge", forgeName))
 }

@@ -3,6 +3,7 @@ package db
 import (
 	"context"
 	"embed"
+	"errors"
 	"fmt"
 	"io/fs"
 	"path"
@@ -11,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -22,6 +24,19 @@ var migrationFiles embed.FS
 const (
 	migrateLockClass = 0x48434931 // "HCI1"
 	migrateLockObj   = 0
+)
+
+// The migration runner's own SQL.
+const (
+	sqlMigrationsTableExists = `SELECT to_regclass('schema_migrations') IS NOT NULL`
+	sqlMigrationsTableCreate = `CREATE TABLE schema_migrations (
+		version    INT PRIMARY KEY,
+		name       TEXT NOT NULL,
+		applied_by TEXT NOT NULL,
+		applied_at TIMESTAMPTZ NOT NULL DEFAULT now())`
+	// Whether the current role may change the schema: it is (a member of) the owner of
+	// schema_migrations, which the role that created the schema owns.
+	sqlMigrationsOwned = `SELECT pg_has_role(relowner, 'USAGE') FROM pg_class WHERE oid = 'schema_migrations'::regclass`
 )
 
 // Migration is one embedded schema change.
@@ -85,12 +100,20 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, nodeID string) (MigrateRes
 	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock($1, $2)`, migrateLockClass, migrateLockObj); err != nil {
 		return res, fmt.Errorf("migrate: take migration lock: %w", err)
 	}
-	if _, err := conn.Exec(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
-		version    INT PRIMARY KEY,
-		name       TEXT NOT NULL,
-		applied_by TEXT NOT NULL,
-		applied_at TIMESTAMPTZ NOT NULL DEFAULT now())`); err != nil {
-		return res, fmt.Errorf("migrate: create schema_migrations: %w", err)
+	// Looked up before it is created: CREATE TABLE IF NOT EXISTS needs the CREATE privilege on
+	// the schema even when the table exists, which a node's restricted role (see
+	// internal/dbroles) does not have.
+	var exists bool
+	if err := conn.QueryRow(ctx, sqlMigrationsTableExists).Scan(&exists); err != nil {
+		return res, fmt.Errorf("migrate: look for schema_migrations: %w", err)
+	}
+	if !exists {
+		if _, err := conn.Exec(ctx, sqlMigrationsTableCreate); err != nil {
+			if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == "42501" {
+				return res, fmt.Errorf("migrate: the database has no schema yet and this database role may not create it: run `harmonia-ci migrate` as the database owner: %w", err)
+			}
+			return res, fmt.Errorf("migrate: create schema_migrations: %w", err)
+		}
 	}
 	applied := map[int]bool{}
 	rows, err := conn.Query(ctx, `SELECT version FROM schema_migrations`)
@@ -108,6 +131,23 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, nodeID string) (MigrateRes
 	latest := ms[len(ms)-1].Version
 	if res.Current > latest {
 		return res, fmt.Errorf("migrate: database schema version %d is newer than this binary knows (%d): upgrade harmonia-ci", res.Current, latest)
+	}
+	var pending []string
+	for _, m := range ms {
+		if !applied[m.Version] {
+			pending = append(pending, fmt.Sprintf("%04d_%s", m.Version, m.Name))
+		}
+	}
+	if len(pending) > 0 {
+		// Only the schema's owner can change it. A node connecting as a restricted role starts
+		// when the schema is current and otherwise says who must migrate it.
+		var owner bool
+		if err := conn.QueryRow(ctx, sqlMigrationsOwned).Scan(&owner); err != nil {
+			return res, fmt.Errorf("migrate: check schema ownership: %w", err)
+		}
+		if !owner {
+			return res, fmt.Errorf("migrate: migrations pending (%s) and this database role does not own the schema: run `harmonia-ci migrate` as the database owner", strings.Join(pending, ", "))
+		}
 	}
 	for _, m := range ms {
 		if applied[m.Version] {

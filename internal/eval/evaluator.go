@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/clock"
 	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
@@ -57,6 +58,8 @@ type Config struct {
 	Runner *NixRunner
 	// Confinement is who evaluates and within which limits.
 	Confinement Confinement
+	// Registerer, if set, receives the evaluator's series (evaluations by outcome, durations).
+	Registerer prometheus.Registerer
 }
 
 // Evaluator is the evaluator role: it claims queued evaluations, walks the project's
@@ -69,6 +72,7 @@ type Evaluator struct {
 	clock   clock.Clock
 	wake    chan struct{}
 	confine *confinement
+	metrics *evalMetrics
 
 	mu      sync.Mutex
 	running int
@@ -115,7 +119,8 @@ func New(cfg Config, pool *pgxpool.Pool, logger *slog.Logger, clk clock.Clock) (
 	if err != nil {
 		return nil, err
 	}
-	return &Evaluator{cfg: cfg, pool: pool, clock: clk, wake: make(chan struct{}, 1), logger: logger, confine: cf}, nil
+	return &Evaluator{cfg: cfg, pool: pool, clock: clk, wake: make(chan struct{}, 1), logger: logger, confine: cf,
+		metrics: newEvalMetrics(cfg.Registerer)}, nil
 }
 
 // Start runs the claim loop until Stop; Stop kills running evaluations and hands them back
@@ -243,23 +248,42 @@ func (e *Evaluator) evaluate(ctx context.Context, c claim) {
 	case err == nil:
 		err := e.finish(fctx, c, sqlSucceedEval, "succeeded")
 		if err != nil {
+			e.unrecorded(err, start)
 			log.Warn("could not record success", "error", err)
 			return
 		}
+		e.metrics.ended(outcomeSucceeded, time.Since(start))
 		log.Info("evaluation succeeded", "attrs", stats.Attrs, "derivations", stats.Derivations,
 			"jobs", stats.Jobs, "published", stats.Published, "seconds", time.Since(start).Seconds())
 	case errors.Is(err, errGone) || errors.Is(err, errStale):
+		e.metrics.ended(outcomeCancelled, time.Since(start))
 		log.Info("evaluation stopped: cancelled, superseded or reaped elsewhere")
 	case ctx.Err() != nil:
 		// Stopping (drain, shutdown): hand it back; the next claim starts over.
 		e.release(c)
+		e.metrics.ended(outcomeReleased, time.Since(start))
 		log.Info("evaluation handed back to the queue")
 	default:
+		outcome := outcomeFailed
+		if errors.Is(err, errTimeout) {
+			outcome = outcomeTimeout
+		}
 		if err := e.fail(fctx, c, err.Error()); err != nil {
+			e.unrecorded(err, start)
 			log.Warn("could not record failure", "error", err)
 			return
 		}
+		e.metrics.ended(outcome, time.Since(start))
 		log.Info("evaluation failed", "error", err)
+	}
+}
+
+// unrecorded counts a run whose outcome could not be recorded: a stale claim means the
+// evaluation was taken from this node meanwhile; any other error leaves it running, for the
+// reaper, and is not counted.
+func (e *Evaluator) unrecorded(recordErr error, start time.Time) {
+	if errors.Is(recordErr, errStale) {
+		e.metrics.ended(outcomeCancelled, time.Since(start))
 	}
 }
 
@@ -290,6 +314,12 @@ func (e *Evaluator) run(ctx context.Context, c claim, log *slog.Logger) (ingestS
 	spec, settings, err := e.plan(ctx, mirror, ws.source, commit, branch)
 	if err != nil {
 		return ingestStats{}, err
+	}
+	if settings.Retention > 0 {
+		// The garbage collector keeps this evaluation as long as its tree asks.
+		if _, err := e.pool.Exec(ctx, sqlSetRetention, c.id, c.node, c.attempt, int64(settings.Retention.Seconds())); err != nil {
+			return ingestStats{}, fmt.Errorf("record the retention: %w", err)
+		}
 	}
 	runner := *e.cfg.Runner
 	runner.Home, runner.WorkDir = ws.home, ws.work

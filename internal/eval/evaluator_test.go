@@ -15,8 +15,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
 	"github.com/harmonia-ci/harmonia-ci/internal/eval"
+	"github.com/harmonia-ci/harmonia-ci/internal/metricstest"
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 	"github.com/harmonia-ci/harmonia-ci/internal/queuetest"
@@ -394,6 +397,7 @@ func TestEvaluationEnds(t *testing.T) {
 		act      func(t *testing.T, h *harness, id int64, nixPid int)
 		status   string
 		errWant  string
+		outcome  string // its harmonia_ci_evaluations_finished_total label
 		// The evaluation runs at least atLeast (started_at to finished_at); the runner stops
 		// within stopWithin of act.
 		atLeast, stopWithin time.Duration
@@ -409,6 +413,7 @@ func TestEvaluationEnds(t *testing.T) {
 			act:        func(*testing.T, *harness, int64, int) {},
 			status:     "failed",
 			errWant:    "timed out after 3s",
+			outcome:    "timeout",
 			atLeast:    3 * time.Second,
 			stopWithin: 30 * time.Second,
 		},
@@ -431,6 +436,7 @@ func TestEvaluationEnds(t *testing.T) {
 			},
 			status:     "cancelled",
 			errWant:    "cancelled by the test",
+			outcome:    "cancelled",
 			stopWithin: 5 * time.Second,
 		},
 		{
@@ -443,6 +449,7 @@ func TestEvaluationEnds(t *testing.T) {
 			},
 			status:     "failed",
 			errWant:    "signal killed",
+			outcome:    "failed",
 			stopWithin: 5 * time.Second,
 		},
 	}
@@ -451,7 +458,11 @@ func TestEvaluationEnds(t *testing.T) {
 			t.Parallel()
 			h := newHarness(t)
 			var children pids
-			ev := h.startEvaluator("ev-1", func(cfg *eval.Config) { cfg.Runner = &eval.NixRunner{OnStart: children.onStart} })
+			reg := prometheus.NewRegistry()
+			ev := h.startEvaluator("ev-1", func(cfg *eval.Config) {
+				cfg.Runner = &eval.NixRunner{OnStart: children.onStart}
+				cfg.Registerer = reg
+			})
 			g := newGate(t)
 			files := map[string]string{"ci.nix": h.lib() + `
 let a = mk "a" [ ]; in {
@@ -490,6 +501,16 @@ let a = mk "a" [ ]; in {
 			waittest.For(t, 10*time.Second, func() bool { return ev.Running() == 0 }, "the evaluator to let go of the evaluation")
 			if d := time.Since(start); d > c.stopWithin {
 				t.Errorf("took %s to stop, want at most %s", d, c.stopWithin)
+			}
+			for _, o := range []string{"succeeded", "failed", "timeout", "cancelled", "released"} {
+				want := 0.0
+				if o == c.outcome {
+					want = 1
+				}
+				finished, timed := outcomeSeries(t, reg, o)
+				if finished != want || float64(timed) != want {
+					t.Errorf("outcome %s: counted %v, timed %d; want %v", o, finished, timed, want)
+				}
 			}
 			if n := h.queryInt(`SELECT count(*) FROM eval_attrs WHERE eval_id = $1`, e.ID); n != 0 {
 				t.Errorf("%d attributes left", n)
@@ -738,4 +759,12 @@ func runCmd(name string, args ...string) (string, error) {
 	defer cancel()
 	out, err := exec.CommandContext(ctx, name, args...).CombinedOutput()
 	return string(out), err
+}
+
+// outcomeSeries reads an outcome's harmonia_ci_evaluations_finished_total and the sample count of
+// its harmonia_ci_evaluation_duration_seconds.
+func outcomeSeries(t *testing.T, reg *prometheus.Registry, outcome string) (finished float64, timed uint64) {
+	t.Helper()
+	return metricstest.Value(t, reg, "harmonia_ci_evaluations_finished_total", "outcome", outcome),
+		uint64(metricstest.Value(t, reg, "harmonia_ci_evaluation_duration_seconds", "outcome", outcome))
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
+	"github.com/harmonia-ci/harmonia-ci/internal/gc"
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 	"github.com/harmonia-ci/harmonia-ci/internal/signer"
@@ -67,6 +68,13 @@ func (in *ingester) flush(ctx context.Context, attrs []Attr) error {
 			roots = append(roots, a.DrvPath)
 		}
 	}
+	// From the first lookup of what the database and the cache hold to the commit of the rows
+	// that make it live, the garbage collector's sweep waits (see gc.HoldPublication).
+	release, err := gc.HoldPublication(ctx, in.pool)
+	if err != nil {
+		return err
+	}
+	defer release()
 	fresh, preexisting, err := in.closure(ctx, roots)
 	if err != nil {
 		return err

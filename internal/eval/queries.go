@@ -148,6 +148,10 @@ WHERE e.id = $1`
 	sqlHoldClaim = `
 SELECT status FROM evaluations WHERE id = $1 AND claimed_by = $2 AND attempt = $3 FOR SHARE`
 
+	// The retention the evaluation's .harmonia-ci.toml declares, guarded by the claim.
+	sqlSetRetention = `
+UPDATE evaluations SET retention_seconds = $4 WHERE id = $1 AND claimed_by = $2 AND attempt = $3`
+
 	sqlEvalStatus = `SELECT status FROM evaluations WHERE id = $1 AND claimed_by = $2 AND attempt = $3`
 
 	sqlKnownDerivations = `SELECT drv_path FROM derivations WHERE drv_path = ANY($1)`

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/BurntSushi/toml"
+
+	"github.com/harmonia-ci/harmonia-ci/internal/config"
 )
 
 // SettingsFile is the in-tree configuration a project may commit.
@@ -17,7 +19,7 @@ type Settings struct {
 	Attrs       []string // attribute paths to evaluate
 	EvalTimeout time.Duration
 	AllowIFD    bool
-	Retention   string // accepted for the GC; not used by the evaluator
+	Retention   time.Duration // how long the garbage collector keeps the evaluation; 0: the server's default
 }
 
 type settingsFile struct {
@@ -68,7 +70,14 @@ func ParseSettings(b []byte, flake bool, defaultTimeout time.Duration) (Settings
 		s.AllowIFD = *f.AllowIFD
 	}
 	if f.Retention != nil {
-		s.Retention = *f.Retention
+		d, err := config.ParseDuration(*f.Retention)
+		if err != nil || d <= 0 {
+			return s, fmt.Errorf("%s: retention: want a positive duration such as \"90d\" or \"720h\", got %q", SettingsFile, *f.Retention)
+		}
+		if d < time.Hour {
+			return s, fmt.Errorf("%s: retention: %s is under the minimum of 1h", SettingsFile, *f.Retention)
+		}
+		s.Retention = d
 	}
 	return s, nil
 }

@@ -8,15 +8,24 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/harmonia-ci/harmonia-ci/internal/blob"
 	"github.com/harmonia-ci/harmonia-ci/internal/build"
+	"github.com/harmonia-ci/harmonia-ci/internal/cache"
 	"github.com/harmonia-ci/harmonia-ci/internal/clock"
 	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
+	"github.com/harmonia-ci/harmonia-ci/internal/commitstatus"
+	"github.com/harmonia-ci/harmonia-ci/internal/eval"
+	"github.com/harmonia-ci/harmonia-ci/internal/gc"
 	"github.com/harmonia-ci/harmonia-ci/internal/metrics"
+	"github.com/harmonia-ci/harmonia-ci/internal/nix"
+	"github.com/harmonia-ci/harmonia-ci/internal/nodetoken"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 	qt "github.com/harmonia-ci/harmonia-ci/internal/queuetest"
 	"github.com/harmonia-ci/harmonia-ci/internal/signer"
+	"github.com/harmonia-ci/harmonia-ci/internal/webhook"
 )
 
 const alertRules = "../../deploy/prometheus/alerts.yml"
@@ -47,6 +56,36 @@ func exported(t *testing.T) map[string]bool {
 	if _, err := build.New(build.Config{NodeID: "n", Signer: &signer.Client{}, Registerer: r}, nil, qt.Logger(), clock.Real{}); err != nil {
 		t.Fatal(err)
 	}
+	queue.MaintenanceTasks(queue.MaintenanceConfig{Registerer: r}, qt.Logger())
+	if _, err := eval.New(eval.Config{NodeID: "n", StateDir: t.TempDir(), Confinement: eval.Confinement{User: "harmonia-eval"}, Registerer: r}, nil, qt.Logger(), clock.Real{}); err != nil {
+		t.Fatal(err)
+	}
+	store, err := blob.NewLocal(t.TempDir(), "http://unused", make([]byte, 32))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = store.Close() })
+	cache.New(cache.Config{Store: store, Registerer: r})
+	key, err := nix.GenerateKey("alerts-test-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokens, err := nodetoken.NewKey("alerts-test-cluster-secret")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A pool that never connects: the signer only needs one to exist.
+	pool, err := pgxpool.New(context.Background(), "postgres://unused.invalid/db")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	if _, err := signer.New(signer.Config{Store: store, Key: key, Tokens: tokens, Registerer: r}, pool); err != nil {
+		t.Fatal(err)
+	}
+	webhook.New(webhook.Config{Logger: qt.Logger(), Registerer: r}, nil)
+	commitstatus.New(commitstatus.Config{Logger: qt.Logger(), Registerer: r}, nil)
+	gc.NewMetrics(r)
 	names := map[string]bool{}
 	for _, c := range r.cs {
 		ch := make(chan *prometheus.Desc, 100)

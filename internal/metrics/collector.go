@@ -43,7 +43,10 @@ SELECT 'project', name, '', consumed_seconds::float8 FROM projects
 UNION ALL
 SELECT 'evals', 'queued', '', count(*)::float8 FROM evaluations WHERE status = 'queued'
 UNION ALL
-SELECT 'evals', 'running', '', count(*)::float8 FROM evaluations WHERE status = 'running'`
+SELECT 'evals', 'running', '', count(*)::float8 FROM evaluations WHERE status = 'running'
+UNION ALL
+SELECT 'gc_last_success', '', '', EXTRACT(EPOCH FROM max(finished_at))::float8 FROM gc_runs
+  WHERE status = 'succeeded' HAVING count(*) > 0`
 
 // Collector reports the cluster's state from the database with one query per scrape. Every node
 // registers it: the query is cheap (partial indexes and small tables), and any node can then be
@@ -59,6 +62,7 @@ type Collector struct {
 	nodeMaxJobs  *prometheus.Desc
 	consumed     *prometheus.Desc
 	evaluations  *prometheus.Desc
+	gcSuccess    *prometheus.Desc
 	scrapeErrors prometheus.Counter
 }
 
@@ -83,6 +87,8 @@ func NewCollector(pool *pgxpool.Pool) *Collector {
 		consumed: prometheus.NewDesc("harmonia_ci_project_consumed_seconds",
 			"Builder time charged to a project, decayed over time (its fair-share usage)."+cluster,
 			[]string{"project"}, nil),
+		gcSuccess: prometheus.NewDesc("harmonia_ci_gc_last_success_timestamp_seconds",
+			"When the last garbage collection that succeeded finished (Unix time); absent before the first."+cluster, nil, nil),
 		evaluations: prometheus.NewDesc("harmonia_ci_evaluations",
 			"Evaluations queued or running."+cluster, []string{"status"}, nil),
 		scrapeErrors: prometheus.NewCounter(prometheus.CounterOpts{
@@ -94,7 +100,7 @@ func NewCollector(pool *pgxpool.Pool) *Collector {
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.jobs, c.ready, c.blocked, c.oldestReady, c.nodeJobs, c.nodeMaxJobs, c.consumed, c.evaluations} {
+	for _, d := range []*prometheus.Desc{c.jobs, c.ready, c.blocked, c.oldestReady, c.nodeJobs, c.nodeMaxJobs, c.consumed, c.evaluations, c.gcSuccess} {
 		ch <- d
 	}
 	c.scrapeErrors.Describe(ch)
@@ -154,6 +160,8 @@ func (c *Collector) snapshot() ([]sample, error) {
 			out = append(out, sample{desc: c.consumed, value: v, labels: []string{a}})
 		case "evals":
 			evals[a] = v
+		case "gc_last_success":
+			out = append(out, sample{desc: c.gcSuccess, value: v})
 		}
 	}
 	if err := rows.Err(); err != nil {

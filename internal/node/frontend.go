@@ -50,7 +50,7 @@ func (n *node) forgeSide(httpServer *web.Server, notifier *notify.Notifier, endp
 	}
 	receiver := webhook.New(webhook.Config{
 		Forges: forges, MaxBody: int64(cfg.Frontend.MaxWebhookBody),
-		OnRepositoriesChanged: discover, Logger: n.logger,
+		OnRepositoriesChanged: discover, Logger: n.logger, Registerer: n.reg,
 	}, n.pool)
 	receiver.Register(httpServer.Mux())
 	// A frontend the cluster counts as dead loses its status deliveries to the others; a forge
@@ -60,7 +60,7 @@ func (n *node) forgeSide(httpServer *web.Server, notifier *notify.Notifier, endp
 		NodeID: cfg.Node.ID, Forges: forges, Links: commitstatus.Links{Base: publicURL},
 		Debounce: cfg.Frontend.StatusDebounce.Duration, Notifier: notifier, Logger: n.logger,
 		Lease: lease, CallTimeout: min(commitstatus.DefaultCallTimeout, lease/2),
-		RetryInterval: cfg.Cluster.Heartbeat.Interval.Duration,
+		RetryInterval: cfg.Cluster.Heartbeat.Interval.Duration, Registerer: n.reg,
 	}, n.pool)
 	tasks := forgesync.Tasks(forgesync.Config{
 		Forges: forges, SyncInterval: cfg.Frontend.RepoSyncInterval.Duration,

@@ -158,7 +158,8 @@ func (n *node) run(ctx context.Context, ln net.Listener, opts Options) error {
 	}, n.pool, ln, n.logger)
 	// Finished builds are announced in batches (see queue.Announcer).
 	announcer := queue.NewAnnouncer(n.pool, 0, n.logger)
-	if err := mountRoles(ctx, cfg, httpServer.Mux(), n.pool, endpoint, announcer, n.logger); err != nil {
+	store, err := mountRoles(ctx, cfg, httpServer.Mux(), n.pool, endpoint, announcer, n.logger, reg)
+	if err != nil {
 		return err
 	}
 
@@ -183,6 +184,7 @@ func (n *node) run(ctx context.Context, ln net.Listener, opts Options) error {
 			DeadThreshold: hb.DeadThreshold.Duration, ReapInterval: q.ReapInterval.Duration,
 			UnsupportedInterval: q.UnsupportedInterval.Duration, UnsupportedGrace: q.UnsupportedGrace.Duration,
 			DecayInterval: q.ShareDecayInterval.Duration, AuditInterval: q.ReadinessAuditInterval.Duration,
+			Registerer: reg,
 		}, n.logger)...)
 		tasks = append(tasks, forgeTasks...)
 		maint := cluster.NewMaintainer(n.pool, tasks, n.logger, n.clock)
@@ -191,6 +193,14 @@ func (n *node) run(ctx context.Context, ln net.Listener, opts Options) error {
 			LeaseDuration: le.LeaseDuration.Duration, RefreshInterval: le.RefreshInterval.Duration,
 			LeaderFunc: maint.Lead, Notifier: notifier,
 		}, n.pool, lockConn, id, clusterMetrics, n.logger, n.clock)
+		if err != nil {
+			return err
+		}
+		electors = append(electors, e)
+	}
+
+	if cfg.HasRole(config.RoleSigner) && store != nil {
+		e, err := n.gcElector(store, notifier, lockConn, id, clusterMetrics)
 		if err != nil {
 			return err
 		}

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/blob"
 	"github.com/harmonia-ci/harmonia-ci/internal/build"
@@ -77,58 +78,59 @@ func openStore(cfg *config.Config, endpoint string, logger *slog.Logger) (blob.S
 	}
 }
 
-// mountRoles mounts the HTTP surface of the cache and signer roles.
-func mountRoles(ctx context.Context, cfg *config.Config, mux *http.ServeMux, pool *pgxpool.Pool, endpoint string, announcer *queue.Announcer, logger *slog.Logger) error {
+// mountRoles mounts the HTTP surface of the cache and signer roles and returns their blob
+// store (nil on a node with neither).
+func mountRoles(ctx context.Context, cfg *config.Config, mux *http.ServeMux, pool *pgxpool.Pool, endpoint string, announcer *queue.Announcer, logger *slog.Logger, reg prometheus.Registerer) (blob.Store, error) {
 	if !cfg.HasRole(config.RoleCache) && !cfg.HasRole(config.RoleSigner) {
-		return nil
+		return nil, nil
 	}
 	store, uploads, err := openStore(cfg, endpoint, logger)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if cfg.HasRole(config.RoleCache) {
-		cache.New(cache.Config{Store: store, Priority: cfg.Cache.Priority, Logger: logger}).Register(mux)
+		cache.New(cache.Config{Store: store, Priority: cfg.Cache.Priority, Logger: logger, Registerer: reg}).Register(mux)
 	}
 	if !cfg.HasRole(config.RoleSigner) {
-		return nil
+		return store, nil
 	}
 	if cfg.Signer.SigningKeyFile == "" {
-		return fmt.Errorf("the signer role needs signer.signing_key_file (create one with harmonia-ci keygen)")
+		return nil, fmt.Errorf("the signer role needs signer.signing_key_file (create one with harmonia-ci keygen)")
 	}
 	if cfg.Auth.ClusterSecret == "" {
-		return fmt.Errorf("the signer role needs the cluster secret (auth.cluster_secret_file or HARMONIA_CLUSTER_SECRET)")
+		return nil, fmt.Errorf("the signer role needs the cluster secret (auth.cluster_secret_file or HARMONIA_CLUSTER_SECRET)")
 	}
 	tokens, err := nodetoken.NewKey(cfg.Auth.ClusterSecret)
 	if err != nil {
-		return fmt.Errorf("auth.cluster_secret_file: %w", err)
+		return nil, fmt.Errorf("auth.cluster_secret_file: %w", err)
 	}
 	key, err := nix.LoadSecretKeyFile(cfg.Signer.SigningKeyFile)
 	if err != nil {
-		return fmt.Errorf("signer.signing_key_file: %w", err)
+		return nil, fmt.Errorf("signer.signing_key_file: %w", err)
 	}
 	up, err := upstream.New(cfg.Substituters.URLs, cfg.Substituters.TrustedPublicKeys)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	scfg := signer.Config{
 		Store: store, Key: key, Tokens: tokens,
-		URLExpiry: cfg.Signer.URLExpiry.Duration, Announcer: announcer, Logger: logger,
+		URLExpiry: cfg.Signer.URLExpiry.Duration, Announcer: announcer, Logger: logger, Registerer: reg,
 	}
 	if up != nil {
 		scfg.Upstream = up
 	}
 	s, err := signer.New(scfg, pool)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if err := s.RecordKey(ctx); err != nil {
-		return err
+		return nil, err
 	}
 	s.Register(mux)
 	if uploads != nil {
 		mux.Handle("PUT /api/blob/{key...}", uploads)
 	}
-	return nil
+	return store, nil
 }
 
 // roleWorkers builds the services that claim work: the evaluator and the builder (its claim
@@ -165,6 +167,8 @@ func (n *node) roleWorkers(notifier *notify.Notifier, announcer *queue.Announcer
 				MaxOutputSize: int64(cfg.Build.MaxOutputSize),
 			},
 			MaxLogSize:    int64(cfg.Build.MaxLogSize),
+			MinFree:       int64(cfg.Build.MinFree),
+			MaxFree:       int64(cfg.Build.MaxFree),
 			CheckInterval: cfg.Cluster.Heartbeat.Interval.Duration,
 			DeadThreshold: cfg.Cluster.Heartbeat.DeadThreshold.Duration,
 			Signer:        client,
@@ -200,7 +204,7 @@ func (n *node) roleWorkers(notifier *notify.Notifier, announcer *queue.Announcer
 		ecfg := eval.Config{
 			NodeID: cfg.Node.ID, StateDir: cfg.StateDir, MaxEvals: cfg.Node.MaxEvals,
 			PollInterval: cfg.Eval.PollInterval.Duration, Timeout: cfg.Eval.Timeout.Duration,
-			Gate: &n.inFlight, Notifier: notifier, Upstream: up,
+			Gate: &n.inFlight, Notifier: notifier, Upstream: up, Registerer: n.reg,
 			Confinement: eval.Confinement{
 				User: cfg.Eval.User, MaxMemory: int64(cfg.Eval.MaxMemory),
 				Unsandboxed: !cfg.Build.Sandbox, BuildUsersGroup: cfg.Build.BuildUsersGroup,

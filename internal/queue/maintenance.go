@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
 )
@@ -31,6 +32,9 @@ type MaintenanceConfig struct {
 	DecayFactor float64
 	// AuditInterval between checks of the maintained readiness counts. Default 10m.
 	AuditInterval time.Duration
+	// Registerer, if set, receives the failures the tasks record (unsupported builds, dead
+	// nodes' claims out of retries) in harmonia_ci_build_failures_total.
+	Registerer prometheus.Registerer
 }
 
 func (c *MaintenanceConfig) withDefaults() {
@@ -58,6 +62,9 @@ func (c *MaintenanceConfig) withDefaults() {
 // an audit of the maintained readiness counts.
 func MaintenanceTasks(cfg MaintenanceConfig, logger *slog.Logger) []cluster.Task {
 	cfg.withDefaults()
+	// Counted once Run returns: the maintainer commits right after, and a rare commit that
+	// fails (leadership lost) counts what was rolled back.
+	m := newMaintenanceMetrics(cfg.Registerer)
 	return []cluster.Task{
 		{Name: "reap-dead-claims", Interval: cfg.ReapInterval, Run: func(ctx context.Context, tx pgx.Tx) (int64, error) {
 			jobs, err := collectReleased(tx.Query(ctx, sqlReapDeadClaims, cfg.DeadThreshold.Seconds(), cfg.ReapPage))
@@ -72,6 +79,7 @@ func MaintenanceTasks(cfg MaintenanceConfig, logger *slog.Logger) []cluster.Task
 			if err != nil {
 				return 0, fmt.Errorf("reap dead evaluations: %w", err)
 			}
+			m.released("transient", jobs, n)
 			if len(jobs) > 0 {
 				logger.Warn("reaped the claims of dead nodes", "jobs", len(jobs), "dep_failed", n-int64(len(jobs)))
 			}
@@ -92,7 +100,12 @@ func MaintenanceTasks(cfg MaintenanceConfig, logger *slog.Logger) []cluster.Task
 			for _, j := range failed {
 				logger.Warn("failed a build no live node can run", "job_id", j.ID, "drv_path", j.DrvPath)
 			}
-			return afterRelease(ctx, tx, failed)
+			n, err := afterRelease(ctx, tx, failed)
+			if err != nil {
+				return 0, err
+			}
+			m.released("unsupported", failed, n)
+			return n, nil
 		}},
 		{Name: "decay-shares", Interval: cfg.DecayInterval, Run: func(ctx context.Context, tx pgx.Tx) (int64, error) {
 			tag, err := tx.Exec(ctx, sqlDecayShares, cfg.DecayFactor)

@@ -10,7 +10,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/harmonia-ci/harmonia-ci/internal/clock"
 	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
 	"github.com/harmonia-ci/harmonia-ci/internal/dbtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
@@ -222,7 +224,14 @@ func TestFailUnsupported(t *testing.T) {
 	t.Parallel()
 	pool := dbtest.NewPool(t)
 	const grace = 3 * time.Second
-	cfg := queue.MaintenanceConfig{DeadThreshold: time.Minute, UnsupportedGrace: grace}
+	// A node that builds and leads: its worker and its maintenance share the failure counter.
+	reg := prometheus.NewRegistry()
+	// (The worker is built, never started: it would claim the supported jobs.)
+	if _, err := queue.NewWorker(queue.WorkerConfig{Claimer: claimer("unsupported-metrics"), Registerer: reg,
+		Handler: func(context.Context, queue.Job) queue.Result { return queue.Result{} }}, pool, qt.TestLogger(t), clock.Real{}); err != nil {
+		t.Fatal(err)
+	}
+	cfg := queue.MaintenanceConfig{DeadThreshold: time.Minute, UnsupportedGrace: grace, Registerer: reg}
 	task := qt.Task(t, queue.MaintenanceTasks(cfg, qt.Logger()), "fail-unsupported")
 	term := qt.StartLeader(t, pool, "maint", qt.SteadyElector(), nil).NextTerm(t, 10*time.Second)
 
@@ -273,6 +282,11 @@ func TestFailUnsupported(t *testing.T) {
 	}
 	if changed != 7 {
 		t.Fatalf("fail-unsupported reported %d jobs changed, want 7 (5 failed, 2 dep-failed)", changed)
+	}
+	for kind, n := range map[string]float64{"unsupported": 5, "dep-failed": 2, "permanent": 0, "transient": 0} {
+		if got := failures(t, reg, kind); got != n {
+			t.Errorf("harmonia_ci_build_failures_total{kind=%q} = %v, want %v", kind, got, n)
+		}
 	}
 
 	// Once the grace has passed, the fresh job goes the same way; supported jobs still stay.

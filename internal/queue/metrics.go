@@ -38,15 +38,62 @@ func newWorkerMetrics(reg prometheus.Registerer) *workerMetrics {
 			Name: "harmonia_ci_build_duration_seconds", Help: "Wall time of a build attempt on this node, from claim to recorded result, by system and result (succeeded or failed).",
 			Buckets: BuildDurationBuckets,
 		}, []string{"system", "result"}),
-		failures: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "harmonia_ci_build_failures_total", Help: "Failed build attempts recorded by this node, by kind (permanent, transient, timeout), and jobs they marked dep-failed (kind dep-failed).",
-		}, []string{"kind"}),
 	}
-	for _, k := range []string{"permanent", "transient", "timeout", "dep-failed"} {
-		m.failures.WithLabelValues(k)
-	}
-	reg.MustRegister(m.claims, m.claimTime, m.claimedJobs, m.duration, m.failures)
+	reg.MustRegister(m.claims, m.claimTime, m.claimedJobs, m.duration)
+	m.failures = failureCounter(reg)
 	return m
+}
+
+// failureKinds are the kinds of harmonia_ci_build_failures_total, every one exported from the
+// start.
+var failureKinds = []string{"permanent", "transient", "timeout", "unsupported", "dep-failed"}
+
+// failureCounter registers harmonia_ci_build_failures_total with reg, or returns the one
+// registered already: a builder's worker and the maintenance leader of the same node share it.
+func failureCounter(reg prometheus.Registerer) *prometheus.CounterVec {
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "harmonia_ci_build_failures_total",
+		Help: "Build failures recorded by this node, by kind: a builder's failed attempts (permanent, transient, timeout), " +
+			"the maintenance leader's (unsupported: no live node can run the build; transient: a dead node's claim out of retries), " +
+			"and the jobs either marked dep-failed (dep-failed). Each failure counts once, on the node that recorded it.",
+	}, []string{"kind"})
+	if err := reg.Register(c); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if !errors.As(err, &are) {
+			panic(err)
+		}
+		c = are.ExistingCollector.(*prometheus.CounterVec)
+	}
+	for _, k := range failureKinds {
+		c.WithLabelValues(k)
+	}
+	return c
+}
+
+// maintenanceMetrics count the failures the maintenance leader records; nil records nothing.
+type maintenanceMetrics struct {
+	failures *prometheus.CounterVec
+}
+
+func newMaintenanceMetrics(reg prometheus.Registerer) *maintenanceMetrics {
+	if reg == nil {
+		return nil
+	}
+	return &maintenanceMetrics{failures: failureCounter(reg)}
+}
+
+// released counts what a maintenance task did to jobs: those it failed count as kind (the others
+// went back to the queue), and changed minus jobs, the dependents marked dep-failed.
+func (m *maintenanceMetrics) released(kind string, jobs []releasedJob, changed int64) {
+	if m == nil {
+		return
+	}
+	for _, j := range jobs {
+		if j.Status == "failed" {
+			m.failures.WithLabelValues(kind).Inc()
+		}
+	}
+	m.failures.WithLabelValues("dep-failed").Add(float64(changed - int64(len(jobs))))
 }
 
 func (m *workerMetrics) claimed(latency time.Duration, jobs []Job) {

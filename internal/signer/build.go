@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/config"
+	"github.com/harmonia-ci/harmonia-ci/internal/gc"
 	"github.com/harmonia-ci/harmonia-ci/internal/nodetoken"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 	"github.com/harmonia-ci/harmonia-ci/internal/web"
@@ -139,7 +140,11 @@ func (s *Server) logSlot(ctx context.Context, f jobFacts, l LogUpload) (*Upload,
 	if err != nil || len(sum) != sha256.Size {
 		return nil, badRequest("log.sha256: want 64 hex characters")
 	}
-	return s.presign(ctx, l.Key, l.Size, sum)
+	u, err := s.presign(ctx, l.Key, l.Size, sum)
+	if err == nil {
+		s.metrics.logGranted(l.Size)
+	}
+	return u, err
 }
 
 func (s *Server) handleBuildComplete(ctx context.Context, id nodetoken.Identity, body io.Reader) (any, error) {
@@ -164,6 +169,13 @@ func (s *Server) handleBuildComplete(ctx context.Context, id nodetoken.Identity,
 	if req.LogKey != "" && req.LogKey != f.logKey() {
 		return nil, badRequest("log_key: %q, but the job's log is %s", req.LogKey, f.logKey())
 	}
+	// From the checks that trust what the cache holds (references, uploads) to the narinfos and
+	// hashes that make it live, the garbage collector's sweep waits.
+	release, err := gc.HoldPublication(ctx, s.pool)
+	if err != nil {
+		return nil, unavailable("database unavailable", err)
+	}
+	defer release()
 	ref, err := s.unservedReference(ctx, outs, f.inputs)
 	if err != nil {
 		return nil, err

@@ -150,6 +150,8 @@ func (s *Server) slots(ctx context.Context, outs []output) ([]OutputSlot, error)
 			slot.Skipped = true
 		} else if slot.Upload, err = s.presign(ctx, o.narKey, o.fileSize, o.fileSum[:]); err != nil {
 			return err
+		} else {
+			s.metrics.narGranted(o.fileSize)
 		}
 		res[i] = slot
 		return nil
@@ -213,6 +215,7 @@ func (s *Server) publishAll(ctx context.Context, outs []output) ([]canonical, Pu
 	if err != nil {
 		return nil, resp, err
 	}
+	s.metrics.published(results)
 	for _, r := range results {
 		switch r {
 		case written:

@@ -65,6 +65,9 @@ func (s *Server) handlePublish(ctx context.Context, id nodetoken.Identity, body 
 		if err != nil && !errors.Is(err, blob.ErrExists) {
 			return unavailable("writing a .drv NAR failed", err)
 		}
+		if err == nil {
+			s.metrics.drvWritten(o.fileSize)
+		}
 		return nil
 	})
 	if err != nil {

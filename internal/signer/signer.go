@@ -21,6 +21,7 @@
 package signer
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -32,6 +33,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/blob"
 	"github.com/harmonia-ci/harmonia-ci/internal/config"
@@ -62,14 +64,17 @@ type Config struct {
 	Upstream  Upstream       // nil: references must be in the cluster's cache
 	Announcer *queue.Announcer
 	Logger    *slog.Logger
+	// Registerer, if set, receives the signer's series (requests, narinfos, upload bytes).
+	Registerer prometheus.Registerer
 }
 
 // Server serves the signer's API.
 type Server struct {
-	cfg    Config
-	pool   *pgxpool.Pool
-	logger *slog.Logger
-	refs   *refCache
+	cfg     Config
+	pool    *pgxpool.Pool
+	logger  *slog.Logger
+	refs    *refCache
+	metrics *signerMetrics
 }
 
 // New returns a signer on cfg's store and key, recording into pool.
@@ -95,7 +100,8 @@ func New(cfg Config, pool *pgxpool.Pool) (*Server, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Server{cfg: cfg, pool: pool, logger: cfg.Logger.With("service", "signer"), refs: newRefCache(refCacheSize)}, nil
+	return &Server{cfg: cfg, pool: pool, logger: cfg.Logger.With("service", "signer"), refs: newRefCache(refCacheSize),
+		metrics: newSignerMetrics(cfg.Registerer)}, nil
 }
 
 // RecordKey records the signer's public key in signing_keys, where builders find the keys to
@@ -124,19 +130,19 @@ func TrustedKeys(ctx context.Context, q interface {
 
 // Register mounts the signer's endpoints on mux.
 func (s *Server) Register(mux *http.ServeMux) {
-	mux.Handle("POST /api/upload-slots", s.handle("", s.handleUploadSlots))
-	mux.Handle("POST /api/build-complete", s.handle(config.RoleBuilder, s.handleBuildComplete))
-	mux.Handle("POST /api/publish", s.handle(config.RoleEvaluator, s.handlePublish))
-	mux.Handle("POST /api/cache-lookup", s.handle("", s.handleCacheLookup))
+	mux.Handle("POST /api/upload-slots", s.handle(endpointUploadSlots, "", s.handleUploadSlots))
+	mux.Handle("POST /api/build-complete", s.handle(endpointBuildComplete, config.RoleBuilder, s.handleBuildComplete))
+	mux.Handle("POST /api/publish", s.handle(endpointPublish, config.RoleEvaluator, s.handlePublish))
+	mux.Handle("POST /api/cache-lookup", s.handle(endpointCacheLookup, "", s.handleCacheLookup))
 }
 
 // handler serves one endpoint for an authenticated node.
 type handler func(ctx context.Context, id nodetoken.Identity, body io.Reader) (any, error)
 
-// handle checks the node token before the body is read (and role, if set), limits the body and
-// answers JSON.
-func (s *Server) handle(role string, h handler) http.Handler {
-	return web.Handle(s.logger, func(w http.ResponseWriter, r *http.Request) error {
+// handle checks the node token before the body is read (and role, if set), limits the body,
+// answers JSON and counts the answer under endpoint.
+func (s *Server) handle(endpoint, role string, h handler) http.Handler {
+	inner := web.Handle(s.logger, func(w http.ResponseWriter, r *http.Request) error {
 		token, ok := web.BearerToken(r)
 		if !ok {
 			return web.Unauthorized(w, "missing node token (Authorization: Bearer)")
@@ -154,6 +160,14 @@ func (s *Server) handle(role string, h handler) http.Handler {
 		}
 		web.WriteJSON(w, http.StatusOK, res)
 		return nil
+	})
+	if s.metrics == nil {
+		return inner
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rec := &statusRecorder{ResponseWriter: w}
+		inner.ServeHTTP(rec, r)
+		s.metrics.answered(endpoint, cmp.Or(rec.code, http.StatusOK))
 	})
 }
 

@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/blob"
 	"github.com/harmonia-ci/harmonia-ci/internal/blobtest"
@@ -49,6 +50,7 @@ type env struct {
 	tokens   *nodetoken.Key
 	upstream *fakeUpstream
 	url      string // signer base URL
+	reg      *prometheus.Registry
 }
 
 func newEnv(t *testing.T, s3 bool) *env {
@@ -83,12 +85,13 @@ func newEnv(t *testing.T, s3 bool) *env {
 		store = l
 	}
 	up := &fakeUpstream{key: mustKey(t, "upstream-1"), paths: map[string]*nix.NarInfo{}}
-	srv, err := New(Config{Store: store, Key: key, Tokens: tokens, Upstream: up, Logger: logger}, pool)
+	reg := prometheus.NewRegistry()
+	srv, err := New(Config{Store: store, Key: key, Tokens: tokens, Upstream: up, Logger: logger, Registerer: reg}, pool)
 	if err != nil {
 		t.Fatal(err)
 	}
 	srv.Register(mux)
-	return &env{pool: pool, store: store, key: key, tokens: tokens, upstream: up, url: ts.URL}
+	return &env{pool: pool, store: store, key: key, tokens: tokens, upstream: up, url: ts.URL, reg: reg}
 }
 
 func mustKey(t *testing.T, name string) nix.SecretKey {
@@ -774,6 +777,26 @@ func TestFirstWriterWins(t *testing.T) {
 		t.Fatalf("narinfo rewritten:\n%s\nwas:\n%s", now, narinfo)
 	}
 	e.checkNarInfo(t, first, nil, drvBase("one"), "")
+	if code, _ := e.post(t, "/api/build-complete", "", complete(jobs["one"], "", first), nil); code != http.StatusUnauthorized {
+		t.Fatalf("build-complete without a token: %d, want 401", code)
+	}
+	want := map[string]float64{
+		`harmonia_ci_signer_narinfos_total{result="written"}`:                     1,
+		`harmonia_ci_signer_narinfos_total{result="conflict"}`:                    1,
+		`harmonia_ci_signer_narinfos_total{result="skipped"}`:                     1,
+		`harmonia_ci_signer_requests_total{code="2xx",endpoint="upload-slots"}`:   2,
+		`harmonia_ci_signer_requests_total{code="2xx",endpoint="build-complete"}`: 3,
+		`harmonia_ci_signer_requests_total{code="4xx",endpoint="build-complete"}`: 1,
+		`harmonia_ci_signer_requests_total{code="5xx",endpoint="build-complete"}`: 0,
+		`harmonia_ci_signer_upload_bytes_total{kind="nar"}`:                       float64(first.out.FileSize + second.out.FileSize),
+		`harmonia_ci_signer_upload_bytes_total{kind="log"}`:                       0,
+	}
+	got := counters(t, e.reg)
+	for series, v := range want {
+		if got[series] != v {
+			t.Errorf("%s = %v, want %v", series, got[series], v)
+		}
+	}
 	for name := range jobs {
 		if h := e.outputHash(t, name); h == nil || *h != first.out.NarHash {
 			t.Fatalf("%s: nar_hash = %v, want the first %s", name, h, first.out.NarHash)
@@ -910,4 +933,25 @@ func TestAllOutputs(t *testing.T) {
 	// dev refers to out, an output of the same build.
 	e.checkNarInfo(t, dev, []string{out.path()}, drvBase("multi"), "")
 	e.checkNarInfo(t, out, nil, drvBase("multi"), "")
+}
+
+// counters reads every counter of reg by series, written as in the exposition format with
+// labels sorted by name.
+func counters(t *testing.T, reg *prometheus.Registry) map[string]float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]float64{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			var labels []string
+			for _, l := range m.GetLabel() {
+				labels = append(labels, fmt.Sprintf("%s=%q", l.GetName(), l.GetValue()))
+			}
+			out[mf.GetName()+"{"+strings.Join(labels, ",")+"}"] = m.GetCounter().GetValue()
+		}
+	}
+	return out
 }

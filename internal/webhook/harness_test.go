@@ -16,6 +16,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/dbtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/forge"
@@ -57,6 +58,8 @@ type bundle struct {
 	changed chan string
 	// down makes every call to the stand-in go to a closed port instead.
 	down atomic.Bool
+	// reg holds the receiver's series.
+	reg *prometheus.Registry
 }
 
 func testCtx(t *testing.T) context.Context {
@@ -99,7 +102,7 @@ func (s switchTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 func setup(t *testing.T, opt options) *bundle {
 	t.Helper()
 	ctx := testCtx(t)
-	b := &bundle{gh: githubtest.New(t), pool: dbtest.NewPool(t), changed: make(chan string, 4)}
+	b := &bundle{gh: githubtest.New(t), pool: dbtest.NewPool(t), changed: make(chan string, 4), reg: prometheus.NewRegistry()}
 	b.gh.AddInstallation(installationID, hello, githubtest.Repo{FullName: "octo/other"})
 	b.gh.AddCollaborator(hello.FullName, "alice")
 	var err error
@@ -128,7 +131,7 @@ func setup(t *testing.T, opt options) *bundle {
 	}
 
 	recv := webhook.New(webhook.Config{Forges: forges, MaxBody: opt.maxBody, Logger: testLogger(t),
-		OnRepositoriesChanged: func(name string) { b.changed <- name }}, b.pool)
+		OnRepositoriesChanged: func(name string) { b.changed <- name }, Registerer: b.reg}, b.pool)
 	mux := http.NewServeMux()
 	recv.Register(mux)
 	srv := httptest.NewServer(mux)

@@ -14,6 +14,7 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/eval"
 	"github.com/harmonia-ci/harmonia-ci/internal/forge"
@@ -37,13 +38,16 @@ type Config struct {
 	// repositories its credentials see changed (GitHub App installation events).
 	OnRepositoriesChanged func(forgeName string)
 	Logger                *slog.Logger
+	// Registerer, if set, receives harmonia_ci_webhook_deliveries_total.
+	Registerer prometheus.Registerer
 }
 
 // Receiver handles webhook deliveries.
 type Receiver struct {
-	cfg  Config
-	pool *pgxpool.Pool
-	log  *slog.Logger
+	cfg     Config
+	pool    *pgxpool.Pool
+	log     *slog.Logger
+	metrics *receiverMetrics
 }
 
 // New returns a receiver for the configured forges.
@@ -51,7 +55,8 @@ func New(cfg Config, pool *pgxpool.Pool) *Receiver {
 	if cfg.MaxBody <= 0 {
 		cfg.MaxBody = DefaultMaxBody
 	}
-	return &Receiver{cfg: cfg, pool: pool, log: cfg.Logger.With("service", "webhook")}
+	return &Receiver{cfg: cfg, pool: pool, log: cfg.Logger.With("service", "webhook"),
+		metrics: newReceiverMetrics(cfg.Registerer, cfg.Forges)}
 }
 
 // Register mounts POST /webhook/{forge}.
@@ -65,14 +70,18 @@ type Outcome struct {
 	Message string `json:"message"`
 	// EvalID is the evaluation requested (new, or the existing one of the same commit).
 	EvalID int64 `json:"evaluation,omitempty"`
+	// result is the delivery's harmonia_ci_webhook_deliveries_total label.
+	result string
 }
 
-func (r *Receiver) handle(w http.ResponseWriter, req *http.Request) error {
+func (r *Receiver) handle(w http.ResponseWriter, req *http.Request) (err error) {
 	name := req.PathValue("forge")
 	f, ok := r.cfg.Forges[name]
 	if !ok {
 		return web.Errorf(http.StatusNotFound, "no forge named %q is configured", name)
 	}
+	event, result := eventUnknown, ""
+	defer func() { r.metrics.delivered(name, event, result, err) }()
 	body, err := io.ReadAll(http.MaxBytesReader(w, req.Body, r.cfg.MaxBody))
 	var tooBig *http.MaxBytesError
 	if errors.As(err, &tooBig) {
@@ -90,10 +99,12 @@ func (r *Receiver) handle(w http.ResponseWriter, req *http.Request) error {
 	if err != nil {
 		return &web.HTTPError{Code: http.StatusBadRequest, Msg: err.Error()}
 	}
+	event = string(ev.Kind)
 	out, err := r.Dispatch(req.Context(), f, ev)
 	if err != nil {
 		return err
 	}
+	result = out.result
 	r.log.Info("webhook delivery", "forge", name, "event", ev.Type, "action", ev.Action, "delivery", ev.DeliveryID,
 		"repository", ev.Repository.FullName(), "code", out.Code, "outcome", out.Message, "evaluation", out.EvalID)
 	web.WriteJSON(w, out.Code, out)
@@ -101,7 +112,7 @@ func (r *Receiver) handle(w http.ResponseWriter, req *http.Request) error {
 }
 
 func ok(format string, args ...any) Outcome {
-	return Outcome{Code: http.StatusOK, Message: fmt.Sprintf(format, args...)}
+	return Outcome{Code: http.StatusOK, Message: fmt.Sprintf(format, args...), result: resultIgnored}
 }
 
 // Dispatch acts on a verified event: it requests an evaluation, or says why not.
@@ -113,7 +124,7 @@ func (r *Receiver) Dispatch(ctx context.Context, f forge.Forge, ev forge.Event) 
 		if r.cfg.OnRepositoriesChanged != nil {
 			go r.cfg.OnRepositoriesChanged(f.Name())
 		}
-		return Outcome{Code: http.StatusAccepted, Message: "repository discovery started"}, nil
+		return Outcome{Code: http.StatusAccepted, Message: "repository discovery started", result: resultAccepted}, nil
 	}
 	p, err := project.ByRepository(ctx, r.pool, f.Name(), ev.Repository.FullName())
 	if errors.Is(err, project.ErrNotFound) {
@@ -203,7 +214,9 @@ func (r *Receiver) request(ctx context.Context, p project.Project, f forge.Forge
 	}
 	e, created, err := eval.Request(ctx, r.pool, rp)
 	if errors.Is(err, eval.ErrDuplicateDelivery) {
-		return ok("delivery %s was received before", ev.DeliveryID), nil
+		out := ok("delivery %s was received before", ev.DeliveryID)
+		out.result = resultReplayed
+		return out, nil
 	}
 	if err != nil {
 		return Outcome{}, err
@@ -212,7 +225,7 @@ func (r *Receiver) request(ctx context.Context, p project.Project, f forge.Forge
 	if !created {
 		msg = "evaluation exists"
 	}
-	return Outcome{Code: http.StatusAccepted, Message: msg, EvalID: e.ID}, nil
+	return Outcome{Code: http.StatusAccepted, Message: msg, EvalID: e.ID, result: resultAccepted}, nil
 }
 
 func hasRunCommand(body string) bool {

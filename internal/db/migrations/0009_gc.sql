@@ -31,3 +31,13 @@ CREATE TABLE gc_runs (
     bytes_deleted       BIGINT NOT NULL DEFAULT 0
 );
 CREATE INDEX gc_runs_started_idx ON gc_runs (started_at DESC);
+
+-- An operator's "collect now" (harmonia-ci gc): the GC leader runs when one is newer than its
+-- last run, and deletes the requests it served.
+CREATE TABLE gc_requests (
+    id           BIGINT PRIMARY KEY GENERATED ALWAYS AS IDENTITY,
+    requested_at TIMESTAMPTZ NOT NULL DEFAULT now()
+);
+
+-- Deleting evaluations sets their deliveries' eval_id NULL: without an index, one scan each.
+CREATE INDEX webhook_deliveries_eval_idx ON webhook_deliveries (eval_id) WHERE eval_id IS NOT NULL;

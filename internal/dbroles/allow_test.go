@@ -1,0 +1,329 @@
+package dbroles_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/harmonia-ci/harmonia-ci/internal/clock"
+	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
+	"github.com/harmonia-ci/harmonia-ci/internal/db"
+	"github.com/harmonia-ci/harmonia-ci/internal/eval"
+	"github.com/harmonia-ci/harmonia-ci/internal/queue"
+	"github.com/harmonia-ci/harmonia-ci/internal/queuetest"
+)
+
+// Statements of unexported code paths, copied from their packages (eval/queries.go,
+// build/queries.go, signer/queries.go, gc/queries.go) so that each role's real writes are
+// exercised under its grants; the exported paths (registry, claims, finishes, enqueue,
+// maintenance, election, requests) run as they are.
+const (
+	sqlClaimEval = `
+WITH next AS (
+    SELECT e.id FROM evaluations e JOIN projects p ON p.id = e.project_id
+    WHERE e.status = 'queued' AND p.enabled
+    ORDER BY e.id LIMIT 1
+    FOR UPDATE OF e SKIP LOCKED
+)
+UPDATE evaluations e SET status = 'running', claimed_by = $1, claimed_at = now(), started_at = now(),
+    attempt = e.attempt + 1, error = NULL
+FROM next WHERE e.id = next.id
+RETURNING e.id, e.attempt`
+	sqlHoldClaim   = `SELECT status FROM evaluations WHERE id = $1 AND claimed_by = $2 AND attempt = $3 FOR SHARE`
+	sqlDeleteAttrs = `DELETE FROM eval_attrs WHERE eval_id = ANY($1)`
+	sqlInsertAttrs = `
+INSERT INTO eval_attrs (eval_id, attr, drv_path, error)
+SELECT $1, a, NULLIF(d, ''), NULLIF(e, '') FROM unnest($2::text[], $3::text[], $4::text[]) AS t(a, d, e)
+ON CONFLICT (eval_id, attr) DO NOTHING`
+	sqlCancelPending = `UPDATE build_jobs SET status = 'cancelled', finished_at = now() WHERE id = $1 AND status = 'pending'`
+	sqlRevive        = `
+UPDATE build_jobs bj SET status = 'pending', finished_at = NULL, claimed_by = NULL, claimed_at = NULL,
+    started_at = NULL
+WHERE bj.status = 'cancelled' AND bj.id = $1`
+	sqlSucceedEval = `
+UPDATE evaluations SET status = 'succeeded', finished_at = now()
+WHERE id = $1 AND claimed_by = $2 AND attempt = $3 AND status = 'running'`
+
+	sqlTailUpsert = `
+INSERT INTO build_log_tails (build_job_id, log_tail, log_seq) VALUES ($1, $2, 1)
+ON CONFLICT (build_job_id) DO UPDATE
+SET log_tail = EXCLUDED.log_tail, log_seq = build_log_tails.log_seq + 1
+WHERE build_log_tails.log_tail IS DISTINCT FROM EXCLUDED.log_tail`
+	sqlDeleteFinishedTail = `
+DELETE FROM build_log_tails t USING build_jobs j
+WHERE t.build_job_id = $1 AND j.id = $1 AND j.status IN ('succeeded', 'failed', 'cancelled', 'dep-failed')`
+
+	sqlSetLogURL       = `UPDATE build_jobs SET log_url = $2 WHERE id = $1 AND status = 'succeeded'`
+	sqlRecordNarHashes = `
+UPDATE derivation_outputs o SET nar_hash = v.nar_hash, nar_size = v.nar_size
+FROM unnest($1::text[], $2::text[], $3::bigint[]) AS v(output_path, nar_hash, nar_size)
+WHERE o.output_path = v.output_path AND o.nar_hash IS NULL`
+	sqlRecordKey = `
+INSERT INTO signing_keys (public_key) VALUES ($1)
+ON CONFLICT (public_key) DO UPDATE SET last_seen = now()`
+
+	sqlGCDeleteEvals   = `DELETE FROM evaluations WHERE id = $1`
+	sqlGCExpireLogs    = `UPDATE build_jobs SET log_url = NULL WHERE log_url IS NOT NULL AND finished_at < now() + interval '1 hour'`
+	sqlGCDeleteJobs    = `DELETE FROM build_jobs j WHERE j.status NOT IN ('building', 'uploading') AND j.drv_path = ANY($1)`
+	sqlGCDeleteDrvs    = `DELETE FROM derivations d WHERE d.drv_path = ANY($1) AND NOT EXISTS (SELECT 1 FROM build_jobs j WHERE j.drv_path = d.drv_path)`
+	sqlGCDeleteDeliv   = `DELETE FROM webhook_deliveries WHERE received_at < now() + interval '1 hour'`
+	sqlGCRunInsert     = `INSERT INTO gc_runs (node_id, epoch) VALUES ($1, $2) RETURNING id`
+	sqlGCRunFinish     = `UPDATE gc_runs SET finished_at = now(), status = 'succeeded' WHERE id = $1`
+	sqlGCTakeRequests  = `DELETE FROM gc_requests`
+	sqlGCTempLiveTable = `CREATE TEMP TABLE gc_live (drv_path TEXT PRIMARY KEY) ON COMMIT DROP`
+)
+
+// TestRolesAllow runs each role's own work as that role, through the real code where it is
+// exported: a whole build's life from evaluation to garbage collection.
+func TestRolesAllow(t *testing.T) {
+	c := setup(t)
+	ctx := testCtx(t)
+	pid := queuetest.NewProject(t, c.owner, "p", 100)
+	must := func(what string, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+
+	// Every node registers, beats and sets its status in its own row.
+	regs := map[string]*cluster.Registry{}
+	for _, n := range testNodes {
+		regs[n.ID] = register(t, c.as[n.ID], n.ID, n.Roles)
+	}
+	// With the schema current, a restricted node's start-up migration has nothing to do.
+	res, err := db.Migrate(ctx, c.as["b1"], "b1")
+	must("migrate as b1", err)
+	if len(res.Applied) != 0 {
+		t.Fatalf("migrate as b1 applied %v", res.Applied)
+	}
+
+	// The frontend requests an evaluation (the webhook path) and the evaluator claims it.
+	ev, created, err := eval.Request(ctx, c.as["f1"], eval.RequestParams{
+		ProjectID: pid, FlakeURL: "git+file:///p", Commit: "0123456789abcdef0123456789abcdef01234567", Branch: "main",
+		Delivery: &eval.Delivery{Forge: "gitea", ID: "d1"},
+	})
+	must("request evaluation as f1", err)
+	if !created {
+		t.Fatal("evaluation not created")
+	}
+	var evalID int64
+	var evalAttempt int
+	must("claim evaluation as e1", c.as["e1"].QueryRow(ctx, sqlClaimEval, "e1").Scan(&evalID, &evalAttempt))
+	if evalID != ev.ID {
+		t.Fatalf("e1 claimed evaluation %d, want %d", evalID, ev.ID)
+	}
+
+	// Ingest: in one transaction that proves the claim, derivations and jobs (queue.EnqueueTx)
+	// and the attributes. a ← b ← c, and x.
+	drvs := []queue.Derivation{queuetest.Drv("a", system), queuetest.Drv("b", system, "a"),
+		queuetest.Drv("c", system, "b"), queuetest.Drv("x", system)}
+	must("ingest as e1", pgx.BeginFunc(ctx, c.as["e1"], func(tx pgx.Tx) error {
+		var status string
+		if err := tx.QueryRow(ctx, sqlHoldClaim, evalID, "e1", evalAttempt).Scan(&status); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, sqlDeleteAttrs, []int64{evalID}); err != nil {
+			return err
+		}
+		if _, err := queue.EnqueueTx(ctx, tx, queue.EnqueueParams{ProjectID: &pid, Derivations: drvs}); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, sqlInsertAttrs, evalID, []string{"c", "x"},
+			[]string{queuetest.DrvPath("c"), queuetest.DrvPath("x")}, []string{"", ""})
+		return err
+	}))
+	// The readiness triggers ran as the owner: the evaluator could not have written these.
+	if b := queuetest.Job(t, c.owner, "b"); b.BlockedInputs != 1 {
+		t.Fatalf("after ingest: %s, want blocked_inputs 1", b)
+	}
+	// Cancelling a job nothing needs and reviving it.
+	x := queuetest.Job(t, c.owner, "x")
+	for _, sql := range []string{sqlCancelPending, sqlRevive} {
+		if n := execN(t, c.as["e1"], sql, x.ID); n != 1 {
+			t.Fatalf("as e1 %q changed %d rows", sql, n)
+		}
+	}
+	if n := execN(t, c.as["e1"], sqlSucceedEval, evalID, "e1", evalAttempt); n != 1 {
+		t.Fatalf("finish evaluation as e1 changed %d rows", n)
+	}
+
+	// b1 claims the ready jobs, streams a log tail, uploads; the signer records the success.
+	jobs, err := queue.ClaimJobs(ctx, c.as["b1"], queue.Claimer{NodeID: "b1", Systems: []string{system}}, 10)
+	must("claim as b1", err)
+	if got := queuetest.Names(jobs); len(got) != 2 {
+		t.Fatalf("b1 claimed %v, want a and x", got)
+	}
+	claims := map[string]queue.Claim{}
+	for _, j := range jobs {
+		claims[queuetest.NameOf(j.DrvPath)] = j.Claim()
+	}
+	for _, tail := range []string{"building a", "building a\ndone"} {
+		if n := execN(t, c.as["b1"], sqlTailUpsert, claims["a"].JobID, []byte(tail)); n != 1 {
+			t.Fatalf("tail upsert as b1 changed %d rows", n)
+		}
+	}
+	must("mark uploading as b1", queue.MarkUploading(ctx, c.as["b1"], claims["a"]))
+	must("succeed as s1", pgx.BeginFunc(ctx, c.as["s1"], func(tx pgx.Tx) error {
+		if _, err := queue.Succeed(ctx, tx, claims["a"]); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, sqlSetLogURL, claims["a"].JobID, "log/a"); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, sqlRecordNarHashes, []string{queuetest.OutPath("a")}, []string{"sha256:aa"}, []int64{10}); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, sqlRecordKey, "harmonia-test-1:AAAA")
+		return err
+	}))
+	for range 2 { // a signer's restart records its key again
+		execN(t, c.as["s1"], sqlRecordKey, "harmonia-test-1:AAAA")
+	}
+	if b := queuetest.Job(t, c.owner, "b"); b.BlockedInputs != 0 {
+		t.Fatalf("after a succeeded: %s, want blocked_inputs 0 (the trigger runs as the owner)", b)
+	}
+	if n := execN(t, c.as["b1"], sqlDeleteFinishedTail, claims["a"].JobID); n != 1 {
+		t.Fatalf("delete finished tail as b1 deleted %d rows", n)
+	}
+	// A transient failure goes back to the queue; b1 charges the project its time.
+	_, err = queue.Fail(ctx, c.as["b1"], claims["x"], queue.Failure{Kind: queue.Transient, Message: "disk full"})
+	must("fail transiently as b1", err)
+	var charger queue.Charger
+	charger.Add(&pid, 5)
+	must("charge as b1", charger.Flush(ctx, c.as["b1"]))
+
+	// b2 takes b and x; b fails for good (c becomes dep-failed), x goes back unfinished.
+	jobs, err = queue.ClaimJobs(ctx, c.as["b2"], queue.Claimer{NodeID: "b2", Systems: []string{system}}, 10)
+	must("claim as b2", err)
+	for _, j := range jobs {
+		claims[queuetest.NameOf(j.DrvPath)] = j.Claim()
+	}
+	if len(jobs) != 2 {
+		t.Fatalf("b2 claimed %v, want b and x", queuetest.Names(jobs))
+	}
+	out, err := queue.Fail(ctx, c.as["b2"], claims["b"], queue.Failure{Kind: queue.Permanent, Message: "build failed", LogKey: "log/b"})
+	must("fail permanently as b2", err)
+	if out.DepFailed != 1 || queuetest.Status(t, c.owner, "c") != "dep-failed" {
+		t.Fatalf("after b failed: %d dep-failed, c %s", out.DepFailed, queuetest.Status(t, c.owner, "c"))
+	}
+	must("release as b2", queue.Release(ctx, c.as["b2"], claims["x"]))
+	must("cancel own claim as b1", func() error {
+		jobs, err := queue.ClaimJobs(ctx, c.as["b1"], queue.Claimer{NodeID: "b1", Systems: []string{system}}, 1)
+		if err != nil || len(jobs) != 1 {
+			return err
+		}
+		claims["x"] = jobs[0].Claim()
+		return queue.CancelClaimed(ctx, c.as["b1"], claims["x"])
+	}())
+
+	// The frontend rebuilds b (c comes back too) and cancels x's rebuild.
+	n, err := queue.Rebuild(ctx, c.as["f1"], claims["b"].JobID)
+	must("rebuild as f1", err)
+	if n != 2 {
+		t.Fatalf("rebuild reset %d jobs, want 2", n)
+	}
+	_, err = queue.Rebuild(ctx, c.as["f1"], claims["x"].JobID)
+	must("rebuild x as f1", err)
+	must("cancel as f1", queue.Cancel(ctx, c.as["f1"], claims["x"].JobID))
+	must("drain request as f1", cluster.RequestDrain(ctx, c.as["f1"], "c1"))
+
+	// A restarted builder gives back what its previous process held (OnReregister).
+	jobs, err = queue.ClaimJobs(ctx, c.as["b1"], queue.Claimer{NodeID: "b1", Systems: []string{system}}, 1)
+	must("claim b as b1", err)
+	if len(jobs) != 1 {
+		t.Fatalf("b1 claimed %v, want b", queuetest.Names(jobs))
+	}
+	regs["b1"] = register(t, c.as["b1"], "b1", []string{"builder"})
+	if s := queuetest.Status(t, c.owner, "b"); s != "pending" {
+		t.Fatalf("after b1 re-registered, b is %s", s)
+	}
+
+	// The maintenance leader (a frontend) runs every task: b2 went silent holding b.
+	jobs, err = queue.ClaimJobs(ctx, c.as["b2"], queue.Claimer{NodeID: "b2", Systems: []string{system}}, 1)
+	must("claim b as b2", err)
+	queuetest.Exec(t, c.owner, `UPDATE nodes SET last_seen = now() - interval '1 hour' WHERE id = 'b2'`)
+	leader := queuetest.StartLeader(t, c.as["f1"], "f1", queuetest.SteadyElector(), nil)
+	term := leader.NextTerm(t, 30*time.Second)
+	tasks := append(cluster.NodeTasks(cluster.NodeTasksConfig{}, queuetest.Logger()),
+		queue.MaintenanceTasks(queue.MaintenanceConfig{}, queuetest.Logger())...)
+	maint := cluster.NewMaintainer(c.as["f1"], tasks, queuetest.Logger(), clock.Real{})
+	for _, task := range tasks {
+		must("maintenance task "+task.Name+" as f1", maint.RunOnce(ctx, term, task))
+	}
+	if s := queuetest.Status(t, c.owner, "b"); s != "pending" {
+		t.Fatalf("after the reaper, b is %s", s)
+	}
+
+	// The GC leader (a signer) expires logs and deletes an evaluation, its jobs and derivations.
+	gcCfg := queuetest.SteadyElector()
+	gcCfg.Role = cluster.RoleGC
+	gcTerm := queuetest.StartLeader(t, c.as["s1"], "s1", gcCfg, nil).NextTerm(t, 30*time.Second)
+	queuetest.Exec(t, c.owner, `INSERT INTO gc_requests DEFAULT VALUES`)
+	must("collect garbage as s1", gcTerm.RunFenced(ctx, c.as["s1"], func(tx pgx.Tx) error {
+		var run int64
+		if err := tx.QueryRow(ctx, sqlGCRunInsert, "s1", gcTerm.Epoch).Scan(&run); err != nil {
+			return err
+		}
+		all := []string{queuetest.DrvPath("a"), queuetest.DrvPath("b"), queuetest.DrvPath("c"), queuetest.DrvPath("x")}
+		for _, st := range []struct {
+			sql  string
+			args []any
+		}{
+			{sqlGCTempLiveTable, nil}, {sqlGCTakeRequests, nil}, {sqlGCExpireLogs, nil},
+			{sqlGCDeleteEvals, []any{evalID}}, {sqlGCDeleteJobs, []any{all}}, {sqlGCDeleteDrvs, []any{all}},
+			{sqlGCDeleteDeliv, nil}, {sqlGCRunFinish, []any{run}},
+		} {
+			if _, err := tx.Exec(ctx, st.sql, st.args...); err != nil {
+				return err
+			}
+		}
+		return nil
+	}))
+	if n := queuetest.QueryInt(t, c.owner, `SELECT count(*) FROM derivations`); n != 0 {
+		t.Fatalf("after the GC %d derivations are left", n)
+	}
+
+	// Every node drains and leaves.
+	for _, n := range testNodes {
+		must("drain "+n.ID, regs[n.ID].StartDraining(ctx))
+		must("deregister "+n.ID, regs[n.ID].Deregister(ctx))
+	}
+	if n := queuetest.QueryInt(t, c.owner, `SELECT count(*) FROM nodes`); n != 0 {
+		t.Fatalf("%d node rows left", n)
+	}
+}
+
+// register registers node id as its own role, releasing what an earlier process held, and
+// beats once.
+func register(t *testing.T, pool *pgxpool.Pool, id string, roles []string) *cluster.Registry {
+	t.Helper()
+	ctx := testCtx(t)
+	reg := cluster.NewRegistry(pool, cluster.NodeInfo{
+		ID: id, Roles: roles, Endpoint: "http://" + id + ":7777", Systems: []string{system}, Features: []string{}, MaxJobs: 2, MaxEvals: 1,
+	}, queuetest.Logger())
+	reg.OnReregister(queue.ReleaseNode)
+	if err := reg.Register(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := reg.SetStatus(ctx, cluster.StatusActive); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := reg.Beat(ctx, cluster.Load{CurrentJobs: 1, CPU: 0.5, Memory: 0.5, SpeedFactor: 2}); err != nil {
+		t.Fatal(err)
+	}
+	return reg
+}
+
+// execN runs a statement and returns the rows it changed.
+func execN(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) int64 {
+	t.Helper()
+	tag, err := pool.Exec(context.Background(), sql, args...)
+	if err != nil {
+		t.Fatalf("exec %q: %v", sql, err)
+	}
+	return tag.RowsAffected()
+}

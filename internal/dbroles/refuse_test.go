@@ -1,0 +1,272 @@
+package dbroles_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/harmonia-ci/harmonia-ci/internal/queue"
+	"github.com/harmonia-ci/harmonia-ci/internal/queuetest"
+)
+
+const system = "x86_64-linux"
+
+// fixture is a cluster's state before an attack, written by the owner: a project; jobs a ←
+// b ← c (c waits for b), d (ready), h (building, claimed by b2) and m (building, claimed by b1);
+// a derivation with no job; a log tail of h; one evaluation running for another evaluator and
+// one queued; the maintenance lease held by f1 and the gc lease by s1.
+type fixture struct {
+	project            int64
+	job                map[string]int64
+	evalOther, evalNew int64
+}
+
+func newFixture(t *testing.T, c *testDB) fixture {
+	t.Helper()
+	o := c.owner
+	fx := fixture{job: map[string]int64{}}
+	fx.project = queuetest.NewProject(t, o, "p", 100)
+	queuetest.Enqueue(t, o, &fx.project,
+		queuetest.Drv("a", system), queuetest.Drv("b", system, "a"), queuetest.Drv("c", system, "b"),
+		queuetest.Drv("d", system), queuetest.Drv("h", system), queuetest.Drv("m", system))
+	if _, err := queue.Enqueue(testCtx(t), o, queue.EnqueueParams{
+		Derivations: []queue.Derivation{queuetest.Drv("nojob", system)}, Build: []string{},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"a", "b", "c", "d", "h", "m"} {
+		fx.job[name] = queuetest.Job(t, o, name).ID
+	}
+	for name, node := range map[string]string{"h": "b2", "m": "b1"} {
+		queuetest.Exec(t, o, `UPDATE build_jobs SET status = 'building', claimed_by = $2, claimed_at = now(),
+started_at = now(), attempt = 1 WHERE id = $1`, fx.job[name], node)
+	}
+	queuetest.Exec(t, o, `INSERT INTO build_log_tails (build_job_id, log_tail, log_seq) VALUES ($1, 'building h', 1)`, fx.job["h"])
+	for _, n := range testNodes {
+		queuetest.InsertNode(t, o, queuetest.Node{ID: n.ID, Roles: n.Roles, Systems: []string{system}})
+	}
+	fx.evalOther = queuetest.QueryInt(t, o, `
+INSERT INTO evaluations (project_id, flake_url, commit_sha, branch, status, claimed_by, claimed_at, started_at, attempt)
+VALUES ($1, 'git+file:///p', 'c1', 'main', 'running', 'e2', now(), now(), 1) RETURNING id`, fx.project)
+	fx.evalNew = queuetest.QueryInt(t, o, `
+INSERT INTO evaluations (project_id, flake_url, commit_sha, branch) VALUES ($1, 'git+file:///p', 'c2', 'dev') RETURNING id`, fx.project)
+	queuetest.Exec(t, o, `
+INSERT INTO leaders (role, node_id, incarnation, epoch, lease_until)
+VALUES ('maintenance', 'f1', gen_random_uuid(), 1, now() + interval '1 hour'),
+       ('gc', 's1', gen_random_uuid(), 1, now() + interval '1 hour')`)
+	return fx
+}
+
+// attack is something a node must not be able to do. effect tells, inside the attack's
+// transaction, whether it worked.
+type attack struct {
+	as     string
+	name   string
+	do     func(ctx context.Context, tx pgx.Tx) error
+	effect string // a query returning one boolean
+	args   []any  // of effect
+}
+
+// stmt is an attack that is one statement.
+func stmt(sql string, args ...any) func(ctx context.Context, tx pgx.Tx) error {
+	return func(ctx context.Context, tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, sql, args...)
+		return err
+	}
+}
+
+func attacks(fx fixture) []attack {
+	h, m, c, d := fx.job["h"], fx.job["m"], fx.job["c"], fx.job["d"]
+	a, nojob := queuetest.DrvPath("a"), queuetest.DrvPath("nojob")
+	insertDrv := stmt(`INSERT INTO derivations (drv_path, hash_part, name, system, nar_hash, nar_size)
+VALUES ($1, $2, 'evil', 'x86_64-linux', 'sha256:00', 1)`, queuetest.DrvPath("evil"), queuetest.Hash("evil"))
+	drvInserted := `SELECT EXISTS (SELECT 1 FROM derivations WHERE name = 'evil')`
+	insertKey := stmt(`INSERT INTO signing_keys (public_key) VALUES ('evil-1:AAAA')`)
+	keyInserted := `SELECT EXISTS (SELECT 1 FROM signing_keys WHERE public_key = 'evil-1:AAAA')`
+	recordHash := stmt(`UPDATE derivation_outputs SET nar_hash = 'sha256:evil', nar_size = 1 WHERE drv_path = $1`, a)
+	hashRecorded := `SELECT EXISTS (SELECT 1 FROM derivation_outputs WHERE nar_hash = 'sha256:evil')`
+	succeed := func(id int64) func(ctx context.Context, tx pgx.Tx) error {
+		return stmt(`UPDATE build_jobs SET status = 'succeeded', finished_at = now(), exit_code = 0 WHERE id = $1`, id)
+	}
+	succeeded := `SELECT status = 'succeeded' FROM build_jobs WHERE id = $1`
+	writeTail := stmt(`UPDATE build_log_tails SET log_tail = 'evil', log_seq = log_seq + 1 WHERE build_job_id = $1`, h)
+	tailWritten := `SELECT log_tail = 'evil' FROM build_log_tails WHERE build_job_id = $1`
+	takeLease := func(node, role string) func(ctx context.Context, tx pgx.Tx) error {
+		return stmt(`UPDATE leaders SET node_id = $1, epoch = epoch + 1, lease_until = now() + interval '1 hour'
+WHERE role = $2`, node, role)
+	}
+	leaseTaken := `SELECT node_id = $1 FROM leaders WHERE role = $2`
+	signerRole := func(node string) func(ctx context.Context, tx pgx.Tx) error {
+		return stmt(`UPDATE nodes SET roles = roles || '{signer}' WHERE id = $1`, node)
+	}
+	signerAdvertised := `SELECT 'signer' = ANY(roles) FROM nodes WHERE id = $1`
+	return []attack{
+		// A builder: its own claims and log tails only, never a success.
+		{as: "b1", name: "fail a job another builder holds",
+			do:     stmt(`UPDATE build_jobs SET status = 'failed', finished_at = now() WHERE id = $1`, h),
+			effect: `SELECT status = 'failed' FROM build_jobs WHERE id = $1`, args: []any{h}},
+		{as: "b1", name: "take over another builder's claim",
+			do:     stmt(`UPDATE build_jobs SET claimed_by = 'b1' WHERE id = $1`, h),
+			effect: `SELECT claimed_by = 'b1' FROM build_jobs WHERE id = $1`, args: []any{h}},
+		{as: "b1", name: "mark its own job succeeded (queue.Succeed, the signer's statement)",
+			do: func(ctx context.Context, tx pgx.Tx) error {
+				_, err := queue.Succeed(ctx, tx, queue.Claim{JobID: m, NodeID: "b1", Attempt: 1})
+				return err
+			},
+			effect: succeeded, args: []any{m}},
+		{as: "b1", name: "mark a pending job succeeded", do: succeed(d), effect: succeeded, args: []any{d}},
+		{as: "b1", name: "claim a pending job for another node",
+			do:     stmt(`UPDATE build_jobs SET status = 'building', claimed_by = 'b2', attempt = attempt + 1 WHERE id = $1`, d),
+			effect: `SELECT claimed_by = 'b2' FROM build_jobs WHERE id = $1`, args: []any{d}},
+		{as: "b1", name: "raise a job's priority",
+			do:     stmt(`UPDATE build_jobs SET priority = 1000 WHERE id = $1`, d),
+			effect: `SELECT priority = 1000 FROM build_jobs WHERE id = $1`, args: []any{d}},
+		{as: "b1", name: "use up a pending job's retries",
+			do:     stmt(`UPDATE build_jobs SET retry_count = 3 WHERE id = $1`, d),
+			effect: `SELECT retry_count = 3 FROM build_jobs WHERE id = $1`, args: []any{d}},
+		{as: "b1", name: "give another builder's job back to the queue",
+			do:     stmt(`UPDATE build_jobs SET status = 'pending', claimed_by = NULL WHERE id = $1`, h),
+			effect: `SELECT status = 'pending' FROM build_jobs WHERE id = $1`, args: []any{h}},
+		{as: "b1", name: "unblock a job whose inputs are not built",
+			do:     stmt(`UPDATE build_jobs SET blocked_inputs = 0 WHERE id = $1`, c),
+			effect: `SELECT blocked_inputs = 0 FROM build_jobs WHERE id = $1`, args: []any{c}},
+		{as: "b1", name: "delete a job", do: stmt(`DELETE FROM build_jobs WHERE id = $1`, d),
+			effect: `SELECT NOT EXISTS (SELECT 1 FROM build_jobs WHERE id = $1)`, args: []any{d}},
+		{as: "b1", name: "write another builder's log tail", do: writeTail, effect: tailWritten, args: []any{h}},
+		{as: "b1", name: "insert a derivation", do: insertDrv, effect: drvInserted},
+		{as: "b1", name: "record a NAR hash", do: recordHash, effect: hashRecorded},
+		{as: "b1", name: "record a signing key", do: insertKey, effect: keyInserted},
+		{as: "b1", name: "queue an evaluation",
+			do: stmt(`INSERT INTO evaluations (project_id, flake_url, commit_sha, branch)
+VALUES ($1, 'git+file:///p', 'evil', 'main')`, fx.project),
+			effect: `SELECT EXISTS (SELECT 1 FROM evaluations WHERE commit_sha = 'evil')`},
+		{as: "b1", name: "finish an evaluation",
+			do:     stmt(`UPDATE evaluations SET status = 'failed', finished_at = now() WHERE id = $1`, fx.evalOther),
+			effect: `SELECT status = 'failed' FROM evaluations WHERE id = $1`, args: []any{fx.evalOther}},
+		{as: "b1", name: "take the maintenance lease", do: takeLease("b1", "maintenance"), effect: leaseTaken, args: []any{"b1", "maintenance"}},
+		{as: "b1", name: "stand for a leader role",
+			do:     stmt(`INSERT INTO leaders (role, node_id, incarnation, epoch, lease_until) VALUES ('evil', 'b1', gen_random_uuid(), 1, now())`),
+			effect: `SELECT EXISTS (SELECT 1 FROM leaders WHERE role = 'evil')`},
+		{as: "b1", name: "drain another node",
+			do:     stmt(`UPDATE nodes SET draining = true WHERE id = 'b2'`),
+			effect: `SELECT draining FROM nodes WHERE id = 'b2'`},
+		{as: "b1", name: "point the signer's row at itself",
+			do:     stmt(`UPDATE nodes SET endpoint = 'http://evil:7777' WHERE id = 's1'`),
+			effect: `SELECT endpoint = 'http://evil:7777' FROM nodes WHERE id = 's1'`},
+		{as: "b1", name: "register under another node id",
+			do:     stmt(`INSERT INTO nodes (id, roles, endpoint, incarnation) VALUES ('s2', '{signer}', 'http://evil:7777', gen_random_uuid())`),
+			effect: `SELECT EXISTS (SELECT 1 FROM nodes WHERE id = 's2')`},
+		{as: "b1", name: "advertise itself as a signer", do: signerRole("b1"), effect: signerAdvertised, args: []any{"b1"}},
+		{as: "b1", name: "delete another node's row", do: stmt(`DELETE FROM nodes WHERE id = 'b2'`),
+			effect: `SELECT NOT EXISTS (SELECT 1 FROM nodes WHERE id = 'b2')`},
+		{as: "b1", name: "disable row-level security", do: stmt(`ALTER TABLE build_jobs DISABLE ROW LEVEL SECURITY`),
+			effect: `SELECT NOT relrowsecurity FROM pg_class WHERE oid = 'build_jobs'::regclass`},
+		{as: "b1", name: "empty the queue", do: stmt(`TRUNCATE build_jobs CASCADE`),
+			effect: `SELECT NOT EXISTS (SELECT 1 FROM build_jobs)`},
+
+		// An evaluator: its evaluations, the derivation tables, new pending jobs.
+		{as: "e1", name: "mark a job succeeded", do: succeed(d), effect: succeeded, args: []any{d}},
+		{as: "e1", name: "cancel a job a builder is building",
+			do:     stmt(`UPDATE build_jobs SET status = 'cancelled', finished_at = now() WHERE id = $1`, h),
+			effect: `SELECT status = 'cancelled' FROM build_jobs WHERE id = $1`, args: []any{h}},
+		{as: "e1", name: "claim a build job",
+			do:     stmt(`UPDATE build_jobs SET status = 'building', claimed_by = 'e1' WHERE id = $1`, d),
+			effect: `SELECT claimed_by = 'e1' FROM build_jobs WHERE id = $1`, args: []any{d}},
+		{as: "e1", name: "insert a job already claimed",
+			do:     stmt(`INSERT INTO build_jobs (drv_path, system, status, claimed_by) VALUES ($1, 'x86_64-linux', 'building', 'b1')`, nojob),
+			effect: `SELECT EXISTS (SELECT 1 FROM build_jobs WHERE drv_path = $1)`, args: []any{nojob}},
+		{as: "e1", name: "insert an output with a NAR hash",
+			do: stmt(`INSERT INTO derivation_outputs (drv_path, output_name, output_path, nar_hash, nar_size)
+VALUES ($1, 'dev', '/nix/store/00000000000000000000000000000000-evil', 'sha256:evil', 1)`, nojob),
+			effect: hashRecorded},
+		{as: "e1", name: "record a NAR hash", do: recordHash, effect: hashRecorded},
+		{as: "e1", name: "finish another evaluator's evaluation",
+			do:     stmt(`UPDATE evaluations SET status = 'succeeded', finished_at = now() WHERE id = $1`, fx.evalOther),
+			effect: `SELECT status = 'succeeded' FROM evaluations WHERE id = $1`, args: []any{fx.evalOther}},
+		{as: "e1", name: "edit a queued evaluation",
+			do:     stmt(`UPDATE evaluations SET error = 'evil' WHERE id = $1`, fx.evalNew),
+			effect: `SELECT error = 'evil' FROM evaluations WHERE id = $1`, args: []any{fx.evalNew}},
+		{as: "e1", name: "add attributes to an evaluation it does not hold",
+			do:     stmt(`INSERT INTO eval_attrs (eval_id, attr) VALUES ($1, 'evil')`, fx.evalOther),
+			effect: `SELECT EXISTS (SELECT 1 FROM eval_attrs WHERE attr = 'evil')`},
+		{as: "e1", name: "queue an evaluation",
+			do: stmt(`INSERT INTO evaluations (project_id, flake_url, commit_sha, branch)
+VALUES ($1, 'git+file:///p', 'evil', 'main')`, fx.project),
+			effect: `SELECT EXISTS (SELECT 1 FROM evaluations WHERE commit_sha = 'evil')`},
+		{as: "e1", name: "record a signing key", do: insertKey, effect: keyInserted},
+		{as: "e1", name: "write a log tail", do: writeTail, effect: tailWritten, args: []any{h}},
+		{as: "e1", name: "advertise itself as a signer", do: signerRole("e1"), effect: signerAdvertised, args: []any{"e1"}},
+
+		// A frontend: everything it does through forges, users and maintenance, but no build
+		// results, derivations, hashes or keys.
+		{as: "f1", name: "insert a derivation", do: insertDrv, effect: drvInserted},
+		{as: "f1", name: "mark a job succeeded", do: succeed(d), effect: succeeded, args: []any{d}},
+		{as: "f1", name: "record a NAR hash", do: recordHash, effect: hashRecorded},
+		{as: "f1", name: "record a signing key", do: insertKey, effect: keyInserted},
+		{as: "f1", name: "take the gc lease", do: takeLease("f1", "gc"), effect: leaseTaken, args: []any{"f1", "gc"}},
+		{as: "f1", name: "write a log tail", do: writeTail, effect: tailWritten, args: []any{h}},
+		{as: "f1", name: "make another node a signer", do: signerRole("b1"), effect: signerAdvertised, args: []any{"b1"}},
+		{as: "f1", name: "point the signer's row elsewhere",
+			do:     stmt(`UPDATE nodes SET endpoint = 'http://evil:7777' WHERE id = 's1'`),
+			effect: `SELECT endpoint = 'http://evil:7777' FROM nodes WHERE id = 's1'`},
+		{as: "f1", name: "advertise itself as a signer", do: signerRole("f1"), effect: signerAdvertised, args: []any{"f1"}},
+
+		// A signer: results, hashes, keys and the GC, not claims or maintenance.
+		{as: "s1", name: "take the maintenance lease", do: takeLease("s1", "maintenance"), effect: leaseTaken, args: []any{"s1", "maintenance"}},
+		{as: "s1", name: "delete a job that is building", do: stmt(`DELETE FROM build_jobs WHERE id = $1`, h),
+			effect: `SELECT NOT EXISTS (SELECT 1 FROM build_jobs WHERE id = $1)`, args: []any{h}},
+		{as: "s1", name: "claim a build job",
+			do:     stmt(`UPDATE build_jobs SET status = 'building', claimed_by = 's1' WHERE id = $1`, d),
+			effect: `SELECT claimed_by = 's1' FROM build_jobs WHERE id = $1`, args: []any{d}},
+		{as: "s1", name: "insert a derivation", do: insertDrv, effect: drvInserted},
+		{as: "s1", name: "write a log tail", do: writeTail, effect: tailWritten, args: []any{h}},
+
+		// A cache: reads.
+		{as: "c1", name: "record a signing key", do: insertKey, effect: keyInserted},
+		{as: "c1", name: "record a NAR hash", do: recordHash, effect: hashRecorded},
+		{as: "c1", name: "mark a job succeeded", do: succeed(d), effect: succeeded, args: []any{d}},
+		{as: "c1", name: "advertise itself as a signer", do: signerRole("c1"), effect: signerAdvertised, args: []any{"c1"}},
+	}
+}
+
+// TestRolesRefuse runs every attack twice, each in a transaction rolled back afterwards: as the
+// schema owner, where it must work (so the case tests something: this is every node's power
+// without the roles), then as the node's own role, where PostgreSQL must refuse it with a
+// permission error or, where row-level security hides the row, change nothing.
+func TestRolesRefuse(t *testing.T) {
+	c := setup(t)
+	fx := newFixture(t, c)
+	for _, a := range attacks(fx) {
+		t.Run(a.as+"/"+a.name, func(t *testing.T) {
+			ctx := testCtx(t)
+			worked, err := try(ctx, c.owner, a)
+			if err != nil || !worked {
+				t.Fatalf("as the owner the attack should work: worked=%v err=%v", worked, err)
+			}
+			worked, err = try(ctx, c.as[a.as], a)
+			switch {
+			case err != nil && !refused(err):
+				t.Fatalf("as %s: failed, but not with a permission error: %v", a.as, err)
+			case err == nil && worked:
+				t.Fatalf("as %s: the attack worked", a.as)
+			}
+		})
+	}
+}
+
+// try runs the attack in a transaction that it rolls back and reports whether it had its
+// effect.
+func try(ctx context.Context, pool *pgxpool.Pool, a attack) (worked bool, err error) {
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return false, err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	if err := a.do(ctx, tx); err != nil {
+		return false, err
+	}
+	err = tx.QueryRow(ctx, a.effect, a.args...).Scan(&worked)
+	return worked, err
+}

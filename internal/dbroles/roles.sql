@@ -1,0 +1,254 @@
+-- Per-role database roles (design threat T6). Run by `harmonia-ci db roles --apply` as the
+-- owner of the schema, in one transaction; running it again converges on exactly these grants.
+--
+-- harmonia_node is what every node may do whatever its roles: read everything, keep its own
+-- nodes row, end its own leases and give back its own claims (a restarted node releases what
+-- its previous process held, whatever its roles). Each role's group is a member of it and adds
+-- that role's writes. A node logs in as a role named after its node id (`db grant-node`), so
+-- row-level security compares claimed_by, nodes.id and leaders.node_id with session_user,
+-- which a session cannot change (unlike a setting such as app.node_id).
+--
+-- Row-level security is enabled here, not by a migration, and never FORCEd: the schema owner
+-- bypasses it, so the default single-owner setup (and the owner's triggers, see migration
+-- 0010) works unchanged.
+
+-- ===== Roles =====
+
+DO $$
+DECLARE
+    r TEXT;
+BEGIN
+    FOREACH r IN ARRAY ARRAY['harmonia_node', 'harmonia_frontend', 'harmonia_evaluator',
+                             'harmonia_signer', 'harmonia_cache', 'harmonia_builder'] LOOP
+        IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = r) THEN
+            EXECUTE format('CREATE ROLE %I NOLOGIN', r);
+        END IF;
+    END LOOP;
+END
+$$;
+
+GRANT harmonia_node TO harmonia_frontend, harmonia_evaluator, harmonia_signer, harmonia_cache, harmonia_builder;
+
+-- Standbys end the session of a leader whose lease ran out (a paused process keeps its lock
+-- forever otherwise); sessions of other login roles can only be ended with this.
+GRANT pg_signal_backend TO harmonia_frontend, harmonia_signer;
+
+-- The schema itself (public needs nothing, another schema does).
+DO $$
+BEGIN
+    EXECUTE format('GRANT USAGE ON SCHEMA %I TO harmonia_node', current_schema());
+END
+$$;
+
+-- ===== Start from nothing =====
+
+REVOKE ALL ON schema_migrations, derivations, derivation_outputs, derivation_inputs, repositories,
+    projects, evaluations, eval_attrs, build_jobs, build_log_tails, nodes, leaders,
+    maintenance_runs, signing_keys, webhook_deliveries, gc_runs, gc_requests
+    FROM harmonia_node, harmonia_frontend, harmonia_evaluator, harmonia_signer, harmonia_cache,
+         harmonia_builder;
+
+DO $$
+DECLARE
+    p RECORD;
+BEGIN
+    FOR p IN SELECT policyname, tablename FROM pg_policies
+             WHERE schemaname = current_schema() AND policyname LIKE 'harmonia\_%' LOOP
+        EXECUTE format('DROP POLICY %I ON %I', p.policyname, p.tablename);
+    END LOOP;
+END
+$$;
+
+-- ===== Every node =====
+
+GRANT SELECT ON schema_migrations, derivations, derivation_outputs, derivation_inputs, repositories,
+    projects, evaluations, eval_attrs, build_jobs, build_log_tails, nodes, leaders,
+    maintenance_runs, signing_keys, webhook_deliveries, gc_runs, gc_requests
+    TO harmonia_node;
+
+-- Its own row: registration, heartbeats, draining, deregistration. The roles it advertises
+-- must be roles its login role has: a builder that registered as a signer or a cache would be
+-- sent other nodes' tokens and asked for inputs.
+GRANT INSERT (id, roles, endpoint, hostname, max_evals, systems, features, max_jobs, status,
+              version, incarnation, started_at, last_seen, draining),
+      UPDATE (roles, endpoint, hostname, max_evals, systems, features, max_jobs, status, version,
+              incarnation, started_at, last_seen, draining, current_jobs, cpu_usage,
+              memory_usage, speed_factor),
+      DELETE
+    ON nodes TO harmonia_node;
+
+-- Its leases, ended at once when a new process of the node registers.
+GRANT UPDATE (lease_until, renewed_at) ON leaders TO harmonia_node;
+
+-- Its claims, given back at registration (queue.ReleaseNode).
+GRANT UPDATE (status, claimed_by, claimed_at, started_at, finished_at, retry_count)
+    ON build_jobs TO harmonia_node;
+GRANT UPDATE (status, claimed_by, claimed_at, started_at) ON evaluations TO harmonia_node;
+
+-- ===== Frontend: webhooks, the UI's actions, commit statuses, projects, maintenance =====
+
+GRANT INSERT, UPDATE, DELETE ON repositories, projects, evaluations, eval_attrs,
+    webhook_deliveries TO harmonia_frontend;
+GRANT INSERT ON gc_requests TO harmonia_frontend;
+GRANT INSERT, DELETE ON maintenance_runs TO harmonia_frontend;
+-- Rebuild, cancel, the reaper, unsupported builds; blocked_inputs for the readiness audit.
+GRANT UPDATE (status, priority, claimed_by, claimed_at, started_at, finished_at, exit_code,
+              retry_count, error_message, blocked_inputs)
+    ON build_jobs TO harmonia_frontend;
+-- Drain requests, dead nodes and their cleanup.
+GRANT UPDATE (status, draining), DELETE ON nodes TO harmonia_frontend;
+-- The maintenance leader's election.
+GRANT INSERT, UPDATE ON leaders TO harmonia_frontend;
+
+-- ===== Evaluator: its evaluations, the derivation tables, new jobs =====
+
+GRANT UPDATE (status, claimed_by, claimed_at, started_at, finished_at, attempt, error,
+              retention_seconds)
+    ON evaluations TO harmonia_evaluator;
+GRANT INSERT, DELETE ON eval_attrs TO harmonia_evaluator;
+GRANT INSERT ON derivations, derivation_inputs TO harmonia_evaluator;
+-- Never nar_hash or nar_size: the canonical NAR hash is the signer's to record.
+GRANT INSERT (drv_path, output_name, output_path) ON derivation_outputs TO harmonia_evaluator;
+GRANT INSERT (drv_path, project_id, system, required_features) ON build_jobs TO harmonia_evaluator;
+-- Reviving cancelled jobs a new evaluation needs, cancelling those a failed one no longer does.
+GRANT UPDATE (status, finished_at, claimed_by, claimed_at, started_at) ON build_jobs TO harmonia_evaluator;
+
+-- ===== Signer: build results, NAR hashes, keys; the GC leader =====
+
+GRANT UPDATE (status, finished_at, exit_code, error_message, log_url), DELETE
+    ON build_jobs TO harmonia_signer;
+GRANT UPDATE (nar_hash, nar_size) ON derivation_outputs TO harmonia_signer;
+GRANT INSERT, UPDATE (last_seen) ON signing_keys TO harmonia_signer;
+GRANT DELETE ON evaluations, derivations, webhook_deliveries, gc_requests TO harmonia_signer;
+GRANT INSERT, UPDATE, DELETE ON gc_runs TO harmonia_signer;
+GRANT INSERT ON maintenance_runs TO harmonia_signer;
+GRANT INSERT, UPDATE ON leaders TO harmonia_signer;
+
+-- ===== Cache: reads only =====
+
+-- ===== Builder: its claimed jobs and their log tails =====
+
+GRANT UPDATE (status, claimed_by, claimed_at, started_at, finished_at, attempt, retry_count,
+              exit_code, error_message, log_url)
+    ON build_jobs TO harmonia_builder;
+GRANT INSERT, UPDATE (log_tail, log_seq), DELETE ON build_log_tails TO harmonia_builder;
+-- Builder time charged to projects (fair shares).
+GRANT UPDATE (consumed_seconds) ON projects TO harmonia_builder;
+
+-- ===== Row-level security =====
+
+ALTER TABLE nodes ENABLE ROW LEVEL SECURITY;
+ALTER TABLE leaders ENABLE ROW LEVEL SECURITY;
+ALTER TABLE build_jobs ENABLE ROW LEVEL SECURITY;
+ALTER TABLE build_log_tails ENABLE ROW LEVEL SECURITY;
+ALTER TABLE evaluations ENABLE ROW LEVEL SECURITY;
+ALTER TABLE eval_attrs ENABLE ROW LEVEL SECURITY;
+
+-- nodes
+
+CREATE POLICY harmonia_read ON nodes FOR SELECT TO harmonia_node USING (true);
+CREATE POLICY harmonia_own_insert ON nodes FOR INSERT TO harmonia_node
+    WITH CHECK (id = session_user AND roles <@ ARRAY(
+        SELECT m.role FROM (VALUES ('frontend', 'harmonia_frontend'), ('evaluator', 'harmonia_evaluator'),
+                                   ('signer', 'harmonia_signer'), ('cache', 'harmonia_cache'),
+                                   ('builder', 'harmonia_builder')) AS m(role, grp)
+        WHERE pg_has_role(session_user, m.grp, 'MEMBER')));
+CREATE POLICY harmonia_own_update ON nodes FOR UPDATE TO harmonia_node
+    USING (id = session_user)
+    WITH CHECK (id = session_user AND roles <@ ARRAY(
+        SELECT m.role FROM (VALUES ('frontend', 'harmonia_frontend'), ('evaluator', 'harmonia_evaluator'),
+                                   ('signer', 'harmonia_signer'), ('cache', 'harmonia_cache'),
+                                   ('builder', 'harmonia_builder')) AS m(role, grp)
+        WHERE pg_has_role(session_user, m.grp, 'MEMBER')));
+CREATE POLICY harmonia_own_delete ON nodes FOR DELETE TO harmonia_node USING (id = session_user);
+-- The frontend marks nodes dead, deletes dead rows and forwards drain requests, but changes no
+-- other node's roles or endpoint. (A subquery in WITH CHECK reads the row as it was before the
+-- statement.)
+CREATE POLICY harmonia_frontend_update ON nodes FOR UPDATE TO harmonia_frontend
+    USING (true)
+    WITH CHECK ((roles, endpoint) = (SELECT n.roles, n.endpoint FROM nodes n WHERE n.id = nodes.id));
+CREATE POLICY harmonia_frontend_delete ON nodes FOR DELETE TO harmonia_frontend USING (true);
+
+-- leaders: a node ends only its own leases; a frontend stands for maintenance, a signer for
+-- gc, each only in its own name.
+
+CREATE POLICY harmonia_read ON leaders FOR SELECT TO harmonia_node USING (true);
+CREATE POLICY harmonia_own_release ON leaders FOR UPDATE TO harmonia_node
+    USING (node_id = session_user) WITH CHECK (node_id = session_user);
+CREATE POLICY harmonia_frontend_insert ON leaders FOR INSERT TO harmonia_frontend
+    WITH CHECK (role = 'maintenance' AND node_id = session_user);
+CREATE POLICY harmonia_frontend_update ON leaders FOR UPDATE TO harmonia_frontend
+    USING (role = 'maintenance') WITH CHECK (role = 'maintenance' AND node_id = session_user);
+CREATE POLICY harmonia_signer_insert ON leaders FOR INSERT TO harmonia_signer
+    WITH CHECK (role = 'gc' AND node_id = session_user);
+CREATE POLICY harmonia_signer_update ON leaders FOR UPDATE TO harmonia_signer
+    USING (role = 'gc') WITH CHECK (role = 'gc' AND node_id = session_user);
+
+-- build_jobs
+
+CREATE POLICY harmonia_read ON build_jobs FOR SELECT TO harmonia_node USING (true);
+-- Any node gives back its own claims: to the queue, or failed past its retries. The WITH CHECK
+-- expressions of all of a role's policies are ORed, not paired with their USING, so each one
+-- says itself which rows it is for: a subquery in WITH CHECK reads the row as it was before
+-- the statement.
+CREATE POLICY harmonia_own_release ON build_jobs FOR UPDATE TO harmonia_node
+    USING (claimed_by = session_user)
+    WITH CHECK ((status = 'pending' AND claimed_by IS NULL
+                 AND (SELECT o.claimed_by FROM build_jobs o WHERE o.id = build_jobs.id) = session_user)
+                OR (status = 'failed' AND claimed_by = session_user));
+-- A builder claims a pending, unclaimed job for itself, and moves its own claims on: uploading,
+-- failed, cancelled, back to the queue. Never succeeded: the signer records that. A failure
+-- marks the pending jobs above it dep-failed. (The subquery reads the row as it was before the
+-- statement: only a job this builder held goes back to pending.)
+CREATE POLICY harmonia_builder_update ON build_jobs FOR UPDATE TO harmonia_builder
+    USING (claimed_by = session_user OR (status = 'pending' AND claimed_by IS NULL))
+    WITH CHECK ((claimed_by = session_user AND status IN ('building', 'uploading', 'failed', 'cancelled'))
+                OR (claimed_by IS NULL AND status = 'dep-failed')
+                OR (claimed_by IS NULL AND status = 'pending'
+                    AND (SELECT o.claimed_by FROM build_jobs o WHERE o.id = build_jobs.id) = session_user));
+-- An evaluator adds pending jobs, revives cancelled ones and cancels pending ones.
+CREATE POLICY harmonia_evaluator_insert ON build_jobs FOR INSERT TO harmonia_evaluator
+    WITH CHECK (status = 'pending' AND claimed_by IS NULL);
+CREATE POLICY harmonia_evaluator_update ON build_jobs FOR UPDATE TO harmonia_evaluator
+    USING (status IN ('pending', 'cancelled'))
+    WITH CHECK (status IN ('pending', 'cancelled') AND claimed_by IS NULL);
+-- The signer records results (and the GC expires logs); it deletes what nobody is building.
+CREATE POLICY harmonia_signer_update ON build_jobs FOR UPDATE TO harmonia_signer
+    USING (true) WITH CHECK (status IN ('succeeded', 'failed', 'cancelled', 'dep-failed'));
+CREATE POLICY harmonia_signer_delete ON build_jobs FOR DELETE TO harmonia_signer
+    USING (status NOT IN ('building', 'uploading'));
+-- The frontend cancels, rebuilds, reaps and fails unsupported jobs; it never marks one
+-- succeeded.
+CREATE POLICY harmonia_frontend_update ON build_jobs FOR UPDATE TO harmonia_frontend
+    USING (true) WITH CHECK (status <> 'succeeded');
+
+-- build_log_tails: a builder writes the tails of the jobs it holds.
+
+CREATE POLICY harmonia_read ON build_log_tails FOR SELECT TO harmonia_node USING (true);
+CREATE POLICY harmonia_builder_own ON build_log_tails FOR ALL TO harmonia_builder
+    USING (EXISTS (SELECT 1 FROM build_jobs j WHERE j.id = build_job_id AND j.claimed_by = session_user))
+    WITH CHECK (EXISTS (SELECT 1 FROM build_jobs j WHERE j.id = build_job_id AND j.claimed_by = session_user));
+
+-- evaluations
+
+CREATE POLICY harmonia_read ON evaluations FOR SELECT TO harmonia_node USING (true);
+CREATE POLICY harmonia_own_release ON evaluations FOR UPDATE TO harmonia_node
+    USING (claimed_by = session_user)
+    WITH CHECK (status = 'queued' AND claimed_by IS NULL
+                AND (SELECT o.claimed_by FROM evaluations o WHERE o.id = evaluations.id) = session_user);
+-- An evaluator claims a queued evaluation for itself and finishes or hands back its own
+-- (harmonia_own_release).
+CREATE POLICY harmonia_evaluator_update ON evaluations FOR UPDATE TO harmonia_evaluator
+    USING (claimed_by = session_user OR (status = 'queued' AND claimed_by IS NULL))
+    WITH CHECK (claimed_by = session_user AND status IN ('running', 'succeeded', 'failed'));
+CREATE POLICY harmonia_frontend_all ON evaluations FOR ALL TO harmonia_frontend USING (true) WITH CHECK (true);
+CREATE POLICY harmonia_signer_delete ON evaluations FOR DELETE TO harmonia_signer USING (true);
+
+-- eval_attrs: an evaluator writes the attributes of the evaluations it holds.
+
+CREATE POLICY harmonia_read ON eval_attrs FOR SELECT TO harmonia_node USING (true);
+CREATE POLICY harmonia_evaluator_insert ON eval_attrs FOR INSERT TO harmonia_evaluator
+    WITH CHECK (EXISTS (SELECT 1 FROM evaluations e WHERE e.id = eval_id AND e.claimed_by = session_user));
+CREATE POLICY harmonia_evaluator_delete ON eval_attrs FOR DELETE TO harmonia_evaluator
+    USING (EXISTS (SELECT 1 FROM evaluations e WHERE e.id = eval_id AND e.claimed_by = session_user));
+CREATE POLICY harmonia_frontend_all ON eval_attrs FOR ALL TO harmonia_frontend USING (true) WITH CHECK (true);

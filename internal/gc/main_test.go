@@ -1,0 +1,10 @@
+package gc_test
+
+import (
+	"testing"
+
+	"github.com/harmonia-ci/harmonia-ci/internal/blobtest"
+	"github.com/harmonia-ci/harmonia-ci/internal/dbtest"
+)
+
+func TestMain(m *testing.M) { dbtest.Main(m, blobtest.Cleanup) }

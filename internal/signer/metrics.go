@@ -1,0 +1,132 @@
+package signer
+
+import (
+	"net/http"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Endpoints of the signer (label endpoint).
+const (
+	endpointUploadSlots   = "upload-slots"
+	endpointBuildComplete = "build-complete"
+	endpointPublish       = "publish"
+	endpointCacheLookup   = "cache-lookup"
+)
+
+var (
+	endpoints = []string{endpointUploadSlots, endpointBuildComplete, endpointPublish, endpointCacheLookup}
+	// codeNames are the classes the signer answers with: JSON or an error, never 1xx or 3xx.
+	codeNames = [...]string{"2xx", "4xx", "5xx"}
+)
+
+// signerMetrics are the signer's series; nil (no registerer) records nothing.
+type signerMetrics struct {
+	requests  map[string]*[len(codeNames)]prometheus.Counter // by endpoint, then code class
+	narinfos  map[publishResult]prometheus.Counter
+	uploadNAR prometheus.Counter
+	uploadLog prometheus.Counter
+	uploadDrv prometheus.Counter
+}
+
+func newSignerMetrics(reg prometheus.Registerer) *signerMetrics {
+	if reg == nil {
+		return nil
+	}
+	requests := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "harmonia_ci_signer_requests_total",
+		Help: "Requests this node's signer answered, by endpoint (upload-slots, build-complete, publish, cache-lookup) and HTTP status class (2xx, 4xx, 5xx).",
+	}, []string{"endpoint", "code"})
+	narinfos := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "harmonia_ci_signer_narinfos_total",
+		Help: "Narinfos this node's signer published, by result: written (signed and stored), skipped (the cache had it with the same NAR hash), conflict (the cache had another NAR: a non-reproducible build, the first is kept).",
+	}, []string{"result"})
+	uploads := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "harmonia_ci_signer_upload_bytes_total",
+		Help: "Bytes written to the cache through this node's signer, by kind: nar and log are the declared sizes of the uploads it presigned (the store enforces them), drv the .drv NARs it wrote itself.",
+	}, []string{"kind"})
+	reg.MustRegister(requests, narinfos, uploads)
+	m := &signerMetrics{
+		requests: map[string]*[len(codeNames)]prometheus.Counter{},
+		narinfos: map[publishResult]prometheus.Counter{
+			written: narinfos.WithLabelValues("written"), skipped: narinfos.WithLabelValues("skipped"),
+			conflict: narinfos.WithLabelValues("conflict"),
+		},
+		uploadNAR: uploads.WithLabelValues("nar"), uploadLog: uploads.WithLabelValues("log"),
+		uploadDrv: uploads.WithLabelValues("drv"),
+	}
+	for _, e := range endpoints {
+		var byCode [len(codeNames)]prometheus.Counter
+		for i, c := range codeNames {
+			byCode[i] = requests.WithLabelValues(e, c)
+		}
+		m.requests[e] = &byCode
+	}
+	return m
+}
+
+// answered counts a request of endpoint answered with code.
+func (m *signerMetrics) answered(endpoint string, code int) {
+	if m == nil {
+		return
+	}
+	class := 2 // 5xx, and anything unexpected
+	switch code / 100 {
+	case 2:
+		class = 0
+	case 4:
+		class = 1
+	}
+	m.requests[endpoint][class].Inc()
+}
+
+func (m *signerMetrics) published(results []publishResult) {
+	if m == nil {
+		return
+	}
+	for _, r := range results {
+		m.narinfos[r].Inc()
+	}
+}
+
+// The upload counters; each takes a size in bytes.
+func (m *signerMetrics) narGranted(n int64) {
+	if m != nil {
+		m.uploadNAR.Add(float64(n))
+	}
+}
+
+func (m *signerMetrics) logGranted(n int64) {
+	if m != nil {
+		m.uploadLog.Add(float64(n))
+	}
+}
+
+func (m *signerMetrics) drvWritten(n int64) {
+	if m != nil {
+		m.uploadDrv.Add(float64(n))
+	}
+}
+
+// statusRecorder remembers the status code a handler answered with.
+type statusRecorder struct {
+	http.ResponseWriter
+	code int
+}
+
+func (r *statusRecorder) WriteHeader(code int) {
+	if r.code == 0 {
+		r.code = code
+	}
+	r.ResponseWriter.WriteHeader(code)
+}
+
+func (r *statusRecorder) Write(b []byte) (int, error) {
+	if r.code == 0 {
+		r.code = http.StatusOK
+	}
+	return r.ResponseWriter.Write(b)
+}
+
+// Unwrap lets http.ResponseController reach the connection.
+func (r *statusRecorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
