@@ -88,6 +88,12 @@ type Store interface {
 	PresignPut(ctx context.Context, key string, size int64, sum []byte, contentType string, expiry time.Duration) (Upload, error)
 }
 
+// BatchDeleter is a Store that deletes many keys in one request (S3's DeleteObjects); the
+// garbage collector uses it when the store has it.
+type BatchDeleter interface {
+	DeleteMany(ctx context.Context, keys []string) (failed []string, err error)
+}
+
 // Syncer is a Store whose writes become durable only when Sync returns (the local directory).
 // Callers sync before they record anything that refers to what they wrote.
 type Syncer interface {

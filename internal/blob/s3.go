@@ -201,6 +201,34 @@ func (s *S3) Delete(ctx context.Context, key string) error {
 	return nil
 }
 
+// MaxBatchDelete is the most keys one DeleteMany request takes (S3's DeleteObjects limit).
+const MaxBatchDelete = 1000
+
+// DeleteMany removes keys (at most MaxBatchDelete) in one request; absent keys are not an
+// error. It returns the keys it could not delete with the first error.
+func (s *S3) DeleteMany(ctx context.Context, keys []string) (failed []string, err error) {
+	if len(keys) > MaxBatchDelete {
+		return keys, fmt.Errorf("blob: s3 delete: %d keys in one request, at most %d", len(keys), MaxBatchDelete)
+	}
+	objects := make(chan minio.ObjectInfo, len(keys))
+	for _, k := range keys {
+		if err := ValidKey(k); err != nil {
+			return keys, err
+		}
+		objects <- minio.ObjectInfo{Key: k}
+	}
+	close(objects)
+	for e := range s.client.RemoveObjects(ctx, s.bucket, objects, minio.RemoveObjectsOptions{}) {
+		if e.Err != nil {
+			failed = append(failed, e.ObjectName)
+			if err == nil {
+				err = fmt.Errorf("blob: s3 delete %s: %w", e.ObjectName, e.Err)
+			}
+		}
+	}
+	return failed, err
+}
+
 // List calls fn for each object whose key starts with prefix, in key order. Info.ContentType
 // is empty: S3 listings do not carry it.
 func (s *S3) List(ctx context.Context, prefix string, fn func(Info) error) error {

@@ -132,9 +132,9 @@ func New(cfg Config, pool *pgxpool.Pool, logger *slog.Logger, clk clock.Clock) (
 	if cfg.Registerer != nil {
 		steps = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "harmonia_ci_build_step_seconds",
-			Help:    "Time a build attempt on this node spent in each step that ran (fetch, build, upload, sign).",
+			Help:    "Time a build attempt on this node spent in each step that ran (fetch, build, upload, sign), by the job's system.",
 			Buckets: prometheus.ExponentialBuckets(0.01, 4, 10),
-		}, []string{"step"})
+		}, []string{"step", "system"})
 		cfg.Registerer.MustRegister(steps)
 	}
 	logger = logger.With("service", "builder", "node_id", cfg.NodeID)
@@ -278,7 +278,7 @@ func (b *Builder) Handle(ctx context.Context, job queue.Job) queue.Result {
 		b.backOff(jctx, job, logger, res.Err)
 	}
 	if ctx.Err() == nil {
-		b.observeSteps(t)
+		b.observeSteps(t, job.System)
 	}
 	if b.cfg.Observe != nil && ctx.Err() == nil {
 		t.Succeeded = res.Err == nil && !res.Abandoned
@@ -287,8 +287,8 @@ func (b *Builder) Handle(ctx context.Context, job queue.Job) queue.Result {
 	return res
 }
 
-// observeSteps records the steps of t that ran.
-func (b *Builder) observeSteps(t Timings) {
+// observeSteps records the steps of t that ran, for a job of system.
+func (b *Builder) observeSteps(t Timings, system string) {
 	if b.steps == nil {
 		return
 	}
@@ -297,7 +297,7 @@ func (b *Builder) observeSteps(t Timings) {
 		d    time.Duration
 	}{{"fetch", t.Fetch}, {"build", t.Build}, {"upload", t.Upload}, {"sign", t.Sign}} {
 		if s.d > 0 {
-			b.steps.WithLabelValues(s.name).Observe(s.d.Seconds())
+			b.steps.WithLabelValues(s.name, system).Observe(s.d.Seconds())
 		}
 	}
 }

@@ -15,7 +15,7 @@ import (
 
 func newBench(g *globalFlags) *cobra.Command {
 	c := &cobra.Command{Use: "bench", Short: "Run benchmarks against a real PostgreSQL"}
-	c.AddCommand(newBenchQueue(g), newBenchWorker(g), newBenchCache(), newBenchEval(), newBenchE2E(), newBenchWebhook())
+	c.AddCommand(newBenchQueue(g), newBenchWorker(g), newBenchCache(), newBenchEval(), newBenchE2E(), newBenchWebhook(), newBenchGC(g))
 	return c
 }
 
@@ -305,4 +305,97 @@ against a forge that answers at once.`,
 	f.IntVar(&o.Statuses, "statuses", 500, "finished builds timed to their status call")
 	f.BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
+}
+
+func newBenchGC(g *globalFlags) *cobra.Command {
+	var o bench.GCOptions
+	var asJSON bool
+	var backends, secretFile string
+	cmd := &cobra.Command{
+		Use:   "gc",
+		Short: "Mark and sweep a synthetic cache on the local store and MinIO; report objects scanned/s, the live-set query, and an extrapolation to a million objects",
+		Long: `gc fills a private PostgreSQL (fsync off) with a synthetic package set and a cache with its
+objects: --objects/2 store paths, each a narinfo and a NAR of random bytes. A share
+--live-fraction of the paths are derivations the database keeps (a .drv and an output each,
+published, with inputs forming a DAG and a succeeded evaluation whose attributes are the
+derivations nothing else uses); the others are only in the cache. --unbuilt leaves the outputs of
+a share of the derivations out of the cache, as failed builds do. It then runs the garbage
+collector once per backend (--backends: the local store and a private MinIO, or the bucket of
+--s3-endpoint and --s3-bucket, which must be empty) and checks that exactly the dead objects
+went. It does this for a quarter of --objects and for --objects, and extrapolates each phase to
+1,000,000 objects: list, mark and sweep linearly from the larger run, the live-set query and the
+database step by their measured growth.
+
+With --database-url the database must hold no derivations or evaluations.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			o.DatabaseURL = g.databaseURL
+			o.Backends = strings.Split(backends, ",")
+			if secretFile != "" {
+				b, err := os.ReadFile(secretFile)
+				if err != nil {
+					return fmt.Errorf("--s3-secret-key-file: %w", err)
+				}
+				o.S3.SecretKey = strings.TrimSpace(string(b))
+			}
+			o.S3.PathStyle = true
+			o.Logger = benchLogger(cmd.ErrOrStderr())
+			ctx, _, stop := signalContext()
+			defer stop()
+			r, err := bench.GC(ctx, o)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(cmd.OutOrStdout(), r)
+			}
+			printGCReport(cmd.OutOrStdout(), r)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.IntVar(&o.Objects, "objects", 100000, "cache objects of the larger run (half narinfos, half NARs)")
+	f.Float64Var(&o.LiveFraction, "live-fraction", 0.5, "share of the store paths the database keeps")
+	f.Float64Var(&o.Unbuilt, "unbuilt", 0, "share of the derivations whose build failed (the cache has only their .drv)")
+	f.StringVar(&backends, "backends", "local,s3", "comma-separated backends: local, s3")
+	f.IntVar(&o.Workers, "workers", 32, "the collector's parallel narinfo reads and deletions")
+	f.IntVar(&o.Writers, "writers", 32, "parallel writes while filling the cache")
+	f.Uint64Var(&o.Seed, "seed", 0, "package set seed (default: time)")
+	f.StringVar(&o.S3.Endpoint, "s3-endpoint", "", "an S3 server (host:port) to use instead of a private MinIO")
+	f.StringVar(&o.S3.Bucket, "s3-bucket", "", "an empty bucket on --s3-endpoint; emptied again after each run")
+	f.StringVar(&o.S3.Region, "s3-region", "us-east-1", "region of --s3-endpoint")
+	f.StringVar(&o.S3.AccessKey, "s3-access-key", "", "access key of --s3-endpoint")
+	f.StringVar(&secretFile, "s3-secret-key-file", "", "file holding the secret key of --s3-endpoint")
+	f.BoolVar(&o.S3.UseTLS, "s3-tls", false, "use HTTPS for --s3-endpoint")
+	f.BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+func printGCReport(w io.Writer, r bench.GCReport) {
+	fmt.Fprintf(w, "harmonia-ci bench gc — %s, PostgreSQL %s, %s, %s\n", r.Machine, r.Postgres, r.MinIO, r.Date)
+	fmt.Fprintf(w, "  live fraction %.2f, unbuilt %.2f, %d workers, seed %d; load average %.1f before, %.1f after\n",
+		r.LiveFraction, r.Unbuilt, r.Workers, r.Seed, r.LoadBefore, r.LoadAfter)
+	for _, x := range r.Runs {
+		fmt.Fprintf(w, "  %-5s %d objects: %d live paths, %d dead; %d derivations (%d unbuilt), %d roots; filled in %.1f s\n",
+			x.Backend, x.Objects, x.LivePaths, x.DeadPaths, x.Derivations, x.Unbuilt, x.Roots, x.FillSeconds)
+		fmt.Fprintf(w, "        collection     %.2f s = %.0f scanned/s\n", x.Seconds, x.ScannedPerSecond)
+		fmt.Fprintf(w, "        list           %.2f s = %.0f objects/s\n", x.ListSeconds, x.ListPerSecond)
+		fmt.Fprintf(w, "        mark           %.2f s = %.0f narinfo reads/s (%d)\n", x.MarkSeconds, x.ReadsPerSecond, x.NarInfoReads)
+		fmt.Fprintf(w, "        sweep          %.2f s = %.0f deleted/s (%d)\n", x.SweepSeconds, x.DeletedPerSecond, x.Deleted)
+		fmt.Fprintf(w, "        live-set query %.1f ms; database step and locks %.2f s\n", x.LiveSetQueryMs, x.OtherSeconds)
+		fmt.Fprintf(w, "        checked        %d live objects kept, %d dead gone\n", x.Kept, x.Gone)
+	}
+	for _, e := range r.Extrapolations {
+		verdict := "NOT well under an hour"
+		if e.WellUnderAnHour {
+			verdict = "well under an hour"
+		}
+		fmt.Fprintf(w, "  %s at %d objects: list %.0f s + mark %.0f s + sweep %.0f s + live-set query %.2f s (k %.2f) + database step %.1f s (k %.2f) = %.1f min: %s\n",
+			e.Backend, e.Objects, e.ListSeconds, e.MarkSeconds, e.SweepSeconds, e.LiveSetQuery, e.LiveSetExponent,
+			e.OtherSeconds, e.OtherExponent, e.TotalSeconds/60, verdict)
+		fmt.Fprintf(w, "        check: the whole collection grew with k %.2f; at that growth %.1f min\n", e.RunExponent, e.RunGrowthSeconds/60)
+	}
+	if len(r.Extrapolations) > 0 {
+		fmt.Fprintf(w, "  extrapolation: %s\n", r.Extrapolations[0].Method)
+	}
 }

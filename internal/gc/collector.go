@@ -375,28 +375,62 @@ func (c *Collector) round(ctx context.Context, rep *Report, live *liveSet, t0 ti
 		}
 	}
 
-	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(c.cfg.Workers)
-	deleted := make([]bool, len(cands))
-	for i, ob := range cands {
-		if live.isLive(ob.key) {
-			continue
+	var doomed []object
+	for _, ob := range cands {
+		if !live.isLive(ob.key) {
+			doomed = append(doomed, ob)
 		}
-		g.Go(func() error {
-			if err := c.cfg.Store.Delete(gctx, ob.key); err != nil {
-				return fmt.Errorf("delete %s: %w", ob.key, err)
-			}
-			deleted[i] = true
-			return nil
-		})
 	}
-	err = g.Wait()
-	for i, ob := range cands {
+	deleted, err := c.remove(ctx, doomed)
+	for i, ob := range doomed {
 		if deleted[i] {
 			rep.count(ob.key, ob.size)
 		}
 	}
 	return err
+}
+
+// batchWorkers is how many batch deletions run at once; each takes up to blob.MaxBatchDelete keys.
+const batchWorkers = 4
+
+// remove deletes obs, in batches where the store takes them (S3), and reports which it deleted.
+func (c *Collector) remove(ctx context.Context, obs []object) ([]bool, error) {
+	deleted := make([]bool, len(obs))
+	g, gctx := errgroup.WithContext(ctx)
+	bd, batched := c.cfg.Store.(blob.BatchDeleter)
+	if !batched {
+		g.SetLimit(c.cfg.Workers)
+		for i, ob := range obs {
+			g.Go(func() error {
+				if err := c.cfg.Store.Delete(gctx, ob.key); err != nil {
+					return fmt.Errorf("delete %s: %w", ob.key, err)
+				}
+				deleted[i] = true
+				return nil
+			})
+		}
+		return deleted, g.Wait()
+	}
+	g.SetLimit(batchWorkers)
+	for start := 0; start < len(obs); start += blob.MaxBatchDelete {
+		end := min(start+blob.MaxBatchDelete, len(obs))
+		g.Go(func() error {
+			keys := make([]string, 0, end-start)
+			for _, ob := range obs[start:end] {
+				keys = append(keys, ob.key)
+			}
+			failed, err := bd.DeleteMany(gctx, keys)
+			notDeleted := make(map[string]bool, len(failed))
+			for _, k := range failed {
+				notDeleted[k] = true
+			}
+			for i := start; i < end; i++ {
+				deleted[i] = !notDeleted[obs[i].key]
+			}
+			return err
+		})
+	}
+	return deleted, g.Wait()
 }
 
 // missing returns the elements of all not in have.
