@@ -101,6 +101,10 @@ func (c *Collector) Run(ctx context.Context, o RunOptions) (rep *Report, err err
 		if _, err := tx.Exec(ctx, sqlTakeRequests); err != nil {
 			return fmt.Errorf("take gc requests: %w", err)
 		}
+		// Only the GC leader collects: a run still "running" is one a lost term interrupted.
+		if _, err := tx.Exec(ctx, sqlInterrupted); err != nil {
+			return fmt.Errorf("close interrupted runs: %w", err)
+		}
 		return tx.QueryRow(ctx, sqlStartRun, o.NodeID, o.Epoch, rep.Evaluations, rep.Jobs,
 			rep.Derivations, rep.LogsExpired, rep.Deliveries).Scan(&runID, &rep.Started)
 	})
@@ -116,8 +120,10 @@ func (c *Collector) Run(ctx context.Context, o RunOptions) (rep *Report, err err
 		status, msg = "failed", sweepErr.Error()
 	}
 	o2 := rep.Objects()
-	err = o.Fence(context.WithoutCancel(ctx), func(tx pgx.Tx) error {
-		_, err := tx.Exec(ctx, sqlFinishRun, runID, status, msg, rep.Scanned, o2.Objects, o2.Bytes)
+	// Recorded even when the run was cancelled (a shutdown), as long as the term holds.
+	fctx := context.WithoutCancel(ctx)
+	err = o.Fence(fctx, func(tx pgx.Tx) error {
+		_, err := tx.Exec(fctx, sqlFinishRun, runID, status, msg, rep.Scanned, o2.Objects, o2.Bytes)
 		return err
 	})
 	if sweepErr != nil {

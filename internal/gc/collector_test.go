@@ -451,3 +451,17 @@ func TestCollectWaitsForAPublisher(t *testing.T) {
 		}
 	}
 }
+
+// TestCollectClosesInterruptedRuns: a run a lost term left "running" is recorded as failed by
+// the next one, so operators do not see a collection running forever.
+func TestCollectClosesInterruptedRuns(t *testing.T) {
+	w := newWorld(t, backends[0].open(t))
+	var stale int64
+	w.must(w.pool.QueryRow(w.ctx, `INSERT INTO gc_runs (node_id, epoch) VALUES ('gone', 1) RETURNING id`).Scan(&stale))
+	w.run(w.collector())
+	var status, msg string
+	w.must(w.pool.QueryRow(w.ctx, `SELECT status, COALESCE(error, '') FROM gc_runs WHERE id = $1`, stale).Scan(&status, &msg))
+	if status != "failed" || !strings.Contains(msg, "interrupted") {
+		t.Errorf("the interrupted run is %q (%q); want failed, interrupted", status, msg)
+	}
+}

@@ -143,6 +143,10 @@ UPDATE gc_runs SET finished_at = now(), status = $2, error = $3, objects_scanned
        objects_deleted = $5, bytes_deleted = $6
 WHERE id = $1`
 
+	sqlInterrupted = `
+UPDATE gc_runs SET status = 'failed', finished_at = now(), error = 'interrupted: the GC leader stopped or lost its term'
+WHERE status = 'running'`
+
 	// Requests the run about to start serves: those made before it started (the started_at it
 	// records), which is what harmonia-ci gc waits for.
 	sqlTakeRequests = `DELETE FROM gc_requests WHERE requested_at <= now()`
