@@ -1,0 +1,270 @@
+// Package workerproto is a client of the Nix daemon's worker protocol (version 1.34, Nix 2.8):
+// the handshake, the daemon's log and error messages, and the operations a builder needs
+// (options, validity and path info, temporary GC roots, adding a NAR, building a derivation,
+// dumping a path as a NAR, what is missing). A connection is a long-lived `nix-daemon --stdio`
+// child (which also serves a chroot store) or the system daemon's socket.
+//
+// A Conn runs one operation at a time. Cancelling an operation's context closes the connection,
+// which ends the daemon's work (a running build is killed with its worker); the Conn is then
+// unusable and the caller opens another. A reply that does not follow the protocol is an error
+// wrapping ErrMalformed, never a hang.
+package workerproto
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os/exec"
+	"sync"
+	"syscall"
+	"time"
+)
+
+const (
+	magic1 = 0x6e697863
+	magic2 = 0x6478696f
+	// clientVersion is protocol 1.34, what Nix 2.8 speaks.
+	clientVersion = 1<<8 | 34
+	// minDaemonVersion: structured errors (1.26) and build results with times (1.29).
+	minDaemonMinor = 29
+)
+
+// ErrClosed is returned for an operation on a closed connection.
+var ErrClosed = errors.New("workerproto: connection closed")
+
+// Conn is a connection to a Nix daemon.
+type Conn struct {
+	r  *reader
+	w  *writer
+	rw io.ReadWriteCloser
+	// DaemonVersion is the daemon's Nix version ("2.8.0") and Minor its protocol minor version.
+	DaemonVersion string
+	Minor         uint64
+
+	mu        sync.Mutex // one operation at a time
+	closeOnce sync.Once
+	closed    chan struct{}
+	closeErr  error
+	cmd       *exec.Cmd // the nix-daemon --stdio child, if any
+	waitDone  chan struct{}
+}
+
+// StartOptions start a `nix-daemon --stdio` child.
+type StartOptions struct {
+	// Daemon is the nix-daemon binary; default "nix-daemon" on PATH.
+	Daemon string
+	// Store is a chroot store directory ("" for the system store).
+	Store string
+	// Options are passed as --option NAME VALUE (for example sandbox-paths); the daemon is
+	// trusted, so they also hold for builds.
+	Options map[string]string
+	// Env is the child's environment; nil inherits none but PATH-free defaults.
+	Env []string
+}
+
+// Start runs a `nix-daemon --stdio` child and handshakes with it. The child and its builds end
+// when the connection is closed.
+func Start(ctx context.Context, o StartOptions) (*Conn, error) {
+	bin := o.Daemon
+	if bin == "" {
+		bin = "nix-daemon"
+	}
+	args := []string{"--stdio"}
+	if o.Store != "" {
+		args = append(args, "--store", o.Store)
+	}
+	for k, v := range o.Options {
+		args = append(args, "--option", k, v)
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Env = o.Env
+	// Its own process group, so Close reaches the daemon's children; killed if we die first.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, fmt.Errorf("start nix-daemon: %w", err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, fmt.Errorf("start nix-daemon: %w", err)
+	}
+	stderr := &tailBuffer{limit: 8 << 10}
+	cmd.Stderr = stderr
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start nix-daemon: %w", err)
+	}
+	c := newConn(pipe{stdout, stdin})
+	c.cmd, c.waitDone = cmd, make(chan struct{})
+	go func() { _ = cmd.Wait(); close(c.waitDone) }()
+	if err := c.handshake(ctx); err != nil {
+		c.Close()
+		if msg := stderr.String(); msg != "" {
+			return nil, fmt.Errorf("%w (nix-daemon said: %s)", err, msg)
+		}
+		return nil, err
+	}
+	return c, nil
+}
+
+// Dial connects to a daemon's socket (the system daemon: /nix/var/nix/daemon-socket/socket).
+func Dial(ctx context.Context, socket string) (*Conn, error) {
+	var d net.Dialer
+	nc, err := d.DialContext(ctx, "unix", socket)
+	if err != nil {
+		return nil, fmt.Errorf("connect to nix-daemon: %w", err)
+	}
+	c := newConn(nc)
+	if err := c.handshake(ctx); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// NewConn handshakes over rw, an established connection to a daemon.
+func NewConn(ctx context.Context, rw io.ReadWriteCloser) (*Conn, error) {
+	c := newConn(rw)
+	if err := c.handshake(ctx); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+func newConn(rw io.ReadWriteCloser) *Conn {
+	return &Conn{r: newReader(rw), w: newWriter(rw), rw: rw, closed: make(chan struct{})}
+}
+
+func (c *Conn) handshake(ctx context.Context) error {
+	return c.do(ctx, func() error {
+		c.w.uint64(magic1)
+		if err := c.w.flush(); err != nil {
+			return fmt.Errorf("workerproto handshake: %w", err)
+		}
+		if m := c.r.uint64(); c.r.err == nil && m != magic2 {
+			return fmt.Errorf("workerproto handshake: %w: magic %#x", ErrMalformed, m)
+		}
+		v := c.r.uint64()
+		if c.r.err != nil {
+			return fmt.Errorf("workerproto handshake: %w", c.r.err)
+		}
+		if v>>8 != 1 || v&0xff < minDaemonMinor {
+			return fmt.Errorf("workerproto handshake: the daemon speaks protocol %d.%d; at least 1.%d is needed", v>>8, v&0xff, minDaemonMinor)
+		}
+		c.Minor = min(v&0xff, clientVersion&0xff)
+		c.w.uint64(clientVersion)
+		c.w.uint64(0) // no CPU affinity (obsolete)
+		c.w.uint64(0) // reserveSpace (obsolete)
+		if err := c.w.flush(); err != nil {
+			return fmt.Errorf("workerproto handshake: %w", err)
+		}
+		if c.Minor >= 33 {
+			c.DaemonVersion = c.r.string()
+		}
+		if err := c.processStderr(nil); err != nil {
+			return fmt.Errorf("workerproto handshake: %w", err)
+		}
+		return nil
+	})
+}
+
+// do runs an operation: one at a time, and a cancelled ctx closes the connection so that a
+// blocked read or write returns at once.
+func (c *Conn) do(ctx context.Context, op func() error) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	select {
+	case <-c.closed:
+		return ErrClosed
+	default:
+	}
+	if c.r.err != nil || c.w.err != nil {
+		return fmt.Errorf("workerproto: the connection failed earlier: %w", errors.Join(c.r.err, c.w.err))
+	}
+	stop := context.AfterFunc(ctx, func() { c.Close() })
+	err := op()
+	if !stop() {
+		// The context ended during the operation: its error is the cause, not the closed pipe.
+		return fmt.Errorf("workerproto: %w", context.Cause(ctx))
+	}
+	if err == nil && (c.r.err != nil || c.w.err != nil) {
+		err = errors.Join(c.r.err, c.w.err)
+	}
+	return err
+}
+
+// closeGrace is how long a `nix-daemon --stdio` child may take to stop its build and exit once
+// its connection is closed, before it is told to (SIGTERM), and again before it is killed.
+const closeGrace = 5 * time.Second
+
+// Close closes the connection. The daemon sees the hang-up, stops what it is doing (a running
+// build is killed by the daemon itself: the build runs in a session of its own, which killing
+// the daemon would leave running) and exits; a `nix-daemon --stdio` child is waited for, then
+// sent SIGTERM, then killed with its process group. Idempotent.
+func (c *Conn) Close() error {
+	c.closeOnce.Do(func() {
+		close(c.closed)
+		c.closeErr = c.rw.Close()
+		if c.cmd == nil {
+			return
+		}
+		for _, sig := range []syscall.Signal{0, syscall.SIGTERM, syscall.SIGKILL} {
+			if sig != 0 {
+				_ = syscall.Kill(-c.cmd.Process.Pid, sig)
+			}
+			select {
+			case <-c.waitDone:
+				return
+			case <-time.After(closeGrace):
+			}
+		}
+	})
+	return c.closeErr
+}
+
+// Broken reports whether the connection can no longer be used: closed, or a read or write
+// failed (the caller opens another).
+func (c *Conn) Broken() bool {
+	select {
+	case <-c.closed:
+		return true
+	default:
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.r.err != nil || c.w.err != nil
+}
+
+// pipe joins a child's stdout and stdin into one connection.
+type pipe struct {
+	io.ReadCloser
+	w io.WriteCloser
+}
+
+func (p pipe) Write(b []byte) (int, error) { return p.w.Write(b) }
+
+func (p pipe) Close() error { return errors.Join(p.w.Close(), p.ReadCloser.Close()) }
+
+// tailBuffer keeps the first limit bytes the daemon writes to its stderr, for error messages.
+type tailBuffer struct {
+	mu    sync.Mutex
+	b     []byte
+	limit int
+}
+
+func (t *tailBuffer) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if room := t.limit - len(t.b); room > 0 {
+		t.b = append(t.b, p[:min(room, len(p))]...)
+	}
+	return len(p), nil
+}
+
+func (t *tailBuffer) String() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return string(t.b)
+}
