@@ -190,8 +190,13 @@ func (u *UI) logView(ctx context.Context, j BuildJob) LogView {
 	case errors.Is(err, ErrNoLog):
 		v.Raw = ""
 		v.Missing = "This build has no log."
-		if liveStatus(j.Status) {
+		switch {
+		case liveStatus(j.Status):
 			v.Missing = "No output yet."
+		case j.Status == "succeeded" && j.LogURL == "":
+			// A succeeded build always uploads its log; the garbage collector clears log_url
+			// when it deletes one past log retention.
+			v.Missing = "This build's log was deleted: logs are kept for retention.log_retention (30 days by default)."
 		}
 	case err != nil:
 		u.log.Warn("build log unavailable", "build_id", j.ID, "error", err)

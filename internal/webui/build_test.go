@@ -62,6 +62,19 @@ func TestBuildPage(t *testing.T) {
 	}
 }
 
+// TestBuildPageSaysTheLogExpired: a succeeded build whose log the garbage collector deleted
+// says so, rather than that it never had one.
+func TestBuildPageSaysTheLogExpired(t *testing.T) {
+	t.Parallel()
+	fx := newEvalFixture(t)
+	s := fx.newScenario()
+	fx.exec(`UPDATE build_jobs SET status = 'succeeded', log_url = NULL, finished_at = now() - interval '40 days' WHERE id = $1`, s.jobs["lib"])
+	body := fx.get(fmt.Sprintf("/ci/proj/build/%d", s.jobs["lib"]), http.StatusOK)
+	if !strings.Contains(body, "This build&#39;s log was deleted: logs are kept for retention.log_retention") {
+		t.Errorf("the page of a build whose log expired does not say so:\n%s", body)
+	}
+}
+
 func TestBuildPageShowsTheLiveTail(t *testing.T) {
 	t.Parallel()
 	fx := newEvalFixture(t)
