@@ -27,8 +27,9 @@ import (
 )
 
 // gcGrace is the clusters' grace period: short, so that the test can wait until what it built
-// is old.
-const gcGrace = 3 * time.Second
+// is old, and long enough that junk made before the dry run is still young at the collection
+// on a loaded machine.
+const gcGrace = 10 * time.Second
 
 // gcProject is two versions of a project: v1 builds "oldonly", v2 builds "newonly", whose output
 // refers at run time to "dep" (not an attribute); both build "shared".

@@ -26,8 +26,10 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/waittest"
 )
 
-// grace is short so that a test can make objects "old" by waiting for it.
-const grace = 2 * time.Second
+// grace is short so that a test can make objects "old" by waiting for it, and long enough
+// that an object made just before a collection (and its dry run) is young even on a loaded
+// machine.
+const grace = 5 * time.Second
 
 var backends = []struct {
 	name string
