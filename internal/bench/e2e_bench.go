@@ -21,6 +21,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/build"
@@ -308,6 +309,40 @@ func (b *e2e) observeBuild(t build.Timings) {
 	b.mu.Lock()
 	b.timings[t.JobID] = t
 	b.mu.Unlock()
+}
+
+// waitTimings waits until the builders reported the timings of every job of project.
+func (b *e2e) waitTimings(ctx context.Context, project int64) error {
+	rows, err := b.pool.Query(ctx, `SELECT id FROM build_jobs WHERE project_id = $1 AND status = 'succeeded'`, project)
+	if err != nil {
+		return err
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		b.mu.Lock()
+		missing := 0
+		for _, id := range ids {
+			if _, ok := b.timings[id]; !ok {
+				missing++
+			}
+		}
+		b.mu.Unlock()
+		if missing == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("bench e2e: the builders did not report the timings of %d of %d jobs", missing, len(ids))
+		case <-tick.C:
+		}
+	}
 }
 
 func (b *e2e) observeClaim(latency time.Duration, jobs []queue.Job) {
@@ -726,6 +761,11 @@ WHERE project_id = $1 AND status NOT IN ('succeeded')`, e.ProjectID)
 	rr.fromStart, rr.clusterCPU = time.Since(start).Seconds(), busyCPU()-cpu0
 	self1, children1 := processCPU()
 	rr.clusterGo, rr.clusterNix, rr.pg = self1-self0, children1-children0, b.postgresCPU()-pg0
+	// A job is succeeded once the signer records it; its builder reports the job's timings a
+	// moment later (after its GC roots are gone), and a stopped builder reports none.
+	if err := b.waitTimings(ctx, e.ProjectID); err != nil {
+		return rr, err
+	}
 	if err := stopAll(); err != nil {
 		return rr, err
 	}
