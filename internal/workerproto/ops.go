@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"slices"
-	"sort"
 	"strings"
 	"time"
 
@@ -66,16 +65,7 @@ func (c *Conn) SetOptions(ctx context.Context, o Options) error {
 		w.uint64(0) // obsolete printBuildTrace
 		w.uint64(o.BuildCores)
 		w.bool(o.UseSubstitutes)
-		keys := make([]string, 0, len(o.Overrides))
-		for k := range o.Overrides {
-			keys = append(keys, k)
-		}
-		sort.Strings(keys)
-		w.uint64(uint64(len(keys)))
-		for _, k := range keys {
-			w.string(k)
-			w.string(o.Overrides[k])
-		}
+		w.stringMap(o.Overrides)
 	}, nil)
 }
 
@@ -308,16 +298,7 @@ func (c *Conn) BuildDerivation(ctx context.Context, drvPath string, drv *nix.Der
 		w.string(drv.Platform)
 		w.string(drv.Builder)
 		w.strings(drv.Args)
-		keys := make([]string, 0, len(drv.Env))
-		for k := range drv.Env {
-			keys = append(keys, k)
-		}
-		sort.Strings(keys)
-		w.uint64(uint64(len(keys)))
-		for _, k := range keys {
-			w.string(k)
-			w.string(drv.Env[k])
-		}
+		w.stringMap(drv.Env)
 		w.uint64(0) // buildMode: normal
 	}, func(r *reader) {
 		res.Status = BuildStatus(r.uint64())

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 )
 
 // maxString bounds a string or byte field the daemon sends; a longer one is a malformed reply,
@@ -149,6 +151,17 @@ func (w *writer) strings(ss []string) {
 	w.uint64(uint64(len(ss)))
 	for _, s := range ss {
 		w.string(s)
+	}
+}
+
+// stringMap writes m as a count and key, value pairs, in key order (the daemon reads them into
+// a map; a fixed order keeps requests reproducible).
+func (w *writer) stringMap(m map[string]string) {
+	keys := slices.Sorted(maps.Keys(m))
+	w.uint64(uint64(len(keys)))
+	for _, k := range keys {
+		w.string(k)
+		w.string(m[k])
 	}
 }
 
