@@ -1057,92 +1057,67 @@ func (b *e2e) probe(ctx context.Context, name string, rows []jobRow) ([]ProbeSte
 		st.SandboxPaths = []string{"/bin/sleep"}
 	}
 	steps := map[string][]float64{}
-	order := []string{"nix copy --derivation (FetchDerivation)", "nix-store --realise, substitute (EnsureInputs)",
-		"nix-store --realise, build (Build)", "path infos (OutputInfos, SQLite)", "no-op nix-store process",
-		"nix copy --derivation of a valid .drv, fresh HOME", "the same, warm narinfo disk cache", ".drv closure size (paths, not ms)"}
-	// runNix runs a Nix command with HOME home ("" = a fresh one) and returns how long it took.
-	runNix := func(home, bin string, args ...string) (float64, error) {
-		env, done, err := b.nixEnv()
-		if err != nil {
-			return 0, err
-		}
-		defer done()
-		if home != "" {
-			env = append(env, "HOME="+home) // the last one wins
-		}
-		cmd := exec.CommandContext(ctx, bin, args...)
-		cmd.Env = env
-		var stderr strings.Builder
-		cmd.Stderr = &stderr
-		t := time.Now()
-		if err := cmd.Run(); err != nil {
-			return 0, fmt.Errorf("%s %s: %w: %s", bin, strings.Join(args, " "), err, stderr.String())
-		}
-		return ms(time.Since(t)), nil
-	}
-	// As build.Store runs nix copy.
-	copyArgs := func(drv string) []string {
-		return []string{"--extra-experimental-features", "nix-command", "copy", "--derivation", "--from", caches[0],
-			"--store", st.Root, "--option", "substituters", strings.Join(caches, " "),
-			"--option", "trusted-public-keys", strings.Join(keys, " "), "--option", "require-sigs", "true",
-			"--option", "narinfo-cache-negative-ttl", "0", "--option", "build-users-group", "", drv}
-	}
-	warmHome, err := os.MkdirTemp(b.dir, "probe-home-")
+	order := []string{"open a daemon session (once per slot, not per job)", "derivation over HTTP (Derivation)",
+		"inputs' closure over HTTP + AddToStoreNar (EnsureInputs)", "BuildDerivation (Build)",
+		"path infos (OutputInfos)", "NarFromPath of the outputs (DumpNAR)", "no-op nix-store process (for scale)"}
+	t := time.Now()
+	ss, err := st.Open(ctx)
 	if err != nil {
 		return nil, err
 	}
+	defer ss.Close()
+	steps[order[0]] = append(steps[order[0]], ms(time.Since(t)))
 	for _, j := range sample {
 		t := time.Now()
-		if err := st.FetchDerivation(ctx, j.drv); err != nil {
-			return nil, err
-		}
-		steps[order[0]] = append(steps[order[0]], ms(time.Since(t)))
-		inputs, err := st.InputPaths(j.drv)
+		drv, err := ss.Derivation(ctx, j.drv)
 		if err != nil {
-			return nil, err
-		}
-		t = time.Now()
-		if _, err := st.EnsureInputs(ctx, inputs, nil, nil); err != nil {
 			return nil, err
 		}
 		steps[order[1]] = append(steps[order[1]], ms(time.Since(t)))
-		t = time.Now()
-		outs, err := st.Build(ctx, j.drv, build.BuildLimits{}, io.Discard)
+		inputs, err := ss.InputPaths(ctx, j.drv, drv, nil)
 		if err != nil {
+			return nil, err
+		}
+		t = time.Now()
+		if _, err := ss.EnsureInputs(ctx, inputs, nil, nil); err != nil {
 			return nil, err
 		}
 		steps[order[2]] = append(steps[order[2]], ms(time.Since(t)))
-		paths := slices.Sorted(maps.Values(outs))
 		t = time.Now()
-		if _, err := st.OutputInfos(ctx, paths); err != nil {
+		outs, err := ss.Build(ctx, j.drv, drv, inputs, build.BuildLimits{}, io.Discard)
+		if err != nil {
 			return nil, err
 		}
 		steps[order[3]] = append(steps[order[3]], ms(time.Since(t)))
-		// The cheapest Nix process on this store: realise a valid path (nothing to do).
-		d, err := runNix("", b.nixBin, "--store", st.Root, "--realise", paths[0],
+		paths := slices.Sorted(maps.Values(outs))
+		t = time.Now()
+		if _, err := ss.OutputInfos(ctx, paths); err != nil {
+			return nil, err
+		}
+		steps[order[4]] = append(steps[order[4]], ms(time.Since(t)))
+		t = time.Now()
+		for _, p := range paths {
+			if err := ss.DumpNAR(ctx, p, io.Discard); err != nil {
+				return nil, err
+			}
+		}
+		steps[order[5]] = append(steps[order[5]], ms(time.Since(t)))
+		// What the builder no longer pays per job: the cheapest Nix process on this store,
+		// realising a valid path (nothing to do).
+		env, done, err := b.nixEnv()
+		if err != nil {
+			return nil, err
+		}
+		cmd := exec.CommandContext(ctx, b.nixBin, "--store", st.Root, "--realise", paths[0],
 			"--option", "substituters", "", "--option", "build-users-group", "")
+		cmd.Env = env
+		t = time.Now()
+		err = cmd.Run()
+		done()
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("nix-store --realise: %w", err)
 		}
-		steps[order[4]] = append(steps[order[4]], d)
-		// What nix copy costs when there is nothing to copy: the walk of the .drv closure's
-		// narinfos at the cache.
-		if d, err = runNix("", b.nixCmd, copyArgs(j.drv)...); err != nil {
-			return nil, err
-		}
-		steps[order[5]] = append(steps[order[5]], d)
-		if _, err = runNix(warmHome, b.nixCmd, copyArgs(j.drv)...); err != nil {
-			return nil, err
-		}
-		if d, err = runNix(warmHome, b.nixCmd, copyArgs(j.drv)...); err != nil {
-			return nil, err
-		}
-		steps[order[6]] = append(steps[order[6]], d)
-		out, err := exec.CommandContext(ctx, b.nixBin, "--store", st.Root, "--query", "--requisites", j.drv).Output()
-		if err != nil {
-			return nil, fmt.Errorf("nix-store --query --requisites: %w", err)
-		}
-		steps[order[7]] = append(steps[order[7]], float64(len(strings.Fields(string(out)))))
+		steps[order[6]] = append(steps[order[6]], ms(time.Since(t)))
 	}
 	var out []ProbeStep
 	for _, s := range order {

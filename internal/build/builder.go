@@ -16,8 +16,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/clock"
+	"github.com/harmonia-ci/harmonia-ci/internal/nix"
 	"github.com/harmonia-ci/harmonia-ci/internal/notify"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 	"github.com/harmonia-ci/harmonia-ci/internal/signer"
@@ -92,9 +94,23 @@ type Builder struct {
 	// gcWake asks the service loop for a free-space check (a job is about to start).
 	gcWake chan struct{}
 
-	// fetchMu serialises the retry of a failed .drv fetch (see handle).
-	fetchMu sync.Mutex
+	sessions *sessionPool
+
+	// sources caches the cluster's caches and keys for sourcesTTL, so a job costs no query
+	// for them.
+	sourcesMu sync.Mutex
+	sources   sources
 }
+
+// sources are where inputs come from and the keys that sign them, as read at some time.
+type sources struct {
+	caches, keys []string
+	at           time.Time
+}
+
+// sourcesTTL is how long the cluster's caches and keys are reused: a cache node that died
+// meanwhile only costs a job a retry on the next one.
+const sourcesTTL = 5 * time.Second
 
 type runningJob struct {
 	attempt int
@@ -138,11 +154,14 @@ func New(cfg Config, pool *pgxpool.Pool, logger *slog.Logger, clk clock.Clock) (
 		cfg.Registerer.MustRegister(steps)
 	}
 	logger = logger.With("service", "builder", "node_id", cfg.NodeID)
-	return &Builder{
+	b := &Builder{
 		cfg: cfg, pool: pool, clock: clk, running: map[int64]*runningJob{}, steps: steps, logger: logger,
-		gc:     newStoreGC(cfg.Store, cfg.MinFree, cfg.MaxFree, logger, clk, cfg.Registerer),
-		gcWake: make(chan struct{}, 1),
-	}, nil
+		gc:       newStoreGC(cfg.Store, cfg.MinFree, cfg.MaxFree, logger, clk, cfg.Registerer),
+		gcWake:   make(chan struct{}, 1),
+		sessions: newSessionPool(),
+	}
+	b.gc.beforeCollect = b.sessions.retire
+	return b, nil
 }
 
 // Start removes the GC roots a crashed predecessor left and runs the claim checks and the
@@ -162,6 +181,7 @@ func (b *Builder) Start(ctx context.Context) error {
 		}
 	}
 	b.Run(ctx, func(ctx context.Context) {
+		defer b.sessions.close()
 		defer b.gc.wait()
 		var notes <-chan notify.Notification
 		if sub != nil {
@@ -244,47 +264,54 @@ func (b *Builder) checkClaims(ctx context.Context) {
 }
 
 // Handle builds one claimed job (a queue.Handler): fetch the derivation and its inputs from the
-// cluster's caches, check them against the canonical hashes, build with the limits, and upload
-// the outputs and log through the signer, which records the success.
+// cluster's caches, check them against the canonical hashes, build with the limits, and read
+// the outputs back; then, off the build slot (queue.Result.Continue), upload the outputs and
+// log through the signer, which records the success.
 func (b *Builder) Handle(ctx context.Context, job queue.Job) queue.Result {
 	jctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
 	rj := &runningJob{attempt: job.Attempt, drvPath: job.DrvPath, cancel: cancel}
 	b.mu.Lock()
 	b.running[job.ID] = rj
 	b.mu.Unlock()
-	defer func() {
-		b.mu.Lock()
-		if b.running[job.ID] == rj {
-			delete(b.running, job.ID)
-		}
-		b.mu.Unlock()
-		b.gc.jobDone()
-	}()
 	// The job will fill the store: check its free space first (in the service loop, which owns
 	// the collections; the job does not wait).
 	select {
 	case b.gcWake <- struct{}{}:
 	default:
 	}
-
 	logger := b.logger.With("job_id", job.ID, "drv_path", job.DrvPath, "attempt", job.Attempt)
-	t := Timings{JobID: job.ID}
-	res := b.handle(jctx, job, logger, &t)
-	if context.Cause(jctx) == errClaimLost && ctx.Err() == nil {
-		res = queue.Result{Abandoned: true, Finally: res.Finally}
+	t := &Timings{JobID: job.ID}
+	// finish ends the job: its result once the build failed, or once the upload ended.
+	finish := func(res queue.Result) queue.Result {
+		defer func() {
+			b.mu.Lock()
+			if b.running[job.ID] == rj {
+				delete(b.running, job.ID)
+			}
+			b.mu.Unlock()
+			b.gc.jobDone()
+			cancel(nil)
+		}()
+		if context.Cause(jctx) == errClaimLost && ctx.Err() == nil {
+			res = queue.Result{Abandoned: true, Finally: res.Finally}
+		}
+		if res.Err != nil && res.Kind == queue.Transient && !res.Abandoned && ctx.Err() == nil {
+			b.backOff(jctx, job, logger, res.Err)
+		}
+		if ctx.Err() == nil {
+			b.observeSteps(*t, job.System)
+		}
+		if b.cfg.Observe != nil && ctx.Err() == nil {
+			t.Succeeded = res.Err == nil && !res.Abandoned
+			b.cfg.Observe(*t)
+		}
+		return res
 	}
-	if res.Err != nil && res.Kind == queue.Transient && !res.Abandoned && ctx.Err() == nil {
-		b.backOff(jctx, job, logger, res.Err)
+	res, send := b.handle(jctx, job, logger, t)
+	if send == nil {
+		return finish(res)
 	}
-	if ctx.Err() == nil {
-		b.observeSteps(t, job.System)
-	}
-	if b.cfg.Observe != nil && ctx.Err() == nil {
-		t.Succeeded = res.Err == nil && !res.Abandoned
-		b.cfg.Observe(t)
-	}
-	return res
+	return queue.Result{Continue: func(context.Context) queue.Result { return finish(send(jctx)) }}
 }
 
 // observeSteps records the steps of t that ran, for a job of system.
@@ -302,113 +329,98 @@ func (b *Builder) observeSteps(t Timings, system string) {
 	}
 }
 
-func (b *Builder) handle(ctx context.Context, job queue.Job, logger *slog.Logger, t *Timings) queue.Result {
+// handle builds a job on one of the builder's daemon sessions. A successful build's outputs are
+// read back (serialised, hashed, compressed) before it returns; send then uploads and signs
+// them, and is nil when there is nothing to send.
+func (b *Builder) handle(ctx context.Context, job queue.Job, logger *slog.Logger, t *Timings) (res queue.Result, send func(context.Context) queue.Result) {
 	start := time.Now()
 	store, err := b.jobStore(ctx)
 	if err != nil {
-		return transient(err)
+		return transient(err), nil
 	}
-	// Each root is made before what it roots is fetched, substituted or built, so that the
-	// store's GC never takes what a running job needs (see storeGC.roots): the .drv (which
-	// keeps its .drv closure and input sources), the inputs, and the outputs until they are
-	// uploaded.
+	ss, err := b.sessions.get(ctx, store)
+	if err != nil {
+		return transient(err), nil
+	}
+	defer func() {
+		// A session is kept only when the job got through it as planned (its build may have
+		// failed): after any other error its daemon may have dropped the connection.
+		var be *BuildError
+		if res.Err != nil && !(errors.As(res.Err, &be) && be.Kind != "nix") {
+			ss.Close()
+		}
+		b.sessions.put(ss)
+	}()
+	var drv *nix.Derivation
+	var inputs jobInputs
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() (err error) { drv, err = ss.Derivation(gctx, job.DrvPath); return err })
+	g.Go(func() (err error) { inputs, err = b.jobInputs(gctx, job.DrvPath); return err })
+	if err := g.Wait(); err != nil {
+		return transient(err), nil
+	}
+	inPaths, err := ss.InputPaths(ctx, job.DrvPath, drv, inputs.outputs)
+	if err != nil {
+		return transient(err), nil
+	}
+	var outPaths []string
+	for _, o := range drv.Outputs {
+		if o.Path != "" {
+			outPaths = append(outPaths, o.Path)
+		}
+	}
+	slices.Sort(outPaths)
+	// Each root is made before what it roots is fetched or built, so that the store's GC never
+	// takes what a running job needs (see storeGC.roots): the inputs, and the outputs until
+	// they are read back for the upload.
 	name := b.rootName(job)
-	unrootDrv, err := b.gc.addRoots(ctx, store, name+"-drv", []string{job.DrvPath})
+	unrootIn, err := b.gc.addRoots(ctx, store, name, inPaths)
 	if err != nil {
-		return transient(err)
-	}
-	defer unrootDrv()
-	if err := store.FetchDerivation(ctx, job.DrvPath); err != nil {
-		if ctx.Err() != nil {
-			return transient(err)
-		}
-		// Nix 2.8 can fail concurrent `nix copy`s into one store (NixOS/nix#6253): once more,
-		// alone.
-		b.fetchMu.Lock()
-		err = store.FetchDerivation(ctx, job.DrvPath)
-		b.fetchMu.Unlock()
-		if err != nil {
-			return transient(err)
-		}
-	}
-	inputs, err := store.InputPaths(job.DrvPath)
-	if err != nil {
-		return transient(err)
-	}
-	outPaths, err := store.OutputPaths(job.DrvPath)
-	if err != nil {
-		return transient(err)
-	}
-	unrootIn, err := b.gc.addRoots(ctx, store, name, inputs)
-	if err != nil {
-		return transient(err)
+		return transient(err), nil
 	}
 	defer unrootIn()
 	unrootOut, err := b.gc.addRoots(ctx, store, name+"-out", outPaths)
 	if err != nil {
-		return transient(err)
+		return transient(err), nil
 	}
 	defer unrootOut()
-	if _, err := store.EnsureInputs(ctx, inputs, b.canonical, logger); err != nil {
-		return transient(err)
+	if _, err := ss.EnsureInputs(ctx, inPaths, inputs.canonical, logger); err != nil {
+		return transient(err), nil
 	}
 	t.Fetch = time.Since(start)
 
 	log := NewLogBuffer(b.cfg.MaxLogSize, b.clock)
 	tail := NewTailWriter(TailConfig{JobID: job.ID, Log: log, Interval: b.cfg.TailInterval}, b.pool, logger, b.clock)
 	if err := tail.Start(ctx); err != nil {
-		return transient(err)
+		return transient(err), nil
 	}
 	buildStart := time.Now()
-	outputs, err := store.Build(ctx, job.DrvPath, b.cfg.Limits, log)
+	outputs, err := ss.Build(ctx, job.DrvPath, drv, inPaths, b.cfg.Limits, log)
 	t.Build = time.Since(buildStart)
 	tail.Stop()
 	finally := func(ctx context.Context) { b.deleteTail(ctx, job.ID, logger) }
 	logKey := "log/" + path.Base(job.DrvPath)
 	if err != nil {
-		var be *BuildError
-		if !errors.As(err, &be) {
-			return queue.Result{Err: err, Kind: queue.Transient, Finally: finally} // cancelled or stopping
-		}
-		if be.Kind == "output-size" {
-			// Build could not delete the outputs while this job rooted them.
-			unrootOut()
-			if err := store.deleteDead(ctx, outPaths); err != nil {
-				logger.Warn("could not delete the oversized outputs", "error", err)
-			}
-		}
-		res := queue.Result{Err: be, Message: be.Message, Kind: queue.Permanent, Finally: finally}
-		if be.Kind == "nix" {
-			res.Kind = queue.Transient
-		}
-		if be.ExitCode >= 0 {
-			res.ExitCode = &be.ExitCode
-		}
-		pub := upload.Publisher{Signer: b.cfg.Signer, StoreRoot: store.Root}
-		if uerr := pub.UploadLog(ctx, jobClaim(job), upload.Log{Key: logKey, Data: log.Bytes()}); uerr != nil {
-			logger.Warn("could not upload the failed build's log", "error", uerr)
-		} else {
-			res.LogKey = logKey
-		}
-		return res
+		return b.failed(ctx, ss, job, err, log, logKey, outPaths, unrootOut, logger, finally), nil
 	}
 
 	outPaths = slices.Sorted(maps.Values(outputs))
 	if err := queue.MarkUploading(ctx, b.pool, job.Claim()); err != nil {
 		if errors.Is(err, queue.ErrStale) {
-			return queue.Result{Abandoned: true, Finally: finally}
+			return queue.Result{Abandoned: true, Finally: finally}, nil
 		}
-		return queue.Result{Err: err, Kind: queue.Transient, Finally: finally}
+		return queue.Result{Err: err, Kind: queue.Transient, Finally: finally}, nil
 	}
-	infos, err := store.OutputInfos(ctx, outPaths)
+	uploadStart := time.Now()
+	infos, err := ss.OutputInfos(ctx, outPaths)
 	if err != nil {
-		return queue.Result{Err: err, Kind: queue.Transient, Finally: finally}
+		return queue.Result{Err: err, Kind: queue.Transient, Finally: finally}, nil
 	}
 	paths := make([]upload.Path, len(outPaths))
 	for i, p := range outPaths {
-		paths[i] = upload.Path{StorePath: p, References: infos[p].References, Deriver: job.DrvPath}
+		paths[i] = upload.Path{StorePath: p, References: infos[p].References, Deriver: job.DrvPath, NarSize: infos[p].NarSize}
 	}
-	pub := upload.Publisher{Signer: b.cfg.Signer, StoreRoot: store.Root, Observe: func(step string, d time.Duration) {
+	pub := upload.Publisher{Signer: b.cfg.Signer, StoreRoot: store.Root, Source: ss.DumpNAR, Observe: func(step string, d time.Duration) {
 		switch step {
 		case "upload":
 			t.Upload += d
@@ -416,16 +428,55 @@ func (b *Builder) handle(ctx context.Context, job queue.Job, logger *slog.Logger
 			t.Sign += d
 		}
 	}}
-	_, err = pub.PublishBuild(ctx, jobClaim(job), paths, &upload.Log{Key: logKey, Data: log.Bytes()})
+	prepared, err := pub.PrepareBuild(ctx, paths)
 	if err != nil {
-		var se *signer.StatusError
-		if errors.As(err, &se) && se.Code == 409 {
-			return queue.Result{Abandoned: true, Finally: finally}
-		}
-		return queue.Result{Err: fmt.Errorf("upload outputs: %w", err), Kind: queue.Transient, Finally: finally}
+		return queue.Result{Err: fmt.Errorf("read the outputs back: %w", err), Kind: queue.Transient, Finally: finally}, nil
 	}
-	// The signer recorded the success with the log; the tail has served its purpose.
-	return queue.Result{Recorded: true, Finally: finally}
+	t.Upload += time.Since(uploadStart) - prepared.Took()
+	logData := log.Bytes()
+	return queue.Result{}, func(ctx context.Context) queue.Result {
+		defer prepared.Close()
+		_, err := pub.SendBuild(ctx, jobClaim(job), prepared, &upload.Log{Key: logKey, Data: logData})
+		if err != nil {
+			var se *signer.StatusError
+			if errors.As(err, &se) && se.Code == 409 {
+				return queue.Result{Abandoned: true, Finally: finally}
+			}
+			return queue.Result{Err: fmt.Errorf("upload outputs: %w", err), Kind: queue.Transient, Finally: finally}
+		}
+		// The signer recorded the success with the log; the tail has served its purpose.
+		return queue.Result{Recorded: true, Finally: finally}
+	}
+}
+
+// failed is the result of a build that did not succeed: its log is uploaded for the failure.
+func (b *Builder) failed(ctx context.Context, ss *Session, job queue.Job, err error, log *LogBuffer, logKey string,
+	outPaths []string, unrootOut func(), logger *slog.Logger, finally func(context.Context)) queue.Result {
+	var be *BuildError
+	if !errors.As(err, &be) {
+		return queue.Result{Err: err, Kind: queue.Transient, Finally: finally} // cancelled or stopping
+	}
+	if be.Kind == "output-size" {
+		// Build could not delete the outputs while this job rooted them.
+		unrootOut()
+		if err := ss.DeleteDead(ctx, outPaths); err != nil {
+			logger.Warn("could not delete the oversized outputs", "error", err)
+		}
+	}
+	res := queue.Result{Err: be, Message: be.Message, Kind: queue.Permanent, Finally: finally}
+	if be.Kind == "nix" {
+		res.Kind = queue.Transient
+	}
+	if be.ExitCode >= 0 {
+		res.ExitCode = &be.ExitCode
+	}
+	pub := upload.Publisher{Signer: b.cfg.Signer, StoreRoot: ss.store.Root}
+	if uerr := pub.UploadLog(ctx, jobClaim(job), upload.Log{Key: logKey, Data: log.Bytes()}); uerr != nil {
+		logger.Warn("could not upload the failed build's log", "error", uerr)
+	} else {
+		res.LogKey = logKey
+	}
+	return res
 }
 
 // rootName names a job's GC roots; the node id keeps builders sharing a store apart.
@@ -455,31 +506,67 @@ func transient(err error) queue.Result {
 }
 
 // jobStore is the store with this moment's substituters: the cluster's live cache nodes, then
-// upstream, trusting the cluster's signing keys and upstream's.
+// upstream, trusting the cluster's signing keys and upstream's. They are read at most every
+// sourcesTTL.
 func (b *Builder) jobStore(ctx context.Context) (Store, error) {
-	var caches, keys []string
-	if err := b.pool.QueryRow(ctx, sqlSources, b.cfg.DeadThreshold.Seconds()).Scan(&caches, &keys); err != nil {
-		return Store{}, fmt.Errorf("read the cluster's caches and keys: %w", err)
+	b.sourcesMu.Lock()
+	src := b.sources
+	b.sourcesMu.Unlock()
+	if src.at.IsZero() || b.clock.Now().Sub(src.at) >= sourcesTTL || len(src.caches) == 0 {
+		src = sources{at: b.clock.Now()}
+		if err := b.pool.QueryRow(ctx, sqlSources, b.cfg.DeadThreshold.Seconds()).Scan(&src.caches, &src.keys); err != nil {
+			return Store{}, fmt.Errorf("read the cluster's caches and keys: %w", err)
+		}
+		b.sourcesMu.Lock()
+		b.sources = src
+		b.sourcesMu.Unlock()
 	}
 	st := b.cfg.Store
-	st.Substituters = append(caches, b.cfg.Upstream...)
-	st.TrustedKeys = append(keys, b.cfg.UpstreamKeys...)
+	st.Substituters = append(slices.Clip(src.caches), b.cfg.Upstream...)
+	st.TrustedKeys = append(slices.Clip(src.keys), b.cfg.UpstreamKeys...)
 	return st, nil
 }
 
-// canonical reads the NAR hashes the cache serves for paths (first writer wins at the signer).
-func (b *Builder) canonical(ctx context.Context, paths []string) (map[string]string, error) {
-	rows, err := b.pool.Query(ctx, sqlCanonical, paths)
-	if err != nil {
-		return nil, err
-	}
+// jobInputs is what the database knows of a job's input derivations.
+type jobInputs struct {
+	outputs map[string]map[string]string // input .drv → output name → path
+	hashes  map[string]string            // output path → canonical NAR hash
+}
+
+// canonical is a Canonical answering from the hashes read with the inputs.
+func (in jobInputs) canonical(_ context.Context, paths []string) (map[string]string, error) {
 	out := map[string]string{}
-	var p, h string
-	_, err = pgx.ForEachRow(rows, []any{&p, &h}, func() error {
-		out[p] = h
+	for _, p := range paths {
+		if h := in.hashes[p]; h != "" {
+			out[p] = h
+		}
+	}
+	return out, nil
+}
+
+// jobInputs reads the outputs of drvPath's input derivations and their canonical NAR hashes
+// (what the cache serves for them, first writer wins at the signer), in one query.
+func (b *Builder) jobInputs(ctx context.Context, drvPath string) (jobInputs, error) {
+	in := jobInputs{outputs: map[string]map[string]string{}, hashes: map[string]string{}}
+	rows, err := b.pool.Query(ctx, sqlJobInputs, drvPath)
+	if err != nil {
+		return in, fmt.Errorf("read the job's inputs: %w", err)
+	}
+	var drv, name, out, hash string
+	_, err = pgx.ForEachRow(rows, []any{&drv, &name, &out, &hash}, func() error {
+		if in.outputs[drv] == nil {
+			in.outputs[drv] = map[string]string{}
+		}
+		in.outputs[drv][name] = out
+		if hash != "" {
+			in.hashes[out] = hash
+		}
 		return nil
 	})
-	return out, err
+	if err != nil {
+		return in, fmt.Errorf("read the job's inputs: %w", err)
+	}
+	return in, nil
 }
 
 // deleteTail removes the live tail once the result is recorded; its trigger tells log watchers

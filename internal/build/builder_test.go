@@ -1,15 +1,19 @@
 package build_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"os"
 	"path"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -67,7 +71,8 @@ in { inherit d0 d1 d2 d3 d4 d5 d6 d7 d8 d9; }`
 		all[i] = drvs[n]
 	}
 	h.enqueue(all...)
-	h.startBuilder("builder-1", build.Config{Limits: build.BuildLimits{Timeout: time.Minute}})
+	node := h.startBuilder("builder-1", build.Config{Limits: build.BuildLimits{Timeout: time.Minute}})
+	others := watchNixProcesses(t, node.store)
 
 	var jobs []int64
 	for _, name := range names {
@@ -97,6 +102,11 @@ in { inherit d0 d1 d2 d3 d4 d5 d6 d7 d8 d9; }`
 		if n := len(h.handledResults(id)); n != 1 {
 			t.Errorf("%s: handled %d times, want once", names[i], n)
 		}
+	}
+
+	// On the worker protocol, the builder's store saw no Nix process but its daemon sessions.
+	if seen := others(); len(seen) > 0 {
+		t.Errorf("Nix processes on the builder's store besides its daemon sessions: %q", seen)
 	}
 
 	// A fresh store trusting only the cluster's key substitutes every output, signatures
@@ -342,8 +352,8 @@ func TestCancelKillsBuild(t *testing.T) {
 		return ok && strings.Contains(tail, "spinning")
 	}, "the live tail of job %d to show the build running", j.ID)
 	builder := h.salt + "-spin" // in the command line of the build's /bin/sh
-	if len(processesWith(builder)) == 0 || len(processesWith(drv)) == 0 {
-		t.Fatalf("no build processes found: builder %v, nix-store %v", processesWith(builder), processesWith(drv))
+	if len(processesWith(builder)) == 0 {
+		t.Fatalf("no build processes found")
 	}
 
 	start := time.Now()
@@ -351,7 +361,7 @@ func TestCancelKillsBuild(t *testing.T) {
 		t.Fatal(err)
 	}
 	waittest.For(t, checkInterval+5*time.Second, func() bool {
-		return len(processesWith(builder)) == 0 && len(processesWith(drv)) == 0
+		return len(processesWith(builder)) == 0
 	}, "the build's processes to be gone after the cancel")
 	t.Logf("build processes gone %s after the cancel", time.Since(start).Round(time.Millisecond))
 
@@ -460,3 +470,95 @@ type liveTail struct {
 }
 
 func (l *liveTail) String() string { return fmt.Sprintf("status %s, tail %q", l.status, l.tail) }
+
+// watchNixProcesses samples the processes working on the chroot store at root until the
+// returned func is called, which returns the command lines of those that are not its daemon
+// sessions (`unshare … nix-daemon --stdio --store root`).
+func watchNixProcesses(t *testing.T, root string) func() []string {
+	t.Helper()
+	seen := map[string]bool{}
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(5 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			cmdlines, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+			for _, f := range cmdlines {
+				b, err := os.ReadFile(f)
+				if err != nil || !bytes.Contains(b, []byte(root)) {
+					continue
+				}
+				args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+				if argv0 := filepath.Base(args[0]); argv0 != "unshare" && argv0 != "nix-daemon" {
+					seen[strings.Join(args, " ")] = true
+				}
+			}
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	return func() []string {
+		close(stop)
+		<-done
+		return slices.Sorted(maps.Keys(seen))
+	}
+}
+
+// TestDaemonKilledMidBuild: a build slot's daemon killed mid-build (as the OOM killer would) takes
+// the build with it; the job fails as a transient failure, the slot opens a new session, and
+// the job is built on its retry.
+func TestDaemonKilledMidBuild(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("a daemon's PID namespace, which takes its builds with it, needs root")
+	}
+	t.Parallel()
+	h := newHarness(t)
+	// Long enough to be killed in the first attempt, short enough for the retry.
+	drv := h.instantiate(sh(h.salt)+`{ slow = sh "slow" "echo started; i=0; while [ $i -lt 400000 ]; do i=$((i+1)); done; echo done > $out"; }`, "slow")["slow"]
+	h.enqueue(drv)
+	node := h.startBuilder("builder-1", build.Config{Limits: build.BuildLimits{Timeout: 5 * time.Minute}})
+	j := h.waitStatus(drv, "building")
+	waittest.For(t, jobWait, func() bool {
+		tail, ok := h.tail(j.ID)
+		return ok && strings.Contains(tail, "started")
+	}, "the build of job %d to run", j.ID)
+	var daemons []int
+	for _, pid := range processesWith(node.store) {
+		if b, err := os.ReadFile(filepath.Join("/proc", pid, "cmdline")); err == nil && bytes.HasPrefix(b, []byte("nix-daemon\x00")) {
+			n, _ := strconv.Atoi(pid)
+			daemons = append(daemons, n)
+		}
+	}
+	if len(daemons) == 0 {
+		t.Fatal("no daemon session found")
+	}
+	first := processesWith(h.salt + "-slow") // the first attempt's build
+	if len(first) == 0 {
+		t.Fatal("no build process found")
+	}
+	for _, pid := range daemons {
+		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waittest.For(t, 10*time.Second, func() bool {
+		for _, pid := range first {
+			if _, err := os.Stat(filepath.Join("/proc", pid)); err == nil {
+				return false
+			}
+		}
+		return true
+	}, "the killed daemon's build to be gone")
+	j = h.waitStatus(drv, "succeeded")
+	if j.Attempt != 2 || j.RetryCount != 1 {
+		t.Errorf("%v, want built on its retry (attempt 2, one retry)", j)
+	}
+	if !strings.Contains(h.logs.String(), "transient build failure") {
+		t.Errorf("the killed build was not reported as a transient failure:\n%s", h.logs.String())
+	}
+}

@@ -265,12 +265,19 @@ func (h *harness) startBuilderWith(id string, cfg build.Config, setup func(*buil
 	if err := b.Start(context.Background()); err != nil {
 		h.t.Fatal(err)
 	}
-	handler := func(ctx context.Context, job queue.Job) queue.Result {
-		res := b.Handle(ctx, job)
+	record := func(job queue.Job, res queue.Result) queue.Result {
 		h.mu.Lock()
 		h.results = append(h.results, handled{job: job, res: res})
 		h.mu.Unlock()
 		return res
+	}
+	handler := func(ctx context.Context, job queue.Job) queue.Result {
+		res := b.Handle(ctx, job)
+		if next := res.Continue; next != nil {
+			// The job's result is its continuation's (the upload's).
+			return queue.Result{Continue: func(ctx context.Context) queue.Result { return record(job, next(ctx)) }}
+		}
+		return record(job, res)
 	}
 	w, err := queue.NewWorker(queue.WorkerConfig{
 		Claimer:      queue.Claimer{NodeID: id, Systems: []string{h.system}},

@@ -38,8 +38,12 @@ SELECT
           ORDER BY id),
     ARRAY(SELECT public_key FROM signing_keys ORDER BY first_seen, public_key)`
 
-	// The canonical NAR hashes of output paths $1: what the cache serves for them.
-	sqlCanonical = `
-SELECT DISTINCT output_path, nar_hash FROM derivation_outputs
-WHERE output_path = ANY($1::text[]) AND nar_hash IS NOT NULL`
+	// The outputs of derivation $1's input derivations, with the canonical NAR hash of each
+	// (what the cache serves for the path, whichever derivation published it first).
+	sqlJobInputs = `
+SELECT o.drv_path, o.output_name, o.output_path,
+       COALESCE(o.nar_hash, (SELECT c.nar_hash FROM derivation_outputs c
+                             WHERE c.output_path = o.output_path AND c.nar_hash IS NOT NULL LIMIT 1), '')
+FROM derivation_inputs i JOIN derivation_outputs o ON o.drv_path = i.input_drv
+WHERE i.referrer = $1 AND o.output_path IS NOT NULL`
 )

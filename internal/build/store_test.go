@@ -5,11 +5,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -141,6 +143,17 @@ func storeTestValid(t *testing.T, s *Store, path string) (nix.PathInfo, bool) {
 	return info, ok
 }
 
+// storeTestOpen opens a session on s, closed at the test's end.
+func storeTestOpen(t *testing.T, s *Store) *Session {
+	t.Helper()
+	ss, err := s.Open(storeTestCtx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(ss.Close)
+	return ss
+}
+
 func storeTestSalt(t *testing.T) string {
 	return fmt.Sprintf("%s-%d", t.Name(), time.Now().UnixNano())
 }
@@ -160,29 +173,31 @@ func TestStoreFetchInputsAndBuild(t *testing.T) {
 	c.publish(t, strings.Fields(storeTestRun(t, "nix-store", "--query", "--requisites", drvs["c"]))...)
 
 	s := c.store(t)
-	if err := s.FetchDerivation(ctx, drvs["c"]); err != nil {
-		t.Fatal(err)
-	}
-	for _, name := range []string{"a", "b", "c"} {
-		if _, ok := storeTestValid(t, s, drvs[name]); !ok {
-			t.Fatalf("the .drv of %s is not valid after FetchDerivation", name)
-		}
-	}
-	// Valid already: no substituter is asked (this one would refuse the connection).
-	offline := *s
-	offline.Substituters = []string{"http://127.0.0.1:1"}
-	if err := offline.FetchDerivation(ctx, drvs["c"]); err != nil {
-		t.Fatalf("FetchDerivation of a valid .drv: %v", err)
-	}
-
-	inputs, err := s.InputPaths(drvs["c"])
+	ss := storeTestOpen(t, s)
+	drvC, err := ss.Derivation(ctx, drvs["c"])
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Equal(inputs, []string{outB}) {
-		t.Fatalf("InputPaths(c) = %v, want just b's output %s", inputs, outB)
+	if want, err := nix.ReadDerivation("", drvs["c"]); err != nil || !reflect.DeepEqual(drvC, want) {
+		t.Fatalf("Derivation(c) = %+v, %v; want %+v", drvC, err, want)
 	}
-	mismatches, err := s.EnsureInputs(ctx, inputs, storeTestSystemHashes, queuetest.TestLogger(t))
+	// The derivation comes over the connection to the build: no .drv lands in the store.
+	for _, name := range []string{"a", "b", "c"} {
+		if _, ok := storeTestValid(t, s, drvs[name]); ok {
+			t.Fatalf("the .drv of %s was added to the store", name)
+		}
+	}
+
+	// The input derivations' outputs come from the database; one it does not know is read from
+	// its .drv in the cache.
+	for _, known := range []map[string]map[string]string{nil, {drvs["b"]: {"out": outB}}} {
+		inputs, err := ss.InputPaths(ctx, drvs["c"], drvC, known)
+		if err != nil || !slices.Equal(inputs, []string{outB}) {
+			t.Fatalf("InputPaths(c) with %v known = %v, %v; want just b's output %s", known, inputs, err, outB)
+		}
+	}
+	inputs := []string{outB}
+	mismatches, err := ss.EnsureInputs(ctx, inputs, storeTestSystemHashes, queuetest.TestLogger(t))
 	if err != nil || len(mismatches) != 0 {
 		t.Fatalf("EnsureInputs = %v, %v; want no mismatches", mismatches, err)
 	}
@@ -190,8 +205,11 @@ func TestStoreFetchInputsAndBuild(t *testing.T) {
 	if want := storeTestSystemInfos(t, inputs)[outB].NarHash; !ok || info.NarHash != want {
 		t.Fatalf("b's output after EnsureInputs: valid %v, NAR hash %s, want %s", ok, info.NarHash, want)
 	}
-	// Valid and canonical now: nothing to substitute.
-	if _, err := offline.EnsureInputs(ctx, inputs, storeTestSystemHashes, nil); err != nil {
+	// Valid and canonical now: nothing to substitute, no substituter is asked (this one would
+	// refuse the connection).
+	offline := *s
+	offline.Substituters = []string{"http://127.0.0.1:1"}
+	if _, err := storeTestOpen(t, &offline).EnsureInputs(ctx, inputs, storeTestSystemHashes, nil); err != nil {
 		t.Fatalf("EnsureInputs of valid inputs: %v", err)
 	}
 
@@ -205,7 +223,7 @@ func TestStoreFetchInputsAndBuild(t *testing.T) {
 	}
 
 	var log bytes.Buffer
-	outs, err := s.Build(ctx, drvs["c"], BuildLimits{Timeout: time.Minute, MaxSilent: time.Minute, MaxOutputSize: 1 << 20}, &log)
+	outs, err := ss.Build(ctx, drvs["c"], drvC, inputs, BuildLimits{Timeout: time.Minute, MaxSilent: time.Minute, MaxOutputSize: 1 << 20}, &log)
 	if err != nil {
 		t.Fatalf("Build: %v\n%s", err, log.String())
 	}
@@ -216,19 +234,28 @@ func TestStoreFetchInputsAndBuild(t *testing.T) {
 	if got, err := os.ReadFile(filepath.Join(s.Root, outC)); err != nil || string(got) != "c\nb\na\n" {
 		t.Fatalf("c's output holds %q, %v", got, err)
 	}
-	if !strings.Contains(log.String(), "building c") {
-		t.Errorf("build log %q lacks the builder's output", log.String())
+	if !strings.Contains(log.String(), "building c") || !strings.Contains(log.String(), "building '"+drvs["c"]+"'") {
+		t.Errorf("build log %q lacks the builder's output or Nix's line naming the build", log.String())
 	}
-	infos, err := s.OutputInfos(ctx, []string{outC})
+	infos, err := ss.OutputInfos(ctx, []string{outC})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if i := infos[outC]; i.Deriver != drvs["c"] || !strings.HasPrefix(i.NarHash, "sha256:") || i.NarSize == 0 {
 		t.Errorf("OutputInfos = %+v", i)
 	}
-	if _, err := s.OutputInfos(ctx, []string{outA}); err == nil {
+	if _, err := ss.OutputInfos(ctx, []string{outA}); err == nil {
 		t.Errorf("OutputInfos of a path not in the store succeeded")
 	}
+	// The output read back through the daemon is the NAR `nix-store --dump` gives.
+	var nar bytes.Buffer
+	if err := ss.DumpNAR(ctx, outC, &nar); err != nil {
+		t.Fatal(err)
+	}
+	if want, err := exec.Command("nix-store", "--dump", filepath.Join(s.Root, outC)).Output(); err != nil || !bytes.Equal(nar.Bytes(), want) {
+		t.Errorf("DumpNAR(c) differs from nix-store --dump (%v)", err)
+	}
+	ss.Close() // its daemon's temporary roots would keep outB
 
 	// Nix honours the root, and after remove nothing is left of it.
 	del := []string{"--store", s.Root, "--delete", outB, "--option", "build-users-group", ""}
@@ -255,17 +282,19 @@ func TestEnsureInputsUnavailable(t *testing.T) {
 	c.publish(t, strings.Fields(storeTestRun(t, "nix-store", "--query", "--requisites", drvs["b"]))...)
 
 	s := c.store(t)
-	if err := s.FetchDerivation(ctx, drvs["b"]); err != nil {
+	ss := storeTestOpen(t, s)
+	drvB, err := ss.Derivation(ctx, drvs["b"])
+	if err != nil {
 		t.Fatal(err)
 	}
-	outA := storeTestOut(t, s.Root, drvs["a"])
-	_, err := s.EnsureInputs(ctx, []string{outA}, storeTestSystemHashes, nil)
-	if !errors.Is(err, ErrInputUnavailable) {
-		t.Fatalf("EnsureInputs of an input no cache has = %v, want ErrInputUnavailable", err)
+	outA := storeTestOut(t, "", drvs["a"])
+	_, err = ss.EnsureInputs(ctx, []string{outA}, storeTestSystemHashes, nil)
+	if !errors.Is(err, ErrInputUnavailable) || !strings.Contains(err.Error(), outA) {
+		t.Fatalf("EnsureInputs of an input no cache has = %v, want ErrInputUnavailable naming %s", err, outA)
 	}
 	// Nor does Build make up for it by building the input.
 	var be *BuildError
-	if _, err := s.Build(ctx, drvs["b"], BuildLimits{}, nil); !errors.As(err, &be) || be.Kind != "nix" || !strings.Contains(be.Message, outA) {
+	if _, err := ss.Build(ctx, drvs["b"], drvB, []string{outA}, BuildLimits{}, nil); !errors.As(err, &be) || be.Kind != "nix" || !strings.Contains(be.Message, outA) {
 		t.Fatalf("Build with a missing input = %v, want a nix BuildError naming %s", err, outA)
 	}
 	if _, ok := storeTestValid(t, s, outA); ok {
@@ -273,8 +302,8 @@ func TestEnsureInputsUnavailable(t *testing.T) {
 	}
 	// Nor does a .drv no cache has arrive from anywhere.
 	other := storeTestInstantiate(t, "", nixgen.Lib(storeTestSalt(t))+` { x = mk "x" [ ]; }`, "x")["x"]
-	if err := s.FetchDerivation(ctx, other); !errors.Is(err, ErrInputUnavailable) {
-		t.Fatalf("FetchDerivation of a .drv no cache has = %v, want ErrInputUnavailable", err)
+	if _, err := ss.Derivation(ctx, other); !errors.Is(err, ErrInputUnavailable) {
+		t.Fatalf("Derivation of a .drv no cache has = %v, want ErrInputUnavailable", err)
 	}
 }
 
@@ -306,16 +335,18 @@ func TestEnsureInputsFrankenbuild(t *testing.T) {
 in { inherit imp user; }`, salt, marker, marker)
 	drvs := storeTestInstantiate(t, "", expr, "imp", "user")
 	storeTestBuildSystem(t, drvs["imp"])
-	imp := storeTestOut(t, "", drvs["imp"])
-	c.publish(t, imp)
+	c.publish(t, storeTestOut(t, "", drvs["imp"]))
 	c.publish(t, strings.Fields(storeTestRun(t, "nix-store", "--query", "--requisites", drvs["user"]))...)
 
 	s := c.store(t)
-	if err := s.FetchDerivation(ctx, drvs["user"]); err != nil {
-		t.Fatal(err)
-	}
+	ss := storeTestOpen(t, s)
+	imp := storeTestOut(t, "", drvs["imp"])
 	for _, name := range []string{"imp", "user"} {
-		if _, err := s.Build(ctx, drvs[name], BuildLimits{}, nil); err != nil {
+		drv, err := ss.Derivation(ctx, drvs[name])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ss.Build(ctx, drvs[name], drv, []string{imp}[:len(drv.InputDrvs)], BuildLimits{}, nil); err != nil {
 			t.Fatalf("local build of %s: %v", name, err)
 		}
 	}
@@ -342,7 +373,7 @@ in { inherit imp user; }`, salt, marker, marker)
 	}
 	for _, tt := range tests {
 		logs.Reset()
-		mismatches, err := s.EnsureInputs(ctx, []string{imp}, tt.canonical, logger)
+		mismatches, err := ss.EnsureInputs(ctx, []string{imp}, tt.canonical, logger)
 		if err != nil {
 			t.Fatalf("%s: EnsureInputs: %v", tt.name, err)
 		}
@@ -455,13 +486,23 @@ in {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			var pid int
-			s := &Store{Root: root, onStart: func(p int) { pid = p }, killGrace: tt.killGrace}
+			var mu sync.Mutex
+			var pids []int
+			s := &Store{Root: root, killGrace: tt.killGrace, onStart: func(p int) {
+				mu.Lock()
+				defer mu.Unlock()
+				pids = append(pids, p)
+			}}
+			ss := storeTestOpen(t, s)
+			drv, err := nix.ReadDerivation(root, drvs[tt.name])
+			if err != nil {
+				t.Fatal(err)
+			}
 			ctx, cancel := context.WithCancel(storeTestCtx(t))
 			defer cancel()
 			log := &storeTestLog{cancelOn: tt.cancelOn, cancel: cancel}
 			start := time.Now()
-			outs, err := s.Build(ctx, drvs[tt.name], tt.limits, log)
+			outs, err := ss.Build(ctx, drvs[tt.name], drv, nil, tt.limits, log)
 			elapsed := time.Since(start)
 
 			var be *BuildError
@@ -481,8 +522,19 @@ in {
 			if tt.kind == "timeout" && elapsed < tt.limits.Timeout {
 				t.Errorf("timed out after %s, before %s", elapsed, tt.limits.Timeout)
 			}
-			if err := syscall.Kill(-pid, 0); !errors.Is(err, syscall.ESRCH) {
-				t.Errorf("Nix's process group %d after Build: %v, want it gone", pid, err)
+			// A stopped build's daemon is gone when Build returns; a build that ended on its
+			// own leaves its session usable for the next job.
+			mu.Lock()
+			pid := pids[0]
+			mu.Unlock()
+			stopped := tt.cancelOn != "" || tt.kind == "timeout" || tt.kind == "silent"
+			// Deleting the oversized output replaced the connection (its daemon rooted them).
+			gone := stopped || tt.kind == "output-size"
+			if err := syscall.Kill(-pid, 0); gone != errors.Is(err, syscall.ESRCH) {
+				t.Errorf("the daemon's process group %d after Build: %v; want it gone: %v", pid, err, gone)
+			}
+			if _, err := ss.PathInfos(ctx, []string{drvs[tt.name]}); !stopped && err != nil {
+				t.Errorf("the session after a build that ended on its own: %v", err)
 			}
 			// A SIGKILLed builder may take a moment to die.
 			marker := salt + "-" + tt.name
@@ -512,18 +564,6 @@ func TestApproxSize(t *testing.T) {
 	}
 }
 
-func TestNixBuildFailed(t *testing.T) {
-	for code, want := range map[int]bool{0: false, 1: false, 100: true, 101: true, 102: true, 104: false, 111: true, 112: false} {
-		if got := nixBuildFailed(code); got != want {
-			t.Errorf("nixBuildFailed(%d) = %v, want %v", code, got, want)
-		}
-	}
-}
-
-// A build in the system store cannot read the node's secrets: Nix's sandbox hides them, and
-// the build user it runs as could not read them anyway. Under the configuration builders had
-// before (root, no sandbox) the same build reads the secret into its output — the attack the
-// default configuration closes.
 func TestSystemStoreBuildsCannotReadSecrets(t *testing.T) {
 	t.Parallel()
 	secretValue := "hci-build-secret-" + storeTestSalt(t)
@@ -553,8 +593,12 @@ func TestSystemStoreBuildsCannotReadSecrets(t *testing.T) {
 			if err := s.Init(storeTestCtx(t)); err != nil {
 				t.Fatal(err)
 			}
+			d, err := nix.ReadDerivation("", drv)
+			if err != nil {
+				t.Fatal(err)
+			}
 			var log storeTestLog
-			outs, err := s.Build(storeTestCtx(t), drv, BuildLimits{Timeout: time.Minute}, &log)
+			outs, err := storeTestOpen(t, &s).Build(storeTestCtx(t), drv, d, nil, BuildLimits{Timeout: time.Minute}, &log)
 			if tt.readable {
 				if err != nil {
 					t.Fatalf("the unconfined build failed: %v\n%s", err, log.String())
@@ -574,4 +618,19 @@ func TestSystemStoreBuildsCannotReadSecrets(t *testing.T) {
 			}
 		})
 	}
+}
+
+// pathInfos reads the infos of the valid paths among paths from the store's database itself:
+// the tests' view, independent of the daemon's.
+func (s *Store) pathInfos(ctx context.Context, paths []string) (map[string]nix.PathInfo, error) {
+	db, err := nix.OpenStoreDB(s.Root)
+	if errors.Is(err, fs.ErrNotExist) {
+		// A fresh chroot store: Nix creates the database on first use.
+		return map[string]nix.PathInfo{}, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer db.Close()
+	return db.PathInfos(ctx, paths)
 }

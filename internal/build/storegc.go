@@ -36,6 +36,9 @@ type storeGC struct {
 
 	// freeFunc returns the bytes available in dir's file system (tests replace statfs).
 	freeFunc func(dir string) (int64, error)
+	// beforeCollect, if set, runs before each collection, when no job adds roots: the builder
+	// closes its idle daemon sessions, whose temporary roots would keep garbage alive.
+	beforeCollect func()
 
 	// roots orders roots and collections: a job holds one unit of it while it adds roots, a
 	// collection all of them. Nix reads the roots once, when it starts: a root added during a
@@ -167,6 +170,9 @@ func (g *storeGC) collect(ctx context.Context, free int64) error {
 	start := time.Now()
 	if err := g.roots.Acquire(ctx, rootsWeight); err != nil {
 		return fmt.Errorf("collect garbage in %s: %w", g.store.rootDir(), context.Cause(ctx))
+	}
+	if g.beforeCollect != nil {
+		g.beforeCollect()
 	}
 	args := append([]string{"--gc", "--max-freed", strconv.FormatInt(want, 10)}, g.store.options(nil)...)
 	out, err := g.store.run(ctx, "nix-store", args...)

@@ -78,7 +78,7 @@ func TestStoreGCThreshold(t *testing.T) {
 }
 
 // TestStoreGCKeepsRunningJobs: a collection while a job runs takes the garbage of the store
-// (a path nothing roots) but neither the job's .drv closure, its inputs nor its outputs before
+// (a path nothing roots) but neither the job's inputs nor its outputs before
 // they are uploaded; once the job is over, what it left is garbage too.
 func TestStoreGCKeepsRunningJobs(t *testing.T) {
 	t.Parallel()
@@ -107,7 +107,9 @@ in {
 		t.Fatalf("%s does not refer to its input source", drvs["blocked"])
 	}
 	dep, out := h.outputs(drvs["dep"])["out"], h.outputs(drvs["blocked"])["out"]
-	needed := []string{drvs["blocked"], drvs["dep"], src, dep}
+	// The .drv files never reach the builder's store: the derivation goes to the daemon over
+	// the connection.
+	needed := []string{src, dep}
 
 	// Free space is always short: every check after a job ended collects, besides the test's.
 	reg := prometheus.NewRegistry()

@@ -52,6 +52,11 @@ func (c *hashCounter) sum() string {
 // and sizes of both forms, in one streaming pass: the NAR is never held in memory or on disk.
 // On error dst holds a partial file and the caller must discard it.
 func CompressNAR(ctx context.Context, path string, dst io.Writer) (Sizes, error) {
+	return CompressNARFrom(ctx, func(w io.Writer) error { return WriteNAR(w, path) }, dst)
+}
+
+// CompressNARFrom is CompressNAR for a NAR that write produces (a Nix daemon's NarFromPath).
+func CompressNARFrom(ctx context.Context, write func(w io.Writer) error, dst io.Writer) (Sizes, error) {
 	file := newHashCounter(ctx, dst)
 	// One encoder goroutine per call bounds memory and goroutines; the signer gets its
 	// parallelism from compressing many paths at once.
@@ -60,12 +65,12 @@ func CompressNAR(ctx context.Context, path string, dst io.Writer) (Sizes, error)
 		return Sizes{}, fmt.Errorf("compress nar: %w", err)
 	}
 	nar := newHashCounter(ctx, zw)
-	if err := WriteNAR(nar, path); err != nil {
+	if err := write(nar); err != nil {
 		zw.Close()
 		return Sizes{}, fmt.Errorf("compress nar: %w", err)
 	}
 	if err := zw.Close(); err != nil {
-		return Sizes{}, fmt.Errorf("compress nar %s: %w", path, err)
+		return Sizes{}, fmt.Errorf("compress nar: %w", err)
 	}
 	return Sizes{NarHash: nar.sum(), NarSize: nar.n, FileHash: file.sum(), FileSize: file.n}, nil
 }

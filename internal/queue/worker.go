@@ -42,6 +42,10 @@ type Result struct {
 	// outlives the worker's stop: the builder deletes the live log tail there, which tells log
 	// watchers the build is over.
 	Finally func(ctx context.Context)
+	// Continue, if set, finishes the job off the build slot: the worker frees the slot (and
+	// claims the next job) at once, then runs Continue, whose result is the job's. A builder
+	// uploads and signs there, so the next build does not wait on the network.
+	Continue func(ctx context.Context) Result
 }
 
 // Handler builds one claimed job. Its context ends when the worker stops; a handler that
@@ -282,18 +286,29 @@ func (w *Worker) fill(ctx context.Context) {
 
 func (w *Worker) build(ctx context.Context, job Job, release func()) {
 	defer w.jobs.Done()
-	defer func() {
-		w.mu.Lock()
-		w.running--
-		w.mu.Unlock()
-		release()
-		select {
-		case w.wake <- struct{}{}:
-		default:
-		}
-	}()
+	// The gate is held until the job is recorded: a draining node waits for its uploads.
+	defer release()
+	var freeOnce sync.Once
+	freeSlot := func() {
+		freeOnce.Do(func() {
+			w.mu.Lock()
+			w.running--
+			w.mu.Unlock()
+			select {
+			case w.wake <- struct{}{}:
+			default:
+			}
+		})
+	}
+	defer freeSlot()
 	start := time.Now()
 	res := w.cfg.Handler(ctx, job)
+	if res.Continue != nil {
+		next := res.Continue
+		freeSlot()
+		res = next(ctx)
+		res.Continue = nil
+	}
 	// Finishing must happen even when the worker is stopping.
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()

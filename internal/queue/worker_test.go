@@ -313,3 +313,57 @@ func TestWorkerNeverExceedsMaxJobs(t *testing.T) {
 		t.Fatalf("%d builds finished, want 6", finished.Load())
 	}
 }
+
+// TestContinueFreesTheSlot: a handler that returns a continuation (the builder's upload and
+// signing) frees its slot at once, so the next job is claimed while the first one's
+// continuation still runs; the first job's result is the continuation's, and a draining node
+// waits for it.
+func TestContinueFreesTheSlot(t *testing.T) {
+	t.Parallel()
+	pool, _ := newPool(t, 8)
+	const node = "one-slot"
+	qt.Enqueue(t, pool, nil, independent("cont", 2)...)
+	uploading := make(chan struct{})
+	release := make(chan struct{})
+	var continued atomic.Int64
+	gate := &cluster.InFlight{}
+	w := startWorker(t, pool, queue.WorkerConfig{
+		Claimer: claimer(node), MaxJobs: 1, PollInterval: 50 * time.Millisecond, Gate: gate,
+		Handler: func(ctx context.Context, job queue.Job) queue.Result {
+			if !strings.HasSuffix(job.DrvPath, "cont-0.drv") {
+				return queue.Result{}
+			}
+			return queue.Result{Continue: func(ctx context.Context) queue.Result {
+				continued.Add(1)
+				close(uploading)
+				select {
+				case <-release:
+				case <-ctx.Done():
+				}
+				return queue.Result{Err: fmt.Errorf("upload refused"), Kind: queue.Permanent}
+			}}
+		},
+	})
+	<-uploading
+	qt.WaitFor(t, 20*time.Second, func() bool { return qt.Status(t, pool, "cont-1") == "succeeded" },
+		"the second job to be built while the first one's continuation runs")
+	if s := qt.Status(t, pool, "cont-0"); s != "building" {
+		t.Fatalf("the first job is %s while its continuation runs, want building", s)
+	}
+	if w.Running() != 0 {
+		t.Fatalf("Running() = %d with only a continuation left, want 0", w.Running())
+	}
+	gate.Close()
+	if n := gate.Count(); n != 1 {
+		t.Fatalf("%d units in flight with a continuation running, want 1 (a drain waits for it)", n)
+	}
+	close(release)
+	qt.WaitFor(t, 20*time.Second, func() bool { return qt.Status(t, pool, "cont-0") == "failed" },
+		"the continuation's result to be recorded")
+	if left := gate.Wait(qt.Ctx(t, 20*time.Second)); left != 0 {
+		t.Fatalf("the node did not drain after the continuation ended: %d in flight", left)
+	}
+	if continued.Load() != 1 {
+		t.Fatalf("the continuation ran %d times, want 1", continued.Load())
+	}
+}

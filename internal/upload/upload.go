@@ -30,7 +30,13 @@ type Path struct {
 	StorePath  string   // /nix/store/…
 	References []string // full store paths
 	Deriver    string   // full path or basename; "" for none
+	// NarSize is the NAR's size if known: with a Source, a NAR known to be small is compressed
+	// in memory, any other goes through a temporary file (a daemon's stream cannot be restarted).
+	NarSize int64
 }
+
+// NARSource writes the NAR of a store path to w: a builder's daemon connection (NarFromPath).
+type NARSource func(ctx context.Context, storePath string, w io.Writer) error
 
 // Publisher publishes store paths from one Nix store.
 type Publisher struct {
@@ -39,6 +45,8 @@ type Publisher struct {
 	// StoreRoot is the directory the store paths live under: "" for the system store, or a
 	// chroot store's directory.
 	StoreRoot string
+	// Source, if set, produces the NARs of a build's outputs instead of StoreRoot's files.
+	Source NARSource
 	// HTTP does the PUTs; default: a client with a 10 minute timeout.
 	HTTP *http.Client
 	// Parallel bounds concurrent compressions and PUTs; default 16.
@@ -90,24 +98,60 @@ type preparedLog struct {
 // the log. A failed or expired upload is retried with fresh slots; what already landed is
 // skipped by the signer.
 func (p *Publisher) PublishBuild(ctx context.Context, job signer.JobClaim, paths []Path, log *Log) (Response, error) {
-	start := time.Now()
-	prep, cleanup, err := p.prepareAll(ctx, paths)
+	b, err := p.PrepareBuild(ctx, paths)
 	if err != nil {
 		return Response{}, err
 	}
-	defer cleanup()
+	defer b.Close()
+	return p.SendBuild(ctx, job, b, log)
+}
+
+// PreparedBuild is a build's outputs serialised, hashed and compressed: what SendBuild uploads.
+// The store is no longer needed once it exists. Close removes its temporary files.
+type PreparedBuild struct {
+	prep    []*prepared
+	cleanup func()
+	took    time.Duration
+}
+
+// Took is how long PrepareBuild took.
+func (b *PreparedBuild) Took() time.Duration { return b.took }
+
+// Close removes the temporary files of large outputs; it may be called more than once.
+func (b *PreparedBuild) Close() {
+	if b.cleanup != nil {
+		b.cleanup()
+		b.cleanup = nil
+	}
+}
+
+// PrepareBuild serialises, hashes and compresses a build's outputs (the first half of
+// PublishBuild): a builder frees its build slot after it, before the network round trips.
+func (p *Publisher) PrepareBuild(ctx context.Context, paths []Path) (*PreparedBuild, error) {
+	start := time.Now()
+	prep, cleanup, err := p.prepareAll(ctx, paths)
+	if err != nil {
+		return nil, err
+	}
+	return &PreparedBuild{prep: prep, cleanup: cleanup, took: time.Since(start)}, nil
+}
+
+// SendBuild uploads a prepared build and its log, then build-complete signs the outputs and
+// records the success with the log (the second half of PublishBuild).
+func (p *Publisher) SendBuild(ctx context.Context, job signer.JobClaim, b *PreparedBuild, log *Log) (Response, error) {
+	start := time.Now().Add(-b.took)
 	var pl *preparedLog
-	req := signer.BuildCompleteRequest{Job: job, Outputs: make([]signer.Output, len(prep))}
+	req := signer.BuildCompleteRequest{Job: job, Outputs: make([]signer.Output, len(b.prep))}
 	if log != nil {
 		pl = &preparedLog{key: log.Key, body: nix.Compress(log.Data)}
 		req.LogKey = log.Key
 	}
-	if err := p.uploadAll(ctx, slotClaim{job: &job}, prep, pl); err != nil {
+	if err := p.uploadAll(ctx, slotClaim{job: &job}, b.prep, pl); err != nil {
 		return Response{}, err
 	}
 	p.observe("upload", start)
 	signStart := time.Now()
-	for i, pr := range prep {
+	for i, pr := range b.prep {
 		req.Outputs[i] = pr.out
 	}
 	resp, err := p.Signer.BuildComplete(ctx, req)
@@ -276,7 +320,6 @@ func (p *Publisher) observe(step string, since time.Time) {
 }
 
 func (p *Publisher) prepare(ctx context.Context, path Path, tmp string, i int) (*prepared, error) {
-	fsPath := filepath.Join(p.root(), path.StorePath)
 	pr := &prepared{out: signer.Output{StorePath: path.StorePath, References: path.References}}
 	if path.Deriver != "" {
 		pr.out.Deriver = filepath.Base(path.Deriver)
@@ -284,31 +327,38 @@ func (p *Publisher) prepare(ctx context.Context, path Path, tmp string, i int) (
 	if pr.out.References == nil {
 		pr.out.References = []string{}
 	}
-	var nar bytes.Buffer
-	lw := &limitedWriter{w: &nar, left: memLimit}
-	err := nix.WriteNAR(lw, fsPath)
-	switch {
-	case err == nil:
-		sizes, body := compressSmall(nar.Bytes())
-		pr.body = body
-		pr.setSizes(sizes)
-		return pr, nil
-	case errors.Is(err, errTooBig):
-		pr.file = filepath.Join(tmp, fmt.Sprintf("%d.nar.zst", i))
-		f, err := os.Create(pr.file)
-		if err != nil {
+	write := p.Source
+	if write == nil {
+		fsPath := filepath.Join(p.root(), path.StorePath)
+		write = func(_ context.Context, _ string, w io.Writer) error { return nix.WriteNAR(w, fsPath) }
+	}
+	// A file tree is tried in memory and, when too big, serialised again into a file; a
+	// source's stream cannot be restarted, so only a NAR known to be small goes to memory.
+	if p.Source == nil || (path.NarSize > 0 && path.NarSize <= memLimit) {
+		var nar bytes.Buffer
+		err := write(ctx, path.StorePath, &limitedWriter{w: &nar, left: memLimit})
+		switch {
+		case err == nil:
+			sizes, body := compressSmall(nar.Bytes())
+			pr.body = body
+			pr.setSizes(sizes)
+			return pr, nil
+		case !errors.Is(err, errTooBig) || p.Source != nil:
 			return nil, fmt.Errorf("publish %s: %w", path.StorePath, err)
 		}
-		defer f.Close()
-		sizes, err := nix.CompressNAR(ctx, fsPath, f)
-		if err != nil {
-			return nil, fmt.Errorf("publish %s: %w", path.StorePath, err)
-		}
-		pr.setSizes(sizes)
-		return pr, f.Close()
-	default:
+	}
+	pr.file = filepath.Join(tmp, fmt.Sprintf("%d.nar.zst", i))
+	f, err := os.Create(pr.file)
+	if err != nil {
 		return nil, fmt.Errorf("publish %s: %w", path.StorePath, err)
 	}
+	defer f.Close()
+	sizes, err := nix.CompressNARFrom(ctx, func(w io.Writer) error { return write(ctx, path.StorePath, w) }, f)
+	if err != nil {
+		return nil, fmt.Errorf("publish %s: %w", path.StorePath, err)
+	}
+	pr.setSizes(sizes)
+	return pr, f.Close()
 }
 
 func (p *Publisher) root() string {

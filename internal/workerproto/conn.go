@@ -49,6 +49,7 @@ type Conn struct {
 	closeErr  error
 	cmd       *exec.Cmd // the nix-daemon --stdio child, if any
 	waitDone  chan struct{}
+	grace     time.Duration
 }
 
 // StartOptions start a `nix-daemon --stdio` child.
@@ -62,6 +63,15 @@ type StartOptions struct {
 	Options map[string]string
 	// Env is the child's environment; nil inherits none but PATH-free defaults.
 	Env []string
+	// Dir is the child's working directory; "" is this process's.
+	Dir string
+	// PIDNamespace starts the child as the first process of a PID namespace of its own, so that
+	// if it dies by any means (killed, crashed) the kernel kills its builds with it; otherwise
+	// they would outlive it, in sessions of their own. Needs CAP_SYS_ADMIN (root).
+	PIDNamespace bool
+	// KillGrace is how long Close waits for the child to exit after the hang-up, and again
+	// after SIGTERM, before it kills the child and its builds. Default 5s.
+	KillGrace time.Duration
 }
 
 // Start runs a `nix-daemon --stdio` child and handshakes with it. The child and its builds end
@@ -79,7 +89,15 @@ func Start(ctx context.Context, o StartOptions) (*Conn, error) {
 		args = append(args, "--option", k, v)
 	}
 	cmd := exec.Command(bin, args...)
+	if o.PIDNamespace {
+		// unshare's child, the daemon, is the namespace's first process and sees its own
+		// /proc (Nix's sandbox writes to /proc/<pid>); --kill-child ends it with unshare.
+		cmd = exec.Command("unshare", append([]string{"--pid", "--fork", "--mount-proc", "--kill-child", "--", bin}, args...)...)
+	}
 	cmd.Env = o.Env
+	cmd.Dir = o.Dir
+	// A build that kept the daemon's stderr open must not keep Wait (and Close) waiting.
+	cmd.WaitDelay = closeGrace
 	// Its own process group, so Close reaches the daemon's children; killed if we die first.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	stdin, err := cmd.StdinPipe()
@@ -96,7 +114,10 @@ func Start(ctx context.Context, o StartOptions) (*Conn, error) {
 		return nil, fmt.Errorf("start nix-daemon: %w", err)
 	}
 	c := newConn(pipe{stdout, stdin})
-	c.cmd, c.waitDone = cmd, make(chan struct{})
+	c.cmd, c.waitDone, c.grace = cmd, make(chan struct{}), o.KillGrace
+	if c.grace <= 0 {
+		c.grace = closeGrace
+	}
 	go func() { _ = cmd.Wait(); close(c.waitDone) }()
 	if err := c.handshake(ctx); err != nil {
 		c.Close()
@@ -195,14 +216,16 @@ func (c *Conn) do(ctx context.Context, op func() error) error {
 	return err
 }
 
-// closeGrace is how long a `nix-daemon --stdio` child may take to stop its build and exit once
-// its connection is closed, before it is told to (SIGTERM), and again before it is killed.
+// closeGrace is how long a `nix-daemon --stdio` child may take by default to stop its build
+// and exit once its connection is closed, before it is told to (SIGTERM), and again before it
+// is killed.
 const closeGrace = 5 * time.Second
 
 // Close closes the connection. The daemon sees the hang-up, stops what it is doing (a running
 // build is killed by the daemon itself: the build runs in a session of its own, which killing
 // the daemon would leave running) and exits; a `nix-daemon --stdio` child is waited for, then
-// sent SIGTERM, then killed with its process group. Idempotent.
+// sent SIGTERM, then killed with its process group and its children's (the builds).
+// Idempotent; it returns once the child is gone.
 func (c *Conn) Close() error {
 	c.closeOnce.Do(func() {
 		close(c.closed)
@@ -210,18 +233,40 @@ func (c *Conn) Close() error {
 		if c.cmd == nil {
 			return
 		}
+		pid := c.cmd.Process.Pid
 		for _, sig := range []syscall.Signal{0, syscall.SIGTERM, syscall.SIGKILL} {
-			if sig != 0 {
-				_ = syscall.Kill(-c.cmd.Process.Pid, sig)
+			switch sig {
+			case syscall.SIGTERM:
+				_ = syscall.Kill(-pid, sig)
+			case syscall.SIGKILL:
+				// The daemon is not reaped before waitDone, so its children are still its
+				// children and its group id is still its own.
+				builds := childProcessGroups(pid)
+				_ = syscall.Kill(-pid, sig)
+				for _, g := range builds {
+					_ = syscall.Kill(-g, sig)
+				}
 			}
+			t := time.NewTimer(c.grace)
 			select {
 			case <-c.waitDone:
+				t.Stop()
 				return
-			case <-time.After(closeGrace):
+			case <-t.C:
 			}
 		}
+		<-c.waitDone
 	})
 	return c.closeErr
+}
+
+// Pid is the `nix-daemon --stdio` child's process id (also its process group's), or 0 for a
+// socket connection.
+func (c *Conn) Pid() int {
+	if c.cmd == nil {
+		return 0
+	}
+	return c.cmd.Process.Pid
 }
 
 // Broken reports whether the connection can no longer be used: closed, or a read or write

@@ -26,7 +26,7 @@ func FuzzReplies(f *testing.F) {
 		w.uint64(msgStartActivity)
 		w.uint64(7)
 		w.uint64(0)
-		w.uint64(actBuild)
+		w.uint64(ActBuild)
 		w.string("building x")
 		w.uint64(2)
 		w.uint64(1)

@@ -197,7 +197,11 @@ func (c *Conn) AddToStoreNar(ctx context.Context, info PathInfo, nar io.Reader, 
 		w.string(info.Deriver)
 		w.string(hash)
 		w.strings(info.References)
-		w.uint64(uint64(info.RegistrationTime.Unix()))
+		var registered uint64 // 0: now
+		if !info.RegistrationTime.IsZero() {
+			registered = uint64(max(info.RegistrationTime.Unix(), 0))
+		}
+		w.uint64(registered)
 		w.uint64(info.NarSize)
 		w.bool(info.Ultimate)
 		w.strings(info.Sigs)

@@ -23,8 +23,8 @@ const (
 	resPostBuildLog = 107
 )
 
-// Activity types.
-const actBuild = 105
+// ActBuild is the type of a build's activity; its text is "building '/nix/store/….drv'".
+const ActBuild = 105
 
 // Error is an error the daemon reported for an operation: the connection stays usable.
 type Error struct {
