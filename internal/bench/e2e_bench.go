@@ -759,8 +759,8 @@ WHERE project_id = $1 AND status NOT IN ('succeeded')`, e.ProjectID)
 		return rr, err
 	}
 	rr.fromStart, rr.clusterCPU = time.Since(start).Seconds(), busyCPU()-cpu0
-	self1, children1 := processCPU()
-	rr.clusterGo, rr.clusterNix, rr.pg = self1-self0, children1-children0, b.postgresCPU()-pg0
+	self1, _ := processCPU()
+	rr.clusterGo, rr.pg = self1-self0, b.postgresCPU()-pg0
 	// A job is succeeded once the signer records it; its builder reports the job's timings a
 	// moment later (after its GC roots are gone), and a stopped builder reports none.
 	if err := b.waitTimings(ctx, e.ProjectID); err != nil {
@@ -769,6 +769,10 @@ WHERE project_id = $1 AND status NOT IN ('succeeded')`, e.ProjectID)
 	if err := stopAll(); err != nil {
 		return rr, err
 	}
+	// The builders' Nix daemons (and their builds) count once reaped: when their sessions
+	// closed, at the stop.
+	_, children1 := processCPU()
+	rr.clusterNix = children1 - children0
 	if len(failures) > 0 {
 		return rr, fmt.Errorf("%d jobs did not succeed: %s", len(failures), strings.Join(failures[:min(5, len(failures))], "; "))
 	}
@@ -1021,7 +1025,7 @@ func (b *e2e) plainSingle(ctx context.Context, name, salt string) ([]float64, er
 	return out, nil
 }
 
-// probe replays o.Samples of the round's jobs with build.Store, one at a time in a fresh chroot
+// probe replays o.Samples of the round's jobs on one build.Session, one at a time in a fresh chroot
 // store fetching from the cluster's cache, to time each step without contention.
 func (b *e2e) probe(ctx context.Context, name string, rows []jobRow) ([]ProbeStep, error) {
 	// Jobs with inputs (to substitute from the cache), spread over the DAG, in dependency order
@@ -1295,8 +1299,10 @@ func (r E2EReport) Print(w io.Writer) {
 		perJob := func(s float64) float64 { return 1000 * s / float64(wl.Jobs) }
 		fmt.Fprintf(w, "    busy CPU, whole machine, per derivation: plain Nix %.0f ms (nix-store and builds %.0f ms); cluster %.0f ms =\n",
 			perJob(wl.NixCPU), perJob(wl.NixCPUOwn), perJob(wl.ClusterCPU))
-		fmt.Fprintf(w, "      Nix processes and builds %.0f ms + nodes (Go) %.0f ms + PostgreSQL %.0f ms + rest (anything else) %.0f ms\n",
+		fmt.Fprintf(w, "      Nix daemons and builds %.0f ms + nodes (Go) %.0f ms + PostgreSQL %.0f ms + rest (anything else) %.0f ms\n",
 			perJob(wl.ClusterCPUNix), perJob(wl.ClusterCPUGo), perJob(wl.ClusterCPUPG), perJob(wl.ClusterCPURest))
+		fmt.Fprintf(w, "    CPU outside the build itself, per job: %.0f ms (the cluster's busy CPU beyond plain Nix's nix-store and builds)\n",
+			perJob(wl.ClusterCPU-wl.NixCPUOwn))
 		if wl.LowerBound > 0 {
 			fmt.Fprintf(w, "    lower bound ⌈%d jobs ÷ %d slots⌉ × %g s = %.1f s (plain Nix ÷ bound %.2f, cluster ÷ bound %.2f)\n",
 				wl.Jobs, jobs, wl.SleepSeconds, wl.LowerBound, wl.BestNix/wl.LowerBound, wl.BestCluster/wl.LowerBound)
@@ -1333,7 +1339,7 @@ func (r E2EReport) Print(w io.Writer) {
 				pass(wl.PlainBuild.N > 0 && wl.OverheadVsPlain.P50 <= r.TargetMs), wl.OverheadVsPlain.P50)
 		}
 		if len(wl.Probe) > 0 {
-			fmt.Fprintf(w, "    uncontended replay (build.Store, one job at a time, fresh store, inputs from the cache), ms\n")
+			fmt.Fprintf(w, "    uncontended replay (one build.Session, one job at a time, fresh store, inputs from the cache), ms\n")
 			for _, p := range wl.Probe {
 				row(p.Step, p.Stat)
 			}
