@@ -524,7 +524,7 @@ func TestGiteaStatusesOnceAcrossFrontends(t *testing.T) {
 	salt := uniqueSalt(t)
 	var attrs []string
 	for i := range 6 {
-		attrs = append(attrs, fmt.Sprintf(`p%d = sh "p%d" [] "sleep %d";`, i, i, 1+i%3))
+		attrs = append(attrs, fmt.Sprintf(`p%d = sh "p%d" [] "/bin/sleep %d";`, i, i, 1+i%3))
 	}
 	expr := shLib(salt) + " { " + strings.Join(attrs, " ") + " }"
 	first := c.push(c.owner, c.repo, "main", map[string]string{"ci.nix": expr}, false)

@@ -135,7 +135,7 @@ func TestWebUI(t *testing.T) {
 	salt := uniqueSalt(t)
 	ci := shLib(salt) + ` {
   fast = sh "fast" [] "echo fast";
-  slow = sh "slow" [] "sleep 10";
+  slow = sh "slow" [] "/bin/sleep 10";
   broken = sh "broken" [] "echo failing on purpose >&2; exit 3";
 }`
 	sha := u.push(u.owner, u.repo, "main", map[string]string{"ci.nix": ci}, false)
