@@ -48,6 +48,7 @@ type Local struct {
 	secret     []byte
 	now        func() time.Time
 	shardMade  [tmpShards]atomic.Bool
+	syncs      syncGroup
 }
 
 var _ Store = (*Local)(nil)
@@ -242,17 +243,20 @@ func (l *Local) renameNoReplace(tmp, rel string) error {
 
 // Sync makes every object written so far durable (syncfs(2) on the store's file system): one
 // flush per batch of objects instead of two fsyncs per object, which on this kind of disk cost
-// more than everything else a small object needs.
+// more than everything else a small object needs. Concurrent callers share flushes (see
+// syncGroup).
 func (l *Local) Sync(ctx context.Context) error {
-	d, err := l.root.Open(".")
-	if err != nil {
-		return fmt.Errorf("blob: sync: %w", err)
-	}
-	defer d.Close()
-	if err := unix.Syncfs(int(d.Fd())); err != nil {
-		return fmt.Errorf("blob: sync: %w", err)
-	}
-	return nil
+	return l.syncs.do(func() error {
+		d, err := l.root.Open(".")
+		if err != nil {
+			return fmt.Errorf("blob: sync: %w", err)
+		}
+		defer d.Close()
+		if err := unix.Syncfs(int(d.Fd())); err != nil {
+			return fmt.Errorf("blob: sync: %w", err)
+		}
+		return nil
+	})
 }
 
 // MismatchError reports a body that differs from what was declared: its size or its sha256.

@@ -206,10 +206,7 @@ func (s *Server) handleBuildComplete(ctx context.Context, id nodetoken.Identity,
 	if err != nil {
 		return nil, err
 	}
-	if err := s.recordHashes(ctx, canon); err != nil {
-		return nil, internal("recording NAR hashes failed", err)
-	}
-	if err := s.succeed(ctx, f.claim, req.LogKey); err != nil {
+	if err := s.succeed(ctx, f.claim, req.LogKey, canon); err != nil {
 		return nil, err
 	}
 	if s.cfg.Announcer != nil {
@@ -220,9 +217,13 @@ func (s *Server) handleBuildComplete(ctx context.Context, id nodetoken.Identity,
 	return resp, nil
 }
 
-// succeed marks the job succeeded and records its log, in one transaction.
-func (s *Server) succeed(ctx context.Context, c queue.Claim, logKey string) error {
+// succeed records the outputs' canonical hashes, marks the job succeeded and records its log,
+// in one transaction (one commit, and the hashes never without the success).
+func (s *Server) succeed(ctx context.Context, c queue.Claim, logKey string, canon []canonical) error {
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if err := recordHashes(ctx, tx, canon); err != nil {
+			return fmt.Errorf("record NAR hashes: %w", err)
+		}
 		if _, err := queue.Succeed(ctx, tx, c); err != nil {
 			return err
 		}

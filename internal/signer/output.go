@@ -9,6 +9,7 @@ import (
 	"io"
 	"strings"
 
+	"github.com/jackc/pgx/v5"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/blob"
@@ -305,7 +306,7 @@ func (s *Server) readNarInfo(ctx context.Context, key string) (*nix.NarInfo, err
 
 // recordHashes sets the canonical NAR hash of every output row still without one: the first
 // writer wins.
-func (s *Server) recordHashes(ctx context.Context, cs []canonical) error {
+func recordHashes(ctx context.Context, tx pgx.Tx, cs []canonical) error {
 	var paths, hashes []string
 	var sizes []int64
 	for _, c := range cs {
@@ -317,7 +318,7 @@ func (s *Server) recordHashes(ctx context.Context, cs []canonical) error {
 	if len(paths) == 0 {
 		return nil
 	}
-	_, err := s.pool.Exec(ctx, sqlRecordNarHashes, paths, hashes, sizes)
+	_, err := tx.Exec(ctx, sqlRecordNarHashes, paths, hashes, sizes)
 	return err
 }
 
