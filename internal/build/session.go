@@ -1,6 +1,7 @@
 package build
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -277,11 +278,6 @@ func (ss *Session) add(ctx context.Context, f *substitute.Fetcher, todo []*subst
 	if len(todo) == 0 {
 		return nil
 	}
-	type fetched struct {
-		nar  []byte
-		err  error
-		done chan struct{}
-	}
 	ahead := make([]*fetched, len(todo))
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(prefetch)
@@ -292,11 +288,17 @@ func (ss *Session) add(ctx context.Context, f *substitute.Fetcher, todo []*subst
 		ahead[i] = &fetched{done: make(chan struct{})}
 	}
 	fetchCtx, stop := context.WithCancel(gctx)
-	defer stop()
+	launched := make(chan struct{})
 	go func() {
+		defer close(launched)
 		for i, found := range todo {
 			a := ahead[i]
 			if a == nil {
+				continue
+			}
+			if fetchCtx.Err() != nil {
+				a.err = context.Cause(fetchCtx)
+				close(a.done)
 				continue
 			}
 			g.Go(func() error {
@@ -312,30 +314,49 @@ func (ss *Session) add(ctx context.Context, f *substitute.Fetcher, todo []*subst
 			})
 		}
 	}()
-	defer func() { stop(); _ = g.Wait() }()
+	defer func() {
+		stop()
+		<-launched
+		_ = g.Wait()
+	}()
 	for i, found := range todo {
-		var nar io.Reader
-		if a := ahead[i]; a != nil {
-			select {
-			case <-a.done:
-			case <-ctx.Done():
-				return context.Cause(ctx)
-			}
-			if a.err != nil {
-				return fmt.Errorf("fetch %s from %s: %w", found.Info.StorePath, found.Cache, a.err)
-			}
-			nar = strings.NewReader(string(a.nar))
-		} else {
-			r, err := f.OpenNAR(ctx, found)
-			if err != nil {
-				return fmt.Errorf("fetch %s from %s: %w", found.Info.StorePath, found.Cache, err)
-			}
-			defer r.Close()
-			nar = r
+		if err := ss.addOne(ctx, f, found, ahead[i]); err != nil {
+			return err
 		}
-		if err := ss.conn.AddToStoreNar(ctx, pathInfo(found), nar, true); err != nil {
-			return fmt.Errorf("add %s from %s: %w", found.Info.StorePath, found.Cache, err)
+	}
+	return nil
+}
+
+// fetched is a NAR fetched ahead, once done is closed.
+type fetched struct {
+	nar  []byte
+	err  error
+	done chan struct{}
+}
+
+// addOne adds one found path: from its NAR fetched ahead, or streamed from the cache now.
+func (ss *Session) addOne(ctx context.Context, f *substitute.Fetcher, found *substitute.Found, ahead *fetched) error {
+	var nar io.Reader
+	if ahead != nil {
+		select {
+		case <-ahead.done:
+		case <-ctx.Done():
+			return context.Cause(ctx)
 		}
+		if ahead.err != nil {
+			return fmt.Errorf("fetch %s from %s: %w", found.Info.StorePath, found.Cache, ahead.err)
+		}
+		nar = bytes.NewReader(ahead.nar)
+	} else {
+		r, err := f.OpenNAR(ctx, found)
+		if err != nil {
+			return fmt.Errorf("fetch %s from %s: %w", found.Info.StorePath, found.Cache, err)
+		}
+		defer r.Close()
+		nar = r
+	}
+	if err := ss.conn.AddToStoreNar(ctx, pathInfo(found), nar, true); err != nil {
+		return fmt.Errorf("add %s from %s: %w", found.Info.StorePath, found.Cache, err)
 	}
 	return nil
 }

@@ -14,10 +14,17 @@
 // no request can name anything outside the cache layout. Any other path is 404. Paths that
 // are not clean ("..", "//") are redirected to their clean form by http.ServeMux itself before
 // any handler of this package runs.
+//
+// Narinfos, the requests Nix makes most, are kept in memory once read (up to
+// Config.NarinfoCacheBytes): a narinfo is written once and never changed, so a GET answered from
+// memory gets the stored body. The garbage collector may delete one, so the store is asked again
+// at most Config.NarinfoCacheTTL after the read. Misses are not kept, and HEAD always asks the
+// store.
 package cache
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -26,11 +33,13 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/klauspost/compress/zstd"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/blob"
+	"github.com/harmonia-ci/harmonia-ci/internal/clock"
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
 	"github.com/harmonia-ci/harmonia-ci/internal/web"
 )
@@ -38,6 +47,12 @@ import (
 // DefaultPriority is the nix-cache-info Priority when Config.Priority is 0. Lower is
 // preferred; cache.nixos.org uses 40.
 const DefaultPriority = 30
+
+// DefaultNarinfoCacheBytes is Config.NarinfoCacheBytes when it is 0: about 100,000 narinfos.
+const DefaultNarinfoCacheBytes = 64 << 20
+
+// DefaultNarinfoCacheTTL is Config.NarinfoCacheTTL when it is 0.
+const DefaultNarinfoCacheTTL = 10 * time.Second
 
 const (
 	cacheImmutable = "public, max-age=31536000, immutable" // content-addressed NARs
@@ -59,6 +74,14 @@ type Config struct {
 	Logger   *slog.Logger
 	// Registerer, if set, receives the cache's series (requests by kind and result, bytes).
 	Registerer prometheus.Registerer
+	// NarinfoCacheBytes bounds the narinfos kept in memory (bodies, keys and bookkeeping);
+	// default DefaultNarinfoCacheBytes, -1 keeps none.
+	NarinfoCacheBytes int64
+	// NarinfoCacheTTL is how long a narinfo read from the store is answered from memory: one
+	// the garbage collector deletes is no longer served after it. Default DefaultNarinfoCacheTTL.
+	NarinfoCacheTTL time.Duration
+	// Clock times NarinfoCacheTTL; default clock.Real.
+	Clock clock.Clock
 }
 
 // Server serves the binary cache. Create it with New.
@@ -67,6 +90,7 @@ type Server struct {
 	logger    *slog.Logger
 	cacheInfo string
 	metrics   *cacheMetrics
+	narinfos  *narinfoCache // nil: none kept
 }
 
 // New returns a server for cfg. cfg.Store must be set.
@@ -82,12 +106,21 @@ func New(cfg Config) *Server {
 	if logger == nil {
 		logger = slog.Default()
 	}
-	return &Server{
+	s := &Server{
 		store:     cfg.Store,
 		logger:    logger,
 		cacheInfo: fmt.Sprintf("StoreDir: %s\nWantMassQuery: 1\nPriority: %d\n", nix.StoreDir, prio),
 		metrics:   newCacheMetrics(cfg.Registerer),
 	}
+	if cfg.NarinfoCacheBytes >= 0 {
+		clk := cfg.Clock
+		if clk == nil {
+			clk = clock.Real{}
+		}
+		s.narinfos = newNarinfoCache(cmp.Or(cfg.NarinfoCacheBytes, DefaultNarinfoCacheBytes),
+			cmp.Or(cfg.NarinfoCacheTTL, DefaultNarinfoCacheTTL), clk)
+	}
+	return s
 }
 
 // Register mounts the cache's routes on mux. A "GET" pattern also matches HEAD.
@@ -148,10 +181,45 @@ func (s *Server) serveTopLevel(w http.ResponseWriter, r *http.Request) error {
 	default:
 		return errNotFound() // no object kind: not counted
 	}
+	// Only valid names are remembered, so a name found in memory needs no further check.
+	keep := kind == kindNarinfo && s.narinfos != nil && r.Method == http.MethodGet
+	if keep {
+		if e := s.narinfos.get(name); e != nil {
+			s.sendNarinfo(w, r, e)
+			return nil
+		}
+	}
 	if !nix.ValidHashPart(hash) {
 		return s.metrics.failed(kind, web.Errorf(http.StatusBadRequest, "invalid store path hash"))
 	}
-	return s.metrics.failed(kind, s.serveBlob(w, r, kind, name, ctype, cacheHit))
+	if keep {
+		return s.metrics.failed(kind, s.serveBlob(w, r, kind, name, ctype, cacheHit, s.narinfos))
+	}
+	return s.metrics.failed(kind, s.serveBlob(w, r, kind, name, ctype, cacheHit, nil))
+}
+
+// Header values of a narinfo answered from memory, built once: setting them costs no
+// allocation. Each has one element and no spare capacity, so an Add elsewhere copies it.
+var (
+	narinfoContentType  = []string{typeNarinfo}
+	narinfoCacheControl = []string{cacheHit}
+	noSniff             = []string{"nosniff"}
+)
+
+// sendNarinfo answers a GET with a remembered narinfo: the headers setHeaders would set, and
+// the body.
+func (s *Server) sendNarinfo(w http.ResponseWriter, r *http.Request, e *narinfoEntry) {
+	h := w.Header()
+	h["Content-Type"] = narinfoContentType
+	h["Cache-Control"] = narinfoCacheControl
+	h["X-Content-Type-Options"] = noSniff
+	h["Content-Length"] = e.length
+	w.WriteHeader(http.StatusOK)
+	n, err := w.Write(e.body)
+	if err != nil {
+		s.copyError(r, e.key, int64(n), err)
+	}
+	s.metrics.hit(kindNarinfo, int64(n))
 }
 
 func (s *Server) serveNAR(w http.ResponseWriter, r *http.Request) error {
@@ -159,11 +227,12 @@ func (s *Server) serveNAR(w http.ResponseWriter, r *http.Request) error {
 	if err := blob.ValidKey(key); err != nil {
 		return s.metrics.failed(kindNAR, web.Errorf(http.StatusBadRequest, "invalid NAR file name"))
 	}
-	return s.metrics.failed(kindNAR, s.serveBlob(w, r, kindNAR, key, typeNAR, cacheImmutable))
+	return s.metrics.failed(kindNAR, s.serveBlob(w, r, kindNAR, key, typeNAR, cacheImmutable, nil))
 }
 
-// serveBlob streams key as stored and counts the hit; the caller counts errors.
-func (s *Server) serveBlob(w http.ResponseWriter, r *http.Request, kind objectKind, key, ctype, cacheControl string) error {
+// serveBlob streams key as stored and counts the hit; the caller counts errors. A GET whose
+// body is read whole (a small object) is remembered in keep, if set.
+func (s *Server) serveBlob(w http.ResponseWriter, r *http.Request, kind objectKind, key, ctype, cacheControl string, keep *narinfoCache) error {
 	if r.Method == http.MethodHead {
 		info, err := s.store.Head(r.Context(), key)
 		if err != nil {
@@ -174,6 +243,10 @@ func (s *Server) serveBlob(w http.ResponseWriter, r *http.Request, kind objectKi
 		s.metrics.hit(kind, 0)
 		return nil
 	}
+	var readStart time.Time
+	if keep != nil {
+		readStart = keep.clock.Now() // before the read: a deletion after it is seen within the TTL
+	}
 	rc, info, err := s.store.Get(r.Context(), key)
 	if err != nil {
 		return s.storeError(w, r, key, err)
@@ -183,9 +256,12 @@ func (s *Server) serveBlob(w http.ResponseWriter, r *http.Request, kind objectKi
 	// so headers and body leave in one write; copying would flush the headers, then send the
 	// body separately. NARs keep the zero-copy path.
 	if info.Size >= 0 && info.Size <= smallObject {
-		body, err := io.ReadAll(io.LimitReader(rc, smallObject+1))
-		if err != nil || int64(len(body)) != info.Size {
-			return s.storeError(w, r, key, fmt.Errorf("read %s: %d of %d bytes: %w", key, len(body), info.Size, err))
+		body, err := readWhole(rc, info.Size)
+		if err != nil {
+			return s.storeError(w, r, key, fmt.Errorf("read %s: %w", key, err))
+		}
+		if keep != nil {
+			keep.put(key, body, readStart)
 		}
 		setHeaders(w, ctype, cacheControl, info.Size)
 		w.WriteHeader(http.StatusOK)
@@ -209,6 +285,22 @@ func (s *Server) serveBlob(w http.ResponseWriter, r *http.Request, kind objectKi
 // smallObject is the size up to which an object is sent from memory.
 const smallObject = 64 << 10
 
+// readWhole reads a body of exactly size bytes into a buffer of that size; a shorter or longer
+// body is an error.
+func readWhole(r io.Reader, size int64) ([]byte, error) {
+	body := make([]byte, size)
+	if n, err := io.ReadFull(r, body); err != nil {
+		return nil, fmt.Errorf("%d of %d bytes: %w", n, size, err)
+	}
+	var extra [1]byte
+	if _, err := io.ReadFull(r, extra[:]); err == nil {
+		return nil, fmt.Errorf("more than %d bytes", size)
+	} else if !errors.Is(err, io.EOF) {
+		return nil, err
+	}
+	return body, nil
+}
+
 func (s *Server) serveLog(w http.ResponseWriter, r *http.Request) error {
 	return s.metrics.failed(kindLog, s.sendLog(w, r))
 }
@@ -222,7 +314,7 @@ func (s *Server) sendLog(w http.ResponseWriter, r *http.Request) error {
 	w.Header().Set("Vary", "Accept-Encoding")
 	if acceptsZstd(r.Header.Values("Accept-Encoding")) {
 		w.Header().Set("Content-Encoding", "zstd")
-		return s.serveBlob(w, r, kindLog, key, typeLog, cacheHit)
+		return s.serveBlob(w, r, kindLog, key, typeLog, cacheHit, nil)
 	}
 	// Decompressed: the length is unknown until the whole log has been read.
 	if r.Method == http.MethodHead {

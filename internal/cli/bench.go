@@ -225,8 +225,8 @@ same derivations with harmonia-ci and, once the evaluation has succeeded, starts
 the cluster's wall time runs from the first claim to the last success (database clock).
 
 Workloads: trivial (report the per-job overhead: claim to succeeded minus the Nix build, split into
-claim, fetch inputs, build, upload, sign; target median ≤ 100 ms) and sleep (each build sleeps
-1 s; target cluster ÷ plain Nix ≤ 1.2). It also reports the machine's CPU time per job (Nix, the
+claim, fetch inputs, build, upload, sign; targets: median ≤ 50 ms, cluster ÷ plain Nix ≤ 3) and
+sleep (each build sleeps 1 s; target cluster ÷ plain Nix ≤ 1.1). It also reports the machine's CPU time per job (Nix, the
 nodes, PostgreSQL), and replays a few jobs one at a time with the builder's store steps
 (--samples); --trace-nix counts and times every Nix process the builders run. It reports; it
 exits 0 whether targets are met or not. Needs nix-bin and git.`,

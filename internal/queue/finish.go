@@ -35,7 +35,7 @@ type Outcome struct {
 // holds returns ErrStale.
 func Succeed(ctx context.Context, q Querier, c Claim) (Outcome, error) {
 	out := Outcome{Status: "succeeded"}
-	rows, err := q.Query(ctx, sqlJobSucceed, c.JobID, c.NodeID, c.Attempt)
+	rows, err := q.Query(ctx, sqlJobSucceed, c.JobID, c.NodeID, c.Attempt, nil)
 	if err == nil {
 		var found bool
 		for rows.Next() {
@@ -54,6 +54,28 @@ func Succeed(ctx context.Context, q Querier, c Claim) (Outcome, error) {
 		return Outcome{}, fmt.Errorf("succeed %s: %w", c, err)
 	}
 	return out, nil
+}
+
+// QueueSucceed queues on b what Succeed does, recording logKey (unless "") as the job's log,
+// so that a caller sends it with other statements in one round trip (a batch runs in one
+// implicit transaction). Once the batch is closed, out holds the outcome; a claim that no
+// longer held makes Close return an error wrapping ErrStale.
+func QueueSucceed(b *pgx.Batch, c Claim, logKey string, out *Outcome) {
+	var key *string
+	if logKey != "" {
+		key = &logKey
+	}
+	b.Queue(sqlJobSucceed, c.JobID, c.NodeID, c.Attempt, key).QueryRow(func(row pgx.Row) error {
+		*out = Outcome{Status: "succeeded"}
+		err := row.Scan(&out.ProjectID, &out.Seconds, &out.DrvPath)
+		if errors.Is(err, pgx.ErrNoRows) {
+			err = ErrStale
+		}
+		if err != nil {
+			return fmt.Errorf("succeed %s: %w", c, err)
+		}
+		return nil
+	})
 }
 
 // MarkUploading moves a claimed job from building to uploading (outputs are being published).

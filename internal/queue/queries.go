@@ -125,8 +125,10 @@ RETURNING build_jobs.id, build_jobs.drv_path, build_jobs.system, build_jobs.proj
 	//
 	// Success is one statement (one round trip, no explicit transaction). Its notification is
 	// the caller's, batched (see Announcer).
+	// $4 the log's blob key, or NULL to keep log_url.
 	sqlJobSucceed = `
-UPDATE build_jobs SET status = 'succeeded', finished_at = now(), exit_code = 0, error_message = NULL
+UPDATE build_jobs SET status = 'succeeded', finished_at = now(), exit_code = 0, error_message = NULL,
+    log_url = COALESCE($4, log_url)
 WHERE id = $1 AND claimed_by = $2 AND attempt = $3 AND status IN ('building', 'uploading')
 RETURNING project_id, EXTRACT(EPOCH FROM now() - started_at)::float8, drv_path`
 

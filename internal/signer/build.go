@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
-	"fmt"
 	"io"
 	"net/http"
 	"path"
@@ -175,7 +174,8 @@ func (s *Server) handleBuildComplete(ctx context.Context, id nodetoken.Identity,
 	if err != nil {
 		return nil, unavailable("database unavailable", err)
 	}
-	defer release()
+	// Released once everything is committed, without making the builder wait for the unlock.
+	defer func() { go release() }()
 	ref, err := s.unservedReference(ctx, outs, f.inputs)
 	if err != nil {
 		return nil, err
@@ -217,23 +217,15 @@ func (s *Server) handleBuildComplete(ctx context.Context, id nodetoken.Identity,
 	return resp, nil
 }
 
-// succeed records the outputs' canonical hashes, marks the job succeeded and records its log,
-// in one transaction (one commit, and the hashes never without the success).
+// succeed records the outputs' canonical hashes, marks the job succeeded and records its log, in
+// one round trip (a batch is one implicit transaction). A stale claim records nothing of the job;
+// the hashes are those of narinfos already written, so they stand either way.
 func (s *Server) succeed(ctx context.Context, c queue.Claim, logKey string, canon []canonical) error {
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		if err := recordHashes(ctx, tx, canon); err != nil {
-			return fmt.Errorf("record NAR hashes: %w", err)
-		}
-		if _, err := queue.Succeed(ctx, tx, c); err != nil {
-			return err
-		}
-		if logKey != "" {
-			if _, err := tx.Exec(ctx, sqlSetLogURL, c.JobID, logKey); err != nil {
-				return fmt.Errorf("set log_url of job %d: %w", c.JobID, err)
-			}
-		}
-		return nil
-	})
+	b := &pgx.Batch{}
+	queueRecordHashes(b, canon)
+	var out queue.Outcome
+	queue.QueueSucceed(b, c, logKey, &out)
+	err := s.pool.SendBatch(ctx, b).Close()
 	if errors.Is(err, queue.ErrStale) {
 		return staleClaim(c)
 	}

@@ -304,9 +304,9 @@ func (s *Server) readNarInfo(ctx context.Context, key string) (*nix.NarInfo, err
 	return ni, nil
 }
 
-// recordHashes sets the canonical NAR hash of every output row still without one: the first
-// writer wins.
-func recordHashes(ctx context.Context, tx pgx.Tx, cs []canonical) error {
+// queueRecordHashes queues on b the statement setting the canonical NAR hash of every output row
+// still without one: the first writer wins.
+func queueRecordHashes(b *pgx.Batch, cs []canonical) {
 	var paths, hashes []string
 	var sizes []int64
 	for _, c := range cs {
@@ -315,11 +315,9 @@ func recordHashes(ctx context.Context, tx pgx.Tx, cs []canonical) error {
 		}
 		paths, hashes, sizes = append(paths, c.path), append(hashes, c.narHash), append(sizes, c.narSize)
 	}
-	if len(paths) == 0 {
-		return nil
+	if len(paths) > 0 {
+		b.Queue(sqlRecordNarHashes, paths, hashes, sizes)
 	}
-	_, err := tx.Exec(ctx, sqlRecordNarHashes, paths, hashes, sizes)
-	return err
 }
 
 func (s *Server) handleCacheLookup(ctx context.Context, _ nodetoken.Identity, body io.Reader) (any, error) {

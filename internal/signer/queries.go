@@ -28,9 +28,6 @@ WHERE j.id = $1 AND j.claimed_by = $2 AND j.attempt = $3 AND j.status IN ('build
 SELECT EXISTS (SELECT 1 FROM evaluations
                WHERE id = $1 AND claimed_by = $2 AND attempt = $3 AND status = 'running')`
 
-	// Runs in the transaction that marked the job succeeded.
-	sqlSetLogURL = `UPDATE build_jobs SET log_url = $2 WHERE id = $1 AND status = 'succeeded'`
-
 	// First writer wins: the NAR hash the cache serves for an output is its canonical one.
 	sqlRecordNarHashes = `
 UPDATE derivation_outputs o SET nar_hash = v.nar_hash, nar_size = v.nar_size
