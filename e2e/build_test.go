@@ -264,13 +264,14 @@ max_silent = "2s"
 max_log_size = "64KB"
 max_output_size = "16KB"`})
 	// chatty prints a line every half second forever; quiet prints a line and sleeps; loud
-	// prints about 1 MB (20000 lines of 50 bytes); big writes a 200 KB output.
+	// prints about 1 MB (20000 lines of 50 bytes); big writes a 200 KB output, saying so as it
+	// goes (on a loaded machine its writes may take longer than max_silent).
 	e := c.evaluate(shLib(uniqueSalt(t)) + `
 {
   chatty = sh "chatty" [ ] "while :; do echo tick; /bin/sleep 0.5; done";
   quiet = sh "quiet" [ ] "echo once; /bin/sleep 30";
   loud = sh "loud" [ ] "i=0; while [ $i -lt 20000 ]; do echo \"line $i of the loud build, padded to fifty.\"; i=$((i+1)); done";
-  big = sh "big" [ ] "i=0; while [ $i -lt 4000 ]; do echo 0123456789012345678901234567890123456789012345678 >> $out; i=$((i+1)); done";
+  big = sh "big" [ ] "i=0; while [ $i -lt 4000 ]; do echo 0123456789012345678901234567890123456789012345678 >> $out; i=$((i+1)); [ $((i % 500)) -ne 0 ] || echo \"$i lines written\"; done";
 }
 `)
 	jobs := c.waitFinished(e.ID, 45*time.Second)

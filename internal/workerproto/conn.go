@@ -246,6 +246,7 @@ func (c *Conn) Close() error {
 				for _, g := range builds {
 					_ = syscall.Kill(-g, sig)
 				}
+				defer waitGroupGone(pid)
 			}
 			t := time.NewTimer(c.grace)
 			select {
@@ -258,6 +259,15 @@ func (c *Conn) Close() error {
 		<-c.waitDone
 	})
 	return c.closeErr
+}
+
+// waitGroupGone waits, up to closeGrace, until no process of group pgid is left: killed with
+// the child, the daemon under `unshare` is reaped by init, a moment after the child.
+func waitGroupGone(pgid int) {
+	deadline := time.Now().Add(closeGrace)
+	for syscall.Kill(-pgid, 0) == nil && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond) // polling the kernel's process table: there is no event
+	}
 }
 
 // Pid is the `nix-daemon --stdio` child's process id (also its process group's), or 0 for a
