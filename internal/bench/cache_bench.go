@@ -189,8 +189,9 @@ func Cache(ctx context.Context, o CacheOptions) (CacheReport, error) {
 	defer local.Close()
 	mux := http.NewServeMux()
 	// Quiet: wrk resets connections mid-body when a run ends, which the cache role logs; a
-	// failed request shows up in wrk's non-2xx count instead.
-	cache.New(cache.Config{Store: local, Logger: slog.New(slog.DiscardHandler)}).Register(mux)
+	// failed request shows up in wrk's non-2xx count instead. Narinfos are kept in memory
+	// (cache.DefaultNarinfoCacheBytes).
+	cache.New(cache.Config{Store: local, Logger: slog.New(slog.DiscardHandler), NarinfoCacheBytes: cache.DefaultNarinfoCacheBytes}).Register(mux)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return r, err

@@ -15,7 +15,7 @@
 // are not clean ("..", "//") are redirected to their clean form by http.ServeMux itself before
 // any handler of this package runs.
 //
-// Narinfos, the requests Nix makes most, are kept in memory once read (up to
+// Narinfos, the requests Nix makes most, can be kept in memory once read (up to
 // Config.NarinfoCacheBytes): a narinfo is written once and never changed, so a GET answered from
 // memory gets the stored body. The garbage collector may delete one, so the store is asked again
 // at most Config.NarinfoCacheTTL after the read. Misses are not kept, and HEAD always asks the
@@ -48,7 +48,8 @@ import (
 // preferred; cache.nixos.org uses 40.
 const DefaultPriority = 30
 
-// DefaultNarinfoCacheBytes is Config.NarinfoCacheBytes when it is 0: about 100,000 narinfos.
+// DefaultNarinfoCacheBytes is the Config.NarinfoCacheBytes a cache role uses: about 100,000
+// narinfos.
 const DefaultNarinfoCacheBytes = 64 << 20
 
 // DefaultNarinfoCacheTTL is Config.NarinfoCacheTTL when it is 0.
@@ -74,8 +75,9 @@ type Config struct {
 	Logger   *slog.Logger
 	// Registerer, if set, receives the cache's series (requests by kind and result, bytes).
 	Registerer prometheus.Registerer
-	// NarinfoCacheBytes bounds the narinfos kept in memory (bodies, keys and bookkeeping);
-	// default DefaultNarinfoCacheBytes, -1 keeps none.
+	// NarinfoCacheBytes bounds the narinfos kept in memory (bodies, keys and bookkeeping). 0,
+	// the default, keeps none: every request asks the store. A cache role uses
+	// DefaultNarinfoCacheBytes.
 	NarinfoCacheBytes int64
 	// NarinfoCacheTTL is how long a narinfo read from the store is answered from memory: one
 	// the garbage collector deletes is no longer served after it. Default DefaultNarinfoCacheTTL.
@@ -112,13 +114,12 @@ func New(cfg Config) *Server {
 		cacheInfo: fmt.Sprintf("StoreDir: %s\nWantMassQuery: 1\nPriority: %d\n", nix.StoreDir, prio),
 		metrics:   newCacheMetrics(cfg.Registerer),
 	}
-	if cfg.NarinfoCacheBytes >= 0 {
+	if cfg.NarinfoCacheBytes > 0 {
 		clk := cfg.Clock
 		if clk == nil {
 			clk = clock.Real{}
 		}
-		s.narinfos = newNarinfoCache(cmp.Or(cfg.NarinfoCacheBytes, DefaultNarinfoCacheBytes),
-			cmp.Or(cfg.NarinfoCacheTTL, DefaultNarinfoCacheTTL), clk)
+		s.narinfos = newNarinfoCache(cfg.NarinfoCacheBytes, cmp.Or(cfg.NarinfoCacheTTL, DefaultNarinfoCacheTTL), clk)
 	}
 	return s
 }

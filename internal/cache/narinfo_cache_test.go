@@ -74,7 +74,8 @@ func equalHeaders(a, b http.Header) bool {
 }
 
 // TestNarinfoFromMemory: a narinfo read once is answered from memory, byte-equal to the stored
-// body and with the same headers as a cache that keeps nothing; HEAD still asks the store.
+// body and with the same headers as a cache that keeps nothing (the default, which asks the
+// store every time); HEAD still asks the store.
 func TestNarinfoFromMemory(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct {
@@ -88,13 +89,19 @@ func TestNarinfoFromMemory(t *testing.T) {
 			t.Parallel()
 			store := c.store(t)
 			fill(t, store)
-			srv, rec := serveConfig(t, cache.Config{Store: store})
-			plain, _ := serveConfig(t, cache.Config{Store: store, NarinfoCacheBytes: -1})
+			srv, rec := serveConfig(t, cache.Config{Store: store, NarinfoCacheBytes: cache.DefaultNarinfoCacheBytes})
+			plain, plainRec := serveConfig(t, cache.Config{Store: store}) // keeps nothing
 			stored := readStored(t, store, kNarinfo)
 
-			want := do(t, "GET", plain.URL+"/"+kNarinfo, nil)
-			if want.status != 200 || !bytes.Equal(want.body, stored) {
-				t.Fatalf("without memory: status %d, body %q", want.status, want.body)
+			var want response
+			for i := range 2 {
+				want = do(t, "GET", plain.URL+"/"+kNarinfo, nil)
+				if want.status != 200 || !bytes.Equal(want.body, stored) {
+					t.Fatalf("without memory: status %d, body %q", want.status, want.body)
+				}
+				if keys := plainRec.take(); !slices.Equal(keys, []string{kNarinfo}) {
+					t.Errorf("without memory, GET %d: store asked for %q, want %q", i, keys, kNarinfo)
+				}
 			}
 			for i, wantKeys := range [][]string{{kNarinfo}, nil, nil} {
 				got := do(t, "GET", srv.URL+"/"+kNarinfo, nil)
@@ -140,7 +147,7 @@ func TestNarinfoDeletedStopsBeingServed(t *testing.T) {
 	store := newLocal(t)
 	fill(t, store)
 	srv, _ := serveConfig(t, cache.Config{Store: &slowStore{Store: store, clock: clk, delay: 2 * time.Second},
-		NarinfoCacheTTL: ttl, Clock: clk})
+		NarinfoCacheBytes: cache.DefaultNarinfoCacheBytes, NarinfoCacheTTL: ttl, Clock: clk})
 
 	if r := do(t, "GET", srv.URL+"/"+kNarinfo, nil); r.status != 200 {
 		t.Fatalf("GET: status %d", r.status)
@@ -174,7 +181,7 @@ func TestNarinfoDeletedRealClock(t *testing.T) {
 	const ttl = 100 * time.Millisecond
 	store := newLocal(t)
 	fill(t, store)
-	srv, _ := serveConfig(t, cache.Config{Store: store, NarinfoCacheTTL: ttl})
+	srv, _ := serveConfig(t, cache.Config{Store: store, NarinfoCacheBytes: cache.DefaultNarinfoCacheBytes, NarinfoCacheTTL: ttl})
 	if r := do(t, "GET", srv.URL+"/"+kNarinfo, nil); r.status != 200 {
 		t.Fatalf("GET: status %d", r.status)
 	}
@@ -196,7 +203,7 @@ func TestNarinfoPublishedAfterMiss(t *testing.T) {
 	t.Parallel()
 	clk := &testClock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
 	store := newLocal(t)
-	srv, _ := serveConfig(t, cache.Config{Store: store, Clock: clk})
+	srv, _ := serveConfig(t, cache.Config{Store: store, NarinfoCacheBytes: cache.DefaultNarinfoCacheBytes, Clock: clk})
 	if r := do(t, "GET", srv.URL+"/"+kNarinfo, nil); r.status != 404 || r.header.Get("Cache-Control") != "public, max-age=5" {
 		t.Fatalf("before publication: status %d, Cache-Control %q; want 404, public, max-age=5", r.status, r.header.Get("Cache-Control"))
 	}
@@ -302,7 +309,7 @@ func BenchmarkNarinfo(b *testing.B) {
 	for _, c := range []struct {
 		name  string
 		bytes int64
-	}{{"memory", 0}, {"store", -1}} {
+	}{{"memory", cache.DefaultNarinfoCacheBytes}, {"store", 0}} {
 		b.Run(c.name, func(b *testing.B) {
 			l, err := blob.NewLocal(b.TempDir(), "", testSecret)
 			if err != nil {

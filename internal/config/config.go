@@ -172,10 +172,12 @@ type QueueConfig struct {
 
 // CacheConfig chooses the blob store that holds the binary cache.
 type CacheConfig struct {
-	Store    string   `toml:"store"`    // local or s3
-	Dir      string   `toml:"dir"`      // local: "" means STATE_DIR/cache
-	Priority int      `toml:"priority"` // nix-cache-info Priority
-	S3       S3Config `toml:"s3"`
+	Store    string `toml:"store"`    // local or s3
+	Dir      string `toml:"dir"`      // local: "" means STATE_DIR/cache
+	Priority int    `toml:"priority"` // nix-cache-info Priority
+	// NarinfoMemory bounds the narinfos a cache node keeps in memory (0 keeps none).
+	NarinfoMemory ByteSize `toml:"narinfo_memory"`
+	S3            S3Config `toml:"s3"`
 }
 
 // S3Config addresses an S3-compatible bucket. Credentials come from files or the environment.
@@ -288,7 +290,8 @@ func defaults(getenv func(string) string) *Config {
 				DrainTimeout: Duration{5 * time.Minute},
 			},
 		},
-		Cache:  CacheConfig{Store: "local", Priority: 30, S3: S3Config{Region: "us-east-1", UseTLS: true}},
+		Cache: CacheConfig{Store: "local", Priority: 30, NarinfoMemory: 64 * sizeMiB,
+			S3: S3Config{Region: "us-east-1", UseTLS: true}},
 		Signer: SignerConfig{URLExpiry: Duration{15 * time.Minute}},
 		Eval: EvalConfig{Timeout: Duration{time.Hour}, MaxMemory: 4 * sizeGiB, PollInterval: Duration{5 * time.Second},
 			User: "harmonia-eval"},

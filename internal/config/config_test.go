@@ -264,7 +264,7 @@ private_key_file = "app.pem"
 			Shutdown:       ShutdownConfig{d("0s")},
 		},
 		Queue:  QueueConfig{d("1s"), d("10s"), d("1m"), d("0s"), d("30m"), d("1h")},
-		Cache:  CacheConfig{Store: "local", Priority: 30, S3: S3Config{Region: "us-east-1", UseTLS: true}},
+		Cache:  CacheConfig{Store: "local", Priority: 30, NarinfoMemory: 64 << 20, S3: S3Config{Region: "us-east-1", UseTLS: true}},
 		Signer: SignerConfig{URLExpiry: d("15m")},
 		Eval:   EvalConfig{Timeout: d("20m"), MaxMemory: 4 << 30, PollInterval: d("2s"), User: "harmonia-eval"},
 		Substituters: SubstitutersConfig{

@@ -190,6 +190,9 @@ func (c *Config) problems(from origins) []error {
 	default:
 		add("cache.store", "cache.store: want local or s3, got %q", c.Cache.Store)
 	}
+	if c.Cache.NarinfoMemory < 0 {
+		add("cache.narinfo_memory", "cache.narinfo_memory must not be negative, got %d", c.Cache.NarinfoMemory)
+	}
 	if c.Cache.Priority < 0 {
 		add("cache.priority", "cache.priority must not be negative, got %d", c.Cache.Priority)
 	}
