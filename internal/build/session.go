@@ -166,11 +166,14 @@ func (ss *Session) Derivation(ctx context.Context, drvPath string) (*nix.Derivat
 	}
 	// The signature covers the NAR; the path must also be the one the text hashes to.
 	name := drvPath[strings.IndexByte(drvPath, '-')+1:]
-	if p, d, err := nix.DerivationPath(name, text); err != nil || p != drvPath {
-		return nil, fmt.Errorf("fetch derivation %s: the cache's text is not that derivation (it hashes to %s): %v", drvPath, p, err)
-	} else {
-		return d, nil
+	p, d, err := nix.DerivationPath(name, text)
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("fetch derivation %s: the cache's text does not parse: %w", drvPath, err)
+	case p != drvPath:
+		return nil, fmt.Errorf("fetch derivation %s: the cache's text is another derivation's (it hashes to %s)", drvPath, p)
 	}
+	return d, nil
 }
 
 // InputPaths returns the store paths a build of drv needs, sorted: its input sources and the

@@ -3,11 +3,14 @@ package build
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io/fs"
 	"log/slog"
 	"maps"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -633,4 +636,53 @@ func (s *Store) pathInfos(ctx context.Context, paths []string) (map[string]nix.P
 	}
 	defer db.Close()
 	return db.PathInfos(ctx, paths)
+}
+
+// TestDerivationFromAnotherPath: a cache that serves, under a .drv's path, another derivation's
+// text (signed by a trusted key: a compromised or confused cache) is refused, since the builder
+// would otherwise build something else under the job's name.
+func TestDerivationFromAnotherPath(t *testing.T) {
+	nixtest.RequireNix(t)
+	t.Parallel()
+	root := t.TempDir()
+	salt := storeTestSalt(t)
+	drvs := storeTestInstantiate(t, root, nixgen.Lib(salt)+` { wanted = mk "wanted" [ ]; other = mk "other" [ ]; }`, "wanted", "other")
+	key, err := nix.GenerateKey("evil-cache-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	text, err := os.ReadFile(filepath.Join(root, drvs["other"]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	nar := nix.FileNAR(text, false)
+	body := nix.Compress(nar)
+	sizes := nix.Sizes{NarHash: nix.FormatSHA256(sha256.Sum256(nar)), NarSize: int64(len(nar)),
+		FileHash: nix.FormatSHA256(sha256.Sum256(body)), FileSize: int64(len(body))}
+	ni := nix.NewNarInfo(drvs["wanted"], sizes, nil)
+	if err := ni.Sign(key); err != nil {
+		t.Fatal(err)
+	}
+	info, err := ni.MarshalText()
+	if err != nil {
+		t.Fatal(err)
+	}
+	hash := strings.TrimPrefix(drvs["wanted"], nix.StoreDir+"/")[:32]
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/" + hash + ".narinfo":
+			w.Write(info)
+		case "/" + ni.URL:
+			w.Write(body)
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	defer srv.Close()
+
+	s := &Store{Root: t.TempDir(), Substituters: []string{srv.URL}, TrustedKeys: []string{key.Public().String()}}
+	d, err := storeTestOpen(t, s).Derivation(storeTestCtx(t), drvs["wanted"])
+	if err == nil || !strings.Contains(err.Error(), "another derivation's") {
+		t.Fatalf("Derivation from a cache serving another derivation's text = %+v, %v; want refused", d, err)
+	}
 }
