@@ -375,8 +375,8 @@ func parseDigits(s string) (int64, bool) {
 	return n, err == nil
 }
 
-// handleBuildLog is GET /api/builds/{id}/log: a finished build's log by redirect, a running
-// one's live tail as Server-Sent Events.
+// handleBuildLog is GET /api/builds/{id}/log: a finished build's log by redirect (or, to an
+// EventSource, just the "end" event), a running one's live tail as Server-Sent Events.
 //
 // Events: "tail" carries the whole current tail (the last 64 KiB of the log), one data line per
 // log line, with the tail's log_seq as event id; the client replaces its view with it. "end"
@@ -400,6 +400,17 @@ func (s *Server) handleBuildLog(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	if !running(st.status) {
+		// An EventSource opened by a page that showed the build running, just as the build
+		// ended: it gets the end of the stream (the page reloads), not a redirect to a text
+		// log, which it would reject.
+		if acceptsEventStream(r) {
+			setStreamHeaders(w.Header())
+			w.WriteHeader(http.StatusOK)
+			var b bytes.Buffer
+			writeEndEvent(&b, st)
+			_, _ = w.Write(b.Bytes())
+			return nil
+		}
 		if loc := logLocation(st.logURL); loc != "" {
 			http.Redirect(w, r, loc, http.StatusFound)
 			return nil
@@ -427,6 +438,20 @@ func (s *Server) handleBuildLog(w http.ResponseWriter, r *http.Request) error {
 	defer s.logs.unwatch(stream)
 	s.streamBuildLog(w, r, stream)
 	return nil
+}
+
+// acceptsEventStream reports whether the request asks for an event stream (an EventSource's
+// Accept header).
+func acceptsEventStream(r *http.Request) bool {
+	for _, v := range r.Header.Values("Accept") {
+		for part := range strings.SplitSeq(v, ",") {
+			media, _, _ := strings.Cut(strings.TrimSpace(part), ";")
+			if strings.EqualFold(strings.TrimSpace(media), "text/event-stream") {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // streamBuildLog serves the event stream from the hub's reads; errors past the headers can only

@@ -791,3 +791,52 @@ func TestBuildLogStreamCap(t *testing.T) {
 	writeTail(t, pool, ids[limit], "admitted\n")
 	s.expectTail("1", "admitted")
 }
+
+// TestBuildLogFinishedToEventSource: an EventSource that connects after its build ended (the
+// page showed it running a moment before) gets an event stream with the "end" event, which
+// makes the page reload, instead of a redirect to a text log that EventSource rejects; a plain
+// client still gets the redirect.
+func TestBuildLogFinishedToEventSource(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.NewPool(t)
+	srv := startLogServer(t, pool, true, nil)
+	id := newJob(t, pool, "ended")
+	queuetest.Exec(t, pool, `UPDATE build_jobs SET status = 'failed', error_message = 'boom', log_url = $2 WHERE id = $1`,
+		id, logKey("ended"))
+
+	for _, tc := range []struct {
+		name, accept string
+		stream       bool
+	}{
+		{"EventSource", "text/event-stream", true},
+		{"with parameters and others", "text/html, Text/Event-Stream;q=0.9", true},
+		{"plain client", "", false},
+		{"text only", "text/plain", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			req, err := http.NewRequest(http.MethodGet, fmt.Sprintf("%s/api/builds/%d/log", srv.url, id), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.accept != "" {
+				req.Header.Set("Accept", tc.accept)
+			}
+			resp, err := noRedirects.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			body, _ := io.ReadAll(resp.Body)
+			if !tc.stream {
+				if resp.StatusCode != http.StatusFound || resp.Header.Get("Location") != "/"+logKey("ended") {
+					t.Fatalf("%d %q, want a redirect to the log", resp.StatusCode, resp.Header.Get("Location"))
+				}
+				return
+			}
+			want := `event: end` + "\n" + `data: {"status":"failed","log_url":"/` + logKey("ended") + `","error":"boom"}` + "\n\n"
+			if resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Type") != "text/event-stream" || string(body) != want {
+				t.Fatalf("%d %q %q, want 200 text/event-stream %q", resp.StatusCode, resp.Header.Get("Content-Type"), body, want)
+			}
+		})
+	}
+}
