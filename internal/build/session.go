@@ -75,8 +75,6 @@ func (s *Store) Open(ctx context.Context) (*Session, error) {
 	}
 	conn, err := workerproto.Start(ctx, workerproto.StartOptions{
 		Store: s.Root, Options: opts, Env: s.childEnv(home), Dir: home, KillGrace: s.killGrace,
-		// A daemon that dies (killed, crashed, or with the builder) takes its build with it.
-		PIDNamespace: os.Geteuid() == 0,
 	})
 	if err != nil {
 		os.RemoveAll(home)

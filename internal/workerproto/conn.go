@@ -65,10 +65,6 @@ type StartOptions struct {
 	Env []string
 	// Dir is the child's working directory; "" is this process's.
 	Dir string
-	// PIDNamespace starts the child as the first process of a PID namespace of its own, so that
-	// if it dies by any means (killed, crashed) the kernel kills its builds with it; otherwise
-	// they would outlive it, in sessions of their own. Needs CAP_SYS_ADMIN (root).
-	PIDNamespace bool
 	// KillGrace is how long Close waits for the child to exit after the hang-up, and again
 	// after SIGTERM, before it kills the child and its builds. Default 5s.
 	KillGrace time.Duration
@@ -89,11 +85,6 @@ func Start(ctx context.Context, o StartOptions) (*Conn, error) {
 		args = append(args, "--option", k, v)
 	}
 	cmd := exec.Command(bin, args...)
-	if o.PIDNamespace {
-		// unshare's child, the daemon, is the namespace's first process and sees its own
-		// /proc (Nix's sandbox writes to /proc/<pid>); --kill-child ends it with unshare.
-		cmd = exec.Command("unshare", append([]string{"--pid", "--fork", "--mount-proc", "--kill-child", "--", bin}, args...)...)
-	}
 	cmd.Env = o.Env
 	cmd.Dir = o.Dir
 	// A build that kept the daemon's stderr open must not keep Wait (and Close) waiting.
@@ -261,8 +252,8 @@ func (c *Conn) Close() error {
 	return c.closeErr
 }
 
-// waitGroupGone waits, up to closeGrace, until no process of group pgid is left: killed with
-// the child, the daemon under `unshare` is reaped by init, a moment after the child.
+// waitGroupGone waits, up to closeGrace, until no process of group pgid is left (a process the
+// daemon started in its group, killed with it, is reaped by init a moment later).
 func waitGroupGone(pgid int) {
 	deadline := time.Now().Add(closeGrace)
 	for syscall.Kill(-pgid, 0) == nil && time.Now().Before(deadline) {
