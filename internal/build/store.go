@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"net/http"
 	"os"
@@ -16,7 +15,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -49,7 +47,7 @@ type Store struct {
 var ErrInputUnavailable = errors.New("input not available from any substituter")
 
 // Canonical gives the canonical NAR hash ("sha256:<nix32>") of store paths that have one; the
-// builder passes a function reading derivation_outputs.nar_hash by output_path from PostgreSQL.
+// builder answers from derivation_outputs.nar_hash, read with the job's inputs.
 type Canonical func(ctx context.Context, paths []string) (map[string]string, error)
 
 // BuildLimits bound one build; zero means no limit.
@@ -70,9 +68,6 @@ func (e *BuildError) Error() string { return e.Message + " (" + e.Kind + ")" }
 // Timeout reports whether the build went over its time or silence limit (the queue's failure
 // metrics count these apart).
 func (e *BuildError) Timeout() bool { return e.Kind == "timeout" || e.Kind == "silent" }
-
-// nixTailBytes of a build's log are kept for error messages.
-const nixTailBytes = 8 << 10
 
 // deleteDead deletes paths unless something keeps them (a root, a referrer), as nix-store
 // --delete does.
@@ -197,40 +192,6 @@ func (s *Store) ClearRoots(prefix string) error {
 		}
 	}
 	return nil
-}
-
-// nixOutput passes Nix's output on to the build log, noting when it last wrote and keeping the
-// tail for Nix's error message.
-type nixOutput struct {
-	w     io.Writer
-	start time.Time
-	last  atomic.Int64 // time of the last output, as nanoseconds since start (monotonic)
-
-	mu   sync.Mutex
-	tail []byte
-}
-
-func (o *nixOutput) Write(p []byte) (int, error) {
-	o.last.Store(int64(time.Since(o.start)))
-	// A failing log must not stall Nix on a full pipe, so its errors are dropped.
-	_, _ = o.w.Write(p)
-	o.mu.Lock()
-	o.tail = append(o.tail, p...)
-	if len(o.tail) > 2*nixTailBytes {
-		o.tail = append(o.tail[:0], o.tail[len(o.tail)-nixTailBytes:]...)
-	}
-	o.mu.Unlock()
-	return len(p), nil
-}
-
-func (o *nixOutput) idle() time.Duration {
-	return time.Since(o.start) - time.Duration(o.last.Load())
-}
-
-func (o *nixOutput) tailString() string {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return string(o.tail)
 }
 
 // nixErrorMessage extracts Nix's error message from its output: from the last "error: " line on.

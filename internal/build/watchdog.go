@@ -3,6 +3,8 @@ package build
 import (
 	"context"
 	"errors"
+	"io"
+	"sync/atomic"
 	"time"
 )
 
@@ -54,4 +56,22 @@ func watchdog(ctx context.Context, limits BuildLimits, out *nixOutput, done <-ch
 			return buildSilent
 		}
 	}
+}
+
+// nixOutput passes a build's log on, noting when it last wrote: the watchdog's silence clock.
+type nixOutput struct {
+	w     io.Writer
+	start time.Time
+	last  atomic.Int64 // time of the last output, as nanoseconds since start (monotonic)
+}
+
+func (o *nixOutput) Write(p []byte) (int, error) {
+	o.last.Store(int64(time.Since(o.start)))
+	// A failing log must not stall the build's stream, so its errors are dropped.
+	_, _ = o.w.Write(p)
+	return len(p), nil
+}
+
+func (o *nixOutput) idle() time.Duration {
+	return time.Since(o.start) - time.Duration(o.last.Load())
 }
