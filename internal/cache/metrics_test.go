@@ -5,11 +5,13 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/cache"
+	"github.com/harmonia-ci/harmonia-ci/internal/waittest"
 )
 
 // TestMetrics: every answered request counts once under its object kind and result, and the
@@ -59,7 +61,15 @@ func TestMetrics(t *testing.T) {
 			rec.err = errors.New("store down")
 		}
 		do(t, c.method, srv.URL+c.path, http.Header{"Accept-Encoding": {c.accept}})
+		// A request is counted once its body is written, which the client may see finish
+		// first: wait for the count it should make, then check every series.
 		afterReq, afterBytes := cacheSeries(t, reg)
+		if c.count != (key{}) {
+			waittest.For(t, 5*time.Second, func() bool {
+				afterReq, afterBytes = cacheSeries(t, reg)
+				return afterReq[[2]string{c.count.kind, c.count.result}] > beforeReq[[2]string{c.count.kind, c.count.result}]
+			}, "%s %s to be counted", c.method, c.path)
+		}
 		for k, v := range afterReq {
 			want := beforeReq[k]
 			if (key{k[0], k[1]}) == c.count {

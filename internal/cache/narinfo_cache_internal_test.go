@@ -3,35 +3,15 @@ package cache
 import (
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/harmonia-ci/harmonia-ci/internal/clock"
 )
 
-// fakeClock is a clock.Clock that moves only when told to.
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func newFakeClock() *fakeClock { return &fakeClock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)} }
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *fakeClock) After(d time.Duration) <-chan time.Time {
-	ch := make(chan time.Time, 1)
-	ch <- c.Now().Add(d)
-	return ch
-}
-
-func (c *fakeClock) advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
+// newFakeClock is a clock that moves only when told to.
+func newFakeClock() *clock.Manual {
+	return clock.NewManual(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 }
 
 // entryCost is what put charges for key with a body of n bytes.
@@ -150,14 +130,14 @@ func TestNarinfoCacheTTL(t *testing.T) {
 	clk := newFakeClock()
 	nc := newNarinfoCache(1<<20, ttl, clk)
 	readStart := clk.Now()
-	clk.advance(3 * time.Second) // a slow read: the TTL runs from its start
+	clk.Advance(3 * time.Second) // a slow read: the TTL runs from its start
 	nc.put(key(1), []byte("StorePath: x\n"), readStart)
 
-	clk.advance(ttl - 3*time.Second - time.Nanosecond)
+	clk.Advance(ttl - 3*time.Second - time.Nanosecond)
 	if nc.get(key(1)) == nil {
 		t.Fatal("entry expired before its TTL")
 	}
-	clk.advance(time.Nanosecond)
+	clk.Advance(time.Nanosecond)
 	if nc.get(key(1)) != nil {
 		t.Fatal("entry served at its TTL")
 	}

@@ -15,32 +15,9 @@ import (
 
 	"github.com/harmonia-ci/harmonia-ci/internal/blob"
 	"github.com/harmonia-ci/harmonia-ci/internal/cache"
+	"github.com/harmonia-ci/harmonia-ci/internal/clock"
 	"github.com/harmonia-ci/harmonia-ci/internal/waittest"
 )
-
-// testClock is a clock.Clock that moves only when told to.
-type testClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *testClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *testClock) After(d time.Duration) <-chan time.Time {
-	ch := make(chan time.Time, 1)
-	ch <- c.Now().Add(d)
-	return ch
-}
-
-func (c *testClock) advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-}
 
 // serveConfig is serve with a whole Config; its Store is wrapped in the returned recorder.
 func serveConfig(t *testing.T, cfg cache.Config) (*httptest.Server, *recordingStore) {
@@ -129,12 +106,12 @@ func TestNarinfoFromMemory(t *testing.T) {
 // slowStore advances a clock while a Get runs, as a slow read would.
 type slowStore struct {
 	blob.Store
-	clock *testClock
+	clock *clock.Manual
 	delay time.Duration
 }
 
 func (s *slowStore) Get(ctx context.Context, key string) (io.ReadCloser, blob.Info, error) {
-	s.clock.advance(s.delay)
+	s.clock.Advance(s.delay)
 	return s.Store.Get(ctx, key)
 }
 
@@ -143,7 +120,7 @@ func (s *slowStore) Get(ctx context.Context, key string) (io.ReadCloser, blob.In
 func TestNarinfoDeletedStopsBeingServed(t *testing.T) {
 	t.Parallel()
 	const ttl = 10 * time.Second
-	clk := &testClock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	clk := clock.NewManual(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 	store := newLocal(t)
 	fill(t, store)
 	srv, _ := serveConfig(t, cache.Config{Store: &slowStore{Store: store, clock: clk, delay: 2 * time.Second},
@@ -166,7 +143,7 @@ func TestNarinfoDeletedStopsBeingServed(t *testing.T) {
 		{time.Nanosecond, 404},
 		{time.Minute, 404},
 	} {
-		clk.advance(c.advance)
+		clk.Advance(c.advance)
 		since += c.advance
 		if r := do(t, "GET", srv.URL+"/"+kNarinfo, nil); r.status != c.status {
 			t.Errorf("%v after the deletion: status %d, want %d", since, r.status, c.status)
@@ -201,7 +178,7 @@ func TestNarinfoDeletedRealClock(t *testing.T) {
 // is served at the next request.
 func TestNarinfoPublishedAfterMiss(t *testing.T) {
 	t.Parallel()
-	clk := &testClock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	clk := clock.NewManual(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 	store := newLocal(t)
 	srv, _ := serveConfig(t, cache.Config{Store: store, NarinfoCacheBytes: cache.DefaultNarinfoCacheBytes, Clock: clk})
 	if r := do(t, "GET", srv.URL+"/"+kNarinfo, nil); r.status != 404 || r.header.Get("Cache-Control") != "public, max-age=5" {

@@ -353,43 +353,57 @@ func TestBuildLimits(t *testing.T) {
 	}
 }
 
-// TestCancelKillsTheBuild: cancelling a build's context closes the connection; the build's
-// processes are gone and a new connection builds again.
-func TestCancelKillsTheBuild(t *testing.T) {
+// TestStoppedBuildIsGone: a build stopped mid-way, by cancelling its context (which closes the
+// connection) or by stopping its daemon (SIGTERM, as a service manager would), is gone with all
+// its processes; the operation returns instead of hanging, the old connection is of no further
+// use, and a new connection works.
+func TestStoppedBuildIsGone(t *testing.T) {
 	for _, st := range stores {
-		t.Run(st.name, func(t *testing.T) {
-			d := newDaemonOn(t, st.system)
-			marker := salt(t)
-			drvPath, drv := d.instantiate(shDrv("endless", marker, "echo started; : "+marker+"; while :; do :; done"))
-			ctx, cancel := context.WithCancel(context.Background())
-			var log lines
-			done := make(chan error, 1)
-			go func() {
-				_, err := d.conn.BuildDerivation(ctx, drvPath, drv, nil, log.logger())
-				done <- err
-			}()
-			waittest.For(t, 30*time.Second, func() bool { return log.has("started") }, "the build to start")
-			if n := processesWith(marker); n == 0 {
-				t.Fatal("no process of the build found")
-			}
-			cancel()
-			select {
-			case err := <-done:
-				if !errors.Is(err, context.Canceled) {
-					t.Errorf("a cancelled build returned %v", err)
+		for _, how := range []string{"cancel", "sigterm"} {
+			t.Run(st.name+"/"+how, func(t *testing.T) {
+				d := newDaemonOn(t, st.system)
+				marker := salt(t)
+				drvPath, drv := d.instantiate(shDrv("endless", marker, "echo started; : "+marker+"; while :; do :; done"))
+				ctx, cancel := context.WithCancel(context.Background())
+				defer cancel()
+				var log lines
+				done := make(chan error, 1)
+				go func() {
+					_, err := d.conn.BuildDerivation(ctx, drvPath, drv, nil, log.logger())
+					done <- err
+				}()
+				waittest.For(t, 30*time.Second, func() bool { return log.has("started") }, "the build to start")
+				if n := processesWith(marker); n == 0 {
+					t.Fatal("no process of the build found")
 				}
-			case <-time.After(10 * time.Second):
-				t.Fatal("the cancelled build did not return")
-			}
-			waittest.For(t, 10*time.Second, func() bool { return processesWith(marker) == 0 }, "the build's processes to end")
-			if !d.conn.Broken() {
-				t.Error("the connection is still usable after a cancel")
-			}
-			c := d.open()
-			if v, err := c.IsValidPath(context.Background(), drvPath); err != nil || !v {
-				t.Errorf("a new connection: %v %v", v, err)
-			}
-		})
+				if how == "cancel" {
+					cancel()
+				} else if err := syscall.Kill(d.conn.Pid(), syscall.SIGTERM); err != nil {
+					t.Fatal(err)
+				}
+				select {
+				case err := <-done:
+					if how == "cancel" && !errors.Is(err, context.Canceled) || err == nil {
+						t.Errorf("the stopped build returned %v", err)
+					}
+				case <-time.After(10 * time.Second):
+					t.Fatal("the stopped build did not return")
+				}
+				waittest.For(t, 10*time.Second, func() bool { return processesWith(marker) == 0 }, "the build's processes to end")
+				if how == "cancel" && !d.conn.Broken() {
+					t.Error("the connection is still usable after a cancel")
+				}
+				// A cancel closes the connection; a stopped daemon said why (its error) and
+				// exited: either way the next operation fails, it does not hang.
+				if _, err := d.conn.IsValidPath(context.Background(), drvPath); err == nil {
+					t.Error("the old connection still answers")
+				}
+				c := d.open()
+				if v, err := c.IsValidPath(context.Background(), drvPath); err != nil || !v {
+					t.Errorf("a new connection: %v %v", v, err)
+				}
+			})
+		}
 	}
 }
 
@@ -427,46 +441,5 @@ func TestTempRootHoldsWhileConnected(t *testing.T) {
 	c := d.open()
 	if v, err := c.IsValidPath(ctx, p); err != nil || v {
 		t.Errorf("the path outlived its connection's root: %v %v", v, err)
-	}
-}
-
-// TestDaemonTerminatedMidBuild: a `nix-daemon --stdio` child told to stop mid-build (SIGTERM, as
-// a service manager would) stops its build first; the operation fails instead of hanging, and a
-// new connection builds again.
-func TestDaemonTerminatedMidBuild(t *testing.T) {
-	for _, st := range stores {
-		t.Run(st.name, func(t *testing.T) {
-			d := newDaemonOn(t, st.system)
-			marker := salt(t)
-			drvPath, drv := d.instantiate(shDrv("endless", marker, "echo started; : "+marker+"; while :; do :; done"))
-			var log lines
-			done := make(chan error, 1)
-			go func() {
-				_, err := d.conn.BuildDerivation(context.Background(), drvPath, drv, nil, log.logger())
-				done <- err
-			}()
-			waittest.For(t, 30*time.Second, func() bool { return log.has("started") }, "the build to start")
-			if err := syscall.Kill(d.conn.Pid(), syscall.SIGTERM); err != nil {
-				t.Fatal(err)
-			}
-			select {
-			case err := <-done:
-				if err == nil {
-					t.Error("a build whose daemon was stopped returned no error")
-				}
-			case <-time.After(10 * time.Second):
-				t.Fatal("the build whose daemon was stopped did not return")
-			}
-			waittest.For(t, 10*time.Second, func() bool { return processesWith(marker) == 0 }, "the build's processes to end")
-			// It said why (its error), then exited: the next operation fails, it does not hang.
-			if _, err := d.conn.IsValidPath(context.Background(), drvPath); err == nil {
-				t.Error("the stopped daemon still answers")
-			}
-			d.conn.Close()
-			c := d.open()
-			if v, err := c.IsValidPath(context.Background(), drvPath); err != nil || !v {
-				t.Errorf("a new connection: %v %v", v, err)
-			}
-		})
 	}
 }
