@@ -168,7 +168,17 @@ type QueueConfig struct {
 	UnsupportedGrace       Duration `toml:"unsupported_grace"`        // wait before failing an unsupported build
 	ShareDecayInterval     Duration `toml:"share_decay_interval"`     // consumed_seconds *= 0.95 this often
 	ReadinessAuditInterval Duration `toml:"readiness_audit_interval"` // check the maintained readiness counts
+	// Order ranks a project's ready jobs of equal priority: OrderCriticalPath or OrderFIFO.
+	Order string `toml:"order"`
 }
+
+// The orders of queue.order.
+const (
+	// OrderCriticalPath builds first the job with the longest chain of dependents still to build.
+	OrderCriticalPath = "critical-path"
+	// OrderFIFO builds first the job enqueued first.
+	OrderFIFO = "fifo"
+)
 
 // CacheConfig chooses the blob store that holds the binary cache.
 type CacheConfig struct {
@@ -310,6 +320,7 @@ func defaults(getenv func(string) string) *Config {
 			UnsupportedGrace:       Duration{30 * time.Minute},
 			ShareDecayInterval:     Duration{time.Hour},
 			ReadinessAuditInterval: Duration{10 * time.Minute},
+			Order:                  OrderCriticalPath,
 		},
 	}
 }

@@ -190,6 +190,7 @@ unsupported_interval = "1m"
 unsupported_grace = "0s"
 share_decay_interval = "30m"
 readiness_audit_interval = "1h"
+order = "fifo"
 
 [eval]
 timeout = "20m"
@@ -263,7 +264,7 @@ private_key_file = "app.pem"
 			LeaderElection: LeaderElectionConfig{d("2s"), d("30s"), d("10s")},
 			Shutdown:       ShutdownConfig{d("0s")},
 		},
-		Queue:  QueueConfig{d("1s"), d("10s"), d("1m"), d("0s"), d("30m"), d("1h")},
+		Queue:  QueueConfig{d("1s"), d("10s"), d("1m"), d("0s"), d("30m"), d("1h"), OrderFIFO},
 		Cache:  CacheConfig{Store: "local", Priority: 30, NarinfoMemory: 64 << 20, S3: S3Config{Region: "us-east-1", UseTLS: true}},
 		Signer: SignerConfig{URLExpiry: d("15m")},
 		Eval:   EvalConfig{Timeout: d("20m"), MaxMemory: 4 << 30, PollInterval: d("2s"), User: "harmonia-eval"},
@@ -524,6 +525,8 @@ func TestValidate(t *testing.T) {
 			[]string{`config: build.nix_store: want an absolute directory, got "store"`}},
 		{"sandbox path with a space", func(c *Config) { c.Build.ExtraSandboxPaths = []string{"/bin/a b"} },
 			[]string{`config: build.extra_sandbox_paths[0]: want an absolute path without spaces or '=', got "/bin/a b"`}},
+		{"queue order", func(c *Config) { c.Queue.Order = "lifo" },
+			[]string{`config: queue.order must be "critical-path" or "fifo", got "lifo"`}},
 		{"eval timeout", func(c *Config) { c.Eval.Timeout = d("0s") },
 			[]string{"config: eval.timeout must be positive, got 0s"}},
 		{"substituter url", func(c *Config) {

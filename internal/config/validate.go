@@ -172,6 +172,9 @@ func (c *Config) problems(from origins) []error {
 	}
 	positive("queue.share_decay_interval", q.ShareDecayInterval)
 	positive("queue.readiness_audit_interval", q.ReadinessAuditInterval)
+	if q.Order != OrderCriticalPath && q.Order != OrderFIFO {
+		add("queue.order", "queue.order must be %q or %q, got %q", OrderCriticalPath, OrderFIFO, q.Order)
+	}
 	switch c.Cache.Store {
 	case "local":
 	case "s3":
