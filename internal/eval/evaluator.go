@@ -18,6 +18,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/gitrepo"
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
 	"github.com/harmonia-ci/harmonia-ci/internal/notify"
+	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 	"github.com/harmonia-ci/harmonia-ci/internal/startstop"
 	"github.com/harmonia-ci/harmonia-ci/internal/upstream"
 )
@@ -60,6 +61,8 @@ type Config struct {
 	Confinement Confinement
 	// Registerer, if set, receives the evaluator's series (evaluations by outcome, durations).
 	Registerer prometheus.Registerer
+	// Order ranks the jobs this evaluator enqueues (queue.order).
+	Order queue.Order
 }
 
 // Evaluator is the evaluator role: it claims queued evaluations, walks the project's
@@ -335,7 +338,7 @@ func (e *Evaluator) run(ctx context.Context, c claim, log *slog.Logger) (ingestS
 	defer storeDB.Close()
 	in := &ingester{pool: e.pool, storeRoot: e.cfg.StoreRoot, storeDB: storeDB, cache: e.cfg.Cache,
 		upstream: e.cfg.Upstream, publisher: e.cfg.Publisher,
-		evalID: c.id, node: c.node, attempt: c.attempt, projectID: projectID,
+		evalID: c.id, node: c.node, attempt: c.attempt, projectID: projectID, order: e.cfg.Order,
 		known: map[string]bool{}, published: map[string]bool{}}
 
 	wctx, cancel := context.WithCancelCause(ctx)

@@ -46,6 +46,7 @@ type ingester struct {
 	node      string
 	attempt   int
 	projectID int64
+	order     queue.Order
 
 	known     map[string]bool // derivations in the database (found there or ingested)
 	published map[string]bool // store paths published by this evaluation
@@ -143,7 +144,7 @@ func (in *ingester) flush(ctx context.Context, attrs []Attr) error {
 			return fmt.Errorf("take job-need lock: %w", err)
 		}
 		pid := in.projectID
-		res, err = queue.EnqueueTx(ctx, tx, queue.EnqueueParams{ProjectID: &pid, Derivations: derivs, Build: build})
+		res, err = queue.EnqueueTx(ctx, tx, queue.EnqueueParams{ProjectID: &pid, Derivations: derivs, Build: build, Order: in.order})
 		if err != nil {
 			return err
 		}

@@ -212,6 +212,9 @@ func (n *node) roleWorkers(notifier *notify.Notifier, announcer *queue.Announcer
 				SandboxPaths: cfg.Build.ExtraSandboxPaths,
 			},
 		}
+		if ecfg.Order, err = queue.ParseOrder(cfg.Queue.Order); err != nil {
+			return nil, err
+		}
 		if client != nil {
 			ecfg.Cache = client
 			ecfg.Publisher = &upload.Publisher{Signer: client}

@@ -62,6 +62,30 @@ type EnqueueParams struct {
 	Derivations []Derivation
 	// Build lists the derivations that need a build job; nil means all of Derivations.
 	Build []string
+	// Order ranks the new jobs among a project's ready jobs of equal priority.
+	Order Order
+}
+
+// Order is how a project's ready jobs of equal priority are ranked.
+type Order int
+
+const (
+	// OrderCriticalPath builds first the job with the longest chain of dependents still to
+	// build (the default).
+	OrderCriticalPath Order = iota
+	// OrderFIFO builds first the job enqueued first.
+	OrderFIFO
+)
+
+// ParseOrder reads queue.order's value.
+func ParseOrder(s string) (Order, error) {
+	switch s {
+	case "critical-path", "":
+		return OrderCriticalPath, nil
+	case "fifo":
+		return OrderFIFO, nil
+	}
+	return 0, fmt.Errorf("queue order %q: want critical-path or fifo", s)
 }
 
 // batchSize bounds each INSERT; all batches of one Enqueue share one transaction, so a
