@@ -109,9 +109,10 @@ GRANT INSERT, DELETE ON eval_attrs TO harmonia_evaluator;
 GRANT INSERT ON derivations, derivation_inputs TO harmonia_evaluator;
 -- Never nar_hash or nar_size: the canonical NAR hash is the signer's to record.
 GRANT INSERT (drv_path, output_name, output_path) ON derivation_outputs TO harmonia_evaluator;
-GRANT INSERT (drv_path, project_id, system, required_features) ON build_jobs TO harmonia_evaluator;
--- Reviving cancelled jobs a new evaluation needs, cancelling those a failed one no longer does.
-GRANT UPDATE (status, finished_at, claimed_by, claimed_at, started_at) ON build_jobs TO harmonia_evaluator;
+GRANT INSERT (drv_path, project_id, system, required_features, dependent_chain) ON build_jobs TO harmonia_evaluator;
+-- Reviving cancelled jobs a new evaluation needs, cancelling those a failed one no longer does;
+-- the critical-path order of the pending jobs its new jobs wait for.
+GRANT UPDATE (status, finished_at, claimed_by, claimed_at, started_at, dependent_chain) ON build_jobs TO harmonia_evaluator;
 
 -- ===== Signer: build results, NAR hashes, keys; the GC leader =====
 

@@ -25,10 +25,10 @@ SELECT 'jobs', status, system, count(*)::float8 FROM build_jobs
   WHERE status IN ('building', 'uploading') GROUP BY status, system
 UNION ALL
 SELECT 'ready', '', '', count(*)::float8 FROM build_jobs
-  WHERE status = 'pending' AND blocked_inputs = 0
+  WHERE status = 'pending' AND ready
 UNION ALL
 SELECT 'oldest_ready', '', '', COALESCE(EXTRACT(EPOCH FROM now() - min(created_at)), 0)::float8 FROM build_jobs
-  WHERE status = 'pending' AND blocked_inputs = 0
+  WHERE status = 'pending' AND ready
 UNION ALL
 SELECT 'blocked', '', '', count(*)::float8 FROM build_jobs
   WHERE status = 'pending' AND blocked_inputs > 0

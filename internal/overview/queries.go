@@ -11,13 +11,13 @@ UNION ALL
 SELECT system, status, count(*) FROM build_jobs WHERE status IN ('building', 'uploading') GROUP BY system, status
 ORDER BY 1, 2`
 
-	// sqlReadiness splits the pending jobs into ready (every input succeeded: blocked_inputs = 0)
+	// sqlReadiness splits the pending jobs into ready (every input succeeded)
 	// and blocked, with the age of the oldest ready one (NULL when none is ready), and reads the
 	// database's clock, which every other age on the screen is measured against.
 	sqlReadiness = `
-SELECT count(*) FILTER (WHERE blocked_inputs = 0),
+SELECT count(*) FILTER (WHERE ready),
        count(*) FILTER (WHERE blocked_inputs > 0),
-       EXTRACT(EPOCH FROM now() - min(created_at) FILTER (WHERE blocked_inputs = 0))::float8,
+       EXTRACT(EPOCH FROM now() - min(created_at) FILTER (WHERE ready))::float8,
        now()
 FROM build_jobs WHERE status = 'pending'`
 

@@ -32,64 +32,42 @@ INSERT INTO derivation_inputs (referrer, input_drv, outputs)
 SELECT r, i, string_to_array(o, ',') FROM unnest($1::text[], $2::text[], $3::text[]) AS t(r, i, o)
 ON CONFLICT (referrer, input_drv) DO NOTHING`
 
-	// $1 drv_path[], $2 project_id (NULL for none). Returns the systems of the jobs created.
+	// $1 drv_path[], $2 project_id (NULL for none), $3 dependent_chain[]. Returns the
+	// derivations and systems of the jobs created.
 	sqlJobsInsert = `
-INSERT INTO build_jobs (drv_path, project_id, system, required_features)
-SELECT d.drv_path, $2, d.system, d.required_features
-FROM unnest($1::text[]) AS t(drv) JOIN derivations d ON d.drv_path = t.drv
+INSERT INTO build_jobs (drv_path, project_id, system, required_features, dependent_chain)
+SELECT d.drv_path, $2, d.system, d.required_features, t.chain
+FROM unnest($1::text[], $3::int[]) AS t(drv, chain) JOIN derivations d ON d.drv_path = t.drv
 ON CONFLICT (drv_path) DO NOTHING
-RETURNING system`
+RETURNING drv_path, system`
+
+	// Raises the chains of jobs that existed before an enqueue which put new jobs above them:
+	// each seed ($1 drv_path[], $2 the chain it must reach at least) and, while a job's chain
+	// grows, its inputs' pending jobs, one more than it. A job whose chain is already long
+	// enough stops the walk: its inputs' chains are longer still.
+	sqlRaiseChains = `
+WITH RECURSIVE raise(drv_path, chain) AS (
+    SELECT t.d, t.c FROM unnest($1::text[], $2::int[]) AS t(d, c)
+  UNION
+    SELECT di.input_drv, r.chain + 1
+    FROM raise r
+    JOIN build_jobs bj ON bj.drv_path = r.drv_path
+    JOIN derivation_inputs di ON di.referrer = r.drv_path
+    WHERE bj.status = 'pending' AND bj.dependent_chain < r.chain
+)
+UPDATE build_jobs bj SET dependent_chain = m.chain
+FROM (SELECT drv_path, max(chain) AS chain FROM raise GROUP BY drv_path) m
+WHERE bj.drv_path = m.drv_path AND bj.status = 'pending' AND bj.dependent_chain < m.chain`
 
 	sqlNotify     = `SELECT pg_notify('build_jobs', $1)`
 	sqlNotifyMany = `SELECT pg_notify('build_jobs', p) FROM unnest($1::text[]) AS t(p)`
 
-	// The claim (seed 001 "Work-Stealing via PostgreSQL") over maintained readiness. For each
-	// (system, project) the ready index yields that project's best jobs in priority and FIFO
-	// order; the outer ORDER BY merges them by priority DESC, the project's consumed/shares
-	// ratio, created_at. The candidates are locked SKIP LOCKED inside a MATERIALIZED CTE, so
-	// the statement can neither hand a row to two claimers nor return more than $5 rows.
-	// $1 systems, $2 features, $3 node id, $4 per-(system,project) candidates, $5 limit.
+	// The claim (seed 001 "Work-Stealing via PostgreSQL") over maintained readiness: the
+	// function claim_jobs (migration 0011) holds the statement, so that its plan is cached
+	// generic. $1 systems, $2 features, $3 node id, $4 per-(system,project) candidates, $5 limit.
 	sqlClaim = `
-WITH shares AS (
-    SELECT p.id AS project_id, p.consumed_seconds / GREATEST(p.scheduling_shares, 1) AS ratio
-    FROM projects p
-), candidates AS MATERIALIZED (
-    SELECT c.id, c.priority, c.created_at, s.ratio
-    FROM unnest($1::text[]) AS sys(system)
-    CROSS JOIN shares s
-    CROSS JOIN LATERAL (
-        SELECT bj.id, bj.priority, bj.created_at
-        FROM build_jobs bj
-        WHERE bj.status = 'pending' AND bj.blocked_inputs = 0
-          AND bj.system = sys.system AND bj.project_id = s.project_id
-          AND bj.required_features <@ $2::text[]
-        ORDER BY bj.priority DESC, bj.created_at, bj.id
-        LIMIT $4
-        FOR UPDATE SKIP LOCKED
-    ) c
-  UNION ALL
-    SELECT c.id, c.priority, c.created_at, 0
-    FROM unnest($1::text[]) AS sys(system)
-    CROSS JOIN LATERAL (
-        SELECT bj.id, bj.priority, bj.created_at
-        FROM build_jobs bj
-        WHERE bj.status = 'pending' AND bj.blocked_inputs = 0
-          AND bj.system = sys.system AND bj.project_id IS NULL
-          AND bj.required_features <@ $2::text[]
-        ORDER BY bj.priority DESC, bj.created_at, bj.id
-        LIMIT $4
-        FOR UPDATE SKIP LOCKED
-    ) c
-), chosen AS (
-    SELECT id FROM candidates ORDER BY priority DESC, ratio, created_at, id LIMIT $5
-)
-UPDATE build_jobs bj SET
-    status = 'building', claimed_by = $3, claimed_at = now(), started_at = now(),
-    attempt = bj.attempt + 1
-FROM chosen
-WHERE bj.id = chosen.id
-RETURNING bj.id, bj.drv_path, bj.system, bj.project_id, bj.priority, bj.attempt, bj.retry_count,
-          bj.required_features, bj.claimed_at`
+SELECT id, drv_path, system, project_id, priority, attempt, retry_count, required_features, claimed_at
+FROM claim_jobs($1, $2, $3, $4, $5)`
 
 	// The seed's claim, verbatim in shape (NOT EXISTS readiness), kept for the benchmark's
 	// comparison only. $1 systems, $2 features, $3 node id, $4 limit.

@@ -139,18 +139,31 @@ func EnqueueTx(ctx context.Context, tx pgx.Tx, p EnqueueParams) (EnqueueResult, 
 				return err
 			}
 		}
+		chains := chainsOf(p.Order, p.Derivations, build)
+		created := map[string]bool{}
 		for chunk := range slices.Chunk(build, batchSize) {
-			rows, err := tx.Query(ctx, sqlJobsInsert, chunk, p.ProjectID)
+			chunkChains := make([]int32, len(chunk))
+			for i, drv := range chunk {
+				chunkChains[i] = int32(chains.of(drv))
+			}
+			rows, err := tx.Query(ctx, sqlJobsInsert, chunk, p.ProjectID, chunkChains)
 			if err != nil {
 				return fmt.Errorf("insert build jobs: %w", err)
 			}
-			created, err := pgx.CollectRows(rows, pgx.RowTo[string])
+			var drv, system string
+			_, err = pgx.ForEachRow(rows, []any{&drv, &system}, func() error {
+				created[drv] = true
+				systems[system] = true
+				return nil
+			})
 			if err != nil {
 				return fmt.Errorf("insert build jobs: %w", err)
 			}
-			res.NewJobs += len(created)
-			for _, s := range created {
-				systems[s] = true
+		}
+		res.NewJobs = len(created)
+		if seeds, at := chains.raises(created); len(seeds) > 0 {
+			if _, err := tx.Exec(ctx, sqlRaiseChains, seeds, at); err != nil {
+				return fmt.Errorf("raise dependent chains: %w", err)
 			}
 		}
 		for _, s := range slices.Sorted(maps.Keys(systems)) {

@@ -254,10 +254,7 @@ func (w *Worker) fill(ctx context.Context) {
 		start := time.Now()
 		jobs, err := claimJobs(ctx, w.pool, w.cfg.Claimer, free, w.cfg.ClaimForm)
 		if err == nil {
-			w.metrics.claimed(time.Since(start), jobs)
-		}
-		if w.cfg.ClaimFunc != nil && err == nil {
-			w.cfg.ClaimFunc(time.Since(start), jobs)
+			w.claimed(time.Since(start), jobs)
 		}
 		if err != nil {
 			if ctx.Err() == nil {
@@ -266,22 +263,27 @@ func (w *Worker) fill(ctx context.Context) {
 			return
 		}
 		for _, job := range jobs {
-			release, ok := w.cfg.Gate.Acquire()
-			if !ok {
-				// The node began draining between the check and the claim.
-				w.releaseClaim(job)
-				continue
-			}
-			w.mu.Lock()
-			w.running++
-			w.mu.Unlock()
-			w.jobs.Add(1)
-			go w.build(ctx, job, release)
+			w.launch(ctx, job)
 		}
 		if len(jobs) < free {
 			return // nothing more is ready
 		}
 	}
+}
+
+// launch builds a claimed job in a slot of its own.
+func (w *Worker) launch(ctx context.Context, job Job) {
+	release, ok := w.cfg.Gate.Acquire()
+	if !ok {
+		// The node began draining between the check and the claim.
+		w.releaseClaim(job)
+		return
+	}
+	w.mu.Lock()
+	w.running++
+	w.mu.Unlock()
+	w.jobs.Add(1)
+	go w.build(ctx, job, release)
 }
 
 func (w *Worker) build(ctx context.Context, job Job, release func()) {
@@ -303,9 +305,11 @@ func (w *Worker) build(ctx context.Context, job Job, release func()) {
 	defer freeSlot()
 	start := time.Now()
 	res := w.cfg.Handler(ctx, job)
+	slotHeld := true
 	if res.Continue != nil {
 		next := res.Continue
 		freeSlot()
+		slotHeld = false
 		res = next(ctx)
 		res.Continue = nil
 	}
@@ -330,6 +334,27 @@ func (w *Worker) build(ctx context.Context, job Job, release func()) {
 		w.recordDuration(elapsed)
 		return
 	}
+	if res.Err == nil && slotHeld && w.cfg.ClaimForm == ClaimReady && !w.cfg.Gate.Closed() {
+		// The slot this job frees is filled in the same round trip; the successor is
+		// launched before the deferred freeSlot, so the count of running jobs never dips.
+		start := time.Now()
+		out, next, err := SucceedAndClaim(fctx, w.pool, job.Claim(), w.cfg.Claimer, 1)
+		if err == nil || errors.Is(err, ErrStale) {
+			w.claimed(time.Since(start), next)
+			for _, j := range next {
+				w.launch(ctx, j)
+			}
+		}
+		if err == nil {
+			w.succeeded(job, res, elapsed, out)
+			return
+		}
+		if errors.Is(err, ErrStale) {
+			w.logger.Warn("finished a job whose claim no longer holds; nothing recorded", "job_id", job.ID, "attempt", job.Attempt)
+			return
+		}
+		w.logger.Warn("could not record a success and claim the next job; recording the success alone", "job_id", job.ID, "error", err)
+	}
 	out, err := retryFinish(fctx, func() (Outcome, error) {
 		if res.Err == nil {
 			return Succeed(fctx, w.pool, job.Claim())
@@ -341,12 +366,11 @@ func (w *Worker) build(ctx context.Context, job Job, release func()) {
 		return Fail(fctx, w.pool, job.Claim(), Failure{Kind: res.Kind, ExitCode: res.ExitCode, Message: msg, LogKey: res.LogKey})
 	})
 	if err == nil {
-		w.metrics.finished(job, res, elapsed, out.DepFailed)
-		w.charger.Add(out.ProjectID, out.Seconds)
 		if res.Err == nil {
-			w.cfg.Announcer.Finished(out.DrvPath, out.Status)
-			w.recordDuration(elapsed)
+			w.succeeded(job, res, elapsed, out)
 		} else {
+			w.metrics.finished(job, res, elapsed, out.DepFailed)
+			w.charger.Add(out.ProjectID, out.Seconds)
 			w.logger.Info("build failed", "job_id", job.ID, "drv_path", job.DrvPath, "status", out.Status, "error", res.Err)
 		}
 	}
@@ -354,6 +378,23 @@ func (w *Worker) build(ctx context.Context, job Job, release func()) {
 		w.logger.Warn("finished a job whose claim no longer holds; nothing recorded", "job_id", job.ID, "attempt", job.Attempt)
 	} else if err != nil {
 		w.logger.Error("could not record a finished job", "job_id", job.ID, "error", err)
+	}
+}
+
+// succeeded accounts for a success the worker recorded: metrics, the project's charge, the
+// announcement that wakes the workers its dependents may wait for.
+func (w *Worker) succeeded(job Job, res Result, elapsed time.Duration, out Outcome) {
+	w.metrics.finished(job, res, elapsed, out.DepFailed)
+	w.charger.Add(out.ProjectID, out.Seconds)
+	w.cfg.Announcer.Finished(out.DrvPath, out.Status)
+	w.recordDuration(elapsed)
+}
+
+// claimed reports a claim to the metrics and the benchmark's hook.
+func (w *Worker) claimed(d time.Duration, jobs []Job) {
+	w.metrics.claimed(d, jobs)
+	if w.cfg.ClaimFunc != nil {
+		w.cfg.ClaimFunc(d, jobs)
 	}
 }
 

@@ -239,6 +239,7 @@ type QueueJob struct {
 	ID        int64
 	Priority  int
 	Ratio     float64 // its project's consumed/shares ratio (0 for no project)
+	Chain     int     // jobs on the longest chain of pending jobs above it (queue.order)
 	CreatedAt time.Time
 	System    string
 	Name      string // the derivation's name
@@ -260,12 +261,13 @@ type QueuePage struct {
 	MoreReady, MoreWaiting   string // the next pages' URLs; "" when the list ends
 }
 
-// readyCursor is the claim order's sort key of a ready job: priority DESC, ratio, created_at,
-// id. Encoded as "priority_ratio_micros_id" with the ratio's IEEE bits in hex, so it is exact
-// and needs no escaping in a URL.
+// readyCursor is the claim order's sort key of a ready job: priority DESC, ratio, chain DESC,
+// created_at, id. Encoded as "priority_ratio_chain_micros_id" with the ratio's IEEE bits in
+// hex, so it is exact and needs no escaping in a URL.
 type readyCursor struct {
 	Priority int64
 	Ratio    float64
+	Chain    int64
 	Created  time.Time
 	ID       int64
 }
@@ -274,23 +276,24 @@ type readyCursor struct {
 const firstPriority = math.MaxInt32 + 1
 
 func (c readyCursor) String() string {
-	return fmt.Sprintf("%d_%x_%d_%d", c.Priority, math.Float64bits(c.Ratio), c.Created.UnixMicro(), c.ID)
+	return fmt.Sprintf("%d_%x_%d_%d_%d", c.Priority, math.Float64bits(c.Ratio), c.Chain, c.Created.UnixMicro(), c.ID)
 }
 
 func parseReadyCursor(s string) (readyCursor, error) {
 	f := strings.Split(s, "_")
-	if len(f) != 4 {
+	if len(f) != 5 {
 		return readyCursor{}, badRequest("malformed cursor")
 	}
 	p, err1 := strconv.ParseInt(f[0], 10, 32)
 	bits, err2 := strconv.ParseUint(f[1], 16, 64)
-	us, err3 := strconv.ParseInt(f[2], 10, 64)
-	id, err4 := strconv.ParseInt(f[3], 10, 64)
+	chain, err3 := strconv.ParseInt(f[2], 10, 32)
+	us, err4 := strconv.ParseInt(f[3], 10, 64)
+	id, err5 := strconv.ParseInt(f[4], 10, 64)
 	r := math.Float64frombits(bits)
-	if err1 != nil || err2 != nil || err3 != nil || err4 != nil || math.IsNaN(r) {
+	if err := errors.Join(err1, err2, err3, err4, err5); err != nil || math.IsNaN(r) || chain < 0 {
 		return readyCursor{}, badRequest("malformed cursor")
 	}
-	return readyCursor{Priority: p, Ratio: r, Created: time.UnixMicro(us), ID: id}, nil
+	return readyCursor{Priority: p, Ratio: r, Chain: chain, Created: time.UnixMicro(us), ID: id}, nil
 }
 
 // waitCursor is the waiting list's sort key: priority DESC, created_at, id, as
@@ -352,14 +355,14 @@ func (u *UI) queuePage(w http.ResponseWriter, r *http.Request) (string, Page, er
 	}
 	seen := map[string]bool{}
 	if d.ShowReady {
-		jobs, err := u.queueJobs(r, tx, seen, sqlQueueReady, rc.Priority, rc.Ratio, rc.Created, rc.ID, PageSize+1)
+		jobs, err := u.queueJobs(r, tx, seen, sqlQueueReady, rc.Priority, rc.Ratio, rc.Chain, rc.Created, rc.ID, PageSize+1)
 		if err != nil {
 			return "", Page{}, err
 		}
 		if len(jobs) > PageSize {
 			jobs = jobs[:PageSize]
 			l := jobs[PageSize-1]
-			d.MoreReady = "/ci/queue?after=" + readyCursor{int64(l.Priority), l.Ratio, l.CreatedAt, l.ID}.String()
+			d.MoreReady = "/ci/queue?after=" + readyCursor{int64(l.Priority), l.Ratio, int64(l.Chain), l.CreatedAt, l.ID}.String()
 		}
 		d.Ready = jobs
 	}
@@ -393,7 +396,7 @@ func (u *UI) queueJobs(r *http.Request, tx pgx.Tx, seen map[string]bool, sql str
 	jobs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (QueueJob, error) {
 		var j QueueJob
 		var rp repo
-		err := row.Scan(&j.ID, &j.Priority, &j.Ratio, &j.CreatedAt, &j.System, &j.Name, &j.Project, &j.Blocked,
+		err := row.Scan(&j.ID, &j.Priority, &j.Ratio, &j.Chain, &j.CreatedAt, &j.System, &j.Name, &j.Project, &j.Blocked,
 			&j.Capable, &rp.private, &rp.forge, &rp.fullName)
 		repos = append(repos, rp)
 		return j, err

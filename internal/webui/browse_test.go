@@ -408,6 +408,9 @@ func TestQueuePagination(t *testing.T) {
 	}
 	dep := fx.drv("dep", "x86_64-linux")
 	readyIDs = append(readyIDs, fx.job(dep, projects[0], 0, fx.base))
+	// Chains of dependents (critical-path order) split equal priorities and ratios, across
+	// and within the pages.
+	fx.exec(`UPDATE build_jobs SET dependent_chain = (id * 7) % 4 WHERE id = ANY($1)`, readyIDs)
 	var waitIDs []int64
 	for i := 0; i < 30; i++ {
 		d := fx.drv(fmt.Sprintf("w%d", i), "x86_64-linux")
@@ -463,7 +466,7 @@ WHERE status = 'pending' AND blocked_inputs > 0`).Scan(&want); err != nil {
 		t.Errorf("waiting jobs over the pages:\n%v\nwant\n%v", gotWait, want)
 	}
 
-	for _, bad := range []string{"?after=1_2_3", "?after=x_0_0_0", "?wafter=1_2", "?wafter=1_2_y"} {
+	for _, bad := range []string{"?after=1_2_3", "?after=x_0_0_0_0", "?after=1_0_-1_0_0", "?after=1_0_0_0", "?wafter=1_2", "?wafter=1_2_y"} {
 		if code, _ := get(t, fx.h, "/ci/queue"+bad); code != http.StatusBadRequest {
 			t.Errorf("GET /ci/queue%s: %d, want 400", bad, code)
 		}

@@ -93,7 +93,7 @@ ORDER BY status = 'dead', id`
 	// build_jobs_ready_idx and build_jobs_pending_idx).
 	sqlQueueCounts = `
 SELECT r.n::int, (p.n - r.n)::int
-FROM (SELECT count(*) AS n FROM build_jobs WHERE status = 'pending' AND blocked_inputs = 0) r,
+FROM (SELECT count(*) AS n FROM build_jobs WHERE status = 'pending' AND ready) r,
      (SELECT count(*) AS n FROM build_jobs WHERE status = 'pending') p`
 
 	// The queue page and the charts read in a transaction without JIT: the planner prices the
@@ -102,71 +102,93 @@ FROM (SELECT count(*) AS n FROM build_jobs WHERE status = 'pending' AND blocked_
 	sqlNoJIT = `SET LOCAL jit = off`
 
 	// A page of ready jobs in the claim's order (priority DESC, the project's consumed/shares
-	// ratio, created_at, id), after the cursor ($1 priority, $2 ratio, $3 created_at, $4 id;
-	// the first page passes a priority above any). Like the claim, it walks build_jobs_ready_idx
-	// per (system, project) and merges: the systems come from a skip scan of that index, and
-	// each partition's rows after the cursor are those of the cursor's priority past the cursor
-	// (which the ratio decides: the whole priority, part of it, or none) followed by every lower
-	// priority, two index range scans. $5 limit. capable is false when no live builder has the
-	// job's system and features; the repository's privacy and name let the page hide private jobs.
+	// ratio, dependent_chain DESC, created_at, id), after the cursor ($1 priority, $2 ratio, $3
+	// chain, $4 created_at, $5 id; the first page passes a priority above any). Like the claim,
+	// it walks build_jobs_ready_idx per (system, project) and merges: the systems come from a
+	// skip scan of that index, and each partition's rows after the cursor are those of the
+	// cursor's priority past the cursor (which the ratio decides: the whole priority, part of it,
+	// or none; within it, the rest of the cursor's chain, then every shorter chain) followed by
+	// every lower priority: three index range scans. $6 limit. capable is false when no live
+	// builder has the job's system and features; the repository's privacy and name let the page
+	// hide private jobs.
 	sqlQueueReady = `
 WITH RECURSIVE systems AS (
-    (SELECT system FROM build_jobs WHERE status = 'pending' AND blocked_inputs = 0 ORDER BY system LIMIT 1)
+    (SELECT system FROM build_jobs WHERE status = 'pending' AND ready ORDER BY system LIMIT 1)
   UNION ALL
     SELECT (SELECT bj.system FROM build_jobs bj
-            WHERE bj.status = 'pending' AND bj.blocked_inputs = 0 AND bj.system > s.system
+            WHERE bj.status = 'pending' AND bj.ready AND bj.system > s.system
             ORDER BY bj.system LIMIT 1)
     FROM systems s WHERE s.system IS NOT NULL
 ), shares AS (
     SELECT p.id AS project_id, p.consumed_seconds / GREATEST(p.scheduling_shares, 1) AS ratio
     FROM projects p
+), partitions AS (
+    -- Each (system, project) and its cursor: a ratio past the page's takes the whole priority
+    -- (from a chain above any, from the start of time). A NULL project_id is no project.
+    SELECT sys.system, s.project_id, s.ratio,
+           CASE WHEN s.ratio > $2::float8 THEN 2147483647 ELSE $3::int END AS chain,
+           CASE WHEN s.ratio > $2::float8 THEN '-infinity' ELSE $4::timestamptz END AS created_at,
+           CASE WHEN s.ratio > $2::float8 THEN 0 ELSE $5::bigint END AS id
+    FROM systems sys CROSS JOIN (SELECT project_id, ratio FROM shares UNION ALL SELECT NULL, 0) s
+    WHERE sys.system IS NOT NULL
 ), candidates AS (
-    SELECT c.id, c.priority, s.ratio, c.created_at
-    FROM systems sys
-    CROSS JOIN shares s
+    SELECT c.id, c.priority, pt.ratio, c.dependent_chain, c.created_at
+    FROM partitions pt
     CROSS JOIN LATERAL (
-        (SELECT bj.id, bj.priority, bj.created_at FROM build_jobs bj
-         WHERE bj.status = 'pending' AND bj.blocked_inputs = 0
-           AND bj.system = sys.system AND bj.project_id = s.project_id
-           AND bj.priority = $1::bigint AND s.ratio >= $2::float8
-           AND (bj.created_at, bj.id) > (CASE WHEN s.ratio > $2::float8 THEN '-infinity' ELSE $3::timestamptz END,
-                                         CASE WHEN s.ratio > $2::float8 THEN 0 ELSE $4::bigint END)
+        (SELECT bj.id, bj.priority, bj.dependent_chain, bj.created_at FROM build_jobs bj
+         WHERE bj.status = 'pending' AND bj.ready
+           AND bj.system = pt.system AND bj.project_id = pt.project_id
+           AND bj.priority = $1::bigint AND pt.ratio >= $2::float8
+           AND bj.dependent_chain = pt.chain AND (bj.created_at, bj.id) > (pt.created_at, pt.id)
          ORDER BY bj.created_at, bj.id
-         LIMIT $5)
+         LIMIT $6)
       UNION ALL
-        (SELECT bj.id, bj.priority, bj.created_at FROM build_jobs bj
-         WHERE bj.status = 'pending' AND bj.blocked_inputs = 0
-           AND bj.system = sys.system AND bj.project_id = s.project_id
+        (SELECT bj.id, bj.priority, bj.dependent_chain, bj.created_at FROM build_jobs bj
+         WHERE bj.status = 'pending' AND bj.ready
+           AND bj.system = pt.system AND bj.project_id = pt.project_id
+           AND bj.priority = $1::bigint AND pt.ratio >= $2::float8
+           AND bj.dependent_chain < pt.chain
+         ORDER BY bj.dependent_chain DESC, bj.created_at, bj.id
+         LIMIT $6)
+      UNION ALL
+        (SELECT bj.id, bj.priority, bj.dependent_chain, bj.created_at FROM build_jobs bj
+         WHERE bj.status = 'pending' AND bj.ready
+           AND bj.system = pt.system AND bj.project_id = pt.project_id
            AND bj.priority < $1::bigint
-         ORDER BY bj.priority DESC, bj.created_at, bj.id
-         LIMIT $5)
+         ORDER BY bj.priority DESC, bj.dependent_chain DESC, bj.created_at, bj.id
+         LIMIT $6)
     ) c
-    WHERE sys.system IS NOT NULL
   UNION ALL
-    SELECT c.id, c.priority, 0, c.created_at
-    FROM systems sys
+    SELECT c.id, c.priority, pt.ratio, c.dependent_chain, c.created_at
+    FROM (SELECT * FROM partitions WHERE project_id IS NULL) pt
     CROSS JOIN LATERAL (
-        (SELECT bj.id, bj.priority, bj.created_at FROM build_jobs bj
-         WHERE bj.status = 'pending' AND bj.blocked_inputs = 0
-           AND bj.system = sys.system AND bj.project_id IS NULL
-           AND bj.priority = $1::bigint AND 0 >= $2::float8
-           AND (bj.created_at, bj.id) > (CASE WHEN 0 > $2::float8 THEN '-infinity' ELSE $3::timestamptz END,
-                                         CASE WHEN 0 > $2::float8 THEN 0 ELSE $4::bigint END)
+        (SELECT bj.id, bj.priority, bj.dependent_chain, bj.created_at FROM build_jobs bj
+         WHERE bj.status = 'pending' AND bj.ready
+           AND bj.system = pt.system AND bj.project_id IS NULL
+           AND bj.priority = $1::bigint AND pt.ratio >= $2::float8
+           AND bj.dependent_chain = pt.chain AND (bj.created_at, bj.id) > (pt.created_at, pt.id)
          ORDER BY bj.created_at, bj.id
-         LIMIT $5)
+         LIMIT $6)
       UNION ALL
-        (SELECT bj.id, bj.priority, bj.created_at FROM build_jobs bj
-         WHERE bj.status = 'pending' AND bj.blocked_inputs = 0
-           AND bj.system = sys.system AND bj.project_id IS NULL
+        (SELECT bj.id, bj.priority, bj.dependent_chain, bj.created_at FROM build_jobs bj
+         WHERE bj.status = 'pending' AND bj.ready
+           AND bj.system = pt.system AND bj.project_id IS NULL
+           AND bj.priority = $1::bigint AND pt.ratio >= $2::float8
+           AND bj.dependent_chain < pt.chain
+         ORDER BY bj.dependent_chain DESC, bj.created_at, bj.id
+         LIMIT $6)
+      UNION ALL
+        (SELECT bj.id, bj.priority, bj.dependent_chain, bj.created_at FROM build_jobs bj
+         WHERE bj.status = 'pending' AND bj.ready
+           AND bj.system = pt.system AND bj.project_id IS NULL
            AND bj.priority < $1::bigint
-         ORDER BY bj.priority DESC, bj.created_at, bj.id
-         LIMIT $5)
+         ORDER BY bj.priority DESC, bj.dependent_chain DESC, bj.created_at, bj.id
+         LIMIT $6)
     ) c
-    WHERE sys.system IS NOT NULL
 ), page AS (
-    SELECT * FROM candidates ORDER BY priority DESC, ratio, created_at, id LIMIT $5
+    SELECT * FROM candidates ORDER BY priority DESC, ratio, dependent_chain DESC, created_at, id LIMIT $6
 )
-SELECT pg.id, pg.priority, pg.ratio, pg.created_at, bj.system, COALESCE(d.name, bj.drv_path),
+SELECT pg.id, pg.priority, pg.ratio, pg.dependent_chain, pg.created_at, bj.system, COALESCE(d.name, bj.drv_path),
        COALESCE(p.name, ''), 0,
        EXISTS (SELECT 1 FROM nodes n
                WHERE n.status = 'active' AND NOT n.draining
@@ -177,7 +199,7 @@ JOIN build_jobs bj ON bj.id = pg.id
 LEFT JOIN derivations d ON d.drv_path = bj.drv_path
 LEFT JOIN projects p ON p.id = bj.project_id
 LEFT JOIN repositories r ON r.id = p.repo_id
-ORDER BY pg.priority DESC, pg.ratio, pg.created_at, pg.id`
+ORDER BY pg.priority DESC, pg.ratio, pg.dependent_chain DESC, pg.created_at, pg.id`
 
 	// A page of the pending jobs that wait for their inputs, by priority then age, after the
 	// cursor ($1 priority, $2 created_at, $3 id; the first page passes a priority above any), in
@@ -195,7 +217,7 @@ WITH page AS (
      ORDER BY bj.priority DESC, bj.created_at, bj.id
      LIMIT $4)
 )
-SELECT bj.id, bj.priority, 0::float8, bj.created_at, bj.system, COALESCE(d.name, bj.drv_path),
+SELECT bj.id, bj.priority, 0::float8, bj.dependent_chain, bj.created_at, bj.system, COALESCE(d.name, bj.drv_path),
        COALESCE(p.name, ''), bj.blocked_inputs,
        EXISTS (SELECT 1 FROM nodes n
                WHERE n.status = 'active' AND NOT n.draining
