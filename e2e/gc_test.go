@@ -108,9 +108,16 @@ func (c *gcCluster) junk(name string) []string {
 	return []string{hash + ".narinfo", narKey}
 }
 
+// has reports whether the cache holds key: in its blob store or, for a .drv's narinfo, in the
+// database (blob.Derivations).
 func (c *gcCluster) has(key string) bool {
 	c.t.Helper()
 	_, err := c.store.Head(context.Background(), key)
+	if errors.Is(err, blob.ErrNotFound) {
+		if h, ok := strings.CutSuffix(key, ".narinfo"); ok {
+			_, _, err = blob.NewDerivations(c.pool).NarInfo(context.Background(), h)
+		}
+	}
 	if errors.Is(err, blob.ErrNotFound) {
 		return false
 	}

@@ -44,7 +44,8 @@ type EvalReport struct {
 	// .drv files are new too).
 	NixSeconds float64 `json:"nix_instantiate_seconds"`
 	// EvalSeconds runs from the request to the evaluation's success: mirror fetch, the walk,
-	// ingestion and publication of the .drv closure.
+	// ingestion and publication of the .drv closure (its narinfos and .drv files signed and
+	// stored in PostgreSQL, blob.Derivations).
 	EvalSeconds   float64 `json:"eval_seconds"`
 	Ratio         float64 `json:"ratio_eval_to_nix"`
 	Rows          int64   `json:"rows"`
@@ -180,8 +181,13 @@ func Eval(ctx context.Context, o EvalOptions) (EvalReport, error) {
 	r.Rows /= int64(o.Rounds) // every round ingests the same number of rows
 	r.Jobs /= int64(o.Rounds)
 	r.RowsPerSecond = float64(r.Rows) / r.EvalSeconds
+	// The .drv files' narinfos are rows (blob.Derivations); sources' are files.
 	narinfos, _ := filepath.Glob(filepath.Join(cfg.StateDir, "cache", "*.narinfo"))
-	r.Published = int64(len(narinfos)) / int64(o.Rounds)
+	var drvObjects int64
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM drv_objects`).Scan(&drvObjects); err != nil {
+		return r, err
+	}
+	r.Published = (int64(len(narinfos)) + drvObjects) / int64(o.Rounds)
 	if r.Jobs != int64(o.Derivations) {
 		return r, fmt.Errorf("evaluation made %d jobs for %d derivations", r.Jobs, o.Derivations)
 	}

@@ -7,6 +7,7 @@
 //	<hash>.narinfo                  <hash>: 32 nix32 characters
 //	<hash>.ls
 //	nar/<filehash>.nar.zst          <filehash>: 52 nix32 characters
+//	nar/<narhash>.nar               uncompressed (the .drv objects, see Derivations)
 //	log/<hash>-<name>.drv           <name>: [A-Za-z0-9+\-._?=], not starting with '.'
 //	realisations/<hash>!<out>.doi   <out>: an output name, same characters as <name>
 //
@@ -185,7 +186,10 @@ func validKey(key string) error {
 	case "nar":
 		h, ok := strings.CutSuffix(base, ".nar.zst")
 		if !ok {
-			return errors.New("nar key must be nar/<filehash>.nar.zst")
+			h, ok = strings.CutSuffix(base, ".nar")
+		}
+		if !ok {
+			return errors.New("nar key must be nar/<filehash>.nar.zst or nar/<narhash>.nar")
 		}
 		return checkHash(h, 52, "nar file hash")
 	case "log":
@@ -264,12 +268,17 @@ func checkPresign(key string, size int64, sum []byte, expiry time.Duration) erro
 	return nil
 }
 
-// IsNAR reports whether key names a compressed NAR (nar/<filehash>.nar.zst).
+// IsNAR reports whether key names a NAR (nar/<filehash>.nar.zst, or nar/<narhash>.nar).
 func IsNAR(key string) bool { return strings.HasPrefix(key, "nar/") }
 
-// narKeySum is the sha256 a valid NAR key names.
+// narKeySum is the sha256 a valid NAR key names: of the stored file in both forms.
 func narKeySum(key string) []byte {
-	h := strings.TrimSuffix(strings.TrimPrefix(key, "nar/"), ".nar.zst")
+	h := strings.TrimPrefix(key, "nar/")
+	if t, ok := strings.CutSuffix(h, ".nar.zst"); ok {
+		h = t
+	} else {
+		h = strings.TrimSuffix(h, ".nar")
+	}
 	b, err := nix.DecodeBase32(h)
 	if err != nil {
 		return nil

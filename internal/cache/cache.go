@@ -10,6 +10,10 @@
 //	/log/<drv>          blob log/<drv>        stored zstd-compressed; decompressed unless the
 //	                                          client accepts zstd
 //
+// The .drv files evaluators publish are kept in PostgreSQL (blob.Derivations, when
+// Config.Derivations is set): a narinfo is looked up there first, then in the blob store, and
+// an uncompressed NAR (nar/<narhash>.nar) is rendered from the .drv file stored there.
+//
 // Every key is checked (nix.ValidHashPart, blob.ValidKey) before the store is asked for it, so
 // no request can name anything outside the cache layout. Any other path is 404. Paths that
 // are not clean ("..", "//") are redirected to their clean form by http.ServeMux itself before
@@ -70,9 +74,11 @@ const (
 
 // Config configures a Server.
 type Config struct {
-	Store    blob.Store
-	Priority int // nix-cache-info Priority, default 30
-	Logger   *slog.Logger
+	Store blob.Store
+	// Derivations, if set, serves the .drv objects kept in the database.
+	Derivations *blob.Derivations
+	Priority    int // nix-cache-info Priority, default 30
+	Logger      *slog.Logger
 	// Registerer, if set, receives the cache's series (requests by kind and result, bytes).
 	Registerer prometheus.Registerer
 	// NarinfoCacheBytes bounds the narinfos kept in memory (bodies, keys and bookkeeping). 0,
@@ -89,6 +95,7 @@ type Config struct {
 // Server serves the binary cache. Create it with New.
 type Server struct {
 	store     blob.Store
+	drvs      *blob.Derivations // nil: none
 	logger    *slog.Logger
 	cacheInfo string
 	metrics   *cacheMetrics
@@ -110,6 +117,7 @@ func New(cfg Config) *Server {
 	}
 	s := &Server{
 		store:     cfg.Store,
+		drvs:      cfg.Derivations,
 		logger:    logger,
 		cacheInfo: fmt.Sprintf("StoreDir: %s\nWantMassQuery: 1\nPriority: %d\n", nix.StoreDir, prio),
 		metrics:   newCacheMetrics(cfg.Registerer),
@@ -193,6 +201,23 @@ func (s *Server) serveTopLevel(w http.ResponseWriter, r *http.Request) error {
 	if !nix.ValidHashPart(hash) {
 		return s.metrics.failed(kind, web.Errorf(http.StatusBadRequest, "invalid store path hash"))
 	}
+	if kind == kindNarinfo && s.drvs != nil {
+		var readStart time.Time
+		if keep {
+			readStart = s.narinfos.clock.Now()
+		}
+		body, _, err := s.drvs.NarInfo(r.Context(), hash)
+		if err == nil {
+			if keep {
+				s.narinfos.put(name, body, readStart)
+			}
+			s.sendSmall(w, r, kind, name, ctype, cacheHit, body)
+			return nil
+		}
+		if !errors.Is(err, blob.ErrNotFound) {
+			return s.metrics.failed(kind, s.storeError(w, r, name, err))
+		}
+	}
 	if keep {
 		return s.metrics.failed(kind, s.serveBlob(w, r, kind, name, ctype, cacheHit, s.narinfos))
 	}
@@ -228,7 +253,31 @@ func (s *Server) serveNAR(w http.ResponseWriter, r *http.Request) error {
 	if err := blob.ValidKey(key); err != nil {
 		return s.metrics.failed(kindNAR, web.Errorf(http.StatusBadRequest, "invalid NAR file name"))
 	}
+	if s.drvs != nil && blob.IsPlainNAR(key) {
+		nar, _, err := s.drvs.NAR(r.Context(), key)
+		if err == nil {
+			s.sendSmall(w, r, kindNAR, key, typeNAR, cacheImmutable, nar)
+			return nil
+		}
+		if !errors.Is(err, blob.ErrNotFound) {
+			return s.metrics.failed(kindNAR, s.storeError(w, r, key, err))
+		}
+	}
 	return s.metrics.failed(kindNAR, s.serveBlob(w, r, kindNAR, key, typeNAR, cacheImmutable, nil))
+}
+
+// sendSmall answers with body, read whole (a .drv object from the database), and counts the hit.
+func (s *Server) sendSmall(w http.ResponseWriter, r *http.Request, kind objectKind, key, ctype, cacheControl string, body []byte) {
+	setHeaders(w, ctype, cacheControl, int64(len(body)))
+	w.WriteHeader(http.StatusOK)
+	var n int
+	if r.Method != http.MethodHead {
+		var err error
+		if n, err = w.Write(body); err != nil {
+			s.copyError(r, key, int64(n), err)
+		}
+	}
+	s.metrics.hit(kind, int64(n))
 }
 
 // serveBlob streams key as stored and counts the hit; the caller counts errors. A GET whose

@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -21,13 +20,11 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/blob"
 	"github.com/harmonia-ci/harmonia-ci/internal/blobtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/cache"
+	"github.com/harmonia-ci/harmonia-ci/internal/dbtest"
 )
 
-func TestMain(m *testing.M) {
-	code := m.Run()
-	blobtest.Cleanup()
-	os.Exit(code)
-}
+// The .drv objects' tests need a real PostgreSQL (one database per test).
+func TestMain(m *testing.M) { dbtest.Main(m, blobtest.Cleanup) }
 
 const (
 	h32     = "1b9p07z77phvv2hf6gm9f28syp39f1ag"                     // stored
@@ -208,7 +205,8 @@ func pathCases(compressedLog []byte) []pathCase {
 		{name: "nar hit", path: "/" + kNar, status: 200, ctype: "application/x-nix-nar", cc: immutable, body: narBody, keys: []string{kNar}},
 		{name: "nar miss", path: "/nar/" + miss52 + ".nar.zst", status: 404, cc: miss, keys: []string{"nar/" + miss52 + ".nar.zst"}},
 		{name: "nar xz not in layout", path: "/nar/" + h52 + ".nar.xz", status: 400},
-		{name: "nar uncompressed not in layout", path: "/nar/" + h52 + ".nar", status: 400},
+		{name: "nar uncompressed miss", path: "/nar/" + miss52 + ".nar", status: 404, cc: miss, keys: []string{"nar/" + miss52 + ".nar"}},
+		{name: "nar bz2 not in layout", path: "/nar/" + h52 + ".nar.bz2", status: 400},
 		{name: "nar short hash", path: "/nar/" + h52[1:] + ".nar.zst", status: 400},
 		{name: "nar bad alphabet", path: "/nar/" + "u" + h52[1:] + ".nar.zst", status: 400},
 		{name: "nar encoded traversal", path: "/nar/..%2f..%2fetc%2fpasswd", status: 400},

@@ -44,7 +44,7 @@ $$;
 
 REVOKE ALL ON schema_migrations, derivations, derivation_outputs, derivation_inputs, repositories,
     projects, evaluations, eval_attrs, build_jobs, build_log_tails, nodes, leaders,
-    maintenance_runs, signing_keys, webhook_deliveries, gc_runs, gc_requests
+    maintenance_runs, signing_keys, webhook_deliveries, gc_runs, gc_requests, drv_objects
     FROM harmonia_node, harmonia_frontend, harmonia_evaluator, harmonia_signer, harmonia_cache,
          harmonia_builder;
 
@@ -63,7 +63,7 @@ $$;
 
 GRANT SELECT ON schema_migrations, derivations, derivation_outputs, derivation_inputs, repositories,
     projects, evaluations, eval_attrs, build_jobs, build_log_tails, nodes, leaders,
-    maintenance_runs, signing_keys, webhook_deliveries, gc_runs, gc_requests
+    maintenance_runs, signing_keys, webhook_deliveries, gc_runs, gc_requests, drv_objects
     TO harmonia_node;
 
 -- Its own row: registration, heartbeats, draining, deregistration. The roles it advertises
@@ -122,6 +122,8 @@ GRANT UPDATE (nar_hash, nar_size) ON derivation_outputs TO harmonia_signer;
 GRANT INSERT, UPDATE (last_seen) ON signing_keys TO harmonia_signer;
 GRANT DELETE ON evaluations, derivations, webhook_deliveries, gc_requests TO harmonia_signer;
 GRANT INSERT, UPDATE, DELETE ON gc_runs TO harmonia_signer;
+-- The .drv objects of the cache: written by the signer's publish, deleted by the GC.
+GRANT INSERT, DELETE ON drv_objects TO harmonia_signer;
 GRANT INSERT ON maintenance_runs TO harmonia_signer;
 GRANT INSERT, UPDATE ON leaders TO harmonia_signer;
 

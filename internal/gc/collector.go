@@ -6,9 +6,10 @@
 // leader's term). The cache step is a mark and sweep: the live set is every store path the
 // database still keeps (derivations, their outputs, their sources) and, through the narinfos'
 // references, the runtime closure of each; every other object older than the grace period is
-// deleted. Writers that trust what the cache holds take the publication lock (HoldPublication)
-// and the sweep rechecks under it before it deletes, so a collection racing an evaluation that
-// publishes the same paths loses nothing.
+// deleted. The .drv objects kept in the database (blob.Derivations) are listed, marked and
+// deleted with the rest. Writers that trust what the cache holds take the publication lock
+// (HoldPublication) and the sweep rechecks under it before it deletes, so a collection racing an
+// evaluation that publishes the same paths loses nothing.
 package gc
 
 import (
@@ -50,6 +51,7 @@ type Config struct {
 type Collector struct {
 	cfg  Config
 	pool *pgxpool.Pool
+	drvs *blob.Derivations
 
 	// afterMark, if set, runs between the mark and the sweep: tests race an evaluation there.
 	afterMark func(ctx context.Context)
@@ -70,7 +72,7 @@ func New(cfg Config, pool *pgxpool.Pool) (*Collector, error) {
 		cfg.Logger = slog.Default()
 	}
 	cfg.Logger = cfg.Logger.With("service", "gc")
-	return &Collector{cfg: cfg, pool: pool}, nil
+	return &Collector{cfg: cfg, pool: pool, drvs: blob.NewDerivations(pool)}, nil
 }
 
 // Fence runs fn in a transaction that commits only if the caller may still write: the GC
@@ -251,6 +253,7 @@ type object struct {
 	key  string
 	size int64
 	mod  int64 // unix nanoseconds
+	drv  bool  // a .drv object in the database, not in the blob store
 }
 
 // mark lists the cache and marks what paths and logs keep.
@@ -268,10 +271,21 @@ func (c *Collector) mark(ctx context.Context, rep *Report, paths, logs []string)
 	if err != nil {
 		return nil, nil, fmt.Errorf("list the cache: %w", err)
 	}
+	inDB := map[string]bool{}
+	err = c.drvs.List(ctx, func(d blob.DrvInfo) error {
+		mod := d.Created.UnixNano()
+		objects = append(objects, object{key: d.NarInfoKey(), size: d.NarInfoSize, mod: mod, drv: true},
+			object{key: d.NarKey, size: d.NarSize, mod: mod, drv: true})
+		exists[d.Hash], inDB[d.Hash] = true, true
+		return nil
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("list the cache: %w", err)
+	}
 	rep.Scanned = int64(len(objects))
 	rep.ListDuration = time.Since(start)
 	start = time.Now()
-	live := newLiveSet(c.cfg.Store, c.cfg.Workers, c.cfg.Logger)
+	live := newLiveSet(c.cfg.Store, c.drvs, inDB, c.cfg.Workers, c.cfg.Logger)
 	for _, l := range logs {
 		live.addKey("log/" + l)
 	}
@@ -401,6 +415,44 @@ const batchWorkers = 4
 
 // remove deletes obs, in batches where the store takes them (S3), and reports which it deleted.
 func (c *Collector) remove(ctx context.Context, obs []object) ([]bool, error) {
+	var blobs []object
+	var blobIndex []int
+	var hashes []string
+	for i, ob := range obs {
+		if !ob.drv {
+			blobs, blobIndex = append(blobs, ob), append(blobIndex, i)
+		} else if h, ok := strings.CutSuffix(ob.key, ".narinfo"); ok {
+			hashes = append(hashes, h)
+		}
+	}
+	deleted := make([]bool, len(obs))
+	if len(hashes) > 0 {
+		// A .drv's row holds its narinfo and its NAR: both go with it.
+		gone, err := c.drvs.Delete(ctx, hashes)
+		if err != nil {
+			return deleted, err
+		}
+		rows := make(map[string]bool, len(gone))
+		for _, h := range gone {
+			rows[h] = true
+		}
+		for i, ob := range obs {
+			if h, ok := strings.CutSuffix(ob.key, ".narinfo"); ob.drv && ok {
+				deleted[i] = rows[h]
+			} else if ob.drv {
+				deleted[i] = true
+			}
+		}
+	}
+	done, err := c.removeBlobs(ctx, blobs)
+	for j, i := range blobIndex {
+		deleted[i] = done[j]
+	}
+	return deleted, err
+}
+
+// removeBlobs deletes obs from the blob store, in batches where it takes them (S3).
+func (c *Collector) removeBlobs(ctx context.Context, obs []object) ([]bool, error) {
 	deleted := make([]bool, len(obs))
 	g, gctx := errgroup.WithContext(ctx)
 	bd, batched := c.cfg.Store.(blob.BatchDeleter)

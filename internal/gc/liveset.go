@@ -24,6 +24,8 @@ const maxNarInfo = 1 << 20
 // narinfo, its NAR (the narinfo's URL), its listing and its realisations.
 type liveSet struct {
 	store   blob.Store
+	drvs    *blob.Derivations
+	inDB    map[string]bool // hash parts of the .drv objects the listing found in the database
 	workers int
 	logger  *slog.Logger
 
@@ -35,8 +37,8 @@ type liveSet struct {
 	reads atomic.Int64 // narinfos read
 }
 
-func newLiveSet(store blob.Store, workers int, logger *slog.Logger) *liveSet {
-	return &liveSet{store: store, workers: workers, logger: logger,
+func newLiveSet(store blob.Store, drvs *blob.Derivations, inDB map[string]bool, workers int, logger *slog.Logger) *liveSet {
+	return &liveSet{store: store, drvs: drvs, inDB: inDB, workers: workers, logger: logger,
 		hashes: map[string]bool{}, keys: map[string]bool{}}
 }
 
@@ -170,18 +172,22 @@ func (s *liveSet) recheck(ctx context.Context, hashes []string) error {
 	return s.mark(ctx, hashes, nil, true)
 }
 
-// readNarInfo returns the narinfo of hash part h, nil if the cache has none. One that does not
-// parse is kept (its hash is live) but not followed, with a warning.
+// readNarInfo returns the narinfo of hash part h, nil if the cache has none: from the database
+// for the .drv objects the listing found there, else from the blob store, then the database (a
+// .drv published since the listing). One that does not parse is kept (its hash is live) but not
+// followed, with a warning.
 func (s *liveSet) readNarInfo(ctx context.Context, h string) (*nix.NarInfo, error) {
-	r, _, err := s.store.Get(ctx, h+".narinfo")
+	var data []byte
+	var err error
+	if !s.inDB[h] {
+		data, err = s.readBlob(ctx, h+".narinfo")
+	}
+	if s.inDB[h] || errors.Is(err, blob.ErrNotFound) {
+		data, _, err = s.drvs.NarInfo(ctx, h)
+	}
 	if errors.Is(err, blob.ErrNotFound) {
 		return nil, nil
 	}
-	if err != nil {
-		return nil, err
-	}
-	defer r.Close()
-	data, err := io.ReadAll(io.LimitReader(r, maxNarInfo))
 	if err != nil {
 		return nil, err
 	}
@@ -193,4 +199,14 @@ func (s *liveSet) readNarInfo(ctx context.Context, h string) (*nix.NarInfo, erro
 		return nil, nil
 	}
 	return ni, nil
+}
+
+// readBlob reads a narinfo from the blob store.
+func (s *liveSet) readBlob(ctx context.Context, key string) ([]byte, error) {
+	r, _, err := s.store.Get(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close()
+	return io.ReadAll(io.LimitReader(r, maxNarInfo))
 }

@@ -89,8 +89,8 @@ func mountRoles(ctx context.Context, cfg *config.Config, mux *http.ServeMux, poo
 		return nil, err
 	}
 	if cfg.HasRole(config.RoleCache) {
-		cache.New(cache.Config{Store: store, Priority: cfg.Cache.Priority, NarinfoCacheBytes: int64(cfg.Cache.NarinfoMemory),
-			Logger: logger, Registerer: reg}).Register(mux)
+		cache.New(cache.Config{Store: store, Derivations: blob.NewDerivations(pool), Priority: cfg.Cache.Priority,
+			NarinfoCacheBytes: int64(cfg.Cache.NarinfoMemory), Logger: logger, Registerer: reg}).Register(mux)
 	}
 	if !cfg.HasRole(config.RoleSigner) {
 		return store, nil

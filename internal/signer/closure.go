@@ -2,9 +2,12 @@ package signer
 
 import (
 	"context"
+	"errors"
 	"slices"
+	"strings"
 	"sync"
 
+	"github.com/harmonia-ci/harmonia-ci/internal/blob"
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
 )
 
@@ -50,6 +53,11 @@ func (s *Server) servedRefs(ctx context.Context, path string) (refs []string, ok
 	ni, err := s.readNarInfo(ctx, sp.Hash+".narinfo")
 	if err != nil {
 		return nil, false, err
+	}
+	if ni == nil && strings.HasSuffix(sp.Name, ".drv") {
+		if ni, err = s.drvNarInfo(ctx, sp.Hash); err != nil {
+			return nil, false, err
+		}
 	}
 	if (ni == nil || ni.StorePath != path) && s.cfg.Upstream != nil {
 		if ni, err = s.cfg.Upstream.NarInfo(ctx, path); err != nil {
@@ -109,4 +117,20 @@ func (s *Server) unservedReference(ctx context.Context, outs []output, roots []s
 			}
 		}
 	})[0], nil
+}
+
+// drvNarInfo returns the narinfo of the .drv with hash part hash the database keeps, nil if none.
+func (s *Server) drvNarInfo(ctx context.Context, hash string) (*nix.NarInfo, error) {
+	body, _, err := s.drvs.NarInfo(ctx, hash)
+	if errors.Is(err, blob.ErrNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, unavailable("database unavailable", err)
+	}
+	ni, err := nix.ParseNarInfo(body)
+	if err != nil {
+		return nil, internal("stored .drv narinfo does not parse", err)
+	}
+	return ni, nil
 }

@@ -1,7 +1,6 @@
 package signer
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"errors"
@@ -30,9 +29,9 @@ func (s *Server) handlePublish(ctx context.Context, id nodetoken.Identity, body 
 		return nil, err
 	}
 	drvs := make([]output, len(req.Derivations))
-	nars := make([][]byte, len(req.Derivations))
+	texts := make([][]byte, len(req.Derivations))
 	for i, d := range req.Derivations {
-		if drvs[i], nars[i], err = derivationOutput(d); err != nil {
+		if drvs[i], texts[i], err = derivationOutput(d); err != nil {
 			return nil, badRequest("derivations[%d]: %v", i, err)
 		}
 	}
@@ -56,42 +55,78 @@ func (s *Server) handlePublish(ctx context.Context, id nodetoken.Identity, body 
 	if err := s.checkServed(ctx, srcs, drvs); err != nil {
 		return nil, err
 	}
-
-	// The signer writes the .drv NARs itself: they are small, and their bytes follow from the
-	// text it has just checked.
-	err = eachOutput(ctx, drvs, func(ctx context.Context, i int, o output) error {
-		err := s.cfg.Store.Put(ctx, o.narKey, bytes.NewReader(nars[i]), o.fileSize,
-			blob.PutOptions{ContentType: blob.ContentTypeFor(o.narKey), SHA256: o.fileSum[:], IfAbsent: true})
-		if err != nil && !errors.Is(err, blob.ErrExists) {
-			return unavailable("writing a .drv NAR failed", err)
-		}
-		if err == nil {
-			s.metrics.drvWritten(o.fileSize)
-		}
-		return nil
-	})
-	if err != nil {
-		return nil, err
-	}
-	if err := s.sync(ctx); err != nil {
-		return nil, err
-	}
 	// Sources first: the .drv narinfos refer to them.
 	var total PublishResponse
-	for _, part := range [][]output{srcs, drvs} {
-		_, resp, err := s.publishAll(ctx, part)
+	if len(srcs) > 0 {
+		if err := s.sync(ctx); err != nil {
+			return nil, err
+		}
+		_, resp, err := s.publishAll(ctx, srcs)
 		if err != nil {
 			return nil, err
 		}
-		total.Written += resp.Written
-		total.Skipped += resp.Skipped
-		total.Conflicts += resp.Conflicts
+		total = resp
 	}
+	resp, err := s.publishDerivations(ctx, drvs, texts)
+	if err != nil {
+		return nil, err
+	}
+	total.Written += resp.Written
+	total.Skipped += resp.Skipped
 	return total, nil
 }
 
+// publishDerivations signs the narinfos of drvs and stores them with the .drv files in the
+// database (blob.Derivations), in one statement: a few KiB each, thousands per evaluation, where
+// two blob objects per .drv cost more than Nix's whole evaluation. A .drv stored already is left
+// as it is: its store path follows from its text.
+func (s *Server) publishDerivations(ctx context.Context, drvs []output, texts [][]byte) (PublishResponse, error) {
+	var resp PublishResponse
+	if len(drvs) == 0 {
+		return resp, nil
+	}
+	objs := make([]blob.Derivation, len(drvs))
+	err := eachOutput(ctx, drvs, func(ctx context.Context, i int, o output) error {
+		ni := &nix.NarInfo{
+			StorePath: o.path.String(), URL: o.narKey, Compression: "none",
+			FileHash: o.narHash, FileSize: o.narSize, NarHash: o.narHash, NarSize: o.narSize,
+			References: o.refBases(), CA: o.ca,
+		}
+		if err := ni.Sign(s.cfg.Key); err != nil {
+			return badRequest("%s: %v", o.path, err)
+		}
+		text, err := ni.MarshalText()
+		if err != nil {
+			return badRequest("%s: %v", o.path, err)
+		}
+		objs[i] = blob.Derivation{StorePath: o.path.String(), NarInfo: text, Text: texts[i], NarHash: o.narSum, NarSize: o.narSize}
+		return nil
+	})
+	if err != nil {
+		return resp, err
+	}
+	isNew, err := s.drvs.Put(ctx, objs)
+	if err != nil {
+		return resp, unavailable("storing the .drv files failed", err)
+	}
+	results := make([]publishResult, len(drvs))
+	for i, o := range drvs {
+		s.refs.put(o.path.String(), o.refs)
+		if isNew[i] {
+			results[i] = written
+			resp.Written++
+			s.metrics.drvWritten(int64(len(texts[i])))
+		} else {
+			results[i] = skipped
+			resp.Skipped++
+		}
+	}
+	s.metrics.published(results)
+	return resp, nil
+}
+
 // derivationOutput checks that a .drv's store path is the one its text has and returns it as
-// an output, with its compressed NAR.
+// an output, with its text. Its NAR is served uncompressed from the database (blob.DrvNARKey).
 func derivationOutput(d DerivationText) (output, []byte, error) {
 	var o output
 	sp, err := nix.ParseStorePath(d.StorePath)
@@ -107,16 +142,15 @@ func derivationOutput(d DerivationText) (output, []byte, error) {
 		return o, nil, errors.New(sp.String() + " is not the store path of this text (it is " + want + ")")
 	}
 	nar := nix.FileNAR(text, false)
-	file := nix.Compress(nar)
 	o = output{
 		path: sp, narSum: sha256.Sum256(nar), narSize: int64(len(nar)),
-		fileSum: sha256.Sum256(file), fileSize: int64(len(file)),
 		refs: drv.References(), ca: "text:" + nix.FormatSHA256(sha256.Sum256(text)),
 	}
 	o.narHash = nix.FormatSHA256(o.narSum)
-	o.narKey = nix.NarURL(nix.FormatSHA256(o.fileSum))
+	o.fileSum, o.fileSize = o.narSum, o.narSize
+	o.narKey = blob.DrvNARKey(o.narSum)
 	o.infoKey = sp.Hash + ".narinfo"
-	return o, file, nil
+	return o, text, nil
 }
 
 // maxWindow bounds the zstd window of an uploaded source the signer decompresses.

@@ -4,14 +4,21 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"fmt"
+	"maps"
 	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
-	"github.com/klauspost/compress/zstd"
-
+	"github.com/harmonia-ci/harmonia-ci/internal/blob"
+	"github.com/harmonia-ci/harmonia-ci/internal/cache"
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
+	"github.com/harmonia-ci/harmonia-ci/internal/substitute"
 )
 
 // drvText is the ATerm of a derivation called name, as Nix writes it (inputs sorted), with one
@@ -42,7 +49,7 @@ func derivation(t *testing.T, name string, inputDrvs []string, srcs []string) De
 }
 
 // checkDrvNarInfo asserts that the cache serves d as Nix would have it: signed, content-addressed
-// as text, referring to its inputs, with a NAR the signer wrote from the text.
+// as text, referring to its inputs, with the NAR of its text.
 func (e *env) checkDrvNarInfo(t *testing.T, d DerivationText) {
 	t.Helper()
 	ni, ok := e.narInfo(t, d.StorePath)
@@ -60,19 +67,14 @@ func (e *env) checkDrvNarInfo(t *testing.T, d DerivationText) {
 		!slices.Equal(slices.Sorted(slices.Values(ni.References)), bases(parsed.References())) {
 		t.Fatalf("narinfo of %s: %+v", d.StorePath, ni)
 	}
+	// Served uncompressed from the database: the file is the NAR.
 	file, ok := e.read(t, ni.URL)
 	if !ok {
 		t.Fatalf("narinfo of %s: no NAR at %s", d.StorePath, ni.URL)
 	}
-	dec, err := zstd.NewReader(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dec.Close()
-	got, err := dec.DecodeAll(file, nil)
-	if err != nil || !bytes.Equal(got, wantNAR) || int64(len(file)) != ni.FileSize ||
-		nix.FormatSHA256(sha256.Sum256(file)) != ni.FileHash {
-		t.Fatalf("NAR of %s at %s is not the .drv's (%v)", d.StorePath, ni.URL, err)
+	if ni.Compression != "none" || ni.URL != blob.DrvNARKey(sha256.Sum256(wantNAR)) || !bytes.Equal(file, wantNAR) ||
+		int64(len(file)) != ni.FileSize || ni.FileHash != ni.NarHash {
+		t.Fatalf("NAR of %s at %s is not the .drv's: %+v", d.StorePath, ni.URL, ni)
 	}
 }
 
@@ -169,4 +171,85 @@ func TestPublishLocal(t *testing.T) {
 func TestPublishMinIO(t *testing.T) {
 	t.Parallel()
 	publishFlow(t, newEnv(t, true))
+}
+
+// A .drv closure real Nix wrote, published through the signer, is served from the database by a
+// cache node byte for byte: real Nix copies it into a fresh store with signatures required, and
+// the builder's fetcher finds each .drv signed and its NAR matching, on either back-end.
+func TestPublishedDerivationsSubstitute(t *testing.T) {
+	t.Parallel()
+	for _, s3 := range []bool{false, true} {
+		t.Run(map[bool]string{false: "local", true: "minio"}[s3], func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, s3)
+			salt := fmt.Sprint(time.Now().UnixNano())
+			built := t.TempDir()
+			top := nixOut(t, "nix-instantiate", "--store", built, "--option", "substituters", "", "-E", `
+let mk = name: deps: derivation { inherit name deps; system = builtins.currentSystem; builder = "/bin/sh";
+  args = [ "-c" "echo > $out" ]; salt = "`+salt+`"; };
+in mk "top" [ (mk "dep" [ ]) ]`)
+			closure := strings.Fields(nixOut(t, "nix-store", "--store", built, "-q", "--requisites", top))
+			if len(closure) != 2 {
+				t.Fatalf("closure of %s: %v, want 2 .drv files", top, closure)
+			}
+			var drvs []DerivationText // requisites come inputs first
+			for _, p := range closure {
+				text, err := os.ReadFile(filepath.Join(built, p))
+				if err != nil {
+					t.Fatal(err)
+				}
+				drvs = append(drvs, DerivationText{StorePath: p, Text: string(text)})
+			}
+			var resp PublishResponse
+			e.mustPost(t, "/api/publish", e.evaluator(t, "eval-1"), PublishRequest{Eval: e.evaluation(t, "eval-1"), Derivations: drvs}, &resp)
+			if resp != (PublishResponse{Written: 2}) {
+				t.Fatalf("publish answered %+v, want 2 written", resp)
+			}
+			if objects := e.state(t).objects; len(objects) != 0 {
+				t.Errorf("publishing .drv files wrote blob objects: %v", slices.Sorted(maps.Keys(objects)))
+			}
+
+			mux := http.NewServeMux()
+			cache.New(cache.Config{Store: e.store, Derivations: blob.NewDerivations(e.pool)}).Register(mux)
+			srv := httptest.NewServer(mux)
+			t.Cleanup(srv.Close)
+			fresh := t.TempDir()
+			nixOut(t, "nix", "--extra-experimental-features", "nix-command", "copy", "--derivation", "--from", srv.URL,
+				"--to", fresh, "--option", "trusted-public-keys", e.key.Public().String(), "--option", "require-sigs", "true", top)
+			for _, d := range drvs {
+				got, err := os.ReadFile(filepath.Join(fresh, d.StorePath))
+				if err != nil || string(got) != d.Text {
+					t.Errorf("%s in the fresh store: %v, same bytes %v", d.StorePath, err, string(got) == d.Text)
+				}
+			}
+
+			f := &substitute.Fetcher{Caches: []string{srv.URL}, Keys: []nix.PublicKey{e.key.Public()}}
+			found, err := f.Closure(ctx(t), []string{top}, nil)
+			if err != nil || len(found) != 2 {
+				t.Fatalf("the builder's fetcher: %d found, %v", len(found), err)
+			}
+			for i, fd := range found {
+				text, err := f.ReadFile(ctx(t), fd, 1<<20)
+				if err != nil || string(text) != drvs[i].Text {
+					t.Errorf("%s through the builder's fetcher: %v", fd.Path(), err)
+				}
+			}
+		})
+	}
+}
+
+// nixOut runs a Nix command offline and returns its output.
+func nixOut(t *testing.T, bin string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), "XDG_CACHE_HOME="+t.TempDir(), "NIX_REMOTE=")
+	out, err := cmd.Output()
+	if err != nil {
+		var stderr []byte
+		if ee, ok := err.(*exec.ExitError); ok {
+			stderr = ee.Stderr
+		}
+		t.Fatalf("%s %s: %v\n%s", bin, strings.Join(args, " "), err, stderr)
+	}
+	return strings.TrimSpace(string(out))
 }

@@ -13,8 +13,9 @@
 //     serves. Its log goes to log/<the job's drv>, granted only to the claim.
 //   - An evaluator (role evaluator) publishes what it evaluated for the evaluation it holds:
 //     POST /api/publish with the .drv files as text (the signer recomputes each store path from
-//     its text and writes the NAR itself) and sources it uploaded, whose store paths the signer
-//     recomputes from their NARs. Everything it publishes is content-addressed.
+//     its text, signs its narinfo and stores both in the database, blob.Derivations) and sources
+//     it uploaded, whose store paths the signer recomputes from their NARs. Everything it
+//     publishes is content-addressed.
 //
 // A narinfo is written once: the first writer wins and a non-reproducible rebuild is logged
 // and counted as a conflict.
@@ -74,6 +75,7 @@ type Server struct {
 	pool    *pgxpool.Pool
 	logger  *slog.Logger
 	refs    *refCache
+	drvs    *blob.Derivations
 	metrics *signerMetrics
 }
 
@@ -101,7 +103,7 @@ func New(cfg Config, pool *pgxpool.Pool) (*Server, error) {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	return &Server{cfg: cfg, pool: pool, logger: cfg.Logger.With("service", "signer"), refs: newRefCache(refCacheSize),
-		metrics: newSignerMetrics(cfg.Registerer)}, nil
+		drvs: blob.NewDerivations(pool), metrics: newSignerMetrics(cfg.Registerer)}, nil
 }
 
 // RecordKey records the signer's public key in signing_keys, where builders find the keys to

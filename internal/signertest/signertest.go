@@ -95,7 +95,7 @@ func Start(t testing.TB, pool *pgxpool.Pool, o Options) *Cluster {
 		t.Fatal(err)
 	}
 	srv.Register(mux)
-	cache.New(cache.Config{Store: store, Logger: logger}).Register(mux)
+	cache.New(cache.Config{Store: store, Derivations: blob.NewDerivations(pool), Logger: logger}).Register(mux)
 
 	queuetest.InsertNode(t, pool, queuetest.Node{ID: "signer-1", Roles: []string{"signer", "cache"}})
 	queuetest.Exec(t, pool, `UPDATE nodes SET endpoint = $1 WHERE id = 'signer-1'`, ts.URL)

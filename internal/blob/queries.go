@@ -1,0 +1,24 @@
+package blob
+
+// All SQL of the blob package: the .drv objects (Derivations).
+
+const (
+	// $1 hash parts, $2 store paths, $3 NAR hashes (nix32), $4 NAR sizes, $5 narinfos, $6 .drv
+	// contents. Returns the hash parts inserted; a stored one is kept.
+	sqlPutDrvs = `
+INSERT INTO drv_objects (hash_part, store_path, nar_hash, nar_size, narinfo, drv)
+SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::text[], $6::bytea[])
+ON CONFLICT (hash_part) DO NOTHING
+RETURNING hash_part`
+
+	sqlDrvNarInfo = `SELECT narinfo, created_at FROM drv_objects WHERE hash_part = $1`
+
+	sqlDrvNAR = `SELECT drv, created_at FROM drv_objects WHERE nar_hash = $1 LIMIT 1`
+
+	sqlDrvsHave = `SELECT hash_part FROM drv_objects WHERE hash_part = ANY($1)`
+
+	sqlListDrvs = `
+SELECT hash_part, nar_hash, octet_length(narinfo), nar_size, created_at FROM drv_objects`
+
+	sqlDeleteDrvs = `DELETE FROM drv_objects WHERE hash_part = ANY($1) RETURNING hash_part`
+)
