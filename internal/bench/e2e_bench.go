@@ -40,7 +40,11 @@ import (
 const (
 	E2ETrivial = "trivial"
 	E2ESleep   = "sleep"
-	E2EBoth    = "both"
+	E2EBoth    = "both" // trivial and sleep: the default
+	// E2EDeep is several evaluations at once, each a chain behind many leaves, built once per
+	// queue order (FIFO and critical path).
+	E2EDeep = "deep"
+	E2EAll  = "all" // trivial, sleep and deep
 )
 
 // The targets (the builder on the worker protocol).
@@ -56,9 +60,16 @@ type E2EOptions struct {
 	Width        int     // derivations per layer; default 20
 	Builders     int     // builder nodes; default 3
 	Slots        int     // build slots per builder (node.max_jobs); default 2
-	Workload     string  // trivial, sleep or both (default)
+	Workload     string  // trivial, sleep, both (default), deep or all
 	Rounds       int     // each side runs this often per workload with fresh salts; the best is kept; default 1
 	SleepSeconds float64 // what each build of the sleep workload sleeps; default 1
+	// The deep workload: DeepProjects projects evaluated at once (default 3), each DeepLeaves
+	// independent leaves (default 50) and a chain of DeepChain (default 30), every build
+	// sleeping DeepSleep seconds (default 0.5).
+	DeepProjects int
+	DeepLeaves   int
+	DeepChain    int
+	DeepSleep    float64
 	// Samples is how many derivations plain Nix builds one nix-store --realise each (the Nix
 	// build itself), and how many jobs the uncontended probe replays; default 10, <0 skips both.
 	Samples int
@@ -97,11 +108,23 @@ func (o *E2EOptions) defaults() error {
 	if o.Samples == 0 {
 		o.Samples = 10
 	}
+	if o.DeepProjects <= 0 {
+		o.DeepProjects = 3
+	}
+	if o.DeepLeaves <= 0 {
+		o.DeepLeaves = 50
+	}
+	if o.DeepChain <= 0 {
+		o.DeepChain = 30
+	}
+	if o.DeepSleep <= 0 {
+		o.DeepSleep = 0.5
+	}
 	if o.Workload == "" {
 		o.Workload = E2EBoth
 	}
-	if o.Workload != E2ETrivial && o.Workload != E2ESleep && o.Workload != E2EBoth {
-		return fmt.Errorf("bench e2e: workload: want trivial, sleep or both, got %q", o.Workload)
+	if !slices.Contains([]string{E2ETrivial, E2ESleep, E2EBoth, E2EDeep, E2EAll}, o.Workload) {
+		return fmt.Errorf("bench e2e: workload: want trivial, sleep, both, deep or all, got %q", o.Workload)
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
@@ -130,8 +153,20 @@ type E2EReport struct {
 	// TargetTrivialRatio is the trivial workload's cluster ÷ plain Nix target.
 	TargetTrivialRatio float64 `json:"target_trivial_ratio"`
 
-	Trivial *E2EWorkload `json:"trivial,omitempty"`
-	Sleep   *E2EWorkload `json:"sleep,omitempty"`
+	Trivial *E2EWorkload     `json:"trivial,omitempty"`
+	Sleep   *E2EWorkload     `json:"sleep,omitempty"`
+	Deep    *E2EDeepWorkload `json:"deep,omitempty"`
+}
+
+// runs reports whether the options' workload includes name.
+func (o *E2EOptions) runs(name string) bool {
+	switch o.Workload {
+	case E2EAll:
+		return true
+	case E2EBoth:
+		return name == E2ETrivial || name == E2ESleep
+	}
+	return o.Workload == name
 }
 
 // E2EWorkload is one workload's figures: wall times are the best of the rounds, per-job figures
@@ -273,6 +308,8 @@ type e2e struct {
 	nodeLog string // the nodes' log at info level
 	logger  *slog.Logger
 	logOff  int64 // nodeLog read up to here
+	// postgres is the server_version of the deep workload's databases.
+	postgres string
 
 	mu      sync.Mutex
 	claims  map[int64]time.Duration
@@ -419,9 +456,26 @@ func E2E(ctx context.Context, o E2EOptions) (E2EReport, error) {
 		defer restore()
 	}
 
-	d, err := openDatabase(ctx, "", filepath.Join(dir, "pg"), 200, "harmonia-ci bench e2e", 4, o.Logger)
+	if o.runs(E2ETrivial) || o.runs(E2ESleep) {
+		if err := b.layered(ctx, &r); err != nil {
+			return r, err
+		}
+	}
+	if o.runs(E2EDeep) {
+		if r.Deep, err = b.deep(ctx); err != nil {
+			return r, fmt.Errorf("deep workload: %w", err)
+		}
+		r.Postgres = cmp.Or(r.Postgres, b.postgres)
+	}
+	return r, nil
+}
+
+// layered runs the trivial and sleep workloads of o on one database and frontend node.
+func (b *e2e) layered(ctx context.Context, r *E2EReport) error {
+	o := b.o
+	d, err := openDatabase(ctx, "", filepath.Join(b.dir, "pg"), 200, "harmonia-ci bench e2e", 4, o.Logger)
 	if err != nil {
-		return r, err
+		return err
 	}
 	defer d.Close()
 	b.url, b.pool, r.Postgres = d.URL, d.Pool, d.Version
@@ -429,7 +483,7 @@ func E2E(ctx context.Context, o E2EOptions) (E2EReport, error) {
 	b.token = randomHex(16)
 	front, err := b.frontConfig()
 	if err != nil {
-		return r, err
+		return err
 	}
 	b.front = b.start(ctx, front)
 	defer b.front.stop()
@@ -438,16 +492,16 @@ func E2E(ctx context.Context, o E2EOptions) (E2EReport, error) {
 		err := b.pool.QueryRow(ctx, `SELECT count(*) FROM nodes WHERE id = $1 AND status = 'active'`, front.Node.ID).Scan(&n)
 		return n > 0, err
 	}); err != nil {
-		return r, fmt.Errorf("the frontend node did not become active: %w", err)
+		return fmt.Errorf("the frontend node did not become active: %w", err)
 	}
 
 	for _, name := range []string{E2ETrivial, E2ESleep} {
-		if o.Workload != E2EBoth && o.Workload != name {
+		if !o.runs(name) {
 			continue
 		}
 		w, err := b.workload(ctx, name)
 		if err != nil {
-			return r, fmt.Errorf("%s workload: %w", name, err)
+			return fmt.Errorf("%s workload: %w", name, err)
 		}
 		if name == E2ETrivial {
 			r.Trivial = w
@@ -455,7 +509,7 @@ func E2E(ctx context.Context, o E2EOptions) (E2EReport, error) {
 			r.Sleep = w
 		}
 	}
-	return r, nil
+	return nil
 }
 
 func (b *e2e) baseConfig(id, stateDir string) (*config.Config, error) {
@@ -485,6 +539,31 @@ func (b *e2e) frontConfig() (*config.Config, error) {
 	cfg.Signer.SigningKeyFile = filepath.Join(cfg.StateDir, "signing-key")
 	if err := key.WriteFile(cfg.Signer.SigningKeyFile, true); err != nil {
 		return nil, err
+	}
+	return cfg, cfg.Validate()
+}
+
+// builderConfig is the configuration of builder id: o.Slots slots, its own chroot store,
+// /bin/sleep in the sandbox if sleep, and queue.order order unless "".
+func (b *e2e) builderConfig(id string, sleep bool, order string) (*config.Config, error) {
+	cfg, err := b.baseConfig(id, filepath.Join(b.dir, "state-"+id))
+	if err != nil {
+		return nil, err
+	}
+	cfg.Node.Roles = []string{config.RoleBuilder}
+	// A builder holds its node token only, as in a real deployment.
+	if cfg.Auth.NodeToken, err = issueToken(b.token, id, cfg.Node.Roles); err != nil {
+		return nil, err
+	}
+	cfg.Auth.ClusterSecret = ""
+	cfg.Node.MaxJobs = b.o.Slots
+	cfg.Build.NixStore = filepath.Join(b.dir, "store-"+id)
+	cfg.Build.ExtraSandboxPaths = nil
+	if sleep {
+		cfg.Build.ExtraSandboxPaths = []string{"/bin/sleep"}
+	}
+	if order != "" {
+		cfg.Queue.Order = order
 	}
 	return cfg, cfg.Validate()
 }
@@ -711,24 +790,8 @@ func (b *e2e) round(ctx context.Context, name, salt string, round int) (roundRes
 	defer stopAll()
 	var cfgs []*config.Config
 	for i := 1; i <= o.Builders; i++ {
-		id := fmt.Sprintf("e2e-b%d-%s-%d", i, name, round)
-		cfg, err := b.baseConfig(id, filepath.Join(b.dir, "state-"+id))
+		cfg, err := b.builderConfig(fmt.Sprintf("e2e-b%d-%s-%d", i, name, round), name == E2ESleep, "")
 		if err != nil {
-			return rr, err
-		}
-		cfg.Node.Roles = []string{config.RoleBuilder}
-		// A builder holds its node token only, as in a real deployment.
-		if cfg.Auth.NodeToken, err = issueToken(b.token, id, cfg.Node.Roles); err != nil {
-			return rr, err
-		}
-		cfg.Auth.ClusterSecret = ""
-		cfg.Node.MaxJobs = o.Slots
-		cfg.Build.NixStore = filepath.Join(b.dir, "store-"+id)
-		cfg.Build.ExtraSandboxPaths = nil
-		if name == E2ESleep {
-			cfg.Build.ExtraSandboxPaths = []string{"/bin/sleep"}
-		}
-		if err := cfg.Validate(); err != nil {
 			return rr, err
 		}
 		cfgs = append(cfgs, cfg)
@@ -1287,15 +1350,25 @@ func (b *e2e) readTrace(stores []string, jobs int) []TraceStep {
 
 // Print writes the report for people.
 func (r E2EReport) Print(w io.Writer) {
-	jobs := r.Builders * r.Slots
 	fmt.Fprintf(w, "harmonia-ci bench e2e — %s, %s, PostgreSQL %s, %s\n", r.Machine, r.Nix, r.Postgres, r.Date)
+	if r.Dir != "" {
+		fmt.Fprintf(w, "  kept: %s\n", r.Dir)
+	}
+	if r.Trivial != nil || r.Sleep != nil {
+		r.printLayered(w)
+	}
+	if r.Deep != nil {
+		r.Deep.print(w, r.Builders, r.Slots, r.Rounds)
+	}
+}
+
+// printLayered writes the trivial and sleep workloads' figures.
+func (r E2EReport) printLayered(w io.Writer) {
+	jobs := r.Builders * r.Slots
 	fmt.Fprintf(w, "  %d derivations in layers of %d (each depends on two of the layer below); %d builders × %d slots,\n", r.Derivations, r.Width, r.Builders, r.Slots)
 	fmt.Fprintf(w, "  each its own chroot store; frontend, evaluator, signer and cache on one node; loopback; best of %d round(s)\n", r.Rounds)
 	fmt.Fprintf(w, "  plain Nix: nix-store --realise <all .drv> --max-jobs %d into a fresh chroot store, sandboxed; the realise only\n", jobs)
 	fmt.Fprintf(w, "  cluster:   first claim → last succeeded (database clock); builders start once the evaluation has succeeded\n")
-	if r.Dir != "" {
-		fmt.Fprintf(w, "  kept: %s\n", r.Dir)
-	}
 	pass := func(ok bool) string {
 		if ok {
 			return "PASS"

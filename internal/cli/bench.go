@@ -228,8 +228,17 @@ Workloads: trivial (report the per-job overhead: claim to succeeded minus the Ni
 claim, fetch inputs, build, upload, sign; targets: median ≤ 50 ms, cluster ÷ plain Nix ≤ 3) and
 sleep (each build sleeps 1 s; target cluster ÷ plain Nix ≤ 1.1). It also reports the machine's CPU time per job (Nix, the
 nodes, PostgreSQL), and replays a few jobs one at a time with the builder's store steps
-(--samples); --trace-nix counts and times every Nix process the builders run. It reports; it
-exits 0 whether targets are met or not. Needs nix-bin and git.`,
+(--samples); --trace-nix counts and times every Nix process the builders run.
+
+--workload deep (not part of the default; "all" runs the three) compares queue orders: for
+queue.order fifo and then critical-path, each on a fresh database and cluster, the builders start
+and --deep-projects evaluations are triggered at once, each of --deep-leaves independent leaves
+and a chain of --deep-chain derivations that the walk reaches after the leaves (so FIFO builds
+the chain last); every build sleeps --deep-sleep seconds. Per order it reports the makespan
+(first enqueue to last finish, database clock), the lower bound max(critical path, work ÷ slots)
+from each job's measured started → finished, and makespan ÷ bound. No plain Nix side.
+
+It reports; it exits 0 whether targets are met or not. Needs nix-bin and git.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.Logger = benchLogger(cmd.ErrOrStderr())
@@ -252,9 +261,13 @@ exits 0 whether targets are met or not. Needs nix-bin and git.`,
 	f.IntVar(&o.Width, "width", 20, "derivations per layer")
 	f.IntVar(&o.Builders, "builders", 3, "builder nodes")
 	f.IntVar(&o.Slots, "slots", 2, "build slots per builder")
-	f.StringVar(&o.Workload, "workload", "both", "trivial, sleep or both")
+	f.StringVar(&o.Workload, "workload", "both", "trivial, sleep, both (trivial and sleep), deep (FIFO against critical-path order) or all")
 	f.IntVar(&o.Rounds, "rounds", 1, "runs per side and workload, each with fresh derivations; the best is kept")
 	f.Float64Var(&o.SleepSeconds, "sleep", 1, "seconds each build of the sleep workload sleeps")
+	f.IntVar(&o.DeepProjects, "deep-projects", 3, "deep workload: projects evaluated at once")
+	f.IntVar(&o.DeepLeaves, "deep-leaves", 50, "deep workload: independent leaves per project, walked before the chain")
+	f.IntVar(&o.DeepChain, "deep-chain", 30, "deep workload: derivations in each project's chain")
+	f.Float64Var(&o.DeepSleep, "deep-sleep", 0.5, "deep workload: seconds each build sleeps")
 	f.IntVar(&o.Samples, "samples", 10, "single-derivation plain Nix builds and replayed jobs (-1 skips both)")
 	f.BoolVar(&o.TraceNix, "trace-nix", false, "count and time the builders' Nix processes through logging wrappers (adds a bash start to each)")
 	f.BoolVar(&o.Keep, "keep", false, "keep the temporary directory")

@@ -5,6 +5,7 @@ package nixgen
 import (
 	"fmt"
 	"strconv"
+	"strings"
 )
 
 // Lib is a Nix prelude defining mk: mk NAME DEPS is a derivation whose output lists its name and
@@ -57,4 +58,24 @@ let
     [ ] (builtins.genList (l: l) (n / width));
 in builtins.listToAttrs (map (d: { name = d.name; value = d; }) (builtins.concatLists layers))
 `, n, width)
+}
+
+// Deep returns a Nix expression of a deep, wide DAG whose builds each run /bin/sleep for seconds
+// first: leaves independent derivations (attributes leaf-000…, numbered with at least three
+// digits so that name order is index order) and a chain of chain links (spine-000 ← spine-001 ←
+// …, each depending on the one before) exposed as the attribute spine, its last link.
+// Evaluators walk attributes in name order, so the chain comes after every leaf: its base is
+// enqueued behind them. The chain's links are the critical path. Builds in a chroot store need
+// /bin/sleep among their sandbox paths.
+func Deep(salt string, leaves, chain int, seconds float64) string {
+	digits := max(3, len(strconv.Itoa(max(leaves, chain)-1)))
+	prelude := lib(salt, "/bin/sleep "+strconv.FormatFloat(seconds, 'f', -1, 64)+"; ")
+	return prelude + fmt.Sprintf(`
+let
+  leaves = %d; chain = %d; zeros = "%s";
+  pad = i: let s = toString i; in builtins.substring 0 (builtins.stringLength zeros - builtins.stringLength s) zeros + s;
+  leafAttrs = builtins.genList (i: let d = mk "leaf-${pad i}" [ ]; in { name = d.name; value = d; }) leaves;
+  link = i: mk "spine-${pad i}" (if i == 0 then [ ] else [ (link (i - 1)) ]);
+in builtins.listToAttrs leafAttrs // (if chain > 0 then { spine = link (chain - 1); } else { })
+`, leaves, chain, strings.Repeat("0", digits))
 }
