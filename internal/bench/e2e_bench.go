@@ -807,26 +807,9 @@ func (b *e2e) round(ctx context.Context, name, salt string, round int) (roundRes
 	var failures []string
 	if err := waitFor(ctx, b.failed, func() (bool, error) {
 		var open int
-		rows, err := b.pool.Query(ctx, `SELECT drv_path, status, coalesce(error_message, '') FROM build_jobs
-WHERE project_id = $1 AND status NOT IN ('succeeded')`, e.ProjectID)
-		if err != nil {
-			return false, err
-		}
-		defer rows.Close()
-		failures = failures[:0]
-		for rows.Next() {
-			var drv, status, msg string
-			if err := rows.Scan(&drv, &status, &msg); err != nil {
-				return false, err
-			}
-			switch status {
-			case "pending", "building", "uploading":
-				open++
-			default:
-				failures = append(failures, fmt.Sprintf("%s: %s %s", drv, status, msg))
-			}
-		}
-		return open == 0, rows.Err()
+		var err error
+		open, failures, err = unfinishedJobs(ctx, b.pool, []int64{e.ProjectID})
+		return open == 0, err
 	}); err != nil {
 		return rr, err
 	}
@@ -1482,4 +1465,28 @@ func issueToken(secret, id string, roles []string) (string, error) {
 		return "", err
 	}
 	return k.Issue(nodetoken.Identity{NodeID: id, Roles: roles})
+}
+
+// unfinishedJobs counts the projects' jobs still pending or in progress, and describes those
+// that ended without success.
+func unfinishedJobs(ctx context.Context, pool *pgxpool.Pool, projects []int64) (open int, failures []string, err error) {
+	rows, err := pool.Query(ctx, `SELECT drv_path, status, coalesce(error_message, '') FROM build_jobs
+WHERE project_id = ANY($1) AND status <> 'succeeded'`, projects)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var drv, status, msg string
+		if err := rows.Scan(&drv, &status, &msg); err != nil {
+			return 0, nil, err
+		}
+		switch status {
+		case "pending", "building", "uploading":
+			open++
+		default:
+			failures = append(failures, fmt.Sprintf("%s: %s %s", drv, status, msg))
+		}
+	}
+	return open, failures, rows.Err()
 }

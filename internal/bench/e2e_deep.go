@@ -220,27 +220,9 @@ func (b *e2e) deepRun(ctx context.Context, order string, round int) (E2EDeepRun,
 	var failures []string
 	var open int
 	if err := waitFor(wctx, rb.failed, func() (bool, error) {
-		open = 0
-		failures = failures[:0]
-		rows, err := rb.pool.Query(ctx, `SELECT drv_path, status, coalesce(error_message, '') FROM build_jobs
-WHERE project_id = ANY($1) AND status <> 'succeeded'`, projects)
-		if err != nil {
-			return false, err
-		}
-		defer rows.Close()
-		for rows.Next() {
-			var drv, status, msg string
-			if err := rows.Scan(&drv, &status, &msg); err != nil {
-				return false, err
-			}
-			switch status {
-			case "pending", "building", "uploading":
-				open++
-			default:
-				failures = append(failures, fmt.Sprintf("%s: %s %s", drv, status, msg))
-			}
-		}
-		return open == 0, rows.Err()
+		var err error
+		open, failures, err = unfinishedJobs(ctx, rb.pool, projects)
+		return open == 0, err
 	}); err != nil {
 		if ctx.Err() == nil && wctx.Err() != nil {
 			return run, fmt.Errorf("%d jobs still open after %s (see the nodes' warnings)", open, limit.Round(time.Second))
