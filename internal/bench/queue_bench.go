@@ -55,6 +55,8 @@ type QueueReport struct {
 	BlockedAtStart int     `json:"blocked_at_start"`
 	RunSeconds     float64 `json:"run_seconds"`
 	JobsPerSecond  float64 `json:"jobs_per_second"`
+	// Claim latencies time each claim's round trip; a claim made with the success of the
+	// worker's previous job (queue.SucceedAndClaim) counts the success too.
 	ClaimP50Ms     float64 `json:"claim_p50_ms"`
 	ClaimP99Ms     float64 `json:"claim_p99_ms"`
 	ClaimP99FullMs float64 `json:"claim_p99_full_queue_ms"` // claims made while over half the jobs were still unclaimed
@@ -161,7 +163,23 @@ func Queue(ctx context.Context, o QueueOptions) (QueueReport, error) {
 		mu           sync.Mutex
 		lat, latFull []time.Duration
 		claimed      atomic.Int64
+		// recordApart makes the workers record successes as a builder's are recorded: apart
+		// from the worker (by the signer, at build-complete), announced, and the freed slot
+		// filled by the worker's own claim, woken by the announcement. The wake probe measures
+		// that path; the drain lets the workers record and claim in one round trip.
+		recordApart atomic.Bool
 	)
+	handler := func(ctx context.Context, job queue.Job) queue.Result {
+		if !recordApart.Load() {
+			return queue.Result{}
+		}
+		out, err := queue.Succeed(ctx, pool, job.Claim())
+		if err != nil {
+			return queue.Result{Err: err}
+		}
+		announcer.Finished(out.DrvPath, out.Status)
+		return queue.Result{Recorded: true}
+	}
 	workers := make([]startstop.Service, o.Workers)
 	for i := range workers {
 		wk, err := queue.NewWorker(queue.WorkerConfig{
@@ -171,7 +189,7 @@ func Queue(ctx context.Context, o QueueOptions) (QueueReport, error) {
 			Notifier:     notifier,
 			Announcer:    announcer,
 			ClaimForm:    o.Form,
-			Handler:      func(context.Context, queue.Job) queue.Result { return queue.Result{} },
+			Handler:      handler,
 			ClaimFunc: func(d time.Duration, jobs []queue.Job) {
 				if len(jobs) == 0 {
 					return
@@ -210,6 +228,7 @@ func Queue(ctx context.Context, o QueueOptions) (QueueReport, error) {
 	o.Logger.Info("drained", "jobs_per_second", r.JobsPerSecond)
 
 	if o.WakeLinks > 1 {
+		recordApart.Store(true)
 		if r.WakeP50Ms, r.WakeP99Ms, err = wakeLatency(ctx, pool, o); err != nil {
 			return r, err
 		}
@@ -238,15 +257,21 @@ INSERT INTO projects (repo_id, name, scheduling_shares) SELECT id, $1, $2 FROM r
 func waitDone(ctx context.Context, pool *pgxpool.Pool, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for {
-		var left int64
-		if err := pool.QueryRow(ctx, `SELECT count(*) FROM build_jobs WHERE status IN ('pending', 'building', 'uploading')`).Scan(&left); err != nil {
+		// Whether any job is left, not how many: counting 300,000 unfinished jobs five times a
+		// second took a share of a CPU from the queue being measured.
+		var left bool
+		if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM build_jobs WHERE status IN ('pending', 'building', 'uploading'))`).Scan(&left); err != nil {
 			return err
 		}
-		if left == 0 {
+		if !left {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("bench: %d jobs still unfinished after %s", left, timeout)
+			var n int64
+			if err := pool.QueryRow(ctx, `SELECT count(*) FROM build_jobs WHERE status IN ('pending', 'building', 'uploading')`).Scan(&n); err != nil {
+				return err
+			}
+			return fmt.Errorf("bench: %d jobs still unfinished after %s", n, timeout)
 		}
 		select {
 		case <-ctx.Done():

@@ -23,7 +23,8 @@ CREATE INDEX build_jobs_ready_idx
 -- 3. Generic plans for the hot statements. A prepared statement is planned again for each
 --    execution while PostgreSQL expects a custom plan to beat the generic one; for the claim
 --    that planning cost as much as running it (0.6 ms of every claim). Each plan below only
---    follows keys, so the generic plan is the right one for every argument.
+--    follows keys, so the generic plan is the right one for every argument. Never JIT-compiled
+--    (see the claim below).
 --
 -- shift_dependents, a success's readiness step, is also one statement instead of two: the
 -- dependents are still locked in id order first (two finishes sharing dependents would
@@ -40,7 +41,7 @@ BEGIN
 END;
 $$ LANGUAGE plpgsql
     SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off
-    SET plan_cache_mode = force_generic_plan;
+    SET plan_cache_mode = force_generic_plan SET jit = off;
 
 -- The claim (the statement builders run most): for each (system, project) the ready index
 -- yields that project's best jobs in priority, chain and FIFO order; the outer ORDER BY merges
@@ -48,7 +49,9 @@ $$ LANGUAGE plpgsql
 -- candidates are locked SKIP LOCKED inside a MATERIALIZED CTE, so the statement can neither
 -- hand a row to two claimers nor return more than max_jobs rows. A function only so that its
 -- plan is cached generic (see 3.); it runs with the caller's rights, so a builder's row-level
--- security applies as to any statement of its own.
+-- security applies as to any statement of its own. Without JIT: the generic plan prices each
+-- per-project walk by its unLIMITed rows, which on a large queue is far above jit_above_cost,
+-- and compiling the statement took 120 ms of a claim that runs in under one.
 CREATE FUNCTION claim_jobs(systems TEXT[], features TEXT[], node TEXT, per_group INT, max_jobs INT)
 RETURNS TABLE (id BIGINT, drv_path TEXT, system TEXT, project_id BIGINT, priority INT, attempt INT,
                retry_count INT, required_features TEXT[], claimed_at TIMESTAMPTZ)
@@ -98,5 +101,5 @@ BEGIN
     RETURNING bj.id, bj.drv_path, bj.system, bj.project_id, bj.priority, bj.attempt, bj.retry_count,
               bj.required_features, bj.claimed_at;
 END;
-$$ LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan;
+$$ LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan SET jit = off;
 
