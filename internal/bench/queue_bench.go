@@ -60,10 +60,13 @@ type QueueReport struct {
 	ClaimP50Ms     float64 `json:"claim_p50_ms"`
 	ClaimP99Ms     float64 `json:"claim_p99_ms"`
 	ClaimP99FullMs float64 `json:"claim_p99_full_queue_ms"` // claims made while over half the jobs were still unclaimed
-	WakeP50Ms      float64 `json:"wake_p50_ms"`
-	WakeP99Ms      float64 `json:"wake_p99_ms"`
-	PgbenchTPS     float64 `json:"pgbench_tps"`
-	RatioToPgbench float64 `json:"ratio_jobs_per_pgbench_tps"`
+	// A claim alone, timed by a probe claiming one job ten times a second through the drain.
+	ClaimAloneP50Ms float64 `json:"claim_alone_p50_ms"`
+	ClaimAloneP99Ms float64 `json:"claim_alone_p99_ms"`
+	WakeP50Ms       float64 `json:"wake_p50_ms"`
+	WakeP99Ms       float64 `json:"wake_p99_ms"`
+	PgbenchTPS      float64 `json:"pgbench_tps"`
+	RatioToPgbench  float64 `json:"ratio_jobs_per_pgbench_tps"`
 }
 
 func (o *QueueOptions) defaults() {
@@ -215,9 +218,13 @@ func Queue(ctx context.Context, o QueueOptions) (QueueReport, error) {
 		}
 	}
 	defer startstop.StopAll(workers...)
+	probe := startClaimProbe(ctx, pool, announcer, o.System)
 	if err := waitDone(ctx, pool, time.Hour); err != nil {
+		probe.stop()
 		return r, err
 	}
+	alone := probe.stop()
+	r.ClaimAloneP50Ms, r.ClaimAloneP99Ms = percentileMs(alone, 50), percentileMs(alone, 99)
 	r.RunSeconds = time.Since(start).Seconds()
 	r.JobsPerSecond = float64(o.Jobs) / r.RunSeconds
 	r.ClaimP50Ms, r.ClaimP99Ms = percentileMs(lat, 50), percentileMs(lat, 99)
@@ -354,4 +361,52 @@ func runPgbench(ctx context.Context, url string, seconds int) (float64, error) {
 		return 0, fmt.Errorf("pgbench: no tps in output:\n%s", out)
 	}
 	return strconv.ParseFloat(m[1], 64)
+}
+
+// claimProbe times claims made alone while the workers drain the queue: the workers' own claims
+// mostly ride on the success before them, and so time both.
+type claimProbe struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+	lat    []time.Duration
+}
+
+// startClaimProbe claims one job ten times a second as node bench-probe and records each
+// claim that got a job, then succeeds the job (announced, like the workers' successes).
+func startClaimProbe(ctx context.Context, pool *pgxpool.Pool, announcer *queue.Announcer, system string) *claimProbe {
+	ctx, cancel := context.WithCancel(ctx)
+	p := &claimProbe{cancel: cancel, done: make(chan struct{})}
+	c := queue.Claimer{NodeID: "bench-probe", Systems: []string{system}}
+	go func() {
+		defer close(p.done)
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			start := time.Now()
+			jobs, err := queue.ClaimJobs(ctx, pool, c, 1)
+			d := time.Since(start)
+			if err != nil || len(jobs) == 0 {
+				continue
+			}
+			p.lat = append(p.lat, d)
+			// Never left claimed: the drain waits for every job.
+			out, err := queue.Succeed(context.WithoutCancel(ctx), pool, jobs[0].Claim())
+			if err == nil {
+				announcer.Finished(out.DrvPath, out.Status)
+			}
+		}
+	}()
+	return p
+}
+
+// stop ends the probe and returns the latencies of its claims.
+func (p *claimProbe) stop() []time.Duration {
+	p.cancel()
+	<-p.done
+	return p.lat
 }

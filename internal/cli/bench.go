@@ -109,6 +109,7 @@ func printQueueReport(w io.Writer, r bench.QueueReport) {
 	fmt.Fprintf(w, "  drain              %.1f s  = %.0f jobs/s\n", r.RunSeconds, r.JobsPerSecond)
 	fmt.Fprintf(w, "  claim latency      p50 %.2f ms  p99 %.2f ms  (p99 while over half unclaimed: %.2f ms)\n", r.ClaimP50Ms, r.ClaimP99Ms, r.ClaimP99FullMs)
 	fmt.Fprintf(w, "                     (a claim made with the success before it counts the round trip of both)\n")
+	fmt.Fprintf(w, "  claim alone        p50 %.2f ms  p99 %.2f ms  (a probe claiming one job 10 times a second through the drain)\n", r.ClaimAloneP50Ms, r.ClaimAloneP99Ms)
 	fmt.Fprintf(w, "  wake latency       p50 %.2f ms  p99 %.2f ms  (successes recorded apart, as a signer records a builder's)\n", r.WakeP50Ms, r.WakeP99Ms)
 	if r.PgbenchTPS > 0 {
 		fmt.Fprintf(w, "  pgbench -N         %.0f TPS (8 clients, 2 threads, same server)\n", r.PgbenchTPS)
