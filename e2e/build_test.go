@@ -81,9 +81,7 @@ func TestBuildClusterBuildsDAG(t *testing.T) {
 	for _, j := range jobs {
 		c.checkLog(j, fmt.Sprintf("building %s", drvName(j.DrvPath)))
 	}
-	if n := c.tails(); n != 0 {
-		t.Errorf("%d live log tails left after every build finished", n)
-	}
+	c.waitNoTails()
 }
 
 // TestBuildSurvivesKilledBuilder: a builder is killed with SIGKILL in the middle of a build. Once
@@ -316,9 +314,7 @@ max_output_size = "16KB"`})
 	if t.Failed() {
 		t.FailNow()
 	}
-	if n := c.tails(); n != 0 {
-		t.Errorf("%d live log tails left after every build finished", n)
-	}
+	c.waitNoTails()
 }
 
 // TestBuildFrankenbuild: a builder whose store holds its own, different build of an input (the
@@ -551,7 +547,5 @@ func TestBuildLogStream(t *testing.T) {
 		t.Fatalf("GET %s after the build: %d to %q; want 302 to %s", url, resp.StatusCode, resp.Header.Get("Location"), wantLoc)
 	}
 	c.checkLog(finished, "line 26")
-	if n := c.tails(); n != 0 {
-		t.Errorf("%d live log tails left after the build finished", n)
-	}
+	c.waitNoTails()
 }

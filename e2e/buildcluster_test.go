@@ -24,6 +24,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
 	"github.com/harmonia-ci/harmonia-ci/internal/nixtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/proctest"
+	"github.com/harmonia-ci/harmonia-ci/internal/waittest"
 )
 
 // buildClusterOptions shape a build cluster.
@@ -436,6 +437,13 @@ func (c *buildCluster) tails() int {
 		c.t.Fatal(err)
 	}
 	return n
+}
+
+// waitNoTails waits until every live log tail is gone. A builder deletes a job's tail just
+// after recording its result, so a finished job may keep its tail a moment longer.
+func (c *buildCluster) waitNoTails() {
+	c.t.Helper()
+	waittest.For(c.t, 20*time.Second, func() bool { return c.tails() == 0 }, "every live log tail deleted after the builds finished")
 }
 
 // killStoreProcesses kills every process working in the chroot store dir: a builder killed with
