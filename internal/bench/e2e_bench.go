@@ -771,21 +771,9 @@ func (b *e2e) round(ctx context.Context, name, salt string, round int) (roundRes
 	o.Logger.Info("cluster build", "workload", name, "round", round, "builders", o.Builders, "slots", o.Slots)
 	var builders []*runningNode
 	stopAll := func() error {
-		var errs []error
-		var wg sync.WaitGroup
-		var mu sync.Mutex
-		for _, n := range builders {
-			wg.Go(func() {
-				if err := n.stop(); err != nil {
-					mu.Lock()
-					errs = append(errs, fmt.Errorf("node %s: %w", n.id, err))
-					mu.Unlock()
-				}
-			})
-		}
-		wg.Wait()
+		err := stopNodes(builders)
 		builders = nil
-		return errors.Join(errs...)
+		return err
 	}
 	defer stopAll()
 	var cfgs []*config.Config
