@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"slices"
 	"sync"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
 	"github.com/harmonia-ci/harmonia-ci/internal/dbtest"
+	"github.com/harmonia-ci/harmonia-ci/internal/downtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/forge"
 	"github.com/harmonia-ci/harmonia-ci/internal/forgesync"
 	"github.com/harmonia-ci/harmonia-ci/internal/githubtest"
@@ -98,12 +98,7 @@ func TestDiscovery(t *testing.T) {
 	srv.SuspendInstallation(3)
 
 	// A forge that cannot be reached does not keep the others' repositories from being recorded.
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dead := "http://" + ln.Addr().String()
-	ln.Close()
+	dead := downtest.URL(t)
 	forges := forge.Set{"github": newGitHub(t, srv, "github", srv.URL), "down": newGitHub(t, srv, "down", dead)}
 	discovery := task(t, forgesync.Tasks(forgesync.Config{Forges: forges, Logger: testLogger(t)}, pool), "forge-repositories")
 

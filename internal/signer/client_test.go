@@ -8,16 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/harmonia-ci/harmonia-ci/internal/downtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/queuetest"
 )
-
-// refusing returns the URL of a server that has been closed: connections are refused.
-func refusing(t *testing.T) string {
-	ts := httptest.NewServer(http.NotFoundHandler())
-	u := ts.URL
-	ts.Close()
-	return u
-}
 
 func registerSigner(t *testing.T, e *env, id, endpoint string) {
 	t.Helper()
@@ -33,7 +26,7 @@ func TestClientFailover(t *testing.T) {
 		http.Error(w, "overloaded", http.StatusServiceUnavailable)
 	}))
 	t.Cleanup(failing.Close)
-	registerSigner(t, e, "s1-refused", refusing(t))
+	registerSigner(t, e, "s1-refused", downtest.URL(t))
 	registerSigner(t, e, "s2-503", failing.URL)
 	registerSigner(t, e, "s3-real", e.url)
 	// Dead and silent signers are never asked.
@@ -85,7 +78,7 @@ func TestClientFailover(t *testing.T) {
 	}
 
 	// All down: ErrUnavailable after GiveUpAfter, with a growing backoff between rounds.
-	queuetest.Exec(t, e.pool, `UPDATE nodes SET endpoint = $1 WHERE id = 's3-real'`, refusing(t))
+	queuetest.Exec(t, e.pool, `UPDATE nodes SET endpoint = $1 WHERE id = 's3-real'`, downtest.URL(t))
 	const giveUp = 1500 * time.Millisecond
 	down := NewClient(ClientConfig{Token: tok, GiveUpAfter: giveUp, MinBackoff: 100 * time.Millisecond, MaxBackoff: 2 * time.Second},
 		e.pool, queuetest.Logger())

@@ -7,9 +7,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/dbtest"
+	"github.com/harmonia-ci/harmonia-ci/internal/downtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/forge"
 	"github.com/harmonia-ci/harmonia-ci/internal/forgesync"
 	"github.com/harmonia-ci/harmonia-ci/internal/githubtest"
@@ -73,19 +74,7 @@ func testLogger(t *testing.T) *slog.Logger {
 	return slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
 }
 
-// deadAddr is the address of a listener that has been closed: connections to it are refused.
-func deadAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	return addr
-}
-
-// switchTransport sends requests to a refused port while down is set.
+// switchTransport sends requests to a forge that is down while down is set.
 type switchTransport struct {
 	down *atomic.Bool
 	dead string
@@ -108,7 +97,7 @@ func setup(t *testing.T, opt options) *bundle {
 	var err error
 	b.forge, err = forge.NewGitHub(forge.GitHubConfig{Name: "github", APIURL: b.gh.URL, AppID: b.gh.AppID,
 		PrivateKey: b.gh.PrivateKeyPEM, WebhookSecret: b.gh.WebhookSecret,
-		HTTPClient: &http.Client{Timeout: 10 * time.Second, Transport: switchTransport{down: &b.down, dead: deadAddr(t)}}})
+		HTTPClient: &http.Client{Timeout: 10 * time.Second, Transport: switchTransport{down: &b.down, dead: strings.TrimPrefix(downtest.URL(t), "http://")}}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -496,15 +496,4 @@ func TestForgeUnavailable(t *testing.T) {
 			}
 		})
 	}
-
-	t.Run("stand-in stopped", func(t *testing.T) {
-		t.Parallel()
-		b := setup(t, options{})
-		b.gh.Close()
-		got := b.deliver(t, "pull_request", pullRequest("opened", githubtest.PR{Number: 5, User: "stranger", HeadSHA: sha(5), HeadRef: "f"}))
-		if got.code != http.StatusBadGateway || !strings.Contains(got.msg, "deliver again later") {
-			t.Fatalf("answer %+v; want 502", got)
-		}
-		b.nothingRecorded(t)
-	})
 }
