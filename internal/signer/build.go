@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/harmonia-ci/harmonia-ci/internal/blob"
 	"github.com/harmonia-ci/harmonia-ci/internal/config"
 	"github.com/harmonia-ci/harmonia-ci/internal/gc"
 	"github.com/harmonia-ci/harmonia-ci/internal/nodetoken"
@@ -38,18 +39,32 @@ func staleClaim(c queue.Claim) error {
 
 // jobFacts answers 409 unless node id holds claim on a job that is building or uploading.
 func (s *Server) jobFacts(ctx context.Context, id nodetoken.Identity, claim JobClaim) (jobFacts, error) {
-	f := jobFacts{claim: queue.Claim{JobID: claim.ID, NodeID: id.NodeID, Attempt: claim.Attempt}}
-	err := s.pool.QueryRow(ctx, sqlJobFacts, claim.ID, id.NodeID, claim.Attempt).Scan(&f.drvPath, &f.outputs, &f.inputs)
+	var f jobFacts
+	b := &pgx.Batch{}
+	queueJobFacts(b, id, claim, &f)
+	err := s.pool.SendBatch(ctx, b).Close()
+	return f, checkJobFacts(f, err)
+}
+
+// queueJobFacts queues the query of jobFacts; checkJobFacts tells what its answer means.
+func queueJobFacts(b *pgx.Batch, id nodetoken.Identity, claim JobClaim, f *jobFacts) {
+	f.claim = queue.Claim{JobID: claim.ID, NodeID: id.NodeID, Attempt: claim.Attempt}
+	b.Queue(sqlJobFacts, claim.ID, id.NodeID, claim.Attempt).QueryRow(func(row pgx.Row) error {
+		return row.Scan(&f.drvPath, &f.outputs, &f.inputs)
+	})
+}
+
+func checkJobFacts(f jobFacts, err error) error {
 	if errors.Is(err, pgx.ErrNoRows) {
-		return f, staleClaim(f.claim)
+		return staleClaim(f.claim)
 	}
 	if err != nil {
-		return f, internal("checking the claim failed", err)
+		return internal("checking the claim failed", err)
 	}
 	if slices.Contains(f.outputs, "") {
-		return f, badRequest("%s has content-addressed outputs, which are not supported", f.drvPath)
+		return badRequest("%s has content-addressed outputs, which are not supported", f.drvPath)
 	}
-	return f, nil
+	return nil
 }
 
 // checkJobOutputs answers 400 unless every output is one of the job's derivation's outputs
@@ -158,8 +173,23 @@ func (s *Server) handleBuildComplete(ctx context.Context, id nodetoken.Identity,
 	if len(outs) == 0 {
 		return nil, badRequest("outputs: at least one output is required")
 	}
-	f, err := s.jobFacts(ctx, id, req.Job)
+	// From the checks that trust what the cache holds (references, uploads) to the narinfos and
+	// hashes that make it live, the garbage collector's sweep waits. The claim is read in the
+	// same round trip, and everything the handler asks of the database runs on the lock's
+	// connection (see gc.Publication).
+	var f jobFacts
+	b := &pgx.Batch{}
+	queueJobFacts(b, id, req.Job, &f)
+	pub, err := gc.HoldPublicationWith(ctx, s.pool, b)
+	if errors.Is(err, gc.ErrPublicationLock) {
+		return nil, unavailable("database unavailable", err)
+	}
 	if err != nil {
+		return nil, checkJobFacts(f, err)
+	}
+	// Released once everything is committed, without making the builder wait for the unlock.
+	defer func() { go pub.Release() }()
+	if err := checkJobFacts(f, nil); err != nil {
 		return nil, err
 	}
 	if err := checkJobOutputs(f, outs, true); err != nil {
@@ -168,15 +198,7 @@ func (s *Server) handleBuildComplete(ctx context.Context, id nodetoken.Identity,
 	if req.LogKey != "" && req.LogKey != f.logKey() {
 		return nil, badRequest("log_key: %q, but the job's log is %s", req.LogKey, f.logKey())
 	}
-	// From the checks that trust what the cache holds (references, uploads) to the narinfos and
-	// hashes that make it live, the garbage collector's sweep waits.
-	release, err := gc.HoldPublication(ctx, s.pool)
-	if err != nil {
-		return nil, unavailable("database unavailable", err)
-	}
-	// Released once everything is committed, without making the builder wait for the unlock.
-	defer func() { go release() }()
-	ref, err := s.unservedReference(ctx, outs, f.inputs)
+	ref, err := s.unservedReference(ctx, blob.NewDerivations(pub.Conn()), outs, f.inputs)
 	if err != nil {
 		return nil, err
 	}
@@ -206,7 +228,7 @@ func (s *Server) handleBuildComplete(ctx context.Context, id nodetoken.Identity,
 	if err != nil {
 		return nil, err
 	}
-	if err := s.succeed(ctx, f.claim, req.LogKey, canon); err != nil {
+	if err := succeed(ctx, pub.Conn(), f.claim, req.LogKey, canon); err != nil {
 		return nil, err
 	}
 	if s.cfg.Announcer != nil {
@@ -220,12 +242,12 @@ func (s *Server) handleBuildComplete(ctx context.Context, id nodetoken.Identity,
 // succeed records the outputs' canonical hashes, marks the job succeeded and records its log, in
 // one round trip (a batch is one implicit transaction). A stale claim records nothing of the job;
 // the hashes are those of narinfos already written, so they stand either way.
-func (s *Server) succeed(ctx context.Context, c queue.Claim, logKey string, canon []canonical) error {
+func succeed(ctx context.Context, conn *pgx.Conn, c queue.Claim, logKey string, canon []canonical) error {
 	b := &pgx.Batch{}
 	queueRecordHashes(b, canon)
 	var out queue.Outcome
 	queue.QueueSucceed(b, c, logKey, &out)
-	err := s.pool.SendBatch(ctx, b).Close()
+	err := conn.SendBatch(ctx, b).Close()
 	if errors.Is(err, queue.ErrStale) {
 		return staleClaim(c)
 	}

@@ -43,6 +43,11 @@ func (c *refCache) put(path string, refs []string) {
 // servedRefs returns the references of path as the cache serves it, or a trusted upstream;
 // ok is false when neither serves path.
 func (s *Server) servedRefs(ctx context.Context, path string) (refs []string, ok bool, err error) {
+	return s.servedRefsIn(ctx, s.drvs, path)
+}
+
+// servedRefsIn is servedRefs reading the .drv objects from drvs.
+func (s *Server) servedRefsIn(ctx context.Context, drvs *blob.Derivations, path string) (refs []string, ok bool, err error) {
 	if refs, ok := s.refs.get(path); ok {
 		return refs, true, nil
 	}
@@ -55,7 +60,7 @@ func (s *Server) servedRefs(ctx context.Context, path string) (refs []string, ok
 		return nil, false, err
 	}
 	if ni == nil && strings.HasSuffix(sp.Name, ".drv") {
-		if ni, err = s.drvNarInfo(ctx, sp.Hash); err != nil {
+		if ni, err = drvNarInfo(ctx, drvs, sp.Hash); err != nil {
 			return nil, false, err
 		}
 	}
@@ -78,7 +83,8 @@ func (s *Server) servedRefs(ctx context.Context, path string) (refs []string, ok
 // unservedReference returns the first reference of outs that is neither one of outs nor in the
 // closure of roots that the cache (or upstream) serves: one a build with these inputs could not
 // have produced, or one a client of the cache could not fetch. "" when there is none.
-func (s *Server) unservedReference(ctx context.Context, outs []output, roots []string) (string, error) {
+// The .drv objects are read from drvs.
+func (s *Server) unservedReference(ctx context.Context, drvs *blob.Derivations, outs []output, roots []string) (string, error) {
 	want := map[string]bool{}
 	for _, o := range outs {
 		for _, r := range o.refs {
@@ -97,7 +103,7 @@ func (s *Server) unservedReference(ctx context.Context, outs []output, roots []s
 			continue
 		}
 		seen[p] = true
-		refs, ok, err := s.servedRefs(ctx, p)
+		refs, ok, err := s.servedRefsIn(ctx, drvs, p)
 		if err != nil {
 			return "", err
 		}
@@ -120,8 +126,8 @@ func (s *Server) unservedReference(ctx context.Context, outs []output, roots []s
 }
 
 // drvNarInfo returns the narinfo of the .drv with hash part hash the database keeps, nil if none.
-func (s *Server) drvNarInfo(ctx context.Context, hash string) (*nix.NarInfo, error) {
-	body, _, err := s.drvs.NarInfo(ctx, hash)
+func drvNarInfo(ctx context.Context, drvs *blob.Derivations, hash string) (*nix.NarInfo, error) {
+	body, _, err := drvs.NarInfo(ctx, hash)
 	if errors.Is(err, blob.ErrNotFound) {
 		return nil, nil
 	}

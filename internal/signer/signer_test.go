@@ -55,7 +55,12 @@ type env struct {
 
 func newEnv(t *testing.T, s3 bool) *env {
 	t.Helper()
-	pool := dbtest.NewPool(t)
+	return newEnvOn(t, s3, dbtest.NewPool(t))
+}
+
+// newEnvOn is newEnv with the signer on pool.
+func newEnvOn(t *testing.T, s3 bool, pool *pgxpool.Pool) *env {
+	t.Helper()
 	key, err := nix.GenerateKey("test-cache-1")
 	if err != nil {
 		t.Fatal(err)
