@@ -98,7 +98,11 @@ type BatchDeleter interface {
 // Syncer is a Store whose writes become durable only when Sync returns (the local directory).
 // Callers sync before they record anything that refers to what they wrote.
 type Syncer interface {
+	// Sync makes every object written so far durable.
 	Sync(ctx context.Context) error
+	// SyncKeys makes the named objects durable, which for a few objects costs less than Sync
+	// when the file system holds other writers' data too (a Nix store, a build).
+	SyncKeys(ctx context.Context, keys []string) error
 }
 
 const nix32Alphabet = "0123456789abcdfghijklmnpqrsvwxyz"

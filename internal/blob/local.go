@@ -22,6 +22,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/sync/errgroup"
 	"golang.org/x/sys/unix"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/web"
@@ -239,6 +240,37 @@ func (l *Local) renameNoReplace(tmp, rel string) error {
 		return l.root.Remove(tmp)
 	}
 	return err
+}
+
+// SyncKeys makes the named objects durable: each file and each directory that names one is
+// fsynced, all at once, so that the journal commits them together. Unlike Sync it writes back
+// nothing else the file system holds: on a builder's or a cache's disk that is the Nix store,
+// whose builds leave megabytes dirty. A key that does not exist is an error.
+func (l *Local) SyncKeys(ctx context.Context, keys []string) error {
+	names := map[string]bool{}
+	for _, k := range keys {
+		rel, err := l.relPath(k)
+		if err != nil {
+			return err
+		}
+		names[rel] = true
+		names[filepath.Dir(rel)] = true
+	}
+	g, _ := errgroup.WithContext(ctx)
+	for name := range names {
+		g.Go(func() error {
+			f, err := l.root.Open(name)
+			if err != nil {
+				return fmt.Errorf("blob: sync %s: %w", name, err)
+			}
+			defer f.Close()
+			if err := f.Sync(); err != nil {
+				return fmt.Errorf("blob: sync %s: %w", name, err)
+			}
+			return nil
+		})
+	}
+	return g.Wait()
 }
 
 // Sync makes every object written so far durable (syncfs(2) on the store's file system): one

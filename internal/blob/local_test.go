@@ -450,3 +450,29 @@ func TestLocalTruncatedNARIsReplaced(t *testing.T) {
 		t.Fatalf("the truncated NAR is still there (%d bytes)", len(got))
 	}
 }
+
+func TestLocalSyncKeys(t *testing.T) {
+	l := newLocal(t)
+	put(t, l, kNarinfo, "narinfo")
+	put(t, l, kNar, "nar")
+	for _, c := range []struct {
+		name    string
+		keys    []string
+		wantErr string // "" for success
+	}{
+		{"written objects", []string{kNar, kNarinfo}, ""},
+		{"none", nil, ""},
+		{"one never written", []string{kNar, kLog}, "blob: sync log"},
+		{"not a key", []string{"../escape"}, "invalid"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			err := l.SyncKeys(context.Background(), c.keys)
+			switch {
+			case c.wantErr == "" && err != nil:
+				t.Fatalf("SyncKeys(%q) = %v", c.keys, err)
+			case c.wantErr != "" && (err == nil || !strings.Contains(err.Error(), c.wantErr)):
+				t.Fatalf("SyncKeys(%q) = %v; want an error containing %q", c.keys, err, c.wantErr)
+			}
+		})
+	}
+}

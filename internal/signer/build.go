@@ -221,7 +221,14 @@ func (s *Server) handleBuildComplete(ctx context.Context, id nodetoken.Identity,
 	}
 	// The uploads become durable before any narinfo refers to them, and the narinfos before
 	// the build is recorded (stores that buffer writes; see blob.Syncer).
-	if err := s.sync(ctx); err != nil {
+	keys := make([]string, 0, len(outs)+1)
+	for _, o := range outs {
+		keys = append(keys, o.narKey)
+	}
+	if req.LogKey != "" {
+		keys = append(keys, req.LogKey)
+	}
+	if err := s.syncObjects(ctx, keys); err != nil {
 		return nil, err
 	}
 	canon, resp, err := s.publishAll(ctx, outs)

@@ -168,6 +168,29 @@ func (s *Server) presign(ctx context.Context, key string, size int64, sum []byte
 	return &Upload{URL: u.URL, Method: u.Method, Headers: u.Headers, Expires: u.Expires}, nil
 }
 
+// syncKeysMax is the most objects syncObjects makes durable one by one; past it one flush of
+// the whole store costs less.
+const syncKeysMax = 32
+
+// syncObjects makes the objects keys durable, once they are all written.
+func (s *Server) syncObjects(ctx context.Context, keys []string) error {
+	syncer, ok := s.cfg.Store.(blob.Syncer)
+	if !ok {
+		return nil
+	}
+	var err error
+	if len(keys) <= syncKeysMax {
+		err = syncer.SyncKeys(ctx, keys)
+	} else {
+		err = syncer.Sync(ctx)
+	}
+	if err != nil {
+		return unavailable("blob store sync failed", err)
+	}
+	return nil
+}
+
+// sync makes every object written so far durable.
 func (s *Server) sync(ctx context.Context) error {
 	if syncer, ok := s.cfg.Store.(blob.Syncer); ok {
 		if err := syncer.Sync(ctx); err != nil {
@@ -227,7 +250,11 @@ func (s *Server) publishAll(ctx context.Context, outs []output) ([]canonical, Pu
 			resp.Conflicts++
 		}
 	}
-	return canon, resp, s.sync(ctx)
+	keys := make([]string, len(outs))
+	for i, o := range outs {
+		keys[i] = o.infoKey
+	}
+	return canon, resp, s.syncObjects(ctx, keys)
 }
 
 // publish writes o's signed narinfo unless one exists. An existing narinfo is never rewritten:
