@@ -74,7 +74,7 @@ func (s *Store) Open(ctx context.Context) (*Session, error) {
 		opts["build-users-group"] = s.BuildUsersGroup
 	}
 	conn, err := workerproto.Start(ctx, workerproto.StartOptions{
-		Store: s.Root, Options: opts, Env: s.childEnv(home), Dir: home, KillGrace: s.killGrace,
+		Store: s.Root, Options: opts, Env: s.childEnv(home), Dir: home, KillGrace: s.killGrace, Nice: s.Nice,
 	})
 	if err != nil {
 		os.RemoveAll(home)

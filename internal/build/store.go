@@ -35,6 +35,9 @@ type Store struct {
 	// BuildUsersGroup is the group of Nix's build users, which builds in the system store run as
 	// ([build] build_users_group). A chroot store's builds run in its sandbox without them.
 	BuildUsersGroup string
+	// Nice is the nice value of the store's daemons, which their builds inherit ([build] nice):
+	// the node's own work comes first on a busy machine. 0 leaves this process's.
+	Nice int
 
 	// HTTP fetches from the substituters; nil: substitute's default client.
 	HTTP *http.Client

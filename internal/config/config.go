@@ -132,6 +132,10 @@ type BuildConfig struct {
 	// running job roots until MaxFree is free. MinFree 0 turns this off.
 	MinFree ByteSize `toml:"min_free"`
 	MaxFree ByteSize `toml:"max_free"`
+
+	// Nice is the nice value (0–19) of the Nix daemons the builder starts, which their builds
+	// inherit, so that the node's own work is not queued behind its builds.
+	Nice int `toml:"nice"`
 }
 
 // ClusterConfig tunes how nodes find each other and agree on a leader.
@@ -284,6 +288,7 @@ func defaults(getenv func(string) string) *Config {
 			BuildUsersGroup:   "nixbld",
 			MinFree:           2 * sizeGiB,
 			MaxFree:           10 * sizeGiB,
+			Nice:              10,
 		},
 		Cluster: ClusterConfig{
 			Heartbeat: HeartbeatConfig{

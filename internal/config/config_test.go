@@ -169,6 +169,7 @@ max_output_size = "10 GiB"
 max_log_size = 1048576
 nix_store = "/srv/ci/store"
 extra_sandbox_paths = ["/bin/sleep"]
+nice = 5
 
 [cluster.heartbeat]
 interval = "10s"
@@ -258,6 +259,7 @@ private_key_file = "app.pem"
 			BuildUsersGroup:   "nixbld",
 			MinFree:           2 << 30,
 			MaxFree:           10 << 30,
+			Nice:              5,
 		},
 		Cluster: ClusterConfig{
 			Heartbeat:      HeartbeatConfig{d("10s"), d("1m"), d("168h")},
@@ -601,6 +603,10 @@ func TestValidate(t *testing.T) {
 			[]string{"config: cluster.heartbeat.dead_threshold (45s) must be at least twice heartbeat.interval (30s)"}},
 		{"max free below min free", func(c *Config) { c.Build.MinFree, c.Build.MaxFree = 2<<30, 1<<30 },
 			[]string{"config: build.max_free (1GiB) must be at least build.min_free (2GiB)"}},
+		{"negative nice", func(c *Config) { c.Build.Nice = -5 },
+			[]string{"config: build.nice must be between 0 and 19, got -5"}},
+		{"nice past 19", func(c *Config) { c.Build.Nice = 20 },
+			[]string{"config: build.nice must be between 0 and 19, got 20"}},
 		{"retention zero", func(c *Config) { c.Retention.Default = d("0s") },
 			[]string{"config: retention.default must be positive"}},
 		{"listen no port", func(c *Config) { c.Listen = "nope" },

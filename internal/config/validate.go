@@ -138,6 +138,9 @@ func (c *Config) problems(from origins) []error {
 	if b.MinFree > 0 && b.MaxFree < b.MinFree {
 		add("build.max_free", "build.max_free (%s) must be at least build.min_free (%s)", b.MaxFree, b.MinFree)
 	}
+	if b.Nice < 0 || b.Nice > 19 {
+		add("build.nice", "build.nice must be between 0 and 19, got %d", b.Nice)
+	}
 
 	r := &c.Retention
 	positive("retention.default", r.Default)

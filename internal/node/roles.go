@@ -161,7 +161,7 @@ func (n *node) roleWorkers(notifier *notify.Notifier, announcer *queue.Announcer
 		b, err := build.New(build.Config{
 			NodeID: cfg.Node.ID,
 			Store: build.Store{Root: cfg.Build.NixStore, SandboxPaths: cfg.Build.ExtraSandboxPaths,
-				Unsandboxed: !cfg.Build.Sandbox, BuildUsersGroup: cfg.Build.BuildUsersGroup},
+				Unsandboxed: !cfg.Build.Sandbox, BuildUsersGroup: cfg.Build.BuildUsersGroup, Nice: cfg.Build.Nice},
 			Upstream: cfg.Substituters.URLs, UpstreamKeys: cfg.Substituters.TrustedPublicKeys,
 			Limits: build.BuildLimits{
 				Timeout: cfg.Build.Timeout.Duration, MaxSilent: cfg.Build.MaxSilent.Duration,

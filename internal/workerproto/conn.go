@@ -68,6 +68,8 @@ type StartOptions struct {
 	// KillGrace is how long Close waits for the child to exit after the hang-up, and again
 	// after SIGTERM, before it kills the child and its builds. Default 5s.
 	KillGrace time.Duration
+	// Nice is the child's nice value, which its builds inherit; 0 leaves it as this process's.
+	Nice int
 }
 
 // Start runs a `nix-daemon --stdio` child and handshakes with it. The child and its builds end
@@ -103,6 +105,14 @@ func Start(ctx context.Context, o StartOptions) (*Conn, error) {
 	cmd.Stderr = stderr
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start nix-daemon: %w", err)
+	}
+	if o.Nice != 0 {
+		// Before the handshake: the daemon forks its builds only once asked to.
+		if err := syscall.Setpriority(syscall.PRIO_PROCESS, cmd.Process.Pid, o.Nice); err != nil {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			return nil, fmt.Errorf("start nix-daemon: set its nice value to %d: %w", o.Nice, err)
+		}
 	}
 	c := newConn(pipe{stdout, stdin})
 	c.cmd, c.waitDone, c.grace = cmd, make(chan struct{}), o.KillGrace
