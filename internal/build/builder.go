@@ -405,32 +405,23 @@ func (b *Builder) handle(ctx context.Context, job queue.Job, logger *slog.Logger
 	}
 
 	outPaths = slices.Sorted(maps.Values(outputs))
-	if err := queue.MarkUploading(ctx, b.pool, job.Claim()); err != nil {
-		if errors.Is(err, queue.ErrStale) {
+	// The job shows as uploading while its outputs are read back, but the signer is asked only
+	// once the mark is recorded: a claim lost meanwhile abandons the upload.
+	marked := make(chan error, 1)
+	go func() { marked <- queue.MarkUploading(ctx, b.pool, job.Claim()) }()
+	uploadStart := time.Now()
+	pub, prepared, err := b.prepareUpload(ctx, ss, job, outPaths, t)
+	if merr := <-marked; merr != nil {
+		if prepared != nil {
+			prepared.Close()
+		}
+		if errors.Is(merr, queue.ErrStale) {
 			return queue.Result{Abandoned: true, Finally: finally}, nil
 		}
-		return queue.Result{Err: err, Kind: queue.Transient, Finally: finally}, nil
+		return queue.Result{Err: merr, Kind: queue.Transient, Finally: finally}, nil
 	}
-	uploadStart := time.Now()
-	infos, err := ss.OutputInfos(ctx, outPaths)
 	if err != nil {
 		return queue.Result{Err: err, Kind: queue.Transient, Finally: finally}, nil
-	}
-	paths := make([]upload.Path, len(outPaths))
-	for i, p := range outPaths {
-		paths[i] = upload.Path{StorePath: p, References: infos[p].References, Deriver: job.DrvPath, NarSize: infos[p].NarSize}
-	}
-	pub := upload.Publisher{Signer: b.cfg.Signer, StoreRoot: store.Root, Source: ss.DumpNAR, Observe: func(step string, d time.Duration) {
-		switch step {
-		case "upload":
-			t.Upload += d
-		case "sign":
-			t.Sign += d
-		}
-	}}
-	prepared, err := pub.PrepareBuild(ctx, paths)
-	if err != nil {
-		return queue.Result{Err: fmt.Errorf("read the outputs back: %w", err), Kind: queue.Transient, Finally: finally}, nil
 	}
 	t.Upload += time.Since(uploadStart) - prepared.Took()
 	logData := log.Bytes()
@@ -447,6 +438,32 @@ func (b *Builder) handle(ctx context.Context, job queue.Job, logger *slog.Logger
 		// The signer recorded the success with the log; the tail has served its purpose.
 		return queue.Result{Recorded: true, Finally: finally}
 	}
+}
+
+// prepareUpload reads a build's outputs back (serialised, hashed, compressed) for the upload;
+// the upload's and the signature's times go to t.
+func (b *Builder) prepareUpload(ctx context.Context, ss *Session, job queue.Job, outPaths []string, t *Timings) (*upload.Publisher, *upload.PreparedBuild, error) {
+	infos, err := ss.OutputInfos(ctx, outPaths)
+	if err != nil {
+		return nil, nil, err
+	}
+	paths := make([]upload.Path, len(outPaths))
+	for i, p := range outPaths {
+		paths[i] = upload.Path{StorePath: p, References: infos[p].References, Deriver: job.DrvPath, NarSize: infos[p].NarSize}
+	}
+	pub := &upload.Publisher{Signer: b.cfg.Signer, StoreRoot: ss.store.Root, Source: ss.DumpNAR, Observe: func(step string, d time.Duration) {
+		switch step {
+		case "upload":
+			t.Upload += d
+		case "sign":
+			t.Sign += d
+		}
+	}}
+	prepared, err := pub.PrepareBuild(ctx, paths)
+	if err != nil {
+		return nil, nil, fmt.Errorf("read the outputs back: %w", err)
+	}
+	return pub, prepared, nil
 }
 
 // failed is the result of a build that did not succeed: its log is uploaded for the failure.
