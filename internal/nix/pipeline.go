@@ -58,20 +58,21 @@ func CompressNAR(ctx context.Context, path string, dst io.Writer) (Sizes, error)
 // CompressNARFrom is CompressNAR for a NAR that write produces (a Nix daemon's NarFromPath).
 func CompressNARFrom(ctx context.Context, write func(w io.Writer) error, dst io.Writer) (Sizes, error) {
 	file := newHashCounter(ctx, dst)
-	// One encoder goroutine per call bounds memory and goroutines; the signer gets its
-	// parallelism from compressing many paths at once.
-	zw, err := zstd.NewWriter(file, zstd.WithEncoderConcurrency(1))
-	if err != nil {
-		return Sizes{}, fmt.Errorf("compress nar: %w", err)
-	}
+	// One encoder per call, without goroutines of its own: callers get their parallelism from
+	// compressing many paths at once.
+	zw := getEncoder()
+	zw.Reset(file)
 	nar := newHashCounter(ctx, zw)
 	if err := write(nar); err != nil {
+		// Closed (dst is discarded anyway) and not pooled: the stream failed half-way.
 		zw.Close()
 		return Sizes{}, fmt.Errorf("compress nar: %w", err)
 	}
 	if err := zw.Close(); err != nil {
 		return Sizes{}, fmt.Errorf("compress nar: %w", err)
 	}
+	zw.Reset(nil) // drop dst
+	encoders.Put(zw)
 	return Sizes{NarHash: nar.sum(), NarSize: nar.n, FileHash: file.sum(), FileSize: file.n}, nil
 }
 
@@ -85,15 +86,28 @@ func HashNAR(path string) (narHash string, narSize int64, err error) {
 	return c.sum(), c.n, nil
 }
 
-var (
-	zstdOnce sync.Once
-	zstdEnc  *zstd.Encoder
-)
+// encoders keeps zstd encoders between calls: a new one allocates and clears about 10 MB
+// (its 8 MB window and match tables), which cost as much as compressing a few MB. Reset starts
+// an independent frame, byte for byte what a new encoder writes. Each has one goroutine, so
+// callers compress in parallel with an encoder each.
+var encoders sync.Pool
+
+func getEncoder() *zstd.Encoder {
+	if zw, ok := encoders.Get().(*zstd.Encoder); ok {
+		return zw
+	}
+	zw, err := zstd.NewWriter(nil, zstd.WithEncoderConcurrency(1))
+	if err != nil {
+		panic(fmt.Sprintf("zstd encoder: %v", err)) // the options are constants
+	}
+	return zw
+}
 
 // Compress returns b compressed with zstd as CompressNAR compresses a stream: for small objects
-// (a .drv's NAR, a log) held in memory. One encoder is shared (EncodeAll is safe for concurrent
-// use): one per object would cost more than the compression.
+// (a .drv's NAR, a log) held in memory. Encoders come from the pool, so concurrent calls do not
+// wait for each other.
 func Compress(b []byte) []byte {
-	zstdOnce.Do(func() { zstdEnc, _ = zstd.NewWriter(nil, zstd.WithEncoderConcurrency(1)) })
-	return zstdEnc.EncodeAll(b, make([]byte, 0, len(b)/2+64))
+	zw := getEncoder()
+	defer encoders.Put(zw)
+	return zw.EncodeAll(b, make([]byte, 0, len(b)/2+64))
 }

@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"time"
@@ -49,7 +50,8 @@ type Publisher struct {
 	Source NARSource
 	// HTTP does the PUTs; default: a client with a 10 minute timeout.
 	HTTP *http.Client
-	// Parallel bounds concurrent compressions and PUTs; default 16.
+	// Parallel bounds concurrent PUTs, and compressions up to one per CPU (GOMAXPROCS);
+	// default 16.
 	Parallel int
 	// Batch bounds the sources, or the .drv files, of one upload-slots or publish call of an
 	// evaluation; default 500. A build's outputs always go in one call: they complete together.
@@ -298,7 +300,9 @@ func (p *Publisher) prepareAll(ctx context.Context, paths []Path) ([]*prepared, 
 	cleanup := func() { os.RemoveAll(tmp) }
 	prep := make([]*prepared, len(paths))
 	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(p.parallel())
+	// Compression is CPU-bound: more at once than CPUs only adds encoders (10 MB each) that
+	// evict each other's windows from the CPU caches, which measured slower.
+	g.SetLimit(min(p.parallel(), runtime.GOMAXPROCS(0)))
 	for i, path := range paths {
 		g.Go(func() error {
 			pr, err := p.prepare(gctx, path, tmp, i)
