@@ -15,6 +15,7 @@ import (
 
 	"github.com/harmonia-ci/harmonia-ci/internal/clock"
 	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
+	"github.com/harmonia-ci/harmonia-ci/internal/gc"
 	"github.com/harmonia-ci/harmonia-ci/internal/gitrepo"
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
 	"github.com/harmonia-ci/harmonia-ci/internal/notify"
@@ -34,9 +35,13 @@ type Config struct {
 	PollInterval time.Duration
 	// Timeout of one evaluation unless .harmonia-ci.toml sets eval-timeout; default 1h.
 	Timeout time.Duration
-	// BatchAttrs and BatchWait bound a batch: it is ingested at 50 attributes or 2 s.
+	// BatchAttrs and BatchWait bound a batch: it is prepared (closure read, published) at 50
+	// attributes or 2 s.
 	BatchAttrs int
 	BatchWait  time.Duration
+	// CommitInterval: prepared batches are committed (their jobs made claimable) at most this
+	// often, and at once after the walk; the first batch at once. Default 1s.
+	CommitInterval time.Duration
 	// StatusInterval is how often a running evaluation re-reads its status (cancel,
 	// supersede, reap); default 1s.
 	StatusInterval time.Duration
@@ -101,6 +106,9 @@ func New(cfg Config, pool *pgxpool.Pool, logger *slog.Logger, clk clock.Clock) (
 	}
 	if cfg.BatchWait <= 0 {
 		cfg.BatchWait = 2 * time.Second
+	}
+	if cfg.CommitInterval <= 0 {
+		cfg.CommitInterval = time.Second
 	}
 	if cfg.StatusInterval <= 0 {
 		cfg.StatusInterval = time.Second
@@ -231,7 +239,7 @@ type claim struct {
 	attempt int
 }
 
-// maxCoalesced bounds the attributes of one ingest transaction.
+// maxCoalesced bounds the attributes prepared at once.
 const maxCoalesced = 1000
 
 // Errors that end an evaluation, and how they are recorded.
@@ -257,7 +265,8 @@ func (e *Evaluator) evaluate(ctx context.Context, c claim) {
 		}
 		e.metrics.ended(outcomeSucceeded, time.Since(start))
 		log.Info("evaluation succeeded", "attrs", stats.Attrs, "derivations", stats.Derivations,
-			"jobs", stats.Jobs, "published", stats.Published, "seconds", time.Since(start).Seconds())
+			"jobs", stats.Jobs, "published", stats.Published, "commits", stats.Commits,
+			"seconds", time.Since(start).Seconds())
 	case errors.Is(err, errGone) || errors.Is(err, errStale):
 		e.metrics.ended(outcomeCancelled, time.Since(start))
 		log.Info("evaluation stopped: cancelled, superseded or reaped elsewhere")
@@ -339,7 +348,7 @@ func (e *Evaluator) run(ctx context.Context, c claim, log *slog.Logger) (ingestS
 	in := &ingester{pool: e.pool, storeRoot: e.cfg.StoreRoot, storeDB: storeDB, cache: e.cfg.Cache,
 		upstream: e.cfg.Upstream, publisher: e.cfg.Publisher,
 		evalID: c.id, node: c.node, attempt: c.attempt, projectID: projectID, order: e.cfg.Order,
-		known: map[string]bool{}, published: map[string]bool{}}
+		known: map[string]bool{}, prepared: map[string]bool{}, published: map[string]bool{}}
 
 	wctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -351,26 +360,10 @@ func (e *Evaluator) run(ctx context.Context, c claim, log *slog.Logger) (ingestS
 	batches := make(chan []Attr, maxCoalesced/50)
 	ingestDone := make(chan error, 1)
 	go func() {
-		var err error
-		for b := range batches {
-			// Batches that queued up while the previous one was ingested go in together, up to
-			// maxCoalesced attributes: the walk never waits for one round trip per 50 attributes.
-		more:
-			for len(b) < maxCoalesced {
-				select {
-				case next, ok := <-batches:
-					if !ok {
-						break more
-					}
-					b = append(b, next...)
-				default:
-					break more
-				}
-			}
-			if err == nil {
-				if err = in.flush(tctx, b); err != nil {
-					cancel(err)
-				}
+		err := e.ingest(tctx, in, batches)
+		if err != nil {
+			cancel(err)
+			for range batches { // the walk stops; let it hand over what it has
 			}
 		}
 		ingestDone <- err
@@ -438,6 +431,86 @@ func (e *Evaluator) run(ctx context.Context, c claim, log *slog.Logger) (ingestS
 	}
 	log.Debug("walk done", "mode", spec.Mode)
 	return in.stats, nil
+}
+
+// ingest prepares each batch as it arrives and commits what is prepared at most every
+// CommitInterval, and at once when the walk ends. Every commit runs the queue's enqueue over
+// everything already pending below it (readiness, critical-path chains), so its cost grows with
+// the evaluation, not the batch: a few large transactions cost far less than one per batch,
+// and leave the cores to Nix. The publication lock is held from the first prepare after a
+// commit to the next commit, so the garbage collector never deletes what a prepared batch
+// relies on.
+func (e *Evaluator) ingest(ctx context.Context, in *ingester, batches <-chan []Attr) error {
+	var (
+		ready      []batch
+		release    func()
+		lastCommit time.Time // zero: the first batch is committed at once, for the first jobs
+		due        <-chan time.Time
+	)
+	defer func() {
+		if release != nil {
+			release()
+		}
+	}()
+	commit := func() error {
+		err := in.commit(ctx, ready)
+		release()
+		release, ready, due = nil, nil, nil
+		lastCommit = e.clock.Now()
+		return err
+	}
+	for {
+		select {
+		case <-due:
+			if err := commit(); err != nil {
+				return err
+			}
+			continue
+		case b, ok := <-batches:
+			if !ok {
+				if len(ready) > 0 {
+					return commit()
+				}
+				return nil
+			}
+			// Batches that queued up while the previous one was prepared go in together, up to
+			// maxCoalesced attributes.
+		more:
+			for len(b) < maxCoalesced {
+				select {
+				case next, ok := <-batches:
+					if !ok {
+						break more
+					}
+					b = append(b, next...)
+				default:
+					break more
+				}
+			}
+			if release == nil {
+				// From the first lookup of what the database and the cache hold to the commit of
+				// the rows that make it live, the garbage collector's sweep waits.
+				var err error
+				if release, err = gc.HoldPublication(ctx, e.pool); err != nil {
+					return err
+				}
+			}
+			p, err := in.prepare(ctx, b)
+			if err != nil {
+				return err
+			}
+			ready = append(ready, p)
+			if wait := e.cfg.CommitInterval - e.clock.Now().Sub(lastCommit); wait > 0 {
+				if due == nil {
+					due = e.clock.After(wait)
+				}
+				continue
+			}
+			if err := commit(); err != nil {
+				return err
+			}
+		}
+	}
 }
 
 // plan reads the in-tree settings and decides what to evaluate: commit of the copy of m at

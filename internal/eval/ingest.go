@@ -2,16 +2,18 @@ package eval
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"maps"
+	"os"
+	"path/filepath"
 	"slices"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
-	"github.com/harmonia-ci/harmonia-ci/internal/gc"
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 	"github.com/harmonia-ci/harmonia-ci/internal/signer"
@@ -33,7 +35,10 @@ type Publisher interface {
 }
 
 // ingester turns batches of attributes into rows: the derivation closure (layer 1), the
-// attributes and the build jobs, after publishing the new .drv files and sources.
+// attributes and the build jobs, after publishing the new .drv files and sources. A batch is
+// prepared (closure read, cache decided, published) as soon as it arrives, and prepared batches
+// are committed together (see Evaluator.ingest): the walk never waits for ingestion, and the
+// database sees a few large transactions instead of one per batch.
 type ingester struct {
 	pool      *pgxpool.Pool
 	storeRoot string
@@ -48,63 +53,52 @@ type ingester struct {
 	projectID int64
 	order     queue.Order
 
-	known     map[string]bool // derivations in the database (found there or ingested)
+	known     map[string]bool // derivations in the database (found there or committed)
+	prepared  map[string]bool // new derivations of prepared batches, not committed yet
 	published map[string]bool // store paths published by this evaluation
 
 	stats ingestStats
 }
 
 type ingestStats struct {
-	Attrs, Derivations, Jobs, Published int
+	Attrs, Derivations, Jobs, Published, Commits int
 }
 
-// flush ingests one batch of attributes in one transaction.
-func (in *ingester) flush(ctx context.Context, attrs []Attr) error {
-	if len(attrs) == 0 {
-		return nil
-	}
+// batch is a prepared batch: its closure read and published, its rows not yet committed.
+type batch struct {
+	attrs       []Attr
+	derivs      []queue.Derivation
+	build       []string // derivations that get a job
+	preexisting []string // known derivations it met, whose cancelled jobs it may need again
+}
+
+// prepare reads the closure of a batch of attributes down to what the database or an earlier
+// prepared batch has, decides which new derivations need a job, and publishes the new .drv
+// files and sources. The caller holds the publication lock (gc.HoldPublication) from the first
+// prepare until the commit of its rows.
+func (in *ingester) prepare(ctx context.Context, attrs []Attr) (batch, error) {
+	b := batch{attrs: attrs}
 	var roots []string
 	for _, a := range attrs {
 		if a.DrvPath != "" {
 			roots = append(roots, a.DrvPath)
 		}
 	}
-	// From the first lookup of what the database and the cache hold to the commit of the rows
-	// that make it live, the garbage collector's sweep waits (see gc.HoldPublication).
-	release, err := gc.HoldPublication(ctx, in.pool)
+	fresh, texts, preexisting, err := in.closure(ctx, roots)
 	if err != nil {
-		return err
+		return b, err
 	}
-	defer release()
-	fresh, preexisting, err := in.closure(ctx, roots)
-	if err != nil {
-		return err
-	}
+	b.preexisting = preexisting
 	newDrvs := slices.Sorted(maps.Keys(fresh))
-
-	// What Nix's database says about the new .drv files and their sources.
-	var infoPaths []string
-	for _, p := range newDrvs {
-		infoPaths = append(infoPaths, p)
-		for _, src := range fresh[p].InputSrcs {
-			if !in.published[src] {
-				infoPaths = append(infoPaths, src)
-			}
-		}
-	}
-	infos, err := in.storeDB.PathInfos(ctx, infoPaths)
-	if err != nil {
-		return fmt.Errorf("read store database: %w", err)
-	}
-	derivs := make([]queue.Derivation, 0, len(newDrvs))
+	b.derivs = make([]queue.Derivation, 0, len(newDrvs))
 	for _, p := range newDrvs {
 		d := fresh[p]
-		info, ok := infos[p]
-		if !ok {
-			return fmt.Errorf("derivation %s is not valid in the evaluator's store", p)
-		}
+		// A .drv file's NAR is that of one regular file: its hash and size follow from the text,
+		// exactly as Nix's database records them, without a query per file.
+		nar := nix.FileNAR(texts[p], false)
 		qd := queue.Derivation{DrvPath: p, Name: d.Name(), System: d.Platform,
-			RequiredFeatures: d.RequiredSystemFeatures(), NarHash: info.NarHash, NarSize: info.NarSize, InputSrcs: d.InputSrcs}
+			RequiredFeatures: d.RequiredSystemFeatures(), NarHash: nix.FormatSHA256(sha256.Sum256(nar)),
+			NarSize: int64(len(nar)), InputSrcs: d.InputSrcs}
 		for _, name := range d.OutputNames() {
 			qd.Outputs = append(qd.Outputs, queue.Output{Name: name, Path: d.Outputs[name].Path})
 		}
@@ -114,23 +108,40 @@ func (in *ingester) flush(ctx context.Context, attrs []Attr) error {
 		if qd.Name == "" {
 			qd.Name = drvName(p)
 		}
-		derivs = append(derivs, qd)
+		b.derivs = append(b.derivs, qd)
 	}
+	if b.build, err = in.needBuild(ctx, roots, fresh); err != nil {
+		return b, err
+	}
+	if err := in.publish(ctx, newDrvs, fresh); err != nil {
+		return b, err
+	}
+	for _, p := range newDrvs {
+		in.prepared[p] = true
+	}
+	return b, nil
+}
 
-	build, err := in.needBuild(ctx, roots, fresh)
-	if err != nil {
-		return err
+// commit inserts prepared batches in one transaction: layer 1, the attributes and the jobs
+// (queue.EnqueueTx), and revives cancelled jobs they need again.
+func (in *ingester) commit(ctx context.Context, batches []batch) error {
+	var derivs []queue.Derivation
+	var names, drvs, errs, preexisting []string
+	build := []string{}
+	for _, b := range batches {
+		derivs = append(derivs, b.derivs...)
+		build = append(build, b.build...)
+		preexisting = append(preexisting, b.preexisting...)
+		for _, a := range b.attrs {
+			names, drvs, errs = append(names, a.Name), append(drvs, a.DrvPath), append(errs, a.Error)
+		}
 	}
-	if err := in.publish(ctx, newDrvs, fresh, infos); err != nil {
-		return err
+	if len(names) == 0 {
+		return nil
 	}
-
-	names, drvs, errs := make([]string, len(attrs)), make([]string, len(attrs)), make([]string, len(attrs))
-	for i, a := range attrs {
-		names[i], drvs[i], errs[i] = a.Name, a.DrvPath, a.Error
-	}
+	preexisting = uniq(preexisting)
 	var res queue.EnqueueResult
-	err = pgx.BeginFunc(ctx, in.pool, func(tx pgx.Tx) error {
+	err := pgx.BeginFunc(ctx, in.pool, func(tx pgx.Tx) error {
 		var status string
 		err := tx.QueryRow(ctx, sqlHoldClaim, in.evalID, in.node, in.attempt).Scan(&status)
 		if errors.Is(err, pgx.ErrNoRows) || (err == nil && status != "running") {
@@ -170,23 +181,27 @@ func (in *ingester) flush(ctx context.Context, attrs []Attr) error {
 		return nil
 	})
 	if err != nil {
-		return fmt.Errorf("ingest %d attributes: %w", len(attrs), err)
+		return fmt.Errorf("ingest %d attributes: %w", len(names), err)
 	}
-	for _, p := range newDrvs {
-		in.known[p] = true
+	for _, d := range derivs {
+		in.known[d.DrvPath] = true
+		delete(in.prepared, d.DrvPath)
 	}
-	in.stats.Attrs += len(attrs)
-	in.stats.Derivations += len(newDrvs)
+	in.stats.Attrs += len(names)
+	in.stats.Derivations += len(derivs)
 	in.stats.Jobs += res.NewJobs
+	in.stats.Commits++
 	return nil
 }
 
 // closure walks the derivation graph from roots, one database round trip per level: it returns
-// the derivations the database lacks (parsed) and the known ones it met, whose cancelled jobs
-// this evaluation may need again. A known derivation's closure is known too (every ingest
-// writes a closure whole), so the walk stops there.
-func (in *ingester) closure(ctx context.Context, roots []string) (map[string]*nix.Derivation, []string, error) {
+// the derivations the database lacks (parsed, and their texts) and the known ones it met, whose
+// cancelled jobs this evaluation may need again. A known derivation's closure is known too
+// (every ingest writes a closure whole), so the walk stops there, and so it does at a
+// derivation of a prepared batch, whose closure that batch holds.
+func (in *ingester) closure(ctx context.Context, roots []string) (map[string]*nix.Derivation, map[string][]byte, []string, error) {
 	fresh := map[string]*nix.Derivation{}
+	texts := map[string][]byte{}
 	var preexisting []string
 	frontier := uniq(roots)
 	for len(frontier) > 0 {
@@ -194,7 +209,7 @@ func (in *ingester) closure(ctx context.Context, roots []string) (map[string]*ni
 		for _, p := range frontier {
 			if in.known[p] {
 				preexisting = append(preexisting, p)
-			} else if fresh[p] == nil {
+			} else if fresh[p] == nil && !in.prepared[p] {
 				ask = append(ask, p)
 			}
 		}
@@ -202,10 +217,10 @@ func (in *ingester) closure(ctx context.Context, roots []string) (map[string]*ni
 		if len(ask) > 0 {
 			rows, err := in.pool.Query(ctx, sqlKnownDerivations, ask)
 			if err != nil {
-				return nil, nil, fmt.Errorf("look up derivations: %w", err)
+				return nil, nil, nil, fmt.Errorf("look up derivations: %w", err)
 			}
 			if found, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil {
-				return nil, nil, fmt.Errorf("look up derivations: %w", err)
+				return nil, nil, nil, fmt.Errorf("look up derivations: %w", err)
 			}
 		}
 		for _, p := range found {
@@ -217,20 +232,41 @@ func (in *ingester) closure(ctx context.Context, roots []string) (map[string]*ni
 			if in.known[p] || fresh[p] != nil {
 				continue
 			}
-			d, err := nix.ReadDerivation(in.storeRoot, p)
+			text, d, err := in.readDerivation(p)
 			if err != nil {
-				return nil, nil, err
+				return nil, nil, nil, err
 			}
-			fresh[p] = d
+			fresh[p], texts[p] = d, text
 			for input := range d.InputDrvs {
-				if !in.known[input] && fresh[input] == nil {
+				if !in.known[input] && fresh[input] == nil && !in.prepared[input] {
 					next = append(next, input)
 				}
 			}
 		}
 		frontier = uniq(next)
 	}
-	return fresh, uniq(preexisting), nil
+	return fresh, texts, uniq(preexisting), nil
+}
+
+// readDerivation reads and parses the .drv file p from the evaluator's store.
+func (in *ingester) readDerivation(p string) ([]byte, *nix.Derivation, error) {
+	// Validated first, so that p names nothing outside the store (no "..").
+	if _, err := nix.ParseStorePath(p); err != nil {
+		return nil, nil, fmt.Errorf("read derivation: %w", err)
+	}
+	root := in.storeRoot
+	if root == "" {
+		root = "/"
+	}
+	text, err := os.ReadFile(filepath.Join(root, p))
+	if err != nil {
+		return nil, nil, fmt.Errorf("read derivation: %w", err)
+	}
+	d, err := nix.ParseDerivation(text)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", p, err)
+	}
+	return text, d, nil
 }
 
 // needBuild decides which new derivations get a job: a derivation needs one unless all its
@@ -328,7 +364,7 @@ func (in *ingester) cachedOutputs(ctx context.Context, outs []string) (map[strin
 // publish uploads the new .drv files and the sources they need, so that a builder on another
 // machine can fetch the closure from the cache. The .drv files go inputs first: the signer
 // publishes nothing that refers to what the cache does not have yet.
-func (in *ingester) publish(ctx context.Context, newDrvs []string, fresh map[string]*nix.Derivation, infos map[string]nix.PathInfo) error {
+func (in *ingester) publish(ctx context.Context, newDrvs []string, fresh map[string]*nix.Derivation) error {
 	if in.publisher == nil {
 		return nil
 	}
@@ -340,24 +376,31 @@ func (in *ingester) publish(ctx context.Context, newDrvs []string, fresh map[str
 		queue = append(queue, fresh[p].InputSrcs...)
 	}
 	for len(queue) > 0 {
-		src := queue[0]
-		queue = queue[1:]
-		if in.published[src] {
-			continue
-		}
-		info, ok := infos[src]
-		if !ok {
-			more, err := in.storeDB.PathInfos(ctx, []string{src})
-			if err != nil {
-				return fmt.Errorf("read store database: %w", err)
+		// One store database query per level of references; most evaluations have a few
+		// sources shared by every derivation.
+		var ask []string
+		for _, src := range uniq(queue) {
+			if !in.published[src] {
+				ask = append(ask, src)
 			}
-			if info, ok = more[src]; !ok {
+		}
+		queue = nil
+		if len(ask) == 0 {
+			break
+		}
+		infos, err := in.storeDB.PathInfos(ctx, ask)
+		if err != nil {
+			return fmt.Errorf("read store database: %w", err)
+		}
+		for _, src := range ask {
+			info, ok := infos[src]
+			if !ok {
 				return fmt.Errorf("source %s is not valid in the evaluator's store", src)
 			}
+			in.published[src] = true
+			sources = append(sources, upload.Path{StorePath: src, References: info.References})
+			queue = append(queue, info.References...)
 		}
-		in.published[src] = true
-		sources = append(sources, upload.Path{StorePath: src, References: info.References})
-		queue = append(queue, info.References...)
 	}
 	for _, p := range inputsFirst(newDrvs, fresh) {
 		if !in.published[p] {
