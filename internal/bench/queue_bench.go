@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -12,8 +13,10 @@ import (
 	"runtime"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -63,10 +66,14 @@ type QueueReport struct {
 	// A claim alone, timed by a probe claiming one job ten times a second through the drain.
 	ClaimAloneP50Ms float64 `json:"claim_alone_p50_ms"`
 	ClaimAloneP99Ms float64 `json:"claim_alone_p99_ms"`
-	WakeP50Ms       float64 `json:"wake_p50_ms"`
-	WakeP99Ms       float64 `json:"wake_p99_ms"`
-	PgbenchTPS      float64 `json:"pgbench_tps"`
-	RatioToPgbench  float64 `json:"ratio_jobs_per_pgbench_tps"`
+	// CPU the drain took per job, when the server runs on this machine: the database server's
+	// processes and this process (the workers). Steadier than jobs/s on a shared machine.
+	ServerCPUPerJobMs float64 `json:"server_cpu_per_job_ms,omitempty"`
+	BenchCPUPerJobMs  float64 `json:"bench_cpu_per_job_ms,omitempty"`
+	WakeP50Ms         float64 `json:"wake_p50_ms"`
+	WakeP99Ms         float64 `json:"wake_p99_ms"`
+	PgbenchTPS        float64 `json:"pgbench_tps"`
+	RatioToPgbench    float64 `json:"ratio_jobs_per_pgbench_tps"`
 }
 
 func (o *QueueOptions) defaults() {
@@ -211,6 +218,7 @@ func Queue(ctx context.Context, o QueueOptions) (QueueReport, error) {
 		}
 		workers[i] = wk
 	}
+	cpuStart, cpuErr := drainCPU(ctx, pool)
 	start = time.Now()
 	for _, wk := range workers {
 		if err := wk.Start(ctx); err != nil {
@@ -227,6 +235,11 @@ func Queue(ctx context.Context, o QueueOptions) (QueueReport, error) {
 	r.ClaimAloneP50Ms, r.ClaimAloneP99Ms = percentileMs(alone, 50), percentileMs(alone, 99)
 	r.RunSeconds = time.Since(start).Seconds()
 	r.JobsPerSecond = float64(o.Jobs) / r.RunSeconds
+	if cpuEnd, err := drainCPU(ctx, pool); err == nil && cpuErr == nil {
+		r.ServerCPUPerJobMs = float64((cpuEnd.server - cpuStart.server).Microseconds()) / 1000 / float64(o.Jobs)
+		r.BenchCPUPerJobMs = float64((cpuEnd.self - cpuStart.self).Microseconds()) / 1000 / float64(o.Jobs)
+		o.Logger.Info("drain CPU per job", "server_ms", r.ServerCPUPerJobMs, "bench_ms", r.BenchCPUPerJobMs)
+	}
 	r.ClaimP50Ms, r.ClaimP99Ms = percentileMs(lat, 50), percentileMs(lat, 99)
 	r.ClaimP99FullMs = percentileMs(latFull, 99)
 	if r.PgbenchTPS > 0 {
@@ -409,4 +422,89 @@ func (p *claimProbe) stop() []time.Duration {
 	p.cancel()
 	<-p.done
 	return p.lat
+}
+
+// cpuTimes is CPU consumed so far by the database server and by this process.
+type cpuTimes struct{ server, self time.Duration }
+
+// drainCPU reads the CPU time of this process and, through /proc, of the database server: the
+// postmaster with the children it reaped, and its live children (backends, autovacuum, WAL
+// writer). Backends that exit in between move from the second sum into the first. An error
+// means the server is not on this machine (or not Linux).
+func drainCPU(ctx context.Context, pool *pgxpool.Pool) (cpuTimes, error) {
+	var t cpuTimes
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return t, err
+	}
+	t.self = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	var backend int
+	if err := pool.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&backend); err != nil {
+		return t, err
+	}
+	st, err := procStat(backend)
+	if err != nil {
+		return t, err
+	}
+	if st.comm != "postgres" {
+		// The same pid on this machine is another process: the server runs elsewhere.
+		return t, fmt.Errorf("backend %d is not a local postgres process", backend)
+	}
+	postmaster := st.ppid
+	pm, err := procStat(postmaster)
+	if err != nil {
+		return t, err
+	}
+	t.server = pm.cpu + pm.children
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return t, err
+	}
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if s, err := procStat(pid); err == nil && s.ppid == postmaster {
+			t.server += s.cpu
+		}
+	}
+	return t, nil
+}
+
+type procStatus struct {
+	comm          string
+	ppid          int
+	cpu, children time.Duration // utime+stime, cutime+cstime
+}
+
+// procStat parses /proc/PID/stat (after the command, which may hold spaces, in parentheses).
+func procStat(pid int) (procStatus, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return procStatus{}, err
+	}
+	i := bytes.LastIndexByte(b, ')')
+	j := bytes.IndexByte(b, '(')
+	if i < 0 || j < 0 || j > i {
+		return procStatus{}, fmt.Errorf("parse /proc/%d/stat", pid)
+	}
+	f := strings.Fields(string(b[i+1:]))
+	// f[0] is field 3 (state): ppid is field 4, utime..cstime fields 14-17.
+	if len(f) < 15 {
+		return procStatus{}, fmt.Errorf("parse /proc/%d/stat", pid)
+	}
+	var n [4]int64
+	for k := range n {
+		if n[k], err = strconv.ParseInt(f[11+k], 10, 64); err != nil {
+			return procStatus{}, fmt.Errorf("parse /proc/%d/stat: %w", pid, err)
+		}
+	}
+	ppid, err := strconv.Atoi(f[1])
+	if err != nil {
+		return procStatus{}, fmt.Errorf("parse /proc/%d/stat: %w", pid, err)
+	}
+	// Clock ticks: 100 a second on every Linux this runs on (USER_HZ).
+	tick := 10 * time.Millisecond
+	return procStatus{comm: string(b[j+1 : i]), ppid: ppid, cpu: time.Duration(n[0]+n[1]) * tick, children: time.Duration(n[2]+n[3]) * tick}, nil
 }

@@ -91,9 +91,10 @@ GRANT INSERT, UPDATE, DELETE ON repositories, projects, evaluations, eval_attrs,
     webhook_deliveries TO harmonia_frontend;
 GRANT INSERT ON gc_requests TO harmonia_frontend;
 GRANT INSERT, DELETE ON maintenance_runs TO harmonia_frontend;
--- Rebuild, cancel, the reaper, unsupported builds; blocked_inputs for the readiness audit.
+-- Rebuild, cancel, the reaper, unsupported builds; blocked_inputs and ready for the readiness
+-- audit.
 GRANT UPDATE (status, priority, claimed_by, claimed_at, started_at, finished_at, exit_code,
-              retry_count, error_message, blocked_inputs)
+              retry_count, error_message, blocked_inputs, ready)
     ON build_jobs TO harmonia_frontend;
 -- Drain requests, dead nodes and their cleanup.
 GRANT UPDATE (status, draining), DELETE ON nodes TO harmonia_frontend;

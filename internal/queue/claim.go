@@ -7,6 +7,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
 )
 
 // Claimer is what a worker offers: its node, systems and features.
@@ -69,7 +71,7 @@ func claimJobs(ctx context.Context, q Querier, c Claimer, limit int, form ClaimF
 // was recorded and nothing claimed.
 func SucceedAndClaim(ctx context.Context, pool *pgxpool.Pool, c Claim, next Claimer, limit int) (Outcome, []Job, error) {
 	b := &pgx.Batch{}
-	b.Queue(sqlJobSucceed, c.JobID, c.NodeID, c.Attempt, nil)
+	b.Queue(sqlJobSucceed, c.JobID, c.NodeID, c.Attempt, nil, cluster.LockClass)
 	b.Queue(sqlClaim, next.Systems, next.features(), next.NodeID, limit, limit)
 	br := pool.SendBatch(ctx, b)
 	out := Outcome{Status: "succeeded"}

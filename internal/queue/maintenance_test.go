@@ -343,3 +343,40 @@ func TestDecayShares(t *testing.T) {
 		})
 	}
 }
+
+// TestAuditRepairsReadyFlag checks that the readiness audit compares the ready flag with the
+// count as well as the count with the truth: ready is written beside blocked_inputs by the
+// readiness triggers, and a flag out of step with its count would hide a job from the claim
+// (or offer a blocked one) with every count right.
+func TestAuditRepairsReadyFlag(t *testing.T) {
+	t.Parallel()
+	pool, _ := newPool(t, 4)
+	ctx := qt.Ctx(t, 30*time.Second)
+	qt.Enqueue(t, pool, nil, qt.Drv("a", "x-linux"), qt.Drv("b", "x-linux", "a"))
+	qt.Exec(t, pool, `UPDATE build_jobs SET ready = NOT ready`)
+	task := qt.Task(t, queue.MaintenanceTasks(queue.MaintenanceConfig{}, qt.Logger()), "audit-readiness")
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := task.Run(ctx, tx)
+	if err == nil {
+		err = tx.Commit(ctx)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != 2 {
+		t.Fatalf("audit repaired %d jobs, want 2", n)
+	}
+	var wrong int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM build_jobs WHERE ready <> (blocked_inputs = 0)`).Scan(&wrong); err != nil {
+		t.Fatal(err)
+	}
+	if wrong != 0 {
+		t.Fatalf("%d jobs still have a ready flag out of step with their count", wrong)
+	}
+	if got := claim(t, pool, queue.Claimer{NodeID: "n", Systems: []string{"x-linux"}}, 2); len(got) != 1 || qt.NameOf(got[0].DrvPath) != "a" {
+		t.Fatalf("claimed %v after the audit, want [a]", qt.Names(got))
+	}
+}

@@ -103,11 +103,17 @@ RETURNING build_jobs.id, build_jobs.drv_path, build_jobs.system, build_jobs.proj
 	//
 	// Success is one statement (one round trip, no explicit transaction). Its notification is
 	// the caller's, batched (see Announcer).
-	// $4 the log's blob key, or NULL to keep log_url.
+	// $4 the log's blob key, or NULL to keep log_url; $5 cluster.LockClass.
+	//
+	// A success moves the job into 'succeeded', so it takes the readiness lock shared (object 2,
+	// see sqlEnqueueLock) before it touches the row: the uncorrelated EXISTS is a one-time
+	// filter, evaluated before the scan. Taken later, by the readiness trigger with the row
+	// already locked, it could deadlock against an enqueue of the same job waiting on that row.
 	sqlJobSucceed = `
 UPDATE build_jobs SET status = 'succeeded', finished_at = now(), exit_code = 0, error_message = NULL,
     log_url = COALESCE($4, log_url)
 WHERE id = $1 AND claimed_by = $2 AND attempt = $3 AND status IN ('building', 'uploading')
+  AND EXISTS (SELECT FROM pg_advisory_xact_lock_shared($5, 2))
 RETURNING project_id, EXTRACT(EPOCH FROM now() - started_at)::float8, drv_path`
 
 	sqlJobUploading = `
@@ -268,17 +274,18 @@ RETURNING bj.id, bj.drv_path`
 	sqlDecayShares = `
 UPDATE projects SET consumed_seconds = consumed_seconds * $1 WHERE consumed_seconds > 0`
 
-	// Jobs whose maintained count disagrees with the truth; a non-empty result is a bug, fixed
-	// here and logged. $1 page size.
+	// Jobs whose maintained count disagrees with the truth, or whose ready flag with the count
+	// (both are written by the readiness triggers and recount_blocked); a non-empty result is
+	// a bug, fixed here and logged. $1 page size.
 	sqlReadinessAudit = `
 WITH truth AS (
-    SELECT bj.id, bj.blocked_inputs AS have, (
+    SELECT bj.id, bj.blocked_inputs AS have, bj.ready, (
         SELECT count(*) FROM derivation_inputs di
         JOIN build_jobs dep ON dep.drv_path = di.input_drv
         WHERE di.referrer = bj.drv_path AND dep.status <> 'succeeded')::int AS want
     FROM build_jobs bj WHERE bj.status = 'pending'
 ), wrong AS (
-    SELECT id FROM truth WHERE have <> want ORDER BY id LIMIT $1
+    SELECT id FROM truth WHERE have <> want OR ready <> (want = 0) ORDER BY id LIMIT $1
 )
 SELECT count(*) FROM (SELECT recount_blocked(ARRAY(SELECT id FROM wrong))) r, wrong`
 )
