@@ -469,9 +469,11 @@ func (e *Evaluator) ingest(ctx context.Context, in *ingester, batches <-chan []A
 		case b, ok := <-batches:
 			if !ok {
 				if len(ready) > 0 {
-					return commit()
+					if err := commit(); err != nil {
+						return err
+					}
 				}
-				return nil
+				return in.raiseChains(ctx)
 			}
 			// Batches that queued up while the previous one was prepared go in together, up to
 			// maxCoalesced attributes.

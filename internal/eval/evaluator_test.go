@@ -171,6 +171,33 @@ let x = mk "x" [ ]; b = mk "b" [ x ]; in {
 	}
 }
 
+// Every batch committed on its own (inputs first, as Nix walks a closure), the jobs' dependent
+// chains still count what came above them in later commits: the evaluation raises them once,
+// after its last commit.
+func TestChainsAfterSeparateCommits(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	h.startEvaluator("ev-1", func(c *eval.Config) { c.BatchAttrs, c.CommitInterval = 1, time.Nanosecond })
+	_, commit := h.newProject("chains", map[string]string{"ci.nix": h.lib() + `
+let x = mk "x" [ ]; b = mk "b" [ x ]; in {
+  a = x;
+  b = b;
+  c = mk "c" [ x b ];
+}`})
+	e, _ := h.trigger("chains", "", commit)
+	h.waitSucceeded(e.ID)
+	attrs := h.attrs(e.ID)
+	if len(attrs) != 3 {
+		t.Fatalf("attributes %+v, want a, b and c", attrs)
+	}
+	// x ← b ← c and x ← c: x has the two jobs of the longest chain above it.
+	for attr, want := range map[string]int64{"a": 2, "b": 1, "c": 0} {
+		if got := h.queryInt(`SELECT dependent_chain FROM build_jobs WHERE drv_path = $1`, attrs[attr].DrvPath); got != want {
+			t.Errorf("%s: chain %d, want %d", attr, got, want)
+		}
+	}
+}
+
 // Attributes that fail are recorded with their error and no derivation; the rest of the
 // project is evaluated; nested sets are walked only with recurseForDerivations.
 func TestAttributeErrorsAndNesting(t *testing.T) {

@@ -56,6 +56,10 @@ type ingester struct {
 	known     map[string]bool // derivations in the database (found there or committed)
 	prepared  map[string]bool // new derivations of prepared batches, not committed yet
 	published map[string]bool // store paths published by this evaluation
+	// enqueued and needed are the new derivations and the jobs of every commit, whose chains
+	// (and those below them) are raised once, after the last commit (see raiseChains).
+	enqueued []queue.Derivation
+	needed   []string
 
 	stats ingestStats
 }
@@ -155,7 +159,8 @@ func (in *ingester) commit(ctx context.Context, batches []batch) error {
 			return fmt.Errorf("take job-need lock: %w", err)
 		}
 		pid := in.projectID
-		res, err = queue.EnqueueTx(ctx, tx, queue.EnqueueParams{ProjectID: &pid, Derivations: derivs, Build: build, Order: in.order})
+		res, err = queue.EnqueueTx(ctx, tx, queue.EnqueueParams{ProjectID: &pid, Derivations: derivs, Build: build,
+			Order: in.order, DeferRaise: true})
 		if err != nil {
 			return err
 		}
@@ -187,10 +192,40 @@ func (in *ingester) commit(ctx context.Context, batches []batch) error {
 		in.known[d.DrvPath] = true
 		delete(in.prepared, d.DrvPath)
 	}
+	if in.order == queue.OrderCriticalPath {
+		in.enqueued = append(in.enqueued, derivs...)
+		in.needed = append(in.needed, build...)
+	}
 	in.stats.Attrs += len(names)
 	in.stats.Derivations += len(derivs)
 	in.stats.Jobs += res.NewJobs
 	in.stats.Commits++
+	return nil
+}
+
+// raiseChains brings the dependent chains of the evaluation's jobs, and of the pending jobs below
+// them, up to date once the last batch is committed: each commit left the jobs before it as
+// they were (queue.EnqueueParams.DeferRaise). Chains only order ready jobs, so the jobs
+// claimed meanwhile lost nothing they needed.
+func (in *ingester) raiseChains(ctx context.Context) error {
+	if len(in.needed) == 0 {
+		return nil
+	}
+	err := pgx.BeginFunc(ctx, in.pool, func(tx pgx.Tx) error {
+		var status string
+		err := tx.QueryRow(ctx, sqlHoldClaim, in.evalID, in.node, in.attempt).Scan(&status)
+		if errors.Is(err, pgx.ErrNoRows) || (err == nil && status != "running") {
+			return errStale
+		}
+		if err != nil {
+			return err
+		}
+		_, err = queue.RaiseDeferred(ctx, tx, in.enqueued, uniq(in.needed))
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("ingest: %w", err)
+	}
 	return nil
 }
 

@@ -1,5 +1,14 @@
 package queue
 
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+
+	"github.com/jackc/pgx/v5"
+)
+
 // chains holds, for one enqueue, each new job's dependent chain: how many jobs the longest
 // chain of this enqueue's jobs above it holds. The claim prefers the longest (critical-path
 // order): a deep chain of dependencies starts while the wide, shallow work fills the other
@@ -97,4 +106,38 @@ func (c chains) raises(created map[string]bool) (seeds []string, at []int32) {
 		}
 	}
 	return seeds, at
+}
+
+// RaiseDeferred gives the jobs of several enqueues made with DeferRaise (ds and build, all of
+// them together) the chains one enqueue of everything would have given them, and raises the
+// jobs below them that were there before: the chains are computed over the enqueues' own
+// graph, so only the jobs outside it are walked in the database. It returns how many jobs of
+// the enqueues it raised.
+func RaiseDeferred(ctx context.Context, tx pgx.Tx, ds []Derivation, build []string) (int64, error) {
+	c := chainsOf(OrderCriticalPath, ds, build)
+	var drvs, seeds []string
+	var at, seedAt []int32
+	for _, drv := range slices.Sorted(maps.Keys(c.jobs)) {
+		n := c.chain[drv]
+		if n > 0 {
+			drvs, at = append(drvs, drv), append(at, int32(n))
+		}
+		for _, in := range c.edges[drv] {
+			seeds, seedAt = append(seeds, in), append(seedAt, int32(n+1))
+		}
+	}
+	var raised int64
+	if len(drvs) > 0 {
+		tag, err := tx.Exec(ctx, sqlSetChains, drvs, at)
+		if err != nil {
+			return 0, fmt.Errorf("raise dependent chains: %w", err)
+		}
+		raised = tag.RowsAffected()
+	}
+	if len(seeds) > 0 {
+		if _, err := tx.Exec(ctx, sqlRaiseChains, seeds, seedAt); err != nil {
+			return raised, fmt.Errorf("raise dependent chains: %w", err)
+		}
+	}
+	return raised, nil
 }

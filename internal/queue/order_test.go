@@ -166,3 +166,118 @@ func TestSucceedAndClaim(t *testing.T) {
 		t.Fatalf("c is %s after a stale success, want building", s)
 	}
 }
+
+// TestDeferredChainRaise: enqueues that defer the raise leave the jobs below them as they were,
+// and one RaiseDeferred over them then gives every chain the value raising at each enqueue
+// would have given, on a graph that arrives inputs first as an evaluation's does, and raises
+// the jobs that were there before, below them.
+func TestDeferredChainRaise(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.NewPool(t)
+	project := qt.NewProject(t, pool, "p", 100)
+	ctx := qt.Ctx(t, 30*time.Second)
+	// layers 0..4 of three derivations each; each depends on two of the layer below. One copy
+	// raised at every enqueue, one deferred.
+	layer := func(prefix string, l int) []queue.Derivation {
+		var ds []queue.Derivation
+		for i := range 3 {
+			var ins []string
+			if l > 0 {
+				ins = []string{fmt.Sprintf("%s-%d-%d", prefix, l-1, i), fmt.Sprintf("%s-%d-%d", prefix, l-1, (i+1)%3)}
+			}
+			ds = append(ds, qt.Drv(fmt.Sprintf("%s-%d-%d", prefix, l, i), sys, ins...))
+		}
+		return ds
+	}
+	var deferred []queue.Derivation
+	var jobs []string
+	for l := range 5 {
+		enqueueOrdered(t, pool, project, queue.OrderCriticalPath, layer("now", l)...)
+		ds := layer("later", l)
+		if _, err := queue.Enqueue(ctx, pool, queue.EnqueueParams{ProjectID: &project, Derivations: ds,
+			Order: queue.OrderCriticalPath, DeferRaise: true}); err != nil {
+			t.Fatal(err)
+		}
+		deferred = append(deferred, ds...)
+		for _, d := range ds {
+			jobs = append(jobs, d.DrvPath)
+		}
+	}
+	if got := chainOf(t, pool, "later-0-0"); got != 0 {
+		t.Fatalf("before the raise, later-0-0 has chain %d; want 0 (each enqueue was one layer)", got)
+	}
+	// A job that was there before, below the deferred ones, is raised too.
+	enqueueOrdered(t, pool, project, queue.OrderCriticalPath, qt.Drv("before", sys))
+	more := qt.Drv("later-0-extra", sys, "before")
+	enqueueDeferred := func(ds ...queue.Derivation) {
+		t.Helper()
+		if _, err := queue.Enqueue(ctx, pool, queue.EnqueueParams{ProjectID: &project, Derivations: ds,
+			Order: queue.OrderCriticalPath, DeferRaise: true}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	enqueueDeferred(more)
+	top := qt.Drv("later-5-0", sys, "later-4-0", "later-0-extra")
+	enqueueDeferred(top)
+	deferred, jobs = append(deferred, more, top), append(jobs, more.DrvPath, top.DrvPath)
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := queue.RaiseDeferred(ctx, tx, deferred, jobs)
+	if err == nil {
+		err = tx.Commit(ctx)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The oracle: the longest chain of jobs above each deferred job, by recursion over the
+	// deferred graph (before has no job above it but those).
+	referrers := map[string][]string{}
+	for _, d := range deferred {
+		for _, in := range d.Inputs {
+			referrers[in.DrvPath] = append(referrers[in.DrvPath], d.DrvPath)
+		}
+	}
+	var above func(drv string) int64
+	above = func(drv string) int64 {
+		var best int64
+		for _, r := range referrers[drv] {
+			best = max(best, above(r)+1)
+		}
+		return best
+	}
+	var positive int64
+	for _, d := range deferred {
+		want := above(d.DrvPath)
+		if want > 0 {
+			positive++
+		}
+		if got := chainOf(t, pool, qt.NameOf(d.DrvPath)); got != want {
+			t.Errorf("deferred %s: chain %d; want %d", qt.NameOf(d.DrvPath), got, want)
+		}
+	}
+	if n != positive {
+		t.Errorf("RaiseDeferred raised %d of the deferred jobs; want %d (each enqueue saw one layer)", n, positive)
+	}
+	if got, want := chainOf(t, pool, "before"), above(qt.DrvPath("before")); got != want || want != 2 {
+		t.Errorf("before (enqueued earlier, below the deferred jobs): chain %d; want %d (2)", got, want)
+	}
+	// The copy raised at each enqueue agrees with the oracle too.
+	for l := range 5 {
+		for i := range 3 {
+			if got, want := chainOf(t, pool, fmt.Sprintf("now-%d-%d", l, i)), int64(4-l); got != want {
+				t.Errorf("layer %d job %d raised at each enqueue: chain %d; want %d", l, i, got, want)
+			}
+		}
+	}
+	// A second raise finds nothing to do.
+	tx, err = pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if n, err := queue.RaiseDeferred(ctx, tx, deferred, jobs); err != nil || n != 0 {
+		t.Errorf("a second RaiseDeferred = %d, %v; want 0", n, err)
+	}
+}

@@ -59,6 +59,18 @@ UPDATE build_jobs bj SET dependent_chain = m.chain
 FROM (SELECT drv_path, max(chain) AS chain FROM raise GROUP BY drv_path) m
 WHERE bj.drv_path = m.drv_path AND bj.status = 'pending' AND bj.dependent_chain < m.chain`
 
+	// Raises pending jobs' chains to at least $2[i] for $1[i] (no walk below them), the rows
+	// locked in id order: another raise, or a finish's readiness step, may lock some of them.
+	sqlSetChains = `
+WITH locked AS (
+    SELECT bj.id, t.c FROM build_jobs bj JOIN unnest($1::text[], $2::int[]) AS t(d, c) ON bj.drv_path = t.d
+    WHERE bj.status = 'pending' AND bj.dependent_chain < t.c
+    ORDER BY bj.id
+    FOR NO KEY UPDATE OF bj
+)
+UPDATE build_jobs bj SET dependent_chain = l.c FROM locked l
+WHERE bj.id = l.id AND bj.status = 'pending' AND bj.dependent_chain < l.c`
+
 	sqlNotify     = `SELECT pg_notify('build_jobs', $1)`
 	sqlNotifyMany = `SELECT pg_notify('build_jobs', p) FROM unnest($1::text[]) AS t(p)`
 

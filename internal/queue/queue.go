@@ -64,6 +64,10 @@ type EnqueueParams struct {
 	Build []string
 	// Order ranks the new jobs among a project's ready jobs of equal priority.
 	Order Order
+	// DeferRaise leaves the chains of the jobs that were there before (below the new ones) as
+	// they are, for one RaiseDeferred after the last of several enqueues: an evaluation arrives
+	// inputs first, so raising at every enqueue would raise everything below again each time.
+	DeferRaise bool
 }
 
 // Order is how a project's ready jobs of equal priority are ranked.
@@ -161,7 +165,7 @@ func EnqueueTx(ctx context.Context, tx pgx.Tx, p EnqueueParams) (EnqueueResult, 
 			}
 		}
 		res.NewJobs = len(created)
-		if seeds, at := chains.raises(created); len(seeds) > 0 {
+		if seeds, at := chains.raises(created); len(seeds) > 0 && !p.DeferRaise {
 			if _, err := tx.Exec(ctx, sqlRaiseChains, seeds, at); err != nil {
 				return fmt.Errorf("raise dependent chains: %w", err)
 			}
