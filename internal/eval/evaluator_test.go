@@ -145,18 +145,12 @@ func TestPreparedBatchesCommitTogether(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
 	h.startEvaluator("ev-1", func(c *eval.Config) { c.BatchAttrs, c.CommitInterval = 1, time.Hour })
-	_, commit := h.newProject("together", map[string]string{"ci.nix": h.lib() + `
+	attrs := h.evaluateOnce("together", `
 let x = mk "x" [ ]; b = mk "b" [ x ]; in {
   a = mk "a" [ ];
   b = b;
   c = mk "c" [ x b ];
-}`})
-	e, _ := h.trigger("together", "", commit)
-	h.waitSucceeded(e.ID)
-	attrs := h.attrs(e.ID)
-	if len(attrs) != 3 {
-		t.Fatalf("attributes %+v, want a, b and c", attrs)
-	}
+}`, 3)
 	union := drvClosure(t, attrs["a"].DrvPath, attrs["c"].DrvPath)
 	if jobs := sorted(h.queryStrings(`SELECT drv_path FROM build_jobs`)); !slices.Equal(jobs, union) {
 		t.Fatalf("build jobs for\n%q\nwant one per derivation of the closure\n%q", jobs, union)
@@ -178,18 +172,12 @@ func TestChainsAfterSeparateCommits(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
 	h.startEvaluator("ev-1", func(c *eval.Config) { c.BatchAttrs, c.CommitInterval = 1, time.Nanosecond })
-	_, commit := h.newProject("chains", map[string]string{"ci.nix": h.lib() + `
+	attrs := h.evaluateOnce("chains", `
 let x = mk "x" [ ]; b = mk "b" [ x ]; in {
   a = x;
   b = b;
   c = mk "c" [ x b ];
-}`})
-	e, _ := h.trigger("chains", "", commit)
-	h.waitSucceeded(e.ID)
-	attrs := h.attrs(e.ID)
-	if len(attrs) != 3 {
-		t.Fatalf("attributes %+v, want a, b and c", attrs)
-	}
+}`, 3)
 	// x ← b ← c and x ← c: x has the two jobs of the longest chain above it.
 	for attr, want := range map[string]int64{"a": 2, "b": 1, "c": 0} {
 		if got := h.queryInt(`SELECT dependent_chain FROM build_jobs WHERE drv_path = $1`, attrs[attr].DrvPath); got != want {

@@ -214,6 +214,20 @@ func (h *harness) attrs(id int64) map[string]eval.AttrResult {
 }
 
 // attrNames is the sorted names of an evaluation's attributes.
+// evaluateOnce evaluates ci.nix (the harness's lib, then expr) as a new project name, waits
+// for the evaluation to succeed and returns its attributes, which must be want of them.
+func (h *harness) evaluateOnce(name, expr string, want int) map[string]eval.AttrResult {
+	h.t.Helper()
+	_, commit := h.newProject(name, map[string]string{"ci.nix": h.lib() + expr})
+	e, _ := h.trigger(name, "", commit)
+	h.waitSucceeded(e.ID)
+	attrs := h.attrs(e.ID)
+	if len(attrs) != want {
+		h.t.Fatalf("attributes %+v, want %d of them", attrs, want)
+	}
+	return attrs
+}
+
 func (h *harness) attrNames(id int64) []string {
 	h.t.Helper()
 	return slices.Sorted(maps.Keys(h.attrs(id)))

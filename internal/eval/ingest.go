@@ -146,12 +146,7 @@ func (in *ingester) commit(ctx context.Context, batches []batch) error {
 	preexisting = uniq(preexisting)
 	var res queue.EnqueueResult
 	err := pgx.BeginFunc(ctx, in.pool, func(tx pgx.Tx) error {
-		var status string
-		err := tx.QueryRow(ctx, sqlHoldClaim, in.evalID, in.node, in.attempt).Scan(&status)
-		if errors.Is(err, pgx.ErrNoRows) || (err == nil && status != "running") {
-			return errStale
-		}
-		if err != nil {
+		if err := in.holdClaim(ctx, tx); err != nil {
 			return err
 		}
 		// Job-need lock before the enqueue lock: cancelUnneeded takes them in this order too.
@@ -159,6 +154,7 @@ func (in *ingester) commit(ctx context.Context, batches []batch) error {
 			return fmt.Errorf("take job-need lock: %w", err)
 		}
 		pid := in.projectID
+		var err error
 		res, err = queue.EnqueueTx(ctx, tx, queue.EnqueueParams{ProjectID: &pid, Derivations: derivs, Build: build,
 			Order: in.order, DeferRaise: true})
 		if err != nil {
@@ -203,6 +199,17 @@ func (in *ingester) commit(ctx context.Context, batches []batch) error {
 	return nil
 }
 
+// holdClaim locks the evaluation's row for tx (FOR SHARE), errStale unless this attempt still
+// runs it: every ingest transaction proves its claim first.
+func (in *ingester) holdClaim(ctx context.Context, tx pgx.Tx) error {
+	var status string
+	err := tx.QueryRow(ctx, sqlHoldClaim, in.evalID, in.node, in.attempt).Scan(&status)
+	if errors.Is(err, pgx.ErrNoRows) || (err == nil && status != "running") {
+		return errStale
+	}
+	return err
+}
+
 // raiseChains brings the dependent chains of the evaluation's jobs, and of the pending jobs below
 // them, up to date once the last batch is committed: each commit left the jobs before it as
 // they were (queue.EnqueueParams.DeferRaise). Chains only order ready jobs, so the jobs
@@ -212,15 +219,10 @@ func (in *ingester) raiseChains(ctx context.Context) error {
 		return nil
 	}
 	err := pgx.BeginFunc(ctx, in.pool, func(tx pgx.Tx) error {
-		var status string
-		err := tx.QueryRow(ctx, sqlHoldClaim, in.evalID, in.node, in.attempt).Scan(&status)
-		if errors.Is(err, pgx.ErrNoRows) || (err == nil && status != "running") {
-			return errStale
-		}
-		if err != nil {
+		if err := in.holdClaim(ctx, tx); err != nil {
 			return err
 		}
-		_, err = queue.RaiseDeferred(ctx, tx, in.enqueued, uniq(in.needed))
+		_, err := queue.RaiseDeferred(ctx, tx, in.enqueued, uniq(in.needed))
 		return err
 	})
 	if err != nil {
