@@ -137,17 +137,20 @@ func (o *E2EOptions) defaults() error {
 
 // E2EReport is what `bench e2e` measured.
 type E2EReport struct {
-	Date        string  `json:"date"`
-	Machine     string  `json:"machine"`
-	Nix         string  `json:"nix"`
-	Postgres    string  `json:"postgres"`
-	Derivations int     `json:"derivations"`
-	Width       int     `json:"width"`
-	Builders    int     `json:"builders"`
-	Slots       int     `json:"slots"`
-	Rounds      int     `json:"rounds"`
-	TraceNix    bool    `json:"trace_nix"`
-	Dir         string  `json:"dir,omitempty"` // kept with --keep
+	Date        string `json:"date"`
+	Machine     string `json:"machine"`
+	Nix         string `json:"nix"`
+	Postgres    string `json:"postgres"`
+	Derivations int    `json:"derivations"`
+	Width       int    `json:"width"`
+	Builders    int    `json:"builders"`
+	Slots       int    `json:"slots"`
+	Rounds      int    `json:"rounds"`
+	TraceNix    bool   `json:"trace_nix"`
+	Dir         string `json:"dir,omitempty"` // kept with --keep
+	// BuildCgroup is the cgroup the builders' daemons and builds ran in ([build] cgroup), ""
+	// when this machine has no writable one: then builds and nodes share the CPU by session.
+	BuildCgroup string  `json:"build_cgroup"`
 	TargetMs    float64 `json:"target_overhead_ms"`
 	TargetRatio float64 `json:"target_ratio"`
 	// TargetTrivialRatio is the trivial workload's cluster ÷ plain Nix target.
@@ -310,6 +313,8 @@ type e2e struct {
 	logOff  int64 // nodeLog read up to here
 	// postgres is the server_version of the deep workload's databases.
 	postgres string
+	// cgroup is the builders' [build] cgroup, "" for none.
+	cgroup string
 
 	mu      sync.Mutex
 	claims  map[int64]time.Duration
@@ -434,6 +439,15 @@ func E2E(ctx context.Context, o E2EOptions) (E2EReport, error) {
 		return r, err
 	}
 	b := &e2e{o: o, dir: dir, failed: make(chan error, 64), claims: map[int64]time.Duration{}, timings: map[int64]build.Timings{}}
+	// Builds in a cgroup of low CPU weight, as a builder machine configured for it runs them.
+	if parent := build.WritableCPUCgroup(); parent != "" {
+		cg := filepath.Join(parent, "harmonia-ci-bench-"+randomHex(6))
+		if err := build.PrepareCgroup(cg); err != nil {
+			return r, err
+		}
+		defer os.Remove(cg) // empty once the builders' daemons are gone
+		b.cgroup, r.BuildCgroup = cg, cg
+	}
 	if b.nixBin, err = exec.LookPath("nix-store"); err != nil {
 		return r, err
 	}
@@ -558,6 +572,7 @@ func (b *e2e) builderConfig(id string, sleep bool, order string) (*config.Config
 	cfg.Auth.ClusterSecret = ""
 	cfg.Node.MaxJobs = b.o.Slots
 	cfg.Build.NixStore = filepath.Join(b.dir, "store-"+id)
+	cfg.Build.Cgroup = b.cgroup
 	cfg.Build.ExtraSandboxPaths = nil
 	if sleep {
 		cfg.Build.ExtraSandboxPaths = []string{"/bin/sleep"}
@@ -1340,6 +1355,11 @@ func (r E2EReport) printLayered(w io.Writer) {
 	fmt.Fprintf(w, "  each its own chroot store; frontend, evaluator, signer and cache on one node; loopback; best of %d round(s)\n", r.Rounds)
 	fmt.Fprintf(w, "  plain Nix: nix-store --realise <all .drv> --max-jobs %d into a fresh chroot store, sandboxed; the realise only\n", jobs)
 	fmt.Fprintf(w, "  cluster:   first claim → last succeeded (database clock); builders start once the evaluation has succeeded\n")
+	if r.BuildCgroup != "" {
+		fmt.Fprintf(w, "  builds:    nice 10, in cgroup %s (a tenth of the default CPU weight)\n", r.BuildCgroup)
+	} else {
+		fmt.Fprintf(w, "  builds:    nice 10, no writable cgroup here: builds and nodes share the CPU by session\n")
+	}
 	pass := func(ok bool) string {
 		if ok {
 			return "PASS"

@@ -80,3 +80,54 @@ in { nice0 = stat "nice0"; nice7 = stat "nice7"; }`
 		})
 	}
 }
+
+// Builds run in the store's cgroup, which PrepareCgroup gave a low CPU weight, though Nix starts
+// each in a session of its own.
+func TestBuildsRunInTheStoresCgroup(t *testing.T) {
+	nixtest.RequireNix(t)
+	t.Parallel()
+	parent := WritableCPUCgroup()
+	if parent == "" {
+		t.Skip("no writable cgroup hierarchy with the cpu controller (needs root)")
+	}
+	cg := filepath.Join(parent, fmt.Sprintf("harmonia-test-%d", os.Getpid()))
+	if err := PrepareCgroup(cg); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Remove(cg) }) // after the session's cleanup: its daemon is gone
+	for _, w := range []struct{ file, want string }{{"cpu.shares", cgroupSharesV1}, {"cpu.weight", cgroupWeightV2}} {
+		if got, err := os.ReadFile(filepath.Join(cg, w.file)); err == nil && strings.TrimSpace(string(got)) != w.want {
+			t.Errorf("%s is %s; want %s", w.file, got, w.want)
+		}
+	}
+	root := t.TempDir()
+	expr := nixgen.Lib(storeTestSalt(t)) + ` {
+  cgroup = builtins.derivation {
+    name = "cgroup";
+    system = builtins.currentSystem;
+    builder = "/bin/sh";
+    args = [ "-c" "while read -r l; do echo \"$l\"; done < /proc/self/cgroup > $out" ];
+  };
+}`
+	drvPath := storeTestInstantiate(t, root, expr, "cgroup")["cgroup"]
+	ss := storeTestOpen(t, &Store{Root: root, Cgroup: cg})
+	drv, err := nix.ReadDerivation(root, drvPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	outs, err := ss.Build(storeTestCtx(t), drvPath, drv, nil, BuildLimits{}, &storeTestLog{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(filepath.Join(root, outs["out"]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rel := "/" + filepath.Base(cg)
+	if !strings.Contains(string(got), ":"+rel+"\n") {
+		t.Errorf("the build's cgroups:\n%s\nwant %s", got, rel)
+	}
+	if err := PrepareCgroup("relative/dir"); err == nil {
+		t.Error("PrepareCgroup of a relative path = nil error")
+	}
+}

@@ -75,6 +75,7 @@ func (s *Store) Open(ctx context.Context) (*Session, error) {
 	}
 	conn, err := workerproto.Start(ctx, workerproto.StartOptions{
 		Store: s.Root, Options: opts, Env: s.childEnv(home), Dir: home, KillGrace: s.killGrace, Nice: s.Nice,
+		Cgroup: s.Cgroup,
 	})
 	if err != nil {
 		os.RemoveAll(home)

@@ -38,6 +38,9 @@ type Store struct {
 	// Nice is the nice value of the store's daemons, which their builds inherit ([build] nice):
 	// the node's own work comes first on a busy machine. 0 leaves this process's.
 	Nice int
+	// Cgroup is the cgroup directory the store's daemons, and so their builds, run in
+	// ([build] cgroup; see PrepareCgroup). "" leaves them in the node's.
+	Cgroup string
 
 	// HTTP fetches from the substituters; nil: substitute's default client.
 	HTTP *http.Client

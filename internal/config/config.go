@@ -136,6 +136,9 @@ type BuildConfig struct {
 	// Nice is the nice value (0–19) of the Nix daemons the builder starts, which their builds
 	// inherit, so that the node's own work is not queued behind its builds.
 	Nice int `toml:"nice"`
+	// Cgroup is a cgroup directory (with the cpu controller) for the Nix daemons the builder
+	// starts and their builds, given a low CPU weight; "" for none.
+	Cgroup string `toml:"cgroup"`
 }
 
 // ClusterConfig tunes how nodes find each other and agree on a leader.

@@ -607,6 +607,8 @@ func TestValidate(t *testing.T) {
 			[]string{"config: build.nice must be between 0 and 19, got -5"}},
 		{"nice past 19", func(c *Config) { c.Build.Nice = 20 },
 			[]string{"config: build.nice must be between 0 and 19, got 20"}},
+		{"relative cgroup", func(c *Config) { c.Build.Cgroup = "builds" },
+			[]string{`config: build.cgroup must be an absolute path, got "builds"`}},
 		{"retention zero", func(c *Config) { c.Retention.Default = d("0s") },
 			[]string{"config: retention.default must be positive"}},
 		{"listen no port", func(c *Config) { c.Listen = "nope" },

@@ -141,6 +141,9 @@ func (c *Config) problems(from origins) []error {
 	if b.Nice < 0 || b.Nice > 19 {
 		add("build.nice", "build.nice must be between 0 and 19, got %d", b.Nice)
 	}
+	if b.Cgroup != "" && !filepath.IsAbs(b.Cgroup) {
+		add("build.cgroup", "build.cgroup must be an absolute path, got %q", b.Cgroup)
+	}
 
 	r := &c.Retention
 	positive("retention.default", r.Default)

@@ -158,10 +158,16 @@ func (n *node) roleWorkers(notifier *notify.Notifier, announcer *queue.Announcer
 		if !cfg.Build.Sandbox {
 			n.logger.Warn("build.sandbox is false: builds run outside Nix's sandbox and can read this machine's files; only for projects you trust")
 		}
+		if cfg.Build.Cgroup != "" {
+			if err := build.PrepareCgroup(cfg.Build.Cgroup); err != nil {
+				return nil, fmt.Errorf("build.cgroup: %w", err)
+			}
+		}
 		b, err := build.New(build.Config{
 			NodeID: cfg.Node.ID,
 			Store: build.Store{Root: cfg.Build.NixStore, SandboxPaths: cfg.Build.ExtraSandboxPaths,
-				Unsandboxed: !cfg.Build.Sandbox, BuildUsersGroup: cfg.Build.BuildUsersGroup, Nice: cfg.Build.Nice},
+				Unsandboxed: !cfg.Build.Sandbox, BuildUsersGroup: cfg.Build.BuildUsersGroup, Nice: cfg.Build.Nice,
+				Cgroup: cfg.Build.Cgroup},
 			Upstream: cfg.Substituters.URLs, UpstreamKeys: cfg.Substituters.TrustedPublicKeys,
 			Limits: build.BuildLimits{
 				Timeout: cfg.Build.Timeout.Duration, MaxSilent: cfg.Build.MaxSilent.Duration,

@@ -16,7 +16,10 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"os/exec"
+	"path/filepath"
+	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -70,6 +73,10 @@ type StartOptions struct {
 	KillGrace time.Duration
 	// Nice is the child's nice value, which its builds inherit; 0 leaves it as this process's.
 	Nice int
+	// Cgroup is a cgroup directory the child is moved into as it starts, before it can start a
+	// build: its builds stay there, even in sessions of their own. "" leaves it in this
+	// process's.
+	Cgroup string
 }
 
 // Start runs a `nix-daemon --stdio` child and handshakes with it. The child and its builds end
@@ -105,6 +112,13 @@ func Start(ctx context.Context, o StartOptions) (*Conn, error) {
 	cmd.Stderr = stderr
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start nix-daemon: %w", err)
+	}
+	if o.Cgroup != "" {
+		if err := os.WriteFile(filepath.Join(o.Cgroup, "cgroup.procs"), []byte(strconv.Itoa(cmd.Process.Pid)), 0); err != nil {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			return nil, fmt.Errorf("start nix-daemon: move it to cgroup %s: %w", o.Cgroup, err)
+		}
 	}
 	if o.Nice != 0 {
 		// Before the handshake: the daemon forks its builds only once asked to.
