@@ -28,6 +28,24 @@ func niceOf(t *testing.T, stat string) int {
 	return n
 }
 
+// buildOut builds drvPath in the chroot store root through ss and returns its out file.
+func buildOut(t *testing.T, ss *Session, root, drvPath string) string {
+	t.Helper()
+	drv, err := nix.ReadDerivation(root, drvPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	outs, err := ss.Build(storeTestCtx(t), drvPath, drv, nil, BuildLimits{}, &storeTestLog{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := os.ReadFile(filepath.Join(root, outs["out"]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(out)
+}
+
 // Builds run at the store's nice value, below the node's own work, whatever the node's is.
 func TestBuildsRunAtTheStoresNice(t *testing.T) {
 	nixtest.RequireNix(t)
@@ -62,19 +80,7 @@ in { nice0 = stat "nice0"; nice7 = stat "nice7"; }`
 			if got := niceOf(t, string(stat)); got != want {
 				t.Errorf("the daemon runs at nice %d; want %d", got, want)
 			}
-			drv, err := nix.ReadDerivation(root, drvPath)
-			if err != nil {
-				t.Fatal(err)
-			}
-			outs, err := ss.Build(storeTestCtx(t), drvPath, drv, nil, BuildLimits{}, &storeTestLog{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			line, err := os.ReadFile(filepath.Join(root, outs["out"]))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if got := niceOf(t, string(line)); got != want {
+			if got := niceOf(t, buildOut(t, ss, root, drvPath)); got != want {
 				t.Errorf("the build ran at nice %d; want %d", got, want)
 			}
 		})
@@ -111,20 +117,9 @@ func TestBuildsRunInTheStoresCgroup(t *testing.T) {
 }`
 	drvPath := storeTestInstantiate(t, root, expr, "cgroup")["cgroup"]
 	ss := storeTestOpen(t, &Store{Root: root, Cgroup: cg})
-	drv, err := nix.ReadDerivation(root, drvPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	outs, err := ss.Build(storeTestCtx(t), drvPath, drv, nil, BuildLimits{}, &storeTestLog{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, err := os.ReadFile(filepath.Join(root, outs["out"]))
-	if err != nil {
-		t.Fatal(err)
-	}
+	got := buildOut(t, ss, root, drvPath)
 	rel := "/" + filepath.Base(cg)
-	if !strings.Contains(string(got), ":"+rel+"\n") {
+	if !strings.Contains(got, ":"+rel+"\n") {
 		t.Errorf("the build's cgroups:\n%s\nwant %s", got, rel)
 	}
 	if err := PrepareCgroup("relative/dir"); err == nil {
