@@ -256,7 +256,7 @@ func (l *Local) SyncKeys(ctx context.Context, keys []string) error {
 		names[rel] = true
 		names[filepath.Dir(rel)] = true
 	}
-	g, _ := errgroup.WithContext(ctx)
+	var g errgroup.Group
 	for name := range names {
 		g.Go(func() error {
 			f, err := l.root.Open(name)
