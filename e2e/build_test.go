@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/db"
+	"github.com/harmonia-ci/harmonia-ci/internal/nix"
 	"github.com/harmonia-ci/harmonia-ci/internal/nixtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/pgembed"
 	"github.com/harmonia-ci/harmonia-ci/internal/proctest"
@@ -335,12 +336,7 @@ let input = sh "input" [ ] "read -r u < /proc/sys/kernel/random/uuid; echo \"$u\
 		t.Fatal(err)
 	}
 	localDrv := strings.TrimSpace(nixOut(t, "nix-instantiate", "--store", b1, file, "-A", "input", "--option", "substituters", ""))
-	sandbox := "/bin/sh"
-	for _, p := range []string{"/lib", "/lib64", "/usr/lib"} {
-		if _, err := os.Stat(p); err == nil {
-			sandbox += " " + p
-		}
-	}
+	sandbox := strings.Join(nix.SandboxPaths(nil), " ")
 	localOut := strings.TrimSpace(nixOut(t, "nix-store", "--store", b1, "--realise", localDrv, "--option", "substituters", "",
 		"--option", "build-users-group", "", "--option", "sandbox", "true", "--option", "sandbox-paths", sandbox))
 

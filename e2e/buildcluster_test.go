@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -529,16 +528,7 @@ func drvName(drvPath string) string {
 // format), from `nix path-info --json`.
 func narHashBase32(t *testing.T, store, path string) string {
 	t.Helper()
-	var infos []struct {
-		Path    string `json:"path"`
-		NarHash string `json:"narHash"`
-	}
-	out := nixOut(t, "nix", "--extra-experimental-features", "nix-command", "path-info", "--store", store, "--json", path)
-	if err := json.Unmarshal([]byte(out), &infos); err != nil || len(infos) != 1 || infos[0].NarHash == "" {
-		t.Fatalf("nix path-info --json %s: %v\n%s", path, err, out)
-	}
-	h := strings.TrimSpace(nixOut(t, "nix", "--extra-experimental-features", "nix-command", "hash", "to-base32", "--type", "sha256", infos[0].NarHash))
-	return "sha256:" + h
+	return nixtest.PathInfos(t, nil, "--store", store, path)[path].NarHash
 }
 
 // sseEvent is one Server-Sent Event.

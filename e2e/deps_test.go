@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/harmonia-ci/harmonia-ci/internal/nix"
 )
 
 // TestDepsNixSetup runs scripts/deps.sh's Nix set-up on a scratch root with a scratch build group,
@@ -232,7 +234,7 @@ func buildInScratchStore(ctx context.Context, t *testing.T, root, group, name st
 `), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	nix := func(name string, args ...string) string {
+	run := func(name string, args ...string) string {
 		t.Helper()
 		cmd := exec.CommandContext(ctx, name, append([]string{"--store", root, "--option", "build-users-group", group}, args...)...)
 		// Nix 2.8 keeps its user pool in its own state directory, not the chroot store's: this
@@ -246,9 +248,9 @@ func buildInScratchStore(ctx context.Context, t *testing.T, root, group, name st
 		}
 		return strings.TrimSpace(string(out))
 	}
-	drv := nix("nix-instantiate", expr)
-	out := nix("nix-store", "--realise", drv, "--option", "sandbox", "true",
-		"--option", "sandbox-paths", "/bin/sh /lib /lib64 /usr/lib", "--option", "substituters", "")
+	drv := run("nix-instantiate", expr)
+	out := run("nix-store", "--realise", drv, "--option", "sandbox", "true",
+		"--option", "sandbox-paths", strings.Join(nix.SandboxPaths(nil), " "), "--option", "substituters", "")
 	raw, err := os.ReadFile(filepath.Join(root, out))
 	if err != nil {
 		t.Fatalf("build output: %v", err)

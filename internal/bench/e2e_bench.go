@@ -585,16 +585,11 @@ func (b *e2e) builderConfig(id string, sleep bool, order string) (*config.Config
 
 // sandboxPaths are the sandbox paths of both sides: build.Store's defaults and the workload's.
 func (b *e2e) sandboxPaths(name string) []string {
-	var paths []string
-	for _, p := range []string{"/bin/sh", "/lib", "/lib64", "/usr/lib"} {
-		if _, err := os.Stat(p); err == nil {
-			paths = append(paths, p)
-		}
-	}
+	var extra []string
 	if name == E2ESleep {
-		paths = append(paths, "/bin/sleep")
+		extra = []string{"/bin/sleep"}
 	}
-	return paths
+	return nix.SandboxPaths(extra)
 }
 
 func (b *e2e) expr(name, salt string) string {

@@ -114,14 +114,8 @@ func nixRun(t *testing.T, name string, args ...string) string {
 
 // sandboxOptions are the options of a sandboxed build in a chroot store, as build.Store builds.
 func sandboxOptions() []string {
-	var paths []string
-	for _, p := range []string{"/bin/sh", "/lib", "/lib64", "/usr/lib"} {
-		if _, err := os.Stat(p); err == nil {
-			paths = append(paths, p)
-		}
-	}
 	return []string{"--option", "build-users-group", "", "--option", "substituters", "",
-		"--option", "sandbox", "true", "--option", "sandbox-paths", strings.Join(paths, " ")}
+		"--option", "sandbox", "true", "--option", "sandbox-paths", strings.Join(nix.SandboxPaths(nil), " ")}
 }
 
 // instantiate writes expr (an attribute set of derivations) and instantiates attrs into the

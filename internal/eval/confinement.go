@@ -124,10 +124,32 @@ func searchable(fi os.FileInfo, u *Credential) bool {
 	}
 }
 
-// workspace is where one evaluation of a project runs: the source the project's code may read,
-// the evaluation user's HOME, and a directory for the walker.
+// workspace is where one evaluation of a project runs: the source the project's code may read
+// (a credential-free copy of the mirror), the evaluation user's HOME, and a directory for the
+// walker and the exported trees.
 type workspace struct {
 	source, home, work string
+	copy               *gitrepo.Mirror // the copy at source
+}
+
+// tree exports commit from the source copy into a new directory named "source" under the
+// workspace, readable by the evaluation user; remove deletes it.
+func (ws workspace) tree(ctx context.Context, commit string) (dir string, remove func(), err error) {
+	parent, err := os.MkdirTemp(ws.work, "tree-")
+	if err != nil {
+		return "", nil, fmt.Errorf("export the source for evaluation: %w", err)
+	}
+	remove = func() { _ = os.RemoveAll(parent) }
+	if err := os.Chmod(parent, 0o755); err != nil {
+		remove()
+		return "", nil, fmt.Errorf("export the source for evaluation: %w", err)
+	}
+	dir = filepath.Join(parent, "source")
+	if err := ws.copy.Export(ctx, commit, dir); err != nil {
+		remove()
+		return "", nil, fmt.Errorf("export the source for evaluation: %w", err)
+	}
+	return dir, remove, nil
 }
 
 // workspace brings the project's source copy up to date from its mirror (as this process: the
@@ -144,6 +166,7 @@ func (cf *confinement) workspace(ctx context.Context, projectID int64, mirror *g
 	if err != nil {
 		return ws, err
 	}
+	ws.copy = src
 	if err := src.Fetch(ctx); err != nil {
 		return ws, fmt.Errorf("copy the source for evaluation: %w", err)
 	}

@@ -64,9 +64,12 @@ exec %[3]s "$@"
 	if a := attrs["fine"]; a.DrvPath == "" {
 		t.Errorf("fine: %+v, want a derivation", a)
 	}
+	// Refused by restricted mode or, where that lets a path through, by the file system, which
+	// the evaluation user has no permission on: Nix 2.26 lets code list the directories above
+	// an allowed path (the state directory is one), and Nix 2.8 does not.
 	for _, name := range []string{"readKey", "readEnviron", "dir"} {
-		if a := attrs[name]; a.DrvPath != "" || !strings.Contains(a.Error, "forbidden in restricted mode") {
-			t.Errorf("%s: %+v, want an error saying restricted evaluation forbids it", name, a)
+		if a := attrs[name]; a.DrvPath != "" || !strings.Contains(a.Error, "forbidden in restricted mode") && !strings.Contains(a.Error, "Permission denied") {
+			t.Errorf("%s: %+v, want an error saying restricted evaluation or the file system forbids it", name, a)
 		}
 	}
 	if a := attrs["env"]; !strings.HasSuffix(a.DrvPath, "-env.drv") {

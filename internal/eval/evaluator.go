@@ -327,6 +327,14 @@ func (e *Evaluator) run(ctx context.Context, c claim, log *slog.Logger) (ingestS
 	if err != nil {
 		return ingestStats{}, err
 	}
+	if spec.Mode == "file" {
+		dir, remove, err := ws.tree(ctx, commit)
+		if err != nil {
+			return ingestStats{}, err
+		}
+		defer remove()
+		spec.Source = dir
+	}
 	if settings.Retention > 0 {
 		// The garbage collector keeps this evaluation as long as its tree asks.
 		if _, err := e.pool.Exec(ctx, sqlSetRetention, c.id, c.node, c.attempt, int64(settings.Retention.Seconds())); err != nil {
@@ -516,7 +524,8 @@ func (e *Evaluator) ingest(ctx context.Context, in *ingester, batches <-chan []A
 }
 
 // plan reads the in-tree settings and decides what to evaluate: commit of the copy of m at
-// source, which is what the project's code may read.
+// source (a flake's), or of the tree run exports from it (a file's), which is what the
+// project's code may read.
 func (e *Evaluator) plan(ctx context.Context, m *gitrepo.Mirror, source, commit, branch string) (Spec, Settings, error) {
 	_, isFlake, err := m.ReadFile(ctx, commit, "flake.nix")
 	if err != nil {
@@ -532,14 +541,15 @@ func (e *Evaluator) plan(ctx context.Context, m *gitrepo.Mirror, source, commit,
 	}
 	// The node's timeout is a ceiling a project cannot raise.
 	settings.EvalTimeout = min(settings.EvalTimeout, e.cfg.Timeout)
-	spec := Spec{AllowIFD: settings.AllowIFD, Source: source}
+	spec := Spec{AllowIFD: settings.AllowIFD, Rev: commit}
 	if isFlake {
-		spec.Mode, spec.Force = "flake", 2
+		spec.Mode, spec.Force, spec.Source = "flake", 2, source
 		if spec.FlakeRef, err = flakeRef(ctx, m, source, commit, branch); err != nil {
 			return Spec{}, Settings{}, err
 		}
 	} else {
-		spec.Mode, spec.Force, spec.URL, spec.Rev = "file", 1, "file://"+source, commit
+		// run exports the tree to Source.
+		spec.Mode, spec.Force = "file", 1
 		for _, f := range []string{"ci.nix", "default.nix"} {
 			_, ok, err := m.ReadFile(ctx, commit, f)
 			if err != nil {

@@ -21,6 +21,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/eval"
 	"github.com/harmonia-ci/harmonia-ci/internal/metricstest"
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
+	"github.com/harmonia-ci/harmonia-ci/internal/nixtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 	"github.com/harmonia-ci/harmonia-ci/internal/queuetest"
 	"github.com/harmonia-ci/harmonia-ci/internal/signertest"
@@ -90,20 +91,11 @@ in `
 		t.Fatalf("derivations\n%q\nwant the closure\n%q", drvs, union)
 	}
 	// Each derivation's outputs and inputs as Nix itself shows them.
-	var shown map[string]struct {
-		System    string                           `json:"system"`
-		Env       map[string]string                `json:"env"`
-		Outputs   map[string]struct{ Path string } `json:"outputs"`
-		InputDrvs map[string][]string              `json:"inputDrvs"`
-	}
-	showArgs := append([]string{"--extra-experimental-features", "nix-command", "show-derivation"}, union...)
-	if err := json.Unmarshal([]byte(runNix(t, "nix", showArgs...)), &shown); err != nil {
-		t.Fatal(err)
-	}
+	shown := nixtest.ShowDerivations(t, nil, union...)
 	for _, drv := range union {
 		d, ok := shown[drv]
 		if !ok {
-			t.Fatalf("nix show-derivation did not show %s", drv)
+			t.Fatalf("nix derivation show did not show %s", drv)
 		}
 		var name, system, narHash string
 		var narSize int64
@@ -121,7 +113,7 @@ in `
 		}
 		var wantOuts, wantIns []string
 		for o, out := range d.Outputs {
-			wantOuts = append(wantOuts, o+"="+out.Path)
+			wantOuts = append(wantOuts, o+"="+out)
 		}
 		for in, outs := range d.InputDrvs {
 			wantIns = append(wantIns, in+"="+strings.Join(outs, ","))

@@ -34,11 +34,12 @@ type Attr struct {
 
 // Spec says what to evaluate.
 type Spec struct {
-	Source   string     // the repository directory the project's code may read
+	// Source is the directory the project's code may read: for a flake, the repository that
+	// FlakeRef names; for a file, the commit's tree (gitrepo.Mirror.Export), where File is.
+	Source   string
 	Mode     string     // "flake" or "file"
 	FlakeRef string     // flake: git+file://…?rev=…
-	URL      string     // file: the repository, for builtins.fetchGit
-	Rev      string     // file: the commit
+	Rev      string     // the commit
 	File     string     // file: ci.nix or default.nix
 	Roots    [][]string // attribute paths to walk; one empty path walks the whole value
 	Force    int        // levels walked without recurseForDerivations (1: the root's attributes)
@@ -101,7 +102,7 @@ var ErrCancelled = errors.New("evaluation stopped")
 type walkSpec struct {
 	Mode     string     `json:"mode"`
 	FlakeRef string     `json:"flakeRef,omitempty"`
-	URL      string     `json:"url,omitempty"`
+	Source   string     `json:"source,omitempty"`
 	Rev      string     `json:"rev,omitempty"`
 	File     string     `json:"file,omitempty"`
 	Roots    [][]string `json:"roots"`
@@ -154,7 +155,7 @@ func (r *NixRunner) Walk(ctx context.Context, spec Spec, emit func(Attr) error) 
 	var rnd [12]byte
 	_, _ = rand.Read(rnd[:])
 	nonce := hex.EncodeToString(rnd[:])
-	ws := walkSpec{Mode: spec.Mode, FlakeRef: spec.FlakeRef, URL: spec.URL, Rev: spec.Rev, File: spec.File,
+	ws := walkSpec{Mode: spec.Mode, FlakeRef: spec.FlakeRef, Source: spec.Source, Rev: spec.Rev, File: spec.File,
 		Roots: spec.Roots, Force: spec.Force, Skip: []string{}}
 	done := map[string]bool{}
 	var failed []Attr
@@ -226,6 +227,9 @@ func (r *NixRunner) command(ctx context.Context, dir, nonce string, spec Spec, w
 		// source), no fetch by URI, builtins.getEnv always "". No allowed-uris: Nix 2.8
 		// compares them as prefixes without resolving "..", so "file://<source>/../…" would
 		// pass; without any, a file:// URI goes through the path check, which resolves it.
+		// That is also why a file project is read from its exported tree, not fetched with
+		// builtins.fetchGit: Nix 2.20 and later check fetchGit's "git+file://…" URL against
+		// allowed-uris alone.
 		"--option", "restrict-eval", "true",
 		"--option", "allowed-uris", "",
 		"-I", "hci-walker=" + dir,

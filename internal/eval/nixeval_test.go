@@ -2,11 +2,13 @@ package eval
 
 import (
 	"context"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/harmonia-ci/harmonia-ci/internal/gitrepo"
 	"github.com/harmonia-ci/harmonia-ci/internal/nixtest"
 )
 
@@ -29,6 +31,16 @@ func walkAll(t *testing.T, spec Spec) map[string]Attr {
 	return got
 }
 
+// fileSpec walks file at rev of repo, exported as the evaluator exports it.
+func fileSpec(t *testing.T, repo *nixtest.Repo, rev, file string) Spec {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "source")
+	if err := (&gitrepo.Mirror{Dir: filepath.Join(repo.Dir, ".git")}).Export(t.Context(), rev, dir); err != nil {
+		t.Fatal(err)
+	}
+	return Spec{Source: dir, Mode: "file", Rev: rev, File: file, Roots: [][]string{{}}, Force: 1}
+}
+
 func TestWalkFile(t *testing.T) {
 	nixtest.RequireNix(t)
 	repo := nixtest.NewRepo(t)
@@ -47,7 +59,7 @@ let a = mk "a" [ ]; in {
 }`})
 	t.Setenv("HARMONIA_DATABASE_URL", "postgres://secret")
 	t.Setenv("HARMONIA_ADMIN_TOKEN", "token")
-	got := walkAll(t, Spec{Source: repo.Dir, Mode: "file", URL: "file://" + repo.Dir, Rev: rev, File: "ci.nix", Roots: [][]string{{}}, Force: 1})
+	got := walkAll(t, fileSpec(t, repo, rev, "ci.nix"))
 
 	var names []string
 	for n := range got {
@@ -103,7 +115,7 @@ func TestWalkFailsOutsideAttributes(t *testing.T) {
 	repo := nixtest.NewRepo(t)
 	rev := repo.Commit("init", map[string]string{"ci.nix": `{ a = ; }`})
 	r := &NixRunner{Home: t.TempDir()}
-	err := r.Walk(context.Background(), Spec{Source: repo.Dir, Mode: "file", URL: "file://" + repo.Dir, Rev: rev, File: "ci.nix", Roots: [][]string{{}}, Force: 1},
+	err := r.Walk(context.Background(), fileSpec(t, repo, rev, "ci.nix"),
 		func(a Attr) error { t.Errorf("unexpected attribute %+v", a); return nil })
 	if err == nil || !strings.Contains(err.Error(), "syntax error") {
 		t.Fatalf("got %v, want the syntax error", err)

@@ -19,9 +19,9 @@ let
     if spec.mode == "flake" then
       let f = builtins.getFlake spec.flakeRef; in f.outputs or f
     else
-      let
-        src = builtins.fetchGit { url = spec.url; rev = spec.rev; allRefs = true; };
-        raw = import (src + "/${spec.file}");
+      # The commit's tree, exported by the evaluator into a directory named "source", so
+      # that ./. copied into the store is the path builtins.fetchGit would give.
+      let raw = import (/. + "${spec.source}/${spec.file}");
       in if builtins.isFunction raw then raw { } else raw;
 
   isDrv = x: builtins.isAttrs x && (x.type or null) == "derivation";

@@ -273,6 +273,18 @@ func run(ctx context.Context, stdin io.Reader, gitDir, sub string, args ...strin
 
 // runIn is run with a work tree ("" for none) and the git identity of harmonia-ci's own commits.
 func runIn(ctx context.Context, stdin io.Reader, gitDir, workTree, sub string, args ...string) ([]byte, error) {
+	cmd, stderr := command(ctx, stdin, gitDir, workTree, sub, args...)
+	var stdout bytes.Buffer
+	cmd.Stdout = &stdout
+	if err := cmd.Run(); err != nil {
+		return nil, commandError(ctx, sub, stderr, err)
+	}
+	return stdout.Bytes(), nil
+}
+
+// command is git SUB ARGS... as runIn runs it; the caller takes its stdout and, on failure,
+// passes its error and stderr to commandError.
+func command(ctx context.Context, stdin io.Reader, gitDir, workTree, sub string, args ...string) (*exec.Cmd, *bytes.Buffer) {
 	argv := make([]string, 0, len(args)+10)
 	if gitDir != "" {
 		argv = append(argv, "--git-dir="+gitDir)
@@ -288,26 +300,27 @@ func runIn(ctx context.Context, stdin io.Reader, gitDir, workTree, sub string, a
 	cmd := exec.CommandContext(ctx, "git", argv...)
 	cmd.Env = gitEnv()
 	cmd.Stdin = stdin
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
 	// SIGTERM lets git remove its lock files on the way out; after SIGKILL, the default, a stale
 	// packed-refs.lock or ref lock would make every later fetch fail.
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
 	// Helpers such as ssh or git-remote-https hold the output pipes and may outlive git.
 	cmd.WaitDelay = 10 * time.Second
+	return cmd, &stderr
+}
 
-	if err := cmd.Run(); err != nil {
-		if ctx.Err() != nil {
-			return nil, fmt.Errorf("git %s: %w", sub, ctx.Err())
-		}
-		gerr := &gitError{sub: sub, stderr: strings.TrimSpace(stderr.String()), code: -1, err: err}
-		var exit *exec.ExitError
-		if errors.As(err, &exit) {
-			gerr.code = exit.ExitCode()
-		}
-		return nil, gerr
+// commandError is the error of a git command that failed with err.
+func commandError(ctx context.Context, sub string, stderr *bytes.Buffer, err error) error {
+	if ctx.Err() != nil {
+		return fmt.Errorf("git %s: %w", sub, ctx.Err())
 	}
-	return stdout.Bytes(), nil
+	gerr := &gitError{sub: sub, stderr: strings.TrimSpace(stderr.String()), code: -1, err: err}
+	var exit *exec.ExitError
+	if errors.As(err, &exit) {
+		gerr.code = exit.ExitCode()
+	}
+	return gerr
 }
 
 // gitEnv is the environment for git and the programs it runs (ssh, credential helpers): only

@@ -111,7 +111,26 @@ func instantiateTestDrvs(t *testing.T, root string) map[string]string {
 	return drvs
 }
 
-// showDerivation returns what `nix show-derivation` says about drv, in Derivation form.
+// shownInputs is an input derivation's outputs in `nix show-derivation`: a list up to Nix 2.17,
+// an object {"outputs": [...], "dynamicOutputs": {}} since.
+type shownInputs []string
+
+func (s *shownInputs) UnmarshalJSON(b []byte) error {
+	var o struct {
+		Outputs []string `json:"outputs"`
+	}
+	if err := json.Unmarshal(b, (*[]string)(s)); err == nil {
+		return nil
+	}
+	if err := json.Unmarshal(b, &o); err != nil {
+		return err
+	}
+	*s = o.Outputs
+	return nil
+}
+
+// showDerivation returns what `nix show-derivation` (`nix derivation show` since 2.15) says
+// about drv, in Derivation form.
 func showDerivation(t *testing.T, root, drv string) *Derivation {
 	t.Helper()
 	args := append(testStoreArgs(root), "show-derivation", drv)
@@ -119,14 +138,15 @@ func showDerivation(t *testing.T, root, drv string) *Derivation {
 		Outputs map[string]struct {
 			Path     string `json:"path"`
 			HashAlgo string `json:"hashAlgo"`
+			Method   string `json:"method"` // since 2.18; hashAlgo no longer says "r:"
 			Hash     string `json:"hash"`
 		} `json:"outputs"`
-		InputSrcs []string            `json:"inputSrcs"`
-		InputDrvs map[string][]string `json:"inputDrvs"`
-		System    string              `json:"system"`
-		Builder   string              `json:"builder"`
-		Args      []string            `json:"args"`
-		Env       map[string]string   `json:"env"`
+		InputSrcs []string               `json:"inputSrcs"`
+		InputDrvs map[string]shownInputs `json:"inputDrvs"`
+		System    string                 `json:"system"`
+		Builder   string                 `json:"builder"`
+		Args      []string               `json:"args"`
+		Env       map[string]string      `json:"env"`
 	}
 	if err := json.Unmarshal([]byte(runNix(t, "nix", args...)), &shown); err != nil {
 		t.Fatal(err)
@@ -137,15 +157,25 @@ func showDerivation(t *testing.T, root, drv string) *Derivation {
 	}
 	d := &Derivation{
 		Outputs:   map[string]DerivationOutput{},
-		InputDrvs: s.InputDrvs,
+		InputDrvs: map[string][]string{},
 		InputSrcs: s.InputSrcs,
 		Platform:  s.System,
 		Builder:   s.Builder,
 		Args:      s.Args,
 		Env:       s.Env,
 	}
+	for drv, outs := range s.InputDrvs {
+		d.InputDrvs[drv] = outs
+	}
 	for name, o := range s.Outputs {
-		d.Outputs[name] = DerivationOutput{Path: o.Path, HashAlgo: o.HashAlgo, Hash: o.Hash}
+		algo := o.HashAlgo
+		switch o.Method {
+		case "nar":
+			algo = "r:" + algo
+		case "text":
+			algo = "text:" + algo
+		}
+		d.Outputs[name] = DerivationOutput{Path: o.Path, HashAlgo: algo, Hash: o.Hash}
 	}
 	return d
 }

@@ -25,7 +25,7 @@ func nixPathInfos(t *testing.T, root string, paths []string, derivations bool) m
 	if derivations {
 		args = append(args, "--derivation")
 	}
-	var infos []struct {
+	type info struct {
 		Path       string   `json:"path"`
 		Valid      *bool    `json:"valid"`
 		NarHash    string   `json:"narHash"`
@@ -33,15 +33,29 @@ func nixPathInfos(t *testing.T, root string, paths []string, derivations bool) m
 		References []string `json:"references"`
 		Deriver    string   `json:"deriver"`
 	}
-	if err := json.Unmarshal([]byte(runNix(t, "nix", append(args, paths...)...)), &infos); err != nil {
-		t.Fatal(err)
+	// A list up to Nix 2.18, an object keyed by path since 2.19 (as nixtest.ParsePathInfos
+	// reads it for other packages).
+	out := []byte(runNix(t, "nix", append(args, paths...)...))
+	var infos []info
+	if err := json.Unmarshal(out, &infos); err != nil {
+		var byPath map[string]*info
+		if err := json.Unmarshal(out, &byPath); err != nil {
+			t.Fatal(err)
+		}
+		for p, i := range byPath {
+			if i == nil {
+				t.Fatalf("nix path-info: %s is not valid", p)
+			}
+			i.Path = p
+			infos = append(infos, *i)
+		}
 	}
-	out := map[string]PathInfo{}
+	res := map[string]PathInfo{}
 	for _, i := range infos {
 		if i.Valid != nil && !*i.Valid {
 			t.Fatalf("nix path-info: %s is not valid", i.Path)
 		}
-		out[i.Path] = PathInfo{
+		res[i.Path] = PathInfo{
 			Path:       i.Path,
 			NarHash:    nixNarHash(t, i.NarHash),
 			NarSize:    i.NarSize,
@@ -49,7 +63,7 @@ func nixPathInfos(t *testing.T, root string, paths []string, derivations bool) m
 			Deriver:    i.Deriver,
 		}
 	}
-	return out
+	return res
 }
 
 // nixNarHash converts path-info's hash (SRI in Nix 2.8, sha256:<nix32> in older versions).

@@ -3,7 +3,6 @@ package upload
 import (
 	"bytes"
 	"context"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -24,6 +23,7 @@ import (
 
 	"github.com/harmonia-ci/harmonia-ci/internal/dbtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
+	"github.com/harmonia-ci/harmonia-ci/internal/nixtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/nodetoken"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 	"github.com/harmonia-ci/harmonia-ci/internal/queuetest"
@@ -235,43 +235,14 @@ func (e *env) buildJob(t *testing.T, name string, paths []Path) (signer.JobClaim
 	return claim, drv, outs
 }
 
-// pathInfo is what the system store says about a path.
-type pathInfo struct {
-	Path       string   `json:"path"`
-	NarHash    string   `json:"narHash"` // SRI: sha256-<base64>
-	NarSize    int64    `json:"narSize"`
-	References []string `json:"references"`
-	CA         string   `json:"ca"`
-}
-
-func pathInfos(t *testing.T, paths []Path) map[string]pathInfo {
+// pathInfos is what the system store says about paths.
+func pathInfos(t *testing.T, paths []Path) map[string]nixtest.PathInfo {
 	t.Helper()
-	args := []string{"path-info", "--json"}
+	var args []string
 	for _, p := range paths {
 		args = append(args, p.StorePath)
 	}
-	var infos []pathInfo
-	if err := json.Unmarshal([]byte(run(t, "nix", args...)), &infos); err != nil {
-		t.Fatal(err)
-	}
-	m := map[string]pathInfo{}
-	for _, i := range infos {
-		m[i.Path] = i
-	}
-	return m
-}
-
-func sriSHA256(t *testing.T, sri string) []byte {
-	t.Helper()
-	b64, ok := strings.CutPrefix(sri, "sha256-")
-	if !ok {
-		t.Fatalf("narHash %q is not sha256 SRI", sri)
-	}
-	b, err := base64.StdEncoding.DecodeString(b64)
-	if err != nil {
-		t.Fatalf("narHash %q: %v", sri, err)
-	}
-	return b
+	return nixtest.PathInfos(t, nil, args...)
 }
 
 // narinfo fetches and parses path's narinfo from the cache; nil when the cache answers 404.
@@ -315,7 +286,7 @@ func (e *env) checkCache(t *testing.T, paths []Path) {
 		if err != nil {
 			t.Fatalf("narinfo of %s: %v", p.StorePath, err)
 		}
-		if !bytes.Equal(sum[:], sriSHA256(t, want.NarHash)) || ni.NarSize != want.NarSize {
+		if nix.FormatSHA256(sum) != want.NarHash || ni.NarSize != want.NarSize {
 			t.Errorf("%s: narinfo has NarHash %s NarSize %d, the store says %s and %d",
 				p.StorePath, ni.NarHash, ni.NarSize, want.NarHash, want.NarSize)
 		}
@@ -491,11 +462,7 @@ func TestPublishEval(t *testing.T) {
 	e.checkCache(t, sources)
 	infos := pathInfos(t, sources)
 	for _, d := range drvs {
-		var info []pathInfo
-		if err := json.Unmarshal([]byte(run(t, "nix", "path-info", "--json", "--derivation", d)), &info); err != nil || len(info) != 1 {
-			t.Fatalf("path-info of %s: %v", d, err)
-		}
-		infos[d] = info[0]
+		infos[d] = nixtest.PathInfos(t, nil, "--derivation", d)[d]
 	}
 	if len(infos) != len(all) {
 		t.Fatalf("Nix describes %d paths, want %d", len(infos), len(all))
@@ -503,7 +470,7 @@ func TestPublishEval(t *testing.T) {
 	for _, info := range infos {
 		ni := e.narinfo(t, info.Path)
 		if ni == nil || ni.CA != info.CA || info.CA == "" || !ni.Verify(e.key.Public()) ||
-			!bytes.Equal(mustSHA256(t, ni.NarHash), sriSHA256(t, info.NarHash)) || len(ni.References) != len(info.References) {
+			ni.NarHash != info.NarHash || len(ni.References) != len(info.References) {
 			t.Errorf("%s: the cache has %+v, Nix says %+v", info.Path, ni, info)
 		}
 	}
@@ -537,15 +504,6 @@ func TestPublishEval(t *testing.T) {
 	if _, err := e.publisher().PublishEval(ctx(t), stale, drvs, sources); !errors.As(err, &se) || se.Code != http.StatusConflict {
 		t.Fatalf("publish under a stale claim = %v, want a 409", err)
 	}
-}
-
-func mustSHA256(t *testing.T, s string) []byte {
-	t.Helper()
-	sum, err := nix.ParseSHA256(s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return sum[:]
 }
 
 // TestPublishRetriesFailedUploads: a PUT that fails is retried with fresh slots, and only the

@@ -1,8 +1,12 @@
-// Package workerproto is a client of the Nix daemon's worker protocol (version 1.34, Nix 2.8):
-// the handshake, the daemon's log and error messages, and the operations a builder needs
-// (options, validity and path info, temporary GC roots, adding a NAR, building a derivation,
-// dumping a path as a NAR, what is missing). A connection is a long-lived `nix-daemon --stdio`
-// child (which also serves a chroot store) or the system daemon's socket.
+// Package workerproto is a client of the Nix daemon's worker protocol, versions 1.29 (Nix 2.4)
+// to 1.38 (Nix 2.26 and later; Lix speaks 1.35): the handshake, which settles on the older of
+// the two versions, the daemon's log and error messages, and the operations a builder needs
+// (options, validity and path info, temporary GC roots, adding a NAR, building a derivation or
+// store paths, dumping a path as a NAR, what is missing). Every field a daemon sends in the
+// negotiated version is read: a newer daemon's build results carry CPU times (1.37), its
+// handshake says whether it trusts this client (1.35) and exchanges features (1.38). A
+// connection is a long-lived `nix-daemon --stdio` child (which also serves a chroot store) or a
+// daemon's socket.
 //
 // A Conn runs one operation at a time. Cancelling an operation's context closes the connection,
 // which ends the daemon's work (a running build is killed with its worker); the Conn is then
@@ -28,11 +32,35 @@ import (
 const (
 	magic1 = 0x6e697863
 	magic2 = 0x6478696f
-	// clientVersion is protocol 1.34, what Nix 2.8 speaks.
-	clientVersion = 1<<8 | 34
+	// clientVersion is protocol 1.38, what Nix 2.26 speaks; a daemon that speaks an older one
+	// gets that one.
+	clientVersion = 1<<8 | 38
 	// minDaemonVersion: structured errors (1.26) and build results with times (1.29).
 	minDaemonMinor = 29
 )
+
+// Trust is what the daemon says of this client at the handshake (protocol 1.35 and later): a
+// trusted client (root, or one of the daemon's trusted-users) may build a derivation it sends
+// and set any option; an untrusted one builds only derivations in the store, and its options
+// and unsigned paths are refused.
+type Trust uint8
+
+// The daemon's answers; TrustUnknown is an older daemon's.
+const (
+	TrustUnknown Trust = iota
+	Trusted
+	NotTrusted
+)
+
+func (t Trust) String() string {
+	switch t {
+	case Trusted:
+		return "trusted"
+	case NotTrusted:
+		return "not trusted"
+	}
+	return "unknown"
+}
 
 // ErrClosed is returned for an operation on a closed connection.
 var ErrClosed = errors.New("workerproto: connection closed")
@@ -42,9 +70,14 @@ type Conn struct {
 	r  *reader
 	w  *writer
 	rw io.ReadWriteCloser
-	// DaemonVersion is the daemon's Nix version ("2.8.0") and Minor its protocol minor version.
+	// DaemonVersion is the daemon's Nix version ("2.8.0"; "" before protocol 1.33) and Minor
+	// the protocol minor version both sides speak.
 	DaemonVersion string
 	Minor         uint64
+	// DaemonMinor is the newest protocol minor version the daemon speaks.
+	DaemonMinor uint64
+	// Trust is whether the daemon trusts this client (TrustUnknown before protocol 1.35).
+	Trust Trust
 
 	mu        sync.Mutex // one operation at a time
 	closeOnce sync.Once
@@ -189,8 +222,17 @@ func (c *Conn) handshake(ctx context.Context) error {
 		if v>>8 != 1 || v&0xff < minDaemonMinor {
 			return fmt.Errorf("workerproto handshake: the daemon speaks protocol %d.%d; at least 1.%d is needed", v>>8, v&0xff, minDaemonMinor)
 		}
-		c.Minor = min(v&0xff, clientVersion&0xff)
+		c.DaemonMinor = v & 0xff
+		c.Minor = min(c.DaemonMinor, clientVersion&0xff)
 		c.w.uint64(clientVersion)
+		if c.Minor >= 38 {
+			// Features: this client asks for none, so none are in use whatever the daemon's.
+			c.w.strings(nil)
+			if err := c.w.flush(); err != nil {
+				return fmt.Errorf("workerproto handshake: %w", err)
+			}
+			c.r.strings()
+		}
 		c.w.uint64(0) // no CPU affinity (obsolete)
 		c.w.uint64(0) // reserveSpace (obsolete)
 		if err := c.w.flush(); err != nil {
@@ -198,6 +240,18 @@ func (c *Conn) handshake(ctx context.Context) error {
 		}
 		if c.Minor >= 33 {
 			c.DaemonVersion = c.r.string()
+		}
+		if c.Minor >= 35 {
+			switch t := c.r.uint64(); {
+			case c.r.err != nil:
+			case t <= uint64(NotTrusted):
+				c.Trust = Trust(t)
+			default:
+				c.r.fail(fmt.Errorf("%w: trust flag %d", ErrMalformed, t))
+			}
+		}
+		if c.r.err != nil {
+			return fmt.Errorf("workerproto handshake: %w", c.r.err)
 		}
 		if err := c.processStderr(nil); err != nil {
 			return fmt.Errorf("workerproto handshake: %w", err)

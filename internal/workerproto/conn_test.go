@@ -3,7 +3,6 @@ package workerproto_test
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -144,23 +143,35 @@ func (l *lines) has(s string) bool {
 // pathInfoJSON is what `nix path-info --json` says of path.
 func (d *daemon) pathInfoJSON(path string) (narHash string, narSize uint64, refs []string) {
 	d.t.Helper()
-	var infos []struct {
-		NarHash    string   `json:"narHash"`
-		NarSize    uint64   `json:"narSize"`
-		References []string `json:"references"`
+	args := []string{path}
+	if d.store != "" {
+		args = append(args, "--store", d.store)
 	}
-	out := d.nixOut("nix", "--extra-experimental-features", "nix-command", "path-info", "--json", path)
-	if err := json.Unmarshal([]byte(out), &infos); err != nil || len(infos) != 1 {
-		d.t.Fatalf("nix path-info --json %s: %v\n%s", path, err, out)
-	}
-	h := strings.TrimSpace(d.nixOut("nix", "--extra-experimental-features", "nix-command", "hash", "to-base32", "--type", "sha256", infos[0].NarHash))
-	return "sha256:" + h, infos[0].NarSize, infos[0].References
+	info := nixtest.PathInfos(d.t, append(os.Environ(), "HOME="+d.t.TempDir()), args...)[path]
+	return info.NarHash, uint64(info.NarSize), info.References
 }
 
 func TestHandshake(t *testing.T) {
 	d := newDaemon(t)
-	if d.conn.Minor != 34 || d.conn.DaemonVersion != "2.8.0" {
-		t.Errorf("protocol 1.%d, daemon %q; want 1.34 and 2.8.0", d.conn.Minor, d.conn.DaemonVersion)
+	version := nixtest.Version(t)
+	// The protocol each tested Nix speaks; the client's newest is 1.38.
+	speaks := map[string]uint64{"2.8": 34, "2.26": 38}
+	major, _, _ := strings.Cut(version[strings.Index(version, ".")+1:], ".")
+	want, ok := speaks["2."+major]
+	if !ok {
+		t.Fatalf("Nix %s: which protocol does it speak? Add it to this test", version)
+	}
+	if d.conn.DaemonVersion != version || d.conn.DaemonMinor != want || d.conn.Minor != min(want, 38) {
+		t.Errorf("daemon %q speaking 1.%d, agreed on 1.%d; want %s speaking 1.%d", d.conn.DaemonVersion,
+			d.conn.DaemonMinor, d.conn.Minor, version, want)
+	}
+	// A daemon of this test's runs as root for a root client: it trusts it, and says so from 1.35.
+	wantTrust := workerproto.Trusted
+	if d.conn.Minor < 35 {
+		wantTrust = workerproto.TrustUnknown
+	}
+	if d.conn.Trust != wantTrust {
+		t.Errorf("trust %s, want %s", d.conn.Trust, wantTrust)
 	}
 }
 

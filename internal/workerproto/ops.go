@@ -15,15 +15,16 @@ import (
 
 // Operation codes (Nix's worker-protocol.hh).
 const (
-	opIsValidPath     = 1
-	opAddTempRoot     = 11
-	opSetOptions      = 19
-	opQueryPathInfo   = 26
-	opQueryValidPaths = 31
-	opBuildDerivation = 36
-	opNarFromPath     = 38
-	opAddToStoreNar   = 39
-	opQueryMissing    = 40
+	opIsValidPath           = 1
+	opAddTempRoot           = 11
+	opSetOptions            = 19
+	opQueryPathInfo         = 26
+	opQueryValidPaths       = 31
+	opBuildDerivation       = 36
+	opNarFromPath           = 38
+	opAddToStoreNar         = 39
+	opQueryMissing          = 40
+	opBuildPathsWithResults = 46
 )
 
 // start writes an operation's code and arguments (by args) and flushes them.
@@ -98,6 +99,7 @@ var opCodes = map[string]uint64{
 	"QueryPathInfo": opQueryPathInfo, "QueryValidPaths": opQueryValidPaths,
 	"BuildDerivation": opBuildDerivation, "NarFromPath": opNarFromPath,
 	"AddToStoreNar": opAddToStoreNar, "QueryMissing": opQueryMissing,
+	"BuildPathsWithResults": opBuildPathsWithResults,
 }
 
 // IsValidPath reports whether path is valid in the store.
@@ -275,8 +277,43 @@ type BuildResult struct {
 	TimesBuilt         uint64
 	IsNonDeterministic bool
 	Start, Stop        time.Time
+	// CPUUser and CPUSystem are the build's CPU times, when the daemon measured them
+	// (protocol 1.37 and later; 0 otherwise).
+	CPUUser, CPUSystem time.Duration
 	// BuiltOutputs maps "DRV_HASH!out" ids to their realisations (JSON), as the daemon says.
 	BuiltOutputs map[string]string
+}
+
+// read reads a build result as the negotiated protocol version has it.
+func (res *BuildResult) read(r *reader, minor uint64) {
+	res.Status = BuildStatus(r.uint64())
+	res.ErrorMsg = strings.TrimSpace(stripANSI(r.string()))
+	res.TimesBuilt = r.uint64()
+	res.IsNonDeterministic = r.bool()
+	res.Start, res.Stop = time.Unix(int64(r.uint64()), 0), time.Unix(int64(r.uint64()), 0)
+	if minor >= 37 {
+		res.CPUUser, res.CPUSystem = r.optionalMicroseconds(), r.optionalMicroseconds()
+	}
+	n := r.length(1024, "a list of outputs")
+	res.BuiltOutputs = make(map[string]string, n)
+	for i := 0; i < n && r.err == nil; i++ {
+		id := r.string()
+		res.BuiltOutputs[id] = r.string()
+	}
+}
+
+// optionalMicroseconds reads an optional duration: a tag (0: none, 1: a count of
+// microseconds follows).
+func (r *reader) optionalMicroseconds() time.Duration {
+	switch tag := r.uint64(); {
+	case r.err != nil || tag == 0:
+		return 0
+	case tag == 1:
+		return time.Duration(int64(r.uint64())) * time.Microsecond
+	default:
+		r.fail(fmt.Errorf("%w: optional tag %d", ErrMalformed, tag))
+		return 0
+	}
 }
 
 // BuildDerivation builds drv (stored at drvPath) and streams its log to l. inputs are the
@@ -304,18 +341,32 @@ func (c *Conn) BuildDerivation(ctx context.Context, drvPath string, drv *nix.Der
 		w.strings(drv.Args)
 		w.stringMap(drv.Env)
 		w.uint64(0) // buildMode: normal
+	}, func(r *reader) { res.read(r, c.Minor) })
+	return res, err
+}
+
+// BuildPaths builds the outputs of derivations in the store ("DRV!out1,out2", or "DRV!*" for
+// all), as `nix-store --realise` would, and streams the logs to l. Unlike BuildDerivation, the
+// daemon reads each derivation and its inputs from its store, so an untrusted client may use it.
+// A failed build is a result with a failure status, not an error; results are in the order of
+// targets. It needs protocol 1.34 (Nix 2.8) or later.
+func (c *Conn) BuildPaths(ctx context.Context, targets []string, l *Logger) ([]BuildResult, error) {
+	if c.Minor < 34 {
+		return nil, fmt.Errorf("BuildPathsWithResults: the daemon speaks protocol 1.%d, 1.34 is needed", c.Minor)
+	}
+	results := make([]BuildResult, len(targets))
+	err := c.op(ctx, "BuildPathsWithResults", l, func(w *writer) {
+		w.strings(targets)
+		w.uint64(0) // buildMode: normal
 	}, func(r *reader) {
-		res.Status = BuildStatus(r.uint64())
-		res.ErrorMsg = strings.TrimSpace(stripANSI(r.string()))
-		res.TimesBuilt = r.uint64()
-		res.IsNonDeterministic = r.bool()
-		res.Start, res.Stop = time.Unix(int64(r.uint64()), 0), time.Unix(int64(r.uint64()), 0)
-		n := r.length(1024, "a list of outputs")
-		res.BuiltOutputs = make(map[string]string, n)
+		n := r.length(uint64(len(targets)), "a list of build results")
+		if r.err == nil && n != len(targets) {
+			r.fail(fmt.Errorf("%w: %d build results for %d targets", ErrMalformed, n, len(targets)))
+		}
 		for i := 0; i < n && r.err == nil; i++ {
-			id := r.string()
-			res.BuiltOutputs[id] = r.string()
+			r.string() // the target, as the daemon spells it
+			results[i].read(r, c.Minor)
 		}
 	})
-	return res, err
+	return results, err
 }
