@@ -3,8 +3,14 @@ GO      ?= go
 BIN     ?= bin/harmonia-ci
 PKGS    ?= ./...
 TIMEOUT ?= 25m
+# The suites that touch Nix, which `make test` runs a second time against Nix 2.26 in the
+# Debian 13 root that scripts/deps.sh makes (scripts/nix-root.sh enters it): the packages, and
+# the multi-process tests that evaluate, build, publish and substitute.
+NIX_PKGS ?= ./internal/workerproto ./internal/nix ./internal/substitute ./internal/eval \
+	./internal/build ./internal/upload ./internal/cache ./internal/signer
+NIX_E2E  ?= ^Test(Attack|Build|PublishAndSubstitute|SignerFailover|Deps|TwoEvaluators|EvalCLI|GC|NixDaemon|Reevaluate|Run)
 
-.PHONY: help assets build example up test test-race vet fmt lint clean
+.PHONY: help assets build example up test test-nix-2.26 test-race vet fmt lint clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -25,11 +31,17 @@ up: ## install what is missing, build, and run a single-node cluster on the embe
 	$(MAKE) build
 	$(BIN) up
 
-test: ## install what is missing, then run vet and the whole test suite against real PostgreSQL
+test: ## install what is missing, then run vet and the whole test suite against real PostgreSQL, Nix 2.8 and Nix 2.26
 	scripts/deps.sh test
 	scripts/assets.sh
 	$(GO) vet $(PKGS)
 	$(GO) test -count=1 -timeout $(TIMEOUT) $(PKGS)
+	$(MAKE) --no-print-directory test-nix-2.26
+
+test-nix-2.26: ## run the suites that touch Nix again, against Nix 2.26 in the Debian 13 root
+	scripts/deps.sh nix-root
+	scripts/nix-root.sh --skip-unavailable go test -count=1 -timeout $(TIMEOUT) $(NIX_PKGS)
+	scripts/nix-root.sh --skip-unavailable go test -count=1 -timeout $(TIMEOUT) -run '$(NIX_E2E)' ./e2e
 
 test-race: ## the test suite under the race detector
 	scripts/deps.sh test

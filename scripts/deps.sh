@@ -7,6 +7,8 @@
 #                          promtool)
 #   scripts/deps.sh bench  what `harmonia-ci bench` needs (the same as run, plus nginx and wrk)
 #   scripts/deps.sh nix    Nix alone: nix-bin if missing, then the set-up below
+#   scripts/deps.sh nix-root  the Debian 13 root holding the second Nix (2.26) the tests run
+#                          against (test does this too; see below)
 #
 # Every mode then sets Nix up the way its multi-user installer does, creating only what is
 # missing and never changing an existing user or nix.conf: Debian's nix-bin does not (its
@@ -21,11 +23,19 @@
 # Settings, from the environment (tests use a scratch root and group):
 #   NIX_SETUP_ROOT=/  NIX_BUILD_GROUP=nixbld  NIX_BUILD_USERS=32
 #   NIX_BUILD_USER_PREFIX=$NIX_BUILD_GROUP  HARMONIA_EVAL_USER=harmonia-eval
+#
+# The second Nix: Debian 12 packages Nix 2.8 only, and Debian 13's nix-bin (2.26) needs Debian
+# 13's C library. test and nix-root make, once, a Debian 13 root with debootstrap at
+# HARMONIA_NIX_ROOT (default /var/cache/harmonia-ci/debian13), install nix-bin, PostgreSQL and git
+# in it and set its Nix up as above; scripts/nix-root.sh runs commands there. Where debootstrap
+# cannot run (not root and no sudo, or no namespaces for bubblewrap), it says why, records the
+# reason in HARMONIA_NIX_ROOT.unavailable and goes on: the Nix 2.26 suites are then skipped with
+# that message. Any other failure (the download, the installation) is an error.
 set -euo pipefail
 mode=${1:-test}
 case $mode in
-  run | test | bench | nix) ;;
-  *) echo "usage: scripts/deps.sh [run|test|bench|nix]" >&2; exit 2 ;;
+  run | test | bench | nix | nix-root) ;;
+  *) echo "usage: scripts/deps.sh [run|test|bench|nix|nix-root]" >&2; exit 2 ;;
 esac
 
 # The MinIO server the S3 tests run against, built from the Go module proxy (never committed).
@@ -50,13 +60,28 @@ as_root() {
   fi
 }
 
+# What makes the Nix 2.26 root; a root made from another list is made again.
+NIX_ROOT=${HARMONIA_NIX_ROOT:-/var/cache/harmonia-ci/debian13}
+NIX_ROOT_SUITE=trixie
+NIX_ROOT_PACKAGES="nix-bin git postgresql ca-certificates"
+NIX_ROOT_STAMP="debian-$NIX_ROOT_SUITE: $NIX_ROOT_PACKAGES"
+DEBIAN_MIRROR=${HARMONIA_DEBIAN_MIRROR:-http://deb.debian.org/debian}
+
 need_apt=()
 have_postgres() {
   command -v initdb >/dev/null 2>&1 && command -v pg_ctl >/dev/null 2>&1 && return 0
   compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null
 }
-command -v nix-store >/dev/null 2>&1 || need_apt+=(nix-bin)
-if [ "$mode" != nix ]; then
+if [ "$mode" = nix-root ]; then
+  : # only the root's tools, below
+else
+  command -v nix-store >/dev/null 2>&1 || need_apt+=(nix-bin)
+fi
+if [ "$mode" = test ] || [ "$mode" = nix-root ]; then
+  command -v debootstrap >/dev/null 2>&1 || [ -x /usr/sbin/debootstrap ] || need_apt+=(debootstrap)
+  command -v bwrap >/dev/null 2>&1 || need_apt+=(bubblewrap)
+fi
+if [ "$mode" != nix ] && [ "$mode" != nix-root ]; then
   have_postgres || need_apt+=(postgresql)
   command -v pgbench >/dev/null 2>&1 || need_apt+=(postgresql-contrib)
   command -v go >/dev/null 2>&1 || die "Go is required (https://go.dev/dl); not found on PATH"
@@ -78,6 +103,13 @@ if [ "$mode" = bench ]; then
   command -v wrk >/dev/null 2>&1 || need_apt+=(wrk)
 fi
 
+if [ ${#need_apt[@]} -gt 0 ] && [ "$(id -u)" -ne 0 ] && ! command -v sudo >/dev/null 2>&1 &&
+  [ "$mode" = nix-root ]; then
+  # Nothing else to do in this mode: record why the root cannot be made, and stop.
+  say "cannot make the Nix 2.26 root: installing ${need_apt[*]} needs root or sudo"
+  printf '%s\n' "installing ${need_apt[*]} needs root or sudo" >"$NIX_ROOT.unavailable" 2>/dev/null || true
+  exit 0
+fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   say "installing ${need_apt[*]}"
   export DEBIAN_FRONTEND=noninteractive
@@ -178,7 +210,55 @@ setup_nix() {
     die "the evaluation user $eval_user is in the Nix build group $group; remove it (gpasswd -d $eval_user $group) or set HARMONIA_EVAL_USER to another user"
   fi
 }
+# setup_nix_root makes the Debian 13 root with the second Nix, once (see the top of this file).
+setup_nix_root() {
+  local root=$NIX_ROOT
+  [ "$(cat "$root/.harmonia-ci-root" 2>/dev/null)" = "$NIX_ROOT_STAMP" ] && return 0
+  local why=""
+  if [ "$(id -u)" -ne 0 ] && ! command -v sudo >/dev/null 2>&1; then
+    why="debootstrap needs root or sudo"
+  elif ! as_root bwrap --bind / / --proc /proc --dev /dev true 2>/dev/null; then
+    why="bubblewrap cannot make a mount namespace here (bwrap --bind / / true fails)"
+  fi
+  if [ -n "$why" ]; then
+    say "cannot make the Nix 2.26 root: $why; the Nix 2.26 suites will be skipped"
+    printf '%s\n' "$why" | as_root tee "$root.unavailable" >/dev/null
+    return 0
+  fi
+  as_root rm -f "$root.unavailable"
+  local top new=$root.new
+  top=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+  say "making the Debian 13 root with Nix 2.26 at $root (debootstrap, then $NIX_ROOT_PACKAGES; a few minutes)"
+  as_root rm -rf "$new" "$root"
+  as_root install -d -m 0755 "$(dirname "$root")"
+  as_root debootstrap --variant=minbase "$NIX_ROOT_SUITE" "$new" "$DEBIAN_MIRROR" >/dev/null ||
+    die "debootstrap $NIX_ROOT_SUITE into $new failed (see $new/debootstrap/debootstrap.log)"
+  # Packages are installed inside the root, by its own apt: debootstrap's --include does not
+  # resolve virtual packages (nix-bin needs perl-dbdabi-94).
+  local in_root=(bwrap --bind "$new" / --bind /proc /proc --dev-bind /dev /dev
+    --ro-bind /etc/resolv.conf /etc/resolv.conf --bind "$top" "$top" --chdir /
+    --clearenv --setenv PATH /usr/sbin:/usr/bin:/sbin:/bin --setenv HOME /root
+    --setenv DEBIAN_FRONTEND noninteractive --)
+  as_root "${in_root[@]}" sh -c "apt-get update -qq && apt-get install -y -qq --no-install-recommends $NIX_ROOT_PACKAGES >/dev/null" ||
+    die "installing $NIX_ROOT_PACKAGES in the Debian 13 root failed"
+  # Debian's package starts no server in a root without systemd, and the tests run their own.
+  # The root's Nix is set up as this machine's is: build users, store, nix.conf, evaluation user.
+  as_root "${in_root[@]}" env -u NIX_SETUP_ROOT -u NIX_BUILD_GROUP -u NIX_BUILD_USERS \
+    -u NIX_BUILD_USER_PREFIX -u HARMONIA_EVAL_USER "$top/scripts/deps.sh" nix ||
+    die "setting Nix up in the Debian 13 root failed"
+  printf '%s\n' "$NIX_ROOT_STAMP" | as_root tee "$new/.harmonia-ci-root" >/dev/null
+  as_root mv "$new" "$root"
+  say "the Debian 13 root is ready: $(as_root bwrap --bind "$root" / --proc /proc --dev /dev nix-store --version)"
+}
+
+if [ "$mode" = nix-root ]; then
+  setup_nix_root
+  exit 0
+fi
 setup_nix
+if [ "$mode" = test ]; then
+  setup_nix_root
+fi
 
 if [ "$mode" = test ]; then
   gobin=$(go env GOBIN); [ -n "$gobin" ] || gobin=$(go env GOPATH)/bin

@@ -1,6 +1,7 @@
 package build
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -95,6 +96,8 @@ type Builder struct {
 	gcWake chan struct{}
 
 	sessions *sessionPool
+	// daemon is what the store's daemon said of itself at start.
+	daemon DaemonInfo
 
 	// sources caches the cluster's caches and keys for sourcesTTL, so a job costs no query
 	// for them.
@@ -164,18 +167,25 @@ func New(cfg Config, pool *pgxpool.Pool, logger *slog.Logger, clk clock.Clock) (
 	return b, nil
 }
 
-// Start removes the GC roots a crashed predecessor left and runs the claim checks and the
-// store's free-space checks until Stop.
+// Daemon is what the store's Nix daemon said of itself when the builder started.
+func (b *Builder) Daemon() DaemonInfo { return b.daemon }
+
+// Start checks the store's daemon (a Nix older than MinNixVersion is refused), removes the GC
+// roots a crashed predecessor left and runs the claim checks and the store's free-space checks
+// until Stop.
 func (b *Builder) Start(ctx context.Context) error {
-	if err := b.cfg.Store.Init(ctx); err != nil {
+	d, err := b.cfg.Store.Init(ctx)
+	if err != nil {
 		return fmt.Errorf("builder: %w", err)
 	}
+	b.daemon = d
+	b.logger.Info("building with Nix", "nix_version", d.Version, "protocol", d.Protocol,
+		"daemon", cmp.Or(b.cfg.Store.Daemon, "its own"), "trusted", d.Trusted)
 	if err := b.cfg.Store.ClearRoots(b.cfg.NodeID + "-job-"); err != nil {
 		b.logger.Warn("could not remove stale GC roots", "error", err)
 	}
 	var sub *notify.Sub
 	if b.cfg.Notifier != nil {
-		var err error
 		if sub, err = b.cfg.Notifier.Subscribe("build_jobs"); err != nil {
 			return fmt.Errorf("builder: %w", err)
 		}

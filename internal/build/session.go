@@ -2,6 +2,7 @@ package build
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -21,16 +22,34 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/workerproto"
 )
 
-// Session is one connection to the store's Nix daemon, a `nix-daemon --stdio` child: a build
-// slot's, reused from job to job and replaced after an error. Everything a job does in the store
-// goes through it (validity, path infos, adding fetched NARs, the build, reading outputs back),
-// so no Nix process starts per job. A Session runs one operation at a time.
+// Session is one connection to the store's Nix daemon, a `nix-daemon --stdio` child or a
+// connection to an existing daemon's socket: a build slot's, reused from job to job and
+// replaced after an error. Everything a job does in the store goes through it (validity, path
+// infos, adding fetched NARs, the build, reading outputs back), so no Nix process starts per
+// job. A Session runs one operation at a time.
+//
+// A daemon that trusts the builder (its own child, or a socket whose daemon lists the builder's
+// user in trusted-users) builds the derivation the builder sends, with the builder's settings.
+// One that does not builds only derivations in its store, with its own settings: the session
+// then adds the .drv closure from the cache first, and the daemon checks every input's
+// signature against its own trusted-public-keys, which must hold the cluster's key.
 type Session struct {
-	store *Store
-	conn  *workerproto.Conn
-	home  string
-	keys  string // the trusted keys the daemon was started with
+	store   *Store
+	conn    *workerproto.Conn
+	home    string
+	keys    string // the trusted keys the daemon was started with
+	trusted bool   // the daemon builds derivations the builder sends
 }
+
+// MinNixVersion and minProtocol are the oldest Nix a builder builds with, and its worker
+// protocol: the oldest tested (Debian 12's), whose protocol has every operation used here.
+const (
+	MinNixVersion = "2.8"
+	minProtocol   = 34
+)
+
+// ErrNixTooOld is returned by Store.Open for a daemon older than MinNixVersion.
+var ErrNixTooOld = errors.New("nix-daemon too old")
 
 const (
 	// smallNAR is the largest NAR a substitution fetches ahead into memory, while earlier paths
@@ -45,11 +64,13 @@ const (
 // Open starts a daemon for the store with the builder's settings: Nix's sandbox (and in the
 // system store its build users), nothing substituted or built remotely by the daemon itself
 // (the builder fetches inputs), signatures required by the store's trusted keys, and no
-// cached validity (another session or the store's GC may delete a path at any time).
+// cached validity (another session or the store's GC may delete a path at any time). With
+// Daemon set it connects to that daemon instead. A daemon older than MinNixVersion is refused
+// (ErrNixTooOld).
 func (s *Store) Open(ctx context.Context) (*Session, error) {
 	home, err := os.MkdirTemp("", "harmonia-build-home-")
 	if err != nil {
-		return nil, fmt.Errorf("open store %s: %w", s.rootDir(), err)
+		return nil, fmt.Errorf("open store %s: %w", s.where(), err)
 	}
 	keys := strings.Join(s.TrustedKeys, " ")
 	opts := map[string]string{
@@ -73,23 +94,48 @@ func (s *Store) Open(ctx context.Context) (*Session, error) {
 	if s.Root == "" && s.BuildUsersGroup != "" {
 		opts["build-users-group"] = s.BuildUsersGroup
 	}
-	conn, err := workerproto.Start(ctx, workerproto.StartOptions{
-		Store: s.Root, Options: opts, Env: s.childEnv(home), Dir: home, KillGrace: s.killGrace, Nice: s.Nice,
-		Cgroup: s.Cgroup,
-	})
+	var conn *workerproto.Conn
+	var overrides map[string]string
+	if s.Daemon != "" {
+		conn, err = workerproto.Dial(ctx, s.Daemon)
+		if err == nil && conn.Trust == workerproto.Trusted {
+			// Its settings hold but for what the builder does itself: fetching inputs, which
+			// it checks against the cluster's keys, and the limits it enforces.
+			overrides = map[string]string{"substituters": "", "builders": "", "trusted-public-keys": keys,
+				"require-sigs": "true", "max-silent-time": "0", "timeout": "0", "max-build-log-size": "0"}
+		}
+	} else {
+		conn, err = workerproto.Start(ctx, workerproto.StartOptions{
+			Store: s.Root, Options: opts, Env: s.childEnv(home), Dir: home, KillGrace: s.killGrace, Nice: s.Nice,
+			Cgroup: s.Cgroup,
+		})
+	}
 	if err != nil {
 		os.RemoveAll(home)
-		return nil, fmt.Errorf("open store %s: %w", s.rootDir(), err)
+		return nil, fmt.Errorf("open store %s: %w", s.where(), err)
 	}
-	ss := &Session{store: s, conn: conn, home: home, keys: keys}
+	// Its own child trusts the builder even when too old to say so.
+	ss := &Session{store: s, conn: conn, home: home, keys: keys, trusted: s.Daemon == "" || conn.Trust == workerproto.Trusted}
+	if conn.Minor < minProtocol {
+		ss.Close()
+		return nil, fmt.Errorf("open store %s: %w: it is %s (protocol 1.%d); harmonia-ci builds with Nix %s (protocol 1.%d) or later",
+			s.where(), ErrNixTooOld, cmp.Or(conn.DaemonVersion, "older than 2.4"), conn.Minor, MinNixVersion, minProtocol)
+	}
 	if s.onStart != nil {
 		s.onStart(conn.Pid())
 	}
-	if err := conn.SetOptions(ctx, workerproto.Options{MaxBuildJobs: 1}); err != nil {
+	// Never substituting: the builder fetches and checks inputs itself.
+	if err := conn.SetOptions(ctx, workerproto.Options{MaxBuildJobs: 1, Overrides: overrides}); err != nil {
 		ss.Close()
-		return nil, fmt.Errorf("open store %s: %w", s.rootDir(), err)
+		return nil, fmt.Errorf("open store %s: %w", s.where(), err)
 	}
 	return ss, nil
+}
+
+// Daemon is what the session's daemon said of itself: its Nix version, the protocol version
+// both speak, and whether it builds derivations the builder sends.
+func (ss *Session) Daemon() (version string, protocol uint64, trusted bool) {
+	return ss.conn.DaemonVersion, ss.conn.Minor, ss.trusted
 }
 
 // Close ends the session: a build still running is killed by its daemon. Idempotent.
@@ -358,6 +404,12 @@ func (ss *Session) addOne(ctx context.Context, f *substitute.Fetcher, found *sub
 		nar = r
 	}
 	if err := ss.conn.AddToStoreNar(ctx, pathInfo(found), nar, true); err != nil {
+		var de *workerproto.Error
+		if !ss.trusted && errors.As(err, &de) && strings.Contains(de.Message, "signature") {
+			// Nix 2.8: "lacks a valid signature"; 2.26: "lacks a signature by a trusted key".
+			return fmt.Errorf("add %s from %s: %w; the nix-daemon at %s does not trust this builder (or, older than Nix 2.15, does not say it does), so it takes only paths signed by a key of its own trusted-public-keys: add the cluster's key (%s) there, or this builder's user to its trusted-users",
+				found.Info.StorePath, found.Cache, err, ss.store.Daemon, strings.Join(ss.store.TrustedKeys, " "))
+		}
 		return fmt.Errorf("add %s from %s: %w", found.Info.StorePath, found.Cache, err)
 	}
 	return nil
@@ -426,13 +478,22 @@ func (ss *Session) Build(ctx context.Context, drvPath string, drv *nix.Derivatio
 			}
 		},
 	}
+	if !ss.trusted {
+		// Such a daemon builds only a derivation in its store, read from there with its inputs.
+		if err := ss.addDerivation(ctx, drvPath); err != nil {
+			if ctx.Err() != nil {
+				return nil, fmt.Errorf("build %s: %w", drvPath, context.Cause(ctx))
+			}
+			return nil, &BuildError{Kind: "nix", Message: err.Error(), ExitCode: -1}
+		}
+	}
 	bctx, stopBuild := context.WithCancelCause(ctx)
 	defer stopBuild(nil)
 	done := make(chan struct{})
 	stopped := make(chan buildStop, 1)
 	go func() { stopped <- watchdog(bctx, limits, out, done, stopBuild) }()
 	// The connection closes when bctx ends (a limit, a cancel): the daemon then kills the build.
-	res, err := ss.conn.BuildDerivation(bctx, drvPath, drv, inputs, l)
+	res, err := ss.build(bctx, drvPath, drv, inputs, l)
 	close(done)
 	reason := <-stopped
 	if reason != buildNotStopped {
@@ -458,6 +519,37 @@ func (ss *Session) Build(ctx context.Context, drvPath string, drv *nix.Derivatio
 		return nil, buildFailure(res)
 	}
 	return ss.checkOutputs(ctx, outputs, limits.MaxOutputSize)
+}
+
+// build builds drv: sent to a daemon that trusts the builder, else from the store.
+func (ss *Session) build(ctx context.Context, drvPath string, drv *nix.Derivation, inputs []string, l *workerproto.Logger) (workerproto.BuildResult, error) {
+	if ss.trusted {
+		return ss.conn.BuildDerivation(ctx, drvPath, drv, inputs, l)
+	}
+	res, err := ss.conn.BuildPaths(ctx, []string{drvPath + "!*"}, l)
+	if err != nil {
+		return workerproto.BuildResult{}, err
+	}
+	return res[0], nil
+}
+
+// addDerivation adds drvPath and the .drv files and sources it refers to, recursively, from the
+// substituters: a daemon building from its store reads them all. They are content-addressed,
+// so the daemon needs no signature on them.
+func (ss *Session) addDerivation(ctx context.Context, drvPath string) error {
+	f, err := ss.fetcher()
+	if err != nil {
+		return fmt.Errorf("add %s to the store: %w", drvPath, err)
+	}
+	have := func(ctx context.Context, ps []string) ([]string, error) { return ss.conn.QueryValidPaths(ctx, ps) }
+	todo, err := f.Closure(ctx, []string{drvPath}, have)
+	if err != nil {
+		return fmt.Errorf("add %s to the store: %w", drvPath, err)
+	}
+	if err := ss.add(ctx, f, todo); err != nil {
+		return fmt.Errorf("add %s to the store: %w", drvPath, err)
+	}
+	return nil
 }
 
 // buildFailure is the BuildError of a build the daemon reports failed. Its exit code is the one

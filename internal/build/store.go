@@ -22,9 +22,15 @@ import (
 )
 
 // Store is the builder's Nix store: the system store ("" root) or a chroot store directory, so
-// several builders can share a machine.
+// several builders can share a machine; reached through nix-daemon children the builder starts,
+// or through an existing daemon's socket.
 type Store struct {
-	Root         string   // "" = system store, else the chroot store directory (passed as --store)
+	Root string // "" = system store, else the chroot store directory (passed as --store)
+	// Daemon is the socket of an existing nix-daemon to build through ([build] daemon), e.g. a
+	// NixOS host's /nix/var/nix/daemon-socket/socket; "" starts `nix-daemon --stdio` children.
+	// The daemon's own settings then hold (sandbox, build users, sandbox paths), and what the
+	// builder may do depends on whether it trusts the builder (see Session).
+	Daemon       string
 	Substituters []string // binary cache URLs to fetch from (the cluster's cache nodes, then upstream)
 	TrustedKeys  []string // "name:base64" public keys
 	SandboxPaths []string // sandboxed builds see these besides those of /bin/sh /lib /lib64 /usr/lib that exist
@@ -141,21 +147,30 @@ func (s *Store) AddRoots(name string, paths []string) (remove func(), err error)
 	return remove, nil
 }
 
+// DaemonInfo is what a store's Nix daemon says of itself.
+type DaemonInfo struct {
+	Version  string // its Nix version, "2.26.3"
+	Protocol string // the worker protocol both speak, "1.38"
+	Trusted  bool   // it builds derivations the builder sends (see Session)
+}
+
 // Init creates the store's directories and database if they do not exist yet, so the builder's
-// concurrent sessions never race to create them (Nix 2.8 fails when two first opens do), and
-// checks that sandboxed builds in the system store have their build users.
-func (s *Store) Init(ctx context.Context) error {
-	if s.Root == "" && !s.Unsandboxed {
+// concurrent sessions never race to create them (Nix 2.8 fails when two first opens do),
+// checks that sandboxed builds in the system store have their build users, and returns what
+// the daemon says of itself; a daemon older than MinNixVersion is an error (ErrNixTooOld).
+func (s *Store) Init(ctx context.Context) (DaemonInfo, error) {
+	if s.Root == "" && s.Daemon == "" && !s.Unsandboxed {
 		if err := checkBuildUsers(s.BuildUsersGroup); err != nil {
-			return err
+			return DaemonInfo{}, err
 		}
 	}
 	ss, err := s.Open(ctx)
 	if err != nil {
-		return fmt.Errorf("initialise store %s: %w", s.rootDir(), err)
+		return DaemonInfo{}, fmt.Errorf("initialise store %s: %w", s.where(), err)
 	}
-	ss.Close()
-	return nil
+	defer ss.Close()
+	v, minor, trusted := ss.Daemon()
+	return DaemonInfo{Version: v, Protocol: "1." + strconv.FormatUint(minor, 10), Trusted: trusted}, nil
 }
 
 // checkBuildUsers fails unless group exists with at least one member: Nix runs sandboxed builds
@@ -235,7 +250,10 @@ func approxSize(n int64) string {
 // ago may just have been uploaded.
 func (s *Store) options(substituters []string) []string {
 	var args []string
-	if s.Root != "" {
+	switch {
+	case s.Daemon != "":
+		args = append(args, "--store", "unix://"+s.Daemon)
+	case s.Root != "":
 		args = append(args, "--store", s.Root)
 	}
 	return append(args,
@@ -292,6 +310,14 @@ func (s *Store) childEnv(home string) []string {
 		env = append(env, "HOME="+home)
 	}
 	return env
+}
+
+// where names the store in messages: the daemon's socket, or the store's directory.
+func (s *Store) where() string {
+	if s.Daemon != "" {
+		return "through the nix-daemon at " + s.Daemon
+	}
+	return s.rootDir()
 }
 
 func (s *Store) rootDir() string {

@@ -593,7 +593,7 @@ func TestSystemStoreBuildsCannotReadSecrets(t *testing.T) {
   name = "steal"; salt = %q; system = builtins.currentSystem; builder = "/bin/sh";
   args = [ "-c" "read l < %s || exit 3; echo \"$l\"; echo \"$l\" > $out" ]; }; }`, salt, secret), "steal")["steal"]
 			s := tt.store
-			if err := s.Init(storeTestCtx(t)); err != nil {
+			if _, err := s.Init(storeTestCtx(t)); err != nil {
 				t.Fatal(err)
 			}
 			d, err := nix.ReadDerivation("", drv)

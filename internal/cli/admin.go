@@ -160,14 +160,14 @@ func printJSON(w io.Writer, v any) error {
 
 func printNodes(w io.Writer, nodes []cluster.NodeStatus) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tSTATUS\tROLES\tJOBS\tLAST SEEN\tENDPOINT\tVERSION")
+	fmt.Fprintln(tw, "ID\tSTATUS\tROLES\tJOBS\tLAST SEEN\tENDPOINT\tVERSION\tNIX")
 	for _, n := range nodes {
 		status := n.Status
 		if n.Draining && status != cluster.StatusDraining {
 			status += " (draining)"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%d\t%s ago\t%s\t%s\n", n.ID, status, strings.Join(n.Roles, ","),
-			n.CurrentJobs, n.MaxJobs, ago(n.LastSeenSecondsAgo), n.Endpoint, n.Version)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%d\t%s ago\t%s\t%s\t%s\n", n.ID, status, strings.Join(n.Roles, ","),
+			n.CurrentJobs, n.MaxJobs, ago(n.LastSeenSecondsAgo), n.Endpoint, n.Version, n.NixInfo)
 	}
 	if len(nodes) == 0 {
 		fmt.Fprintln(tw, "(no nodes)")

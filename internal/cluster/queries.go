@@ -45,11 +45,16 @@ RETURNING draining`
 	// Re-creates a row that maintenance deleted while this node was unreachable.
 	sqlNodeRevive = `
 INSERT INTO nodes (id, roles, endpoint, hostname, max_evals, systems, features, max_jobs,
-                   status, version, incarnation, started_at, last_seen, draining)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $11, $9, $10, now(), now(), false)
+                   status, version, incarnation, started_at, last_seen, draining,
+                   nix_version, nix_protocol)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $11, $9, $10, now(), now(), false, $12, $13)
 ON CONFLICT (id) DO NOTHING`
 
 	sqlNodeIncarnation = `SELECT incarnation FROM nodes WHERE id = $1`
+
+	// $1 id, $2 incarnation, $3 nix_version, $4 nix_protocol.
+	sqlNodeSetNix = `
+UPDATE nodes SET nix_version = $3, nix_protocol = $4 WHERE id = $1 AND incarnation = $2`
 
 	sqlNodeSetStatus = `
 UPDATE nodes SET status = CASE WHEN draining THEN 'draining' ELSE $3 END, last_seen = now()
@@ -86,7 +91,7 @@ RETURNING id`
 	sqlNodesList = `
 SELECT id, status, roles, draining, last_seen, current_jobs, max_jobs, endpoint, hostname,
        version, incarnation, started_at, systems, features, cpu_usage, memory_usage,
-       EXTRACT(EPOCH FROM now() - last_seen)::float8
+       EXTRACT(EPOCH FROM now() - last_seen)::float8, nix_version, nix_protocol
 FROM nodes ORDER BY id`
 
 	sqlNodesCountByStatus = `SELECT status, count(*) FROM nodes GROUP BY status`

@@ -63,6 +63,36 @@ type Registry struct {
 
 	mu     sync.Mutex
 	status string // what this process wants the row to say; draining wins in SQL
+	nix    NixInfo
+}
+
+// NixInfo is the Nix a node runs: its version and the worker protocol the node speaks with its
+// daemon ("1.38"); empty for a node that runs no Nix.
+type NixInfo struct {
+	Version  string `json:"nix_version"`
+	Protocol string `json:"nix_protocol"`
+}
+
+// String is the version with its protocol, "2.26.3 (protocol 1.38)", or "-" for no Nix.
+func (n NixInfo) String() string {
+	switch {
+	case n.Version == "":
+		return "-"
+	case n.Protocol == "":
+		return n.Version
+	}
+	return n.Version + " (protocol " + n.Protocol + ")"
+}
+
+// SetNix records the Nix the node runs, once its roles have found out.
+func (r *Registry) SetNix(ctx context.Context, nix NixInfo) error {
+	r.mu.Lock()
+	r.nix = nix
+	r.mu.Unlock()
+	if _, err := r.pool.Exec(ctx, sqlNodeSetNix, r.info.ID, r.incarnation, nix.Version, nix.Protocol); err != nil {
+		return fmt.Errorf("set node %s nix version: %w", r.info.ID, err)
+	}
+	return nil
 }
 
 // NewRegistry prepares membership for info under a fresh incarnation.
@@ -142,7 +172,7 @@ func (r *Registry) StartDraining(ctx context.Context) error {
 // if another process owns the node id now, Beat returns ErrSuperseded.
 func (r *Registry) Beat(ctx context.Context, load Load) (draining bool, err error) {
 	r.mu.Lock()
-	status := r.status
+	status, nix := r.status, r.nix
 	r.mu.Unlock()
 	err = r.pool.QueryRow(ctx, sqlNodeBeat, r.info.ID, r.incarnation, status,
 		load.CurrentJobs, load.CPU, load.Memory, load.SpeedFactor).Scan(&draining)
@@ -158,7 +188,7 @@ func (r *Registry) Beat(ctx context.Context, load Load) (draining bool, err erro
 	case errors.Is(err, pgx.ErrNoRows):
 		i := r.info
 		if _, err := r.pool.Exec(ctx, sqlNodeRevive, i.ID, i.Roles, i.Endpoint, i.Hostname, i.MaxEvals,
-			i.Systems, i.Features, i.MaxJobs, i.Version, r.incarnation, status); err != nil {
+			i.Systems, i.Features, i.MaxJobs, i.Version, r.incarnation, status, nix.Version, nix.Protocol); err != nil {
 			return false, fmt.Errorf("heartbeat node %s: re-create row: %w", i.ID, err)
 		}
 		r.logger.WarnContext(ctx, "node row was gone (marked dead and cleaned up?); re-created it", "node_id", i.ID)

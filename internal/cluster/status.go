@@ -28,6 +28,7 @@ type NodeStatus struct {
 	Features           []string  `json:"features"`
 	CPUUsage           float32   `json:"cpu_usage"`
 	MemoryUsage        float32   `json:"memory_usage"`
+	NixInfo
 }
 
 // LeaderStatus is one row of the leaders table. Valid is false once the lease has run out or
@@ -60,7 +61,7 @@ func ListNodes(ctx context.Context, q Querier) ([]NodeStatus, error) {
 		var n NodeStatus
 		err := row.Scan(&n.ID, &n.Status, &n.Roles, &n.Draining, &n.LastSeen, &n.CurrentJobs, &n.MaxJobs,
 			&n.Endpoint, &n.Hostname, &n.Version, &n.Incarnation, &n.StartedAt, &n.Systems, &n.Features,
-			&n.CPUUsage, &n.MemoryUsage, &n.LastSeenSecondsAgo)
+			&n.CPUUsage, &n.MemoryUsage, &n.LastSeenSecondsAgo, &n.NixInfo.Version, &n.NixInfo.Protocol)
 		return n, err
 	})
 	if err != nil {

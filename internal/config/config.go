@@ -117,6 +117,10 @@ type BuildConfig struct {
 	// NixStore is the Nix store builds run in: "" for the system store, or a chroot store
 	// directory (absolute), so several builders can share a machine.
 	NixStore string `toml:"nix_store"`
+	// Daemon is the socket of an existing nix-daemon to build through (a NixOS host's
+	// /nix/var/nix/daemon-socket/socket); "" starts the builder's own daemons. The daemon's
+	// own settings then hold for sandboxing, build users and sandbox paths.
+	Daemon string `toml:"daemon"`
 	// ExtraSandboxPaths are host paths sandboxed builds may use, besides /bin/sh and the system
 	// libraries.
 	ExtraSandboxPaths []string `toml:"extra_sandbox_paths"`

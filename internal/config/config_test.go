@@ -525,6 +525,17 @@ func TestValidate(t *testing.T) {
 			[]string{"config: node.roles must not be empty"}},
 		{"relative nix store", func(c *Config) { c.Build.NixStore = "store" },
 			[]string{`config: build.nix_store: want an absolute directory, got "store"`}},
+		{"relative daemon socket", func(c *Config) { c.Build.Daemon = "socket" },
+			[]string{`config: build.daemon: want the absolute path of a nix-daemon socket, got "socket"`}},
+		{"daemon and chroot store", func(c *Config) { c.Build.Daemon, c.Build.NixStore = "/nix/var/nix/daemon-socket/socket", "/store" },
+			[]string{"config: build.daemon and build.nix_store exclude each other: a daemon serves its own store"}},
+		{"daemon without sandbox", func(c *Config) { c.Build.Daemon, c.Build.Sandbox = "/nix/var/nix/daemon-socket/socket", false },
+			[]string{"config: build.sandbox = false has no effect with build.daemon: set sandbox in the daemon's nix.conf"}},
+		{"daemon with sandbox paths", func(c *Config) {
+			c.Build.Daemon, c.Build.ExtraSandboxPaths = "/nix/var/nix/daemon-socket/socket", []string{"/bin/sleep"}
+		}, []string{"config: build.extra_sandbox_paths has no effect with build.daemon: set extra-sandbox-paths in the daemon's nix.conf"}},
+		{"daemon with cgroup", func(c *Config) { c.Build.Daemon, c.Build.Cgroup = "/nix/var/nix/daemon-socket/socket", "/sys/fs/cgroup/x" },
+			[]string{"config: build.cgroup has no effect with build.daemon: the daemon's builds run where the daemon runs"}},
 		{"sandbox path with a space", func(c *Config) { c.Build.ExtraSandboxPaths = []string{"/bin/a b"} },
 			[]string{`config: build.extra_sandbox_paths[0]: want an absolute path without spaces or '=', got "/bin/a b"`}},
 		{"queue order", func(c *Config) { c.Queue.Order = "lifo" },

@@ -212,6 +212,21 @@ func (c *Config) problems(from origins) []error {
 	if c.Build.NixStore != "" && !filepath.IsAbs(c.Build.NixStore) {
 		add("build.nix_store", "build.nix_store: want an absolute directory, got %q", c.Build.NixStore)
 	}
+	if d := c.Build.Daemon; d != "" {
+		// What the builder would set on daemons of its own is the daemon's nix.conf's to say.
+		switch {
+		case !filepath.IsAbs(d):
+			add("build.daemon", "build.daemon: want the absolute path of a nix-daemon socket, got %q", d)
+		case c.Build.NixStore != "":
+			add("build.daemon", "build.daemon and build.nix_store exclude each other: a daemon serves its own store")
+		case !c.Build.Sandbox:
+			add("build.sandbox", "build.sandbox = false has no effect with build.daemon: set sandbox in the daemon's nix.conf")
+		case len(c.Build.ExtraSandboxPaths) > 0:
+			add("build.extra_sandbox_paths", "build.extra_sandbox_paths has no effect with build.daemon: set extra-sandbox-paths in the daemon's nix.conf")
+		case c.Build.Cgroup != "":
+			add("build.cgroup", "build.cgroup has no effect with build.daemon: the daemon's builds run where the daemon runs")
+		}
+	}
 	for i, p := range c.Build.ExtraSandboxPaths {
 		if !filepath.IsAbs(p) || strings.ContainsAny(p, " \t\n=") {
 			add("build.extra_sandbox_paths", "build.extra_sandbox_paths[%d]: want an absolute path without spaces or '=', got %q", i, p)

@@ -31,7 +31,7 @@ WITH next AS (
     FOR UPDATE OF e SKIP LOCKED
 )
 UPDATE evaluations e SET status = 'running', claimed_by = $1, claimed_at = now(), started_at = now(),
-    attempt = e.attempt + 1, error = NULL
+    attempt = e.attempt + 1, error = NULL, nix_version = $2
 FROM next WHERE e.id = next.id
 RETURNING e.id, e.attempt`
 	sqlHoldClaim   = `SELECT status FROM evaluations WHERE id = $1 AND claimed_by = $2 AND attempt = $3 FOR SHARE`
@@ -104,7 +104,7 @@ func TestRolesAllow(t *testing.T) {
 	}
 	var evalID int64
 	var evalAttempt int
-	must("claim evaluation as e1", c.as["e1"].QueryRow(ctx, sqlClaimEval, "e1").Scan(&evalID, &evalAttempt))
+	must("claim evaluation as e1", c.as["e1"].QueryRow(ctx, sqlClaimEval, "e1", "2.8.0").Scan(&evalID, &evalAttempt))
 	if evalID != ev.ID {
 		t.Fatalf("e1 claimed evaluation %d, want %d", evalID, ev.ID)
 	}

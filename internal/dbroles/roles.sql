@@ -70,10 +70,10 @@ GRANT SELECT ON schema_migrations, derivations, derivation_outputs, derivation_i
 -- must be roles its login role has: a builder that registered as a signer or a cache would be
 -- sent other nodes' tokens and asked for inputs.
 GRANT INSERT (id, roles, endpoint, hostname, max_evals, systems, features, max_jobs, status,
-              version, incarnation, started_at, last_seen, draining),
+              version, incarnation, started_at, last_seen, draining, nix_version, nix_protocol),
       UPDATE (roles, endpoint, hostname, max_evals, systems, features, max_jobs, status, version,
               incarnation, started_at, last_seen, draining, current_jobs, cpu_usage,
-              memory_usage, speed_factor),
+              memory_usage, speed_factor, nix_version, nix_protocol),
       DELETE
     ON nodes TO harmonia_node;
 
@@ -104,7 +104,7 @@ GRANT INSERT, UPDATE ON leaders TO harmonia_frontend;
 -- ===== Evaluator: its evaluations, the derivation tables, new jobs =====
 
 GRANT UPDATE (status, claimed_by, claimed_at, started_at, finished_at, attempt, error,
-              retention_seconds)
+              retention_seconds, nix_version)
     ON evaluations TO harmonia_evaluator;
 GRANT INSERT, DELETE ON eval_attrs TO harmonia_evaluator;
 GRANT INSERT ON derivations, derivation_inputs TO harmonia_evaluator;

@@ -1,6 +1,7 @@
 package eval
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -81,6 +82,8 @@ type Evaluator struct {
 	wake    chan struct{}
 	confine *confinement
 	metrics *evalMetrics
+	// nixVersion is the version of the Nix it evaluates with, found at start ("" if unknown).
+	nixVersion string
 
 	mu      sync.Mutex
 	running int
@@ -140,6 +143,17 @@ func (e *Evaluator) Start(ctx context.Context) error {
 	if err := e.confine.prepare(); err != nil {
 		return err
 	}
+	// Recorded on each evaluation it claims. A Nix missing now fails evaluations, not the node:
+	// they are run again once it is there.
+	bin, env := cmp.Or(e.cfg.Runner.Bin, "nix-instantiate"), e.cfg.Runner.Env
+	if env == nil {
+		env = DefaultChildEnv()
+	}
+	if v, err := nix.CommandVersion(ctx, bin, env); err != nil {
+		e.logger.Warn("cannot tell which Nix evaluates", "error", err)
+	} else {
+		e.nixVersion = v
+	}
 	var sub *notify.Sub
 	if e.cfg.Notifier != nil {
 		var err error
@@ -157,6 +171,10 @@ func (e *Evaluator) Start(ctx context.Context) error {
 	})
 	return nil
 }
+
+// NixVersion is the version of the Nix it evaluates with, known once started ("" if its
+// nix-instantiate could not say).
+func (e *Evaluator) NixVersion() string { return e.nixVersion }
 
 // Running is the number of evaluations running now.
 func (e *Evaluator) Running() int {
@@ -195,7 +213,7 @@ func (e *Evaluator) fill(ctx context.Context) {
 			return
 		}
 		var c claim
-		err := e.pool.QueryRow(ctx, sqlClaimEval, e.cfg.NodeID).Scan(&c.id, &c.attempt)
+		err := e.pool.QueryRow(ctx, sqlClaimEval, e.cfg.NodeID, e.nixVersion).Scan(&c.id, &c.attempt)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return
 		}

@@ -122,7 +122,7 @@ RETURNING bj.drv_path`
 	sqlNotifyEvaluations = `SELECT pg_notify('evaluations', $1)`
 
 	// The evaluator's claim: the oldest queued evaluation of an enabled project. A new claim
-	// forgets what an earlier, reaped attempt recorded. $1 node.
+	// forgets what an earlier, reaped attempt recorded. $1 node, $2 the Nix version it evaluates with.
 	sqlClaimEval = `
 WITH next AS (
     SELECT e.id FROM evaluations e JOIN projects p ON p.id = e.project_id
@@ -131,7 +131,7 @@ WITH next AS (
     FOR UPDATE OF e SKIP LOCKED
 )
 UPDATE evaluations e SET status = 'running', claimed_by = $1, claimed_at = now(), started_at = now(),
-    attempt = e.attempt + 1, error = NULL
+    attempt = e.attempt + 1, error = NULL, nix_version = $2
 FROM next WHERE e.id = next.id
 RETURNING e.id, e.attempt`
 

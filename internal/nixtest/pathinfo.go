@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os/exec"
-	"regexp"
 	"strings"
 	"testing"
 
@@ -119,15 +118,9 @@ func narHash(h string) (string, error) {
 func Version(t testing.TB) string {
 	t.Helper()
 	RequireNix(t)
-	out, err := exec.Command("nix-store", "--version").Output()
+	v, err := nix.CommandVersion(t.Context(), "nix-store", nil)
 	if err != nil {
-		t.Fatalf("nix-store --version: %v", err)
-	}
-	v := versionRE.FindString(string(out))
-	if v == "" {
-		t.Fatalf("nix-store --version printed %q, no version", out)
+		t.Fatal(err)
 	}
 	return v
 }
-
-var versionRE = regexp.MustCompile(`[0-9]+\.[0-9]+(\.[0-9]+)?`)

@@ -24,6 +24,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
 	"github.com/harmonia-ci/harmonia-ci/internal/config"
 	"github.com/harmonia-ci/harmonia-ci/internal/db"
+	"github.com/harmonia-ci/harmonia-ci/internal/eval"
 	"github.com/harmonia-ci/harmonia-ci/internal/metrics"
 	"github.com/harmonia-ci/harmonia-ci/internal/notify"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
@@ -86,11 +87,26 @@ type node struct {
 
 	reg         *prometheus.Registry // the node's /metrics
 	inFlight    cluster.InFlight
-	buildWorker *queue.Worker // nil unless the node builds
-	active      atomic.Bool   // set once every service runs
+	buildWorker *queue.Worker   // nil unless the node builds
+	builder     *build.Builder  // nil unless the node builds
+	evaluator   *eval.Evaluator // nil unless the node evaluates
+	active      atomic.Bool     // set once every service runs
 	drainOnce   sync.Once
 	drainReq    chan struct{}
 	fatal       chan error
+}
+
+// nixInfo is the Nix the node runs, once its roles started: the builder's daemon (what builds
+// here), else the evaluator's Nix.
+func (n *node) nixInfo() cluster.NixInfo {
+	switch {
+	case n.builder != nil:
+		d := n.builder.Daemon()
+		return cluster.NixInfo{Version: d.Version, Protocol: d.Protocol}
+	case n.evaluator != nil:
+		return cluster.NixInfo{Version: n.evaluator.NixVersion()}
+	}
+	return cluster.NixInfo{}
 }
 
 func (n *node) requestDrain() { n.drainOnce.Do(func() { close(n.drainReq) }) }
@@ -223,6 +239,12 @@ func (n *node) run(ctx context.Context, ln net.Listener, opts Options) error {
 		}
 	}
 	// A signal arriving now must not fail the start half-way: finish it, then shut down below.
+	if nix := n.nixInfo(); nix.Version != "" {
+		if err := registry.SetNix(context.WithoutCancel(ctx), nix); err != nil {
+			startstop.StopAll(services...)
+			return err
+		}
+	}
 	if err := registry.SetStatus(context.WithoutCancel(ctx), cluster.StatusActive); err != nil {
 		startstop.StopAll(services...)
 		return err

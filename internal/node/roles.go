@@ -165,7 +165,7 @@ func (n *node) roleWorkers(notifier *notify.Notifier, announcer *queue.Announcer
 		}
 		b, err := build.New(build.Config{
 			NodeID: cfg.Node.ID,
-			Store: build.Store{Root: cfg.Build.NixStore, SandboxPaths: cfg.Build.ExtraSandboxPaths,
+			Store: build.Store{Root: cfg.Build.NixStore, Daemon: cfg.Build.Daemon, SandboxPaths: cfg.Build.ExtraSandboxPaths,
 				Unsandboxed: !cfg.Build.Sandbox, BuildUsersGroup: cfg.Build.BuildUsersGroup, Nice: cfg.Build.Nice,
 				Cgroup: cfg.Build.Cgroup},
 			Upstream: cfg.Substituters.URLs, UpstreamKeys: cfg.Substituters.TrustedPublicKeys,
@@ -200,7 +200,7 @@ func (n *node) roleWorkers(notifier *notify.Notifier, announcer *queue.Announcer
 		if err != nil {
 			return nil, err
 		}
-		n.buildWorker = w
+		n.buildWorker, n.builder = w, b
 		workers = append(workers, b, w)
 	}
 	if cfg.HasRole(config.RoleEvaluator) {
@@ -231,6 +231,7 @@ func (n *node) roleWorkers(notifier *notify.Notifier, announcer *queue.Announcer
 		if err != nil {
 			return nil, err
 		}
+		n.evaluator = ev
 		workers = append(workers, ev)
 	}
 	return workers, nil

@@ -179,6 +179,7 @@ type NodeRow struct {
 	StartedAt         time.Time
 	LastSeen          time.Time
 	Leads             []string // the leader roles it holds
+	Nix               cluster.NixInfo
 }
 
 // State is what the nodes page calls the node's status: online, draining, joining or offline.
@@ -211,7 +212,7 @@ func (u *UI) nodesPage(w http.ResponseWriter, r *http.Request) (string, Page, er
 	nodes, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (NodeRow, error) {
 		var n NodeRow
 		err := row.Scan(&n.ID, &n.Roles, &n.Status, &n.Draining, &n.Systems, &n.Features, &n.CurrentJobs,
-			&n.MaxJobs, &n.SpeedFactor, &n.Hostname, &n.Version, &n.StartedAt, &n.LastSeen)
+			&n.MaxJobs, &n.SpeedFactor, &n.Hostname, &n.Version, &n.StartedAt, &n.LastSeen, &n.Nix.Version, &n.Nix.Protocol)
 		return n, err
 	})
 	if err != nil {

@@ -273,6 +273,8 @@ func TestNodesPage(t *testing.T) {
 	fx.node("b1", "active", false, []string{"x86_64-linux", "i686-linux"}, []string{"kvm", "big-parallel"}, now)
 	fx.node("b2", "draining", true, []string{"x86_64-linux"}, nil, now)
 	fx.node("b3", "dead", false, []string{"aarch64-linux"}, nil, now.Add(-3*time.Hour))
+	fx.exec(`UPDATE nodes SET nix_version = '2.26.3', nix_protocol = '1.38' WHERE id = 'b1'`)
+	fx.exec(`UPDATE nodes SET nix_version = '2.8.0', nix_protocol = '1.34' WHERE id = 'b2'`)
 	fx.exec(`INSERT INTO leaders (role, node_id, incarnation, epoch, acquired_at, lease_until)
 VALUES ('maintainer', 'b1', gen_random_uuid(), 3, now() - interval '10 minutes', now() + interval '1 minute'),
        ('poller', 'b3', gen_random_uuid(), 7, now() - interval '4 hours', now() - interval '3 hours')`)
@@ -284,10 +286,10 @@ VALUES ('maintainer', 'b1', gen_random_uuid(), 3, now() - interval '10 minutes',
 		notWant []string
 	}{
 		{"b1", []string{`<span class="badge ok">online</span>`, `<span class="badge leader" title="leader of maintainer">leader: maintainer</span>`,
-			"x86_64-linux, i686-linux", "kvm, big-parallel", "2 / 4", "1.50"}, []string{"draining", "offline"}},
-		{"b2", []string{`<span class="badge draining"`, ">draining</span>"}, []string{"badge ok", "offline", "leader"}},
+			"x86_64-linux, i686-linux", "kvm, big-parallel", "2 / 4", "1.50", "2.26.3", "protocol 1.38"}, []string{"draining", "offline"}},
+		{"b2", []string{`<span class="badge draining"`, ">draining</span>", "2.8.0", "protocol 1.34"}, []string{"badge ok", "offline", "leader", "2.26"}},
 		{"b3", []string{`<span class="badge off">offline</span>`, "offline since", "3 h ago"},
-			[]string{"badge ok", "draining", "leader:"}},
+			[]string{"badge ok", "draining", "leader:", "protocol"}},
 	} {
 		row := element(t, body, "tr", "node-"+c.node)
 		for _, s := range c.want {

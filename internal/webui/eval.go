@@ -88,7 +88,9 @@ type EvalHeader struct {
 	CreatedAt              time.Time
 	StartedAt, FinishedAt  *time.Time
 	ReusesEvalID           *int64
-	CommitURL              string // the commit's page on the forge; "" when unknown
+	CommitURL              string  // the commit's page on the forge; "" when unknown
+	Evaluator              *string // the node that evaluated it last
+	NixVersion             string  // the Nix it evaluated with; "" when unknown
 }
 
 // Finished reports whether the evaluation itself is over (its builds may still run).
@@ -219,7 +221,7 @@ func (u *UI) evalHeader(ctx context.Context, id int64, project string) (EvalHead
 	var e EvalHeader
 	err := u.cfg.Pool.QueryRow(ctx, sqlEvalHeader, id, project).Scan(&e.ID, &e.ProjectID, &e.Project, &e.Forge,
 		&e.Owner, &e.Repo, &e.FullName, &e.Commit, &e.Branch, &e.Status, &e.SkippedReason, &e.Error, &e.PRNumber,
-		&e.PRAuthor, &e.CreatedAt, &e.StartedAt, &e.FinishedAt, &e.ReusesEvalID)
+		&e.PRAuthor, &e.CreatedAt, &e.StartedAt, &e.FinishedAt, &e.ReusesEvalID, &e.Evaluator, &e.NixVersion)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return e, notFound("project %s has no evaluation %d", project, id)
 	}

@@ -225,8 +225,12 @@ func TestEvalPageShowsEveryAttribute(t *testing.T) {
 	t.Parallel()
 	fx := newEvalFixture(t)
 	s := fx.newScenario()
-	fx.exec(`UPDATE evaluations SET branch = 'pull/7', pr_number = 7, pr_author = 'alice' WHERE id = $1`, s.eval)
+	fx.exec(`UPDATE evaluations SET branch = 'pull/7', pr_number = 7, pr_author = 'alice', claimed_by = 'eval-1',
+    nix_version = '2.26.3' WHERE id = $1`, s.eval)
 	body := fx.get(fmt.Sprintf("/ci/proj/eval/%d", s.eval), http.StatusOK)
+	if nix := element(t, body, "dd", "eval-nix"); !strings.Contains(nix, "Nix 2.26.3") || !strings.Contains(nix, "eval-1") {
+		t.Errorf("the page does not say which Nix evaluated, on which node: %s", nix)
+	}
 
 	if got, want := rowAttrs(body), []string{"bad", "broken", "busy", "cached", "ok", "top", "waiting"}; !slices.Equal(got, want) {
 		t.Errorf("rows %q, want %q", got, want)

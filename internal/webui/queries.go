@@ -85,7 +85,7 @@ LIMIT $3`
 	// Every node, the live ones first.
 	sqlNodes = `
 SELECT id, roles, status, draining, systems, features, current_jobs, max_jobs, speed_factor,
-       hostname, version, started_at, last_seen
+       hostname, version, started_at, last_seen, nix_version, nix_protocol
 FROM nodes
 ORDER BY status = 'dead', id`
 
@@ -286,7 +286,7 @@ const (
 	sqlEvalHeader = `
 SELECT e.id, p.id, p.name, r.forge, r.owner, r.name, r.full_name, e.commit_sha, e.branch, e.status,
        COALESCE(e.skipped_reason, ''), COALESCE(e.error, ''), COALESCE(e.pr_number, 0), COALESCE(e.pr_author, ''),
-       e.created_at, e.started_at, e.finished_at, e.reuses_eval_id
+       e.created_at, e.started_at, e.finished_at, e.reuses_eval_id, e.claimed_by, e.nix_version
 FROM evaluations e
 JOIN projects p ON p.id = e.project_id
 JOIN repositories r ON r.id = p.repo_id
