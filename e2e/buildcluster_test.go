@@ -49,6 +49,10 @@ type buildClusterOptions struct {
 	frontendEnv []string
 	// backend is the cache's store: "s3" (MinIO, the default) or "local".
 	backend string
+	// nixRoot, if set, runs the nodes in inNixRoot there, on its Nix (2.26), and the others on
+	// this machine's.
+	nixRoot   *proctest.NixRoot
+	inNixRoot []string
 }
 
 // buildCluster is a whole harmonia-ci cluster that builds with real Nix: front-1 (frontend,
@@ -66,6 +70,10 @@ type buildCluster struct {
 	cli      *ciCLI
 	repo     *nixtest.Repo
 	project  string
+	// nixRoot and inNixRoot: as buildClusterOptions; rootBinds are what a node there needs.
+	nixRoot   *proctest.NixRoot
+	inNixRoot []string
+	rootBinds []string
 }
 
 // newBuildCluster starts the cluster, waits until every node is active and adds the project
@@ -104,6 +112,12 @@ func newBuildCluster(t *testing.T, o buildClusterOptions) *buildCluster {
 	c := &buildCluster{
 		fixture: f, nodeCfg: proctest.WriteFile(t, "build-node.toml", cfg), env: env, pub: pub,
 		stores: map[string]string{}, stopped: map[string]bool{}, project: "build", frontEnv: o.frontendEnv,
+		nixRoot: o.nixRoot, inNixRoot: o.inNixRoot,
+	}
+	if c.nixRoot != nil {
+		// The test's temporary directories (state, stores, configuration, the project) and the
+		// database's socket directory.
+		c.rootBinds = []string{filepath.Dir(t.TempDir()), dbSocketDir(t, f.dbURL)}
 	}
 	for i := 1; i <= o.builders; i++ {
 		id := fmt.Sprintf("b%d", i)
@@ -142,7 +156,12 @@ func (c *buildCluster) startNode(id, roles string, extra ...string) *proctest.Pr
 	if slices.Contains(strings.Split(roles, ","), "frontend") {
 		env = append(slices.Clone(env), c.frontEnv...)
 	}
-	p := proctest.Start(c.t, id, nodeEnv(c.t, env, id, roles), args...)
+	var p *proctest.Proc
+	if slices.Contains(c.inNixRoot, id) {
+		p = c.nixRoot.Start(c.t, id, c.rootBinds, nodeEnv(c.t, env, id, roles), args...)
+	} else {
+		p = proctest.Start(c.t, id, nodeEnv(c.t, env, id, roles), args...)
+	}
 	c.procs[id] = p
 	delete(c.stopped, id)
 	return p

@@ -240,6 +240,9 @@ func showEval(ctx context.Context, w io.Writer, pool *pgxpool.Pool, e eval.Evalu
 		return printJSON(w, evalView{Evaluation: e, Attrs: attrs})
 	}
 	fmt.Fprintf(w, "evaluation %d of %s at %s on %s: %s\n", e.ID, e.Project, short(e.Commit), e.Branch, e.Status)
+	if e.NixVersion != "" {
+		fmt.Fprintf(w, "evaluated by Nix %s on %s\n", e.NixVersion, e.ClaimedBy)
+	}
 	if e.Error != "" {
 		fmt.Fprintf(w, "error: %s\n", e.Error)
 	}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
 	"github.com/harmonia-ci/harmonia-ci/internal/eval"
+	"github.com/harmonia-ci/harmonia-ci/internal/gitrepo"
 	"github.com/harmonia-ci/harmonia-ci/internal/metricstest"
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
 	"github.com/harmonia-ci/harmonia-ci/internal/nixtest"
@@ -815,4 +816,40 @@ func outcomeSeries(t *testing.T, reg *prometheus.Registry, outcome string) (fini
 	t.Helper()
 	return metricstest.Value(t, reg, "harmonia_ci_evaluations_finished_total", "outcome", outcome),
 		uint64(metricstest.Value(t, reg, "harmonia_ci_evaluation_duration_seconds", "outcome", outcome))
+}
+
+// TestFlakeWithLocalInputs: a flake whose flake.lock locks an input inside its own repository
+// (path:./lib), as `nix flake lock` of the Nix at hand wrote it, is evaluated with that input.
+func TestFlakeWithLocalInputs(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	h.startEvaluator("ev-1")
+	sys := nixSystem(t)
+	repo, _ := h.newProject("locked", map[string]string{
+		"lib/flake.nix": fmt.Sprintf(`{ outputs = { self }: { greeting = "hello from lib %s"; }; }`, h.salt),
+		"flake.nix": fmt.Sprintf(`{
+  inputs.lib.url = "path:./lib";
+  outputs = { self, lib }: {
+    checks.%[1]s.greet = builtins.derivation { name = "greet"; system = %[1]q; builder = "/bin/sh";
+      args = [ "-c" "echo ${lib.greeting} > $out" ]; };
+  };
+}`, sys),
+	})
+	commit := repo.LockFlake()
+	if _, ok, err := (&gitrepo.Mirror{Dir: filepath.Join(repo.Dir, ".git")}).ReadFile(h.ctx(), commit, "flake.lock"); err != nil || !ok {
+		t.Fatalf("flake.lock not committed: %v", err)
+	}
+	e, _ := h.trigger("locked", "", commit)
+	h.waitSucceeded(e.ID)
+	a := h.attrs(e.ID)["checks."+sys+".greet"]
+	if a.DrvPath == "" {
+		t.Fatalf("checks.%s.greet: %+v, want a derivation", sys, a)
+	}
+	d, err := nix.ReadDerivation("", a.DrvPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "hello from lib " + h.salt; !strings.Contains(strings.Join(d.Args, " "), want) {
+		t.Errorf("the derivation's builder says %q, not the locked input's %q", d.Args, want)
+	}
 }

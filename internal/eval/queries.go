@@ -7,7 +7,7 @@ const (
 	evalColumns = `e.id, e.project_id, p.name, e.flake_url, e.commit_sha, e.branch, COALESCE(e.tree_hash, ''),
        e.status, COALESCE(e.skipped_reason, ''), e.reuses_eval_id, COALESCE(e.claimed_by, ''), e.attempt,
        COALESCE(e.error, ''), e.created_at, e.started_at, e.finished_at, COALESCE(e.pr_number, 0),
-       COALESCE(e.pr_author, '')`
+       COALESCE(e.pr_author, ''), e.nix_version`
 
 	sqlEvalByID = `SELECT ` + evalColumns + ` FROM evaluations e JOIN projects p ON p.id = e.project_id WHERE e.id = $1`
 

@@ -56,6 +56,7 @@ type Evaluation struct {
 	FinishedAt    *time.Time `json:"finished_at,omitempty"`
 	PRNumber      int        `json:"pr_number,omitempty"`
 	PRAuthor      string     `json:"pr_author,omitempty"`
+	NixVersion    string     `json:"nix_version,omitempty"` // the Nix that evaluated it (last)
 }
 
 // Finished reports whether the evaluation will not change any more.
@@ -67,7 +68,7 @@ func scanEval(row pgx.CollectableRow) (Evaluation, error) {
 	var e Evaluation
 	err := row.Scan(&e.ID, &e.ProjectID, &e.Project, &e.FlakeURL, &e.Commit, &e.Branch, &e.TreeHash,
 		&e.Status, &e.SkippedReason, &e.ReusesEvalID, &e.ClaimedBy, &e.Attempt, &e.Error, &e.CreatedAt,
-		&e.StartedAt, &e.FinishedAt, &e.PRNumber, &e.PRAuthor)
+		&e.StartedAt, &e.FinishedAt, &e.PRNumber, &e.PRAuthor, &e.NixVersion)
 	return e, err
 }
 

@@ -91,3 +91,18 @@ func Lib(salt string) string { return nixgen.Lib(salt) }
 
 // Layered is nixgen.Layered: n derivations in layers of width.
 func Layered(salt string, n, width int) string { return nixgen.Layered(salt, n, width) }
+
+// LockFlake writes the flake.lock of the flake in the repository, as `nix flake lock` of the Nix
+// on PATH writes it (the lock file's form differs between Nix versions), and commits it,
+// returning the commit.
+func (r *Repo) LockFlake() string {
+	r.t.Helper()
+	cmd := exec.Command("nix", "--extra-experimental-features", "nix-command flakes", "flake", "lock",
+		"--option", "substituters", "")
+	cmd.Dir = r.Dir
+	cmd.Env = append(os.Environ(), "HOME="+r.t.TempDir(), "GIT_CONFIG_GLOBAL=/dev/null", "GIT_CONFIG_NOSYSTEM=1")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		r.t.Fatalf("nix flake lock: %v\n%s", err, out)
+	}
+	return r.Commit("lock", nil)
+}

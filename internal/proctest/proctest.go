@@ -105,6 +105,12 @@ func Start(t testing.TB, name string, env []string, args ...string) *Proc {
 	t.Helper()
 	cmd := exec.Command(Binary(t), args...)
 	cmd.Env = append(os.Environ(), env...)
+	return start(t, name, cmd)
+}
+
+// start starts cmd as a Proc.
+func start(t testing.TB, name string, cmd *exec.Cmd) *Proc {
+	t.Helper()
 	p := &Proc{Name: name, cmd: cmd, logs: &logtest.Buffer{}, done: make(chan struct{})}
 	cmd.Stdout = p.logs
 	cmd.Stderr = p.logs
