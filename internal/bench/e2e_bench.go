@@ -1059,10 +1059,15 @@ func (b *e2e) realise(ctx context.Context, root string, drvs []string, jobs int,
 	return d, nil
 }
 
-// tailBuffer keeps the last 4 KiB written to it.
-type tailBuffer struct{ b []byte }
+// tailBuffer keeps what Nix printed for an error message: the first error it reported (the
+// build that failed first, with its log lines), else the last 4 KiB. Newer Nix ends a failed
+// realise with one line naming every derivation it did not build, hundreds of them here.
+type tailBuffer struct{ head, b []byte }
 
 func (t *tailBuffer) Write(p []byte) (int, error) {
+	if room := 8<<10 - len(t.head); room > 0 {
+		t.head = append(t.head, p[:min(room, len(p))]...)
+	}
 	t.b = append(t.b, p...)
 	if len(t.b) > 8<<10 {
 		t.b = append(t.b[:0], t.b[len(t.b)-4<<10:]...)
@@ -1070,7 +1075,21 @@ func (t *tailBuffer) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-func (t *tailBuffer) String() string { return string(t.b) }
+func (t *tailBuffer) String() string {
+	lines := strings.Split(string(t.head), "\n")
+	for i, l := range lines {
+		if strings.HasPrefix(strings.TrimSpace(l), "error:") {
+			block := lines[i:min(i+12, len(lines))]
+			for j, b := range block {
+				if len(b) > 300 {
+					block[j] = b[:300] + "…"
+				}
+			}
+			return strings.Join(block, "\n")
+		}
+	}
+	return string(t.b)
+}
 
 // plainSingle times one nix-store --realise per derivation in a fresh store, o.Samples of the
 // second layer once the first is built, so that each builds exactly one derivation with two

@@ -534,7 +534,9 @@ func TestValidate(t *testing.T) {
 		{"daemon with sandbox paths", func(c *Config) {
 			c.Build.Daemon, c.Build.ExtraSandboxPaths = "/nix/var/nix/daemon-socket/socket", []string{"/bin/sleep"}
 		}, []string{"config: build.extra_sandbox_paths has no effect with build.daemon: set extra-sandbox-paths in the daemon's nix.conf"}},
-		{"daemon with cgroup", func(c *Config) { c.Build.Daemon, c.Build.Cgroup = "/nix/var/nix/daemon-socket/socket", "/sys/fs/cgroup/x" },
+		{"daemon with cgroup", func(c *Config) {
+			c.Build.Daemon, c.Build.Cgroup = "/nix/var/nix/daemon-socket/socket", "/sys/fs/cgroup/x"
+		},
 			[]string{"config: build.cgroup has no effect with build.daemon: the daemon's builds run where the daemon runs"}},
 		{"sandbox path with a space", func(c *Config) { c.Build.ExtraSandboxPaths = []string{"/bin/a b"} },
 			[]string{`config: build.extra_sandbox_paths[0]: want an absolute path without spaces or '=', got "/bin/a b"`}},
