@@ -17,6 +17,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/db"
 	"github.com/harmonia-ci/harmonia-ci/internal/pgembed"
 	"github.com/harmonia-ci/harmonia-ci/internal/proctest"
+	"github.com/harmonia-ci/harmonia-ci/internal/waittest"
 )
 
 // roles are those of the nodes of these tests: HTTP, health and leadership need nothing more.
@@ -75,21 +76,31 @@ func postgresProcesses(t *testing.T, dataDir string) []int {
 		if err != nil {
 			continue
 		}
-		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
-		if err != nil {
-			continue // exited meanwhile
-		}
-		// pid (comm) state ppid ...; comm may hold spaces and parentheses.
-		i := strings.LastIndexByte(string(stat), ')')
-		if i < 0 {
-			continue
-		}
-		fields := strings.Fields(string(stat[i+1:]))
-		if len(fields) >= 2 && fields[1] == strconv.Itoa(postmaster) {
+		if _, ppid, ok := procStat(pid); ok && ppid == postmaster {
 			pids = append(pids, pid)
 		}
 	}
 	return pids
+}
+
+// procStat is process pid's state letter ("T": stopped) and parent, from /proc; ok is false
+// once it is gone.
+func procStat(pid int) (state string, ppid int, ok bool) {
+	stat, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return "", 0, false
+	}
+	// pid (comm) state ppid ...; comm may hold spaces and parentheses.
+	i := strings.LastIndexByte(string(stat), ')')
+	if i < 0 {
+		return "", 0, false
+	}
+	fields := strings.Fields(string(stat[i+1:]))
+	if len(fields) < 2 {
+		return "", 0, false
+	}
+	ppid, err = strconv.Atoi(fields[1])
+	return fields[0], ppid, err == nil
 }
 
 // pausePostgres stops (SIGSTOP) the server on dataDir and all its processes, like a VM that
@@ -102,6 +113,10 @@ func pausePostgres(t *testing.T, dataDir string) (resume func()) {
 	if err := syscall.Kill(pids[0], syscall.SIGSTOP); err != nil {
 		t.Fatalf("SIGSTOP postmaster: %v", err)
 	}
+	// kill returns before the signal is delivered: a backend the postmaster forks until it is
+	// stopped would be missed by the list below, and answer queries the whole pause.
+	waittest.For(t, 10*time.Second, func() bool { state, _, _ := procStat(pids[0]); return state == "T" },
+		"the postmaster (pid %d) stopped", pids[0])
 	pids = postgresProcesses(t, dataDir)
 	stopped := []int{pids[0]}
 	resume = func() {

@@ -1,7 +1,6 @@
 package eval
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -145,11 +144,9 @@ func (e *Evaluator) Start(ctx context.Context) error {
 	}
 	// Recorded on each evaluation it claims. A Nix missing now fails evaluations, not the node:
 	// they are run again once it is there.
-	bin, env := cmp.Or(e.cfg.Runner.Bin, "nix-instantiate"), e.cfg.Runner.Env
-	if env == nil {
-		env = DefaultChildEnv()
-	}
-	if v, err := nix.CommandVersion(ctx, bin, env); err != nil {
+	runner := *e.cfg.Runner
+	runner.User = e.confine.user
+	if v, err := runner.Version(ctx); err != nil {
 		e.logger.Warn("cannot tell which Nix evaluates", "error", err)
 	} else {
 		e.nixVersion = v

@@ -19,6 +19,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/harmonia-ci/harmonia-ci/internal/nix"
 )
 
 //go:embed walker.nix
@@ -93,6 +95,34 @@ func DefaultChildEnv() []string {
 		}
 	}
 	return env
+}
+
+// Version is the version of the Nix that walks, as its nix-instantiate says, run as a walk is
+// (the same user and environment): no Nix process of the evaluator runs with the node's
+// privileges or secrets.
+func (r *NixRunner) Version(ctx context.Context) (string, error) {
+	bin := r.Bin
+	if bin == "" {
+		bin = "nix-instantiate"
+	}
+	cmd := exec.CommandContext(ctx, bin, "--version")
+	cmd.Env = r.Env
+	if cmd.Env == nil {
+		cmd.Env = DefaultChildEnv()
+	}
+	cmd.Dir = os.TempDir()
+	if r.User != nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: r.User.UID, Gid: r.User.GID, Groups: []uint32{}}}
+	}
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("%s --version: %w", bin, err)
+	}
+	v, err := nix.ParseVersion(string(out))
+	if err != nil {
+		return "", fmt.Errorf("%s --version: %w", bin, err)
+	}
+	return v, nil
 }
 
 // ErrCancelled is returned by Walk when its context was cancelled.

@@ -1,9 +1,7 @@
 package nix
 
 import (
-	"context"
 	"fmt"
-	"os/exec"
 	"regexp"
 	"strings"
 )
@@ -18,22 +16,6 @@ func ParseVersion(out string) (string, error) {
 	v := versionRE.FindString(line)
 	if v == "" {
 		return "", fmt.Errorf("no version in %q", line)
-	}
-	return v, nil
-}
-
-// CommandVersion runs `bin --version` (a Nix command such as nix-instantiate) with env and
-// returns the version it prints.
-func CommandVersion(ctx context.Context, bin string, env []string) (string, error) {
-	cmd := exec.CommandContext(ctx, bin, "--version")
-	cmd.Env = env
-	out, err := cmd.Output()
-	if err != nil {
-		return "", fmt.Errorf("%s --version: %w", bin, err)
-	}
-	v, err := ParseVersion(string(out))
-	if err != nil {
-		return "", fmt.Errorf("%s --version: %w", bin, err)
 	}
 	return v, nil
 }

@@ -118,9 +118,13 @@ func narHash(h string) (string, error) {
 func Version(t testing.TB) string {
 	t.Helper()
 	RequireNix(t)
-	v, err := nix.CommandVersion(t.Context(), "nix-store", nil)
+	out, err := exec.Command("nix-store", "--version").Output()
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("nix-store --version: %v", err)
+	}
+	v, err := nix.ParseVersion(string(out))
+	if err != nil {
+		t.Fatalf("nix-store --version: %v", err)
 	}
 	return v
 }
