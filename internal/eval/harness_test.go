@@ -400,25 +400,26 @@ func (g *gate) drv(name, salt string) string {
     args = [ "-c" "echo > $out" ]; salt = %q; gate = %s; }`, name, salt, g.expr())
 }
 
-// open lets the reader through once it waits: one byte, then end of file.
+// open lets the reader through once it waits: one byte, then end of file. Nix 2.26 reads as
+// many bytes as the file's size, none for a FIFO: its reader is through as soon as a writer
+// opens, and may be gone before the write, which then fails with EPIPE.
 func (g *gate) open(t *testing.T) {
 	t.Helper()
-	var fd int
 	// A non-blocking open for writing fails (ENXIO) until a reader has the FIFO open.
 	waittest.For(t, finishTimeout, func() bool {
-		var err error
-		fd, err = syscall.Open(g.path, syscall.O_WRONLY|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
-		if err != nil && !errors.Is(err, syscall.ENXIO) {
+		fd, err := syscall.Open(g.path, syscall.O_WRONLY|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
+		if errors.Is(err, syscall.ENXIO) {
+			return false
+		}
+		if err != nil {
 			t.Fatal(err)
 		}
-		return err == nil
+		defer syscall.Close(fd)
+		if _, err := syscall.Write(fd, []byte("x")); err != nil && !errors.Is(err, syscall.EPIPE) {
+			t.Fatal(err)
+		}
+		return true
 	}, "a reader of %s", g.path)
-	if _, err := syscall.Write(fd, []byte("x")); err != nil {
-		t.Fatal(err)
-	}
-	if err := syscall.Close(fd); err != nil {
-		t.Fatal(err)
-	}
 }
 
 // pids records the Nix children an evaluator's runner started (eval.NixRunner.OnStart).
