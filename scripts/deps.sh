@@ -241,10 +241,10 @@ setup_nix_root() {
     --setenv DEBIAN_FRONTEND noninteractive --)
   as_root "${in_root[@]}" sh -c "apt-get update -qq && apt-get install -y -qq --no-install-recommends $NIX_ROOT_PACKAGES >/dev/null" ||
     die "installing $NIX_ROOT_PACKAGES in the Debian 13 root failed"
-  # Debian's package starts no server in a root without systemd, and the tests run their own.
-  # The root's Nix is set up as this machine's is: build users, store, nix.conf, evaluation user.
-  as_root "${in_root[@]}" env -u NIX_SETUP_ROOT -u NIX_BUILD_GROUP -u NIX_BUILD_USERS \
-    -u NIX_BUILD_USER_PREFIX -u HARMONIA_EVAL_USER "$top/scripts/deps.sh" nix ||
+  # PostgreSQL's package starts no server in a root without systemd (the tests run their own).
+  # The root's Nix is set up as this machine's is, with the defaults (the environment is
+  # cleared): build users, store, nix.conf, evaluation user.
+  as_root "${in_root[@]}" "$top/scripts/deps.sh" nix ||
     die "setting Nix up in the Debian 13 root failed"
   printf '%s\n' "$NIX_ROOT_STAMP" | as_root tee "$new/.harmonia-ci-root" >/dev/null
   as_root mv "$new" "$root"
