@@ -371,7 +371,8 @@ func (e *Evaluator) run(ctx context.Context, c claim, log *slog.Logger) (ingestS
 	in := &ingester{pool: e.pool, storeRoot: e.cfg.StoreRoot, storeDB: storeDB, cache: e.cfg.Cache,
 		upstream: e.cfg.Upstream, publisher: e.cfg.Publisher,
 		evalID: c.id, node: c.node, attempt: c.attempt, projectID: projectID, order: e.cfg.Order,
-		known: map[string]bool{}, prepared: map[string]bool{}, published: map[string]bool{}}
+		known: map[string]bool{}, prepared: map[string]bool{}, published: map[string]bool{},
+		checked: map[string]drvCheck{}}
 
 	wctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)

@@ -1,6 +1,7 @@
 package eval
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"errors"
@@ -53,9 +54,10 @@ type ingester struct {
 	projectID int64
 	order     queue.Order
 
-	known     map[string]bool // derivations in the database (found there or committed)
-	prepared  map[string]bool // new derivations of prepared batches, not committed yet
-	published map[string]bool // store paths published by this evaluation
+	known     map[string]bool     // derivations in the database (found there or committed)
+	prepared  map[string]bool     // new derivations of prepared batches, not committed yet
+	published map[string]bool     // store paths published by this evaluation
+	checked   map[string]drvCheck // derivations verified (see verify), and their hashes
 	// enqueued and needed are the new derivations and the jobs of every commit, whose chains
 	// (and those below them) are raised once, after the last commit (see raiseChains).
 	enqueued []queue.Derivation
@@ -81,6 +83,10 @@ type batch struct {
 // files and sources. The caller holds the publication lock (gc.HoldPublication) from the first
 // prepare until the commit of its rows.
 func (in *ingester) prepare(ctx context.Context, attrs []Attr) (batch, error) {
+	attrs, err := in.verify(ctx, attrs)
+	if err != nil {
+		return batch{}, err
+	}
 	b := batch{attrs: attrs}
 	var roots []string
 	for _, a := range attrs {
@@ -91,6 +97,13 @@ func (in *ingester) prepare(ctx context.Context, attrs []Attr) (batch, error) {
 	fresh, texts, preexisting, err := in.closure(ctx, roots)
 	if err != nil {
 		return b, err
+	}
+	// Texts the closure did not take are of derivations the database knows: keep only hashes.
+	for p, c := range in.checked {
+		if c.drv != nil {
+			c.text, c.drv = nil, nil
+			in.checked[p] = c
+		}
 	}
 	b.preexisting = preexisting
 	newDrvs := slices.Sorted(maps.Keys(fresh))
@@ -269,7 +282,7 @@ func (in *ingester) closure(ctx context.Context, roots []string) (map[string]*ni
 			if in.known[p] || fresh[p] != nil {
 				continue
 			}
-			text, d, err := in.readDerivation(p)
+			text, d, err := in.derivation(p)
 			if err != nil {
 				return nil, nil, nil, err
 			}
@@ -283,6 +296,17 @@ func (in *ingester) closure(ctx context.Context, roots []string) (map[string]*ni
 		frontier = uniq(next)
 	}
 	return fresh, texts, uniq(preexisting), nil
+}
+
+// derivation is the .drv p as verify read it, or read now.
+func (in *ingester) derivation(p string) ([]byte, *nix.Derivation, error) {
+	if c, ok := in.checked[p]; ok && c.drv != nil {
+		text, d := c.text, c.drv
+		c.text, c.drv = nil, nil // kept no longer than needed: closures can be large
+		in.checked[p] = c
+		return text, d, nil
+	}
+	return in.readDerivation(p)
 }
 
 // readDerivation reads and parses the .drv file p from the evaluator's store.
@@ -304,6 +328,71 @@ func (in *ingester) readDerivation(p string) ([]byte, *nix.Derivation, error) {
 		return nil, nil, fmt.Errorf("%s: %w", p, err)
 	}
 	return text, d, nil
+}
+
+// drvCheck is the outcome of verifying one derivation: its hash for the derivations above it,
+// or why it is refused.
+type drvCheck struct {
+	hash nix.DrvHash
+	err  error
+	// text and drv are the .drv read for the check, until closure takes them.
+	text []byte
+	drv  *nix.Derivation
+}
+
+// verify keeps the attributes whose derivation Nix would build as it stands: a valid path of the
+// evaluation's store (registered by Nix, which checks a derivation's outputs before it
+// registers it) whose declared output paths, and those of every derivation below it, are the
+// ones their texts give. A project can write any file into the store directory, and name any
+// path as an attribute's drvPath: such an attribute becomes an evaluation error saying why.
+func (in *ingester) verify(ctx context.Context, attrs []Attr) ([]Attr, error) {
+	var roots []string
+	for _, a := range attrs {
+		if a.DrvPath != "" {
+			roots = append(roots, a.DrvPath)
+		}
+	}
+	if len(roots) == 0 {
+		return attrs, nil
+	}
+	valid, err := in.storeDB.PathInfos(ctx, roots)
+	if err != nil {
+		return nil, fmt.Errorf("verify derivations: %w", err)
+	}
+	out := slices.Clone(attrs)
+	for i, a := range out {
+		if a.DrvPath == "" {
+			continue
+		}
+		if _, ok := valid[a.DrvPath]; !ok {
+			out[i].DrvPath, out[i].Error = "", fmt.Sprintf("derivation %s is not a valid path of the store: Nix did not register it (a file the project wrote into the store directory?)", a.DrvPath)
+		} else if _, err := in.drvHash(a.DrvPath); err != nil {
+			out[i].DrvPath, out[i].Error = "", fmt.Sprintf("derivation %s refused: %v", a.DrvPath, err)
+		}
+	}
+	return out, nil
+}
+
+// drvHash verifies the derivation p and those below it (see verify) and returns its hash for
+// the derivations that use it, once per evaluation.
+func (in *ingester) drvHash(p string) (nix.DrvHash, error) {
+	if c, ok := in.checked[p]; ok {
+		return c.hash, c.err
+	}
+	text, d, err := in.readDerivation(p)
+	c := drvCheck{text: text, drv: d}
+	switch {
+	case err != nil:
+		c.err = err
+	case !bytes.Equal(d.Unparse(), text):
+		c.err = fmt.Errorf("%s is not in the form Nix writes a derivation", p)
+	default:
+		if c.err = d.CheckOutputs(p, in.drvHash); c.err == nil {
+			c.hash, c.err = d.Hash(p, in.drvHash)
+		}
+	}
+	in.checked[p] = c
+	return c.hash, c.err
 }
 
 // needBuild decides which new derivations get a job: a derivation needs one unless all its
