@@ -44,6 +44,9 @@ type Derivation struct {
 	Text      []byte // the .drv file
 	NarHash   [32]byte
 	NarSize   int64
+	// Hash is the derivation's hash for the derivations that use it (nix.DrvHash.Sum), which
+	// the signer computed while it checked the derivation's outputs.
+	Hash [32]byte
 }
 
 // DrvInfo describes a stored .drv object: the keys it serves and their sizes.
@@ -73,7 +76,7 @@ func IsPlainNAR(key string) bool {
 func (d *Derivations) Put(ctx context.Context, objs []Derivation) ([]bool, error) {
 	n := len(objs)
 	hashes, paths, narHashes, infos := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
-	sizes, texts := make([]int64, n), make([][]byte, n)
+	sizes, texts, drvHashes := make([]int64, n), make([][]byte, n), make([][]byte, n)
 	index := make(map[string]int, n)
 	for i, o := range objs {
 		sp, err := nix.ParseStorePath(o.StorePath)
@@ -85,24 +88,97 @@ func (d *Derivations) Put(ctx context.Context, objs []Derivation) ([]bool, error
 		}
 		hashes[i], paths[i], infos[i] = sp.Hash, sp.String(), string(o.NarInfo)
 		narHashes[i], sizes[i], texts[i] = nix.EncodeBase32(o.NarHash[:]), o.NarSize, o.Text
+		drvHashes[i] = o.Hash[:]
 		index[sp.Hash] = i
 	}
 	written := make([]bool, n)
 	if n == 0 {
 		return written, nil
 	}
-	rows, err := d.db.Query(ctx, sqlPutDrvs, hashes, paths, narHashes, sizes, infos, texts)
+	rows, err := d.db.Query(ctx, sqlPutDrvs, hashes, paths, narHashes, sizes, infos, texts, drvHashes)
 	if err != nil {
 		return nil, fmt.Errorf("put derivations: %w", err)
 	}
-	inserted, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	var h string
+	var inserted bool
+	_, err = pgx.ForEachRow(rows, []any{&h, &inserted}, func() error {
+		written[index[h]] = inserted
+		return nil
+	})
 	if err != nil {
 		return nil, fmt.Errorf("put derivations: %w", err)
-	}
-	for _, h := range inserted {
-		written[index[h]] = true
 	}
 	return written, nil
+}
+
+// Hashes are the derivation hashes of the stored .drv objects at paths (those stored; a path
+// not stored is absent): what a derivation that uses them needs to check its own output paths
+// (nix.Derivation.CheckOutputs). A .drv stored before the signer recorded hashes has its hash
+// computed from the stored texts below it, their output paths checked on the way.
+func (d *Derivations) Hashes(ctx context.Context, paths []string) (map[string]nix.DrvHash, error) {
+	out := map[string]nix.DrvHash{}
+	pending := map[string]*nix.Derivation{} // stored without a hash
+	ask := paths
+	for len(ask) > 0 {
+		rows, err := d.db.Query(ctx, sqlDrvHashes, ask)
+		if err != nil {
+			return nil, fmt.Errorf("derivation hashes: %w", err)
+		}
+		var p string
+		var text, sum []byte
+		var next []string
+		_, err = pgx.ForEachRow(rows, []any{&p, &text, &sum}, func() error {
+			drv, err := nix.ParseDerivation(text)
+			if err != nil {
+				return fmt.Errorf("%s: %w", p, err)
+			}
+			if len(sum) == 32 {
+				out[p] = nix.DrvHash{Sum: [32]byte(sum), Outputs: drv.OutputNames()}
+				return nil
+			}
+			pending[p] = drv
+			for in := range drv.InputDrvs {
+				if _, ok := out[in]; !ok && pending[in] == nil {
+					next = append(next, in)
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, fmt.Errorf("derivation hashes: %w", err)
+		}
+		ask = next
+	}
+	var hash func(string) (nix.DrvHash, error)
+	hash = func(p string) (nix.DrvHash, error) {
+		if h, ok := out[p]; ok {
+			return h, nil
+		}
+		drv := pending[p]
+		if drv == nil {
+			return nix.DrvHash{}, fmt.Errorf("%s is not in the cache", p)
+		}
+		if err := drv.CheckOutputs(p, hash); err != nil {
+			return nix.DrvHash{}, err
+		}
+		h, err := drv.Hash(p, hash)
+		if err == nil {
+			out[p] = h
+		}
+		return h, err
+	}
+	for p := range pending {
+		if _, err := hash(p); err != nil {
+			return nil, fmt.Errorf("derivation hashes: %w", err)
+		}
+	}
+	asked := make(map[string]nix.DrvHash, len(paths))
+	for _, p := range paths {
+		if h, ok := out[p]; ok {
+			asked[p] = h
+		}
+	}
+	return asked, nil
 }
 
 // NarInfo returns the narinfo of the .drv with hash part hash; ErrNotFound if there is none.

@@ -17,10 +17,13 @@ import (
 // derivation claims, as Nix does before it builds one; a .drv that claims another's output path
 // fails the check.
 
-// DrvHash is what a derivation contributes to the hash of a derivation that uses it: per output
-// name, Nix's hashDerivationModulo (the same hash for every output of an input-addressed
-// derivation, one per output of a fixed-output one).
-type DrvHash map[string][sha256.Size]byte
+// DrvHash is what a derivation contributes to the hash of a derivation that uses it: Nix's
+// hashDerivationModulo, which is the same for every output of an input-addressed derivation
+// (and a fixed-output derivation has one output), and the names of its outputs.
+type DrvHash struct {
+	Sum     [sha256.Size]byte
+	Outputs []string // sorted
+}
 
 // ErrWrongOutputs is wrapped by the error of a derivation whose declared output paths are not
 // the ones its text gives.
@@ -154,21 +157,23 @@ func (d *Derivation) fixed() bool {
 // Hash is hashDerivationModulo of d (at drvPath) for a derivation that takes it as input.
 // inputHash gives the same for each of d's input derivations.
 func (d *Derivation) Hash(drvPath string, inputHash func(drvPath string) (DrvHash, error)) (DrvHash, error) {
+	name, err := DrvName(drvPath)
+	if err != nil {
+		return DrvHash{}, err
+	}
+	h := DrvHash{Outputs: d.OutputNames()}
 	if d.fixed() {
 		o := d.Outputs["out"]
-		path, err := d.fixedOutputPath(drvPath)
+		path, err := d.fixedOutputPath(name)
 		if err != nil {
-			return nil, err
+			return DrvHash{}, err
 		}
-		return DrvHash{"out": sha256.Sum256([]byte("fixed:out:" + o.HashAlgo + ":" + o.Hash + ":" + path))}, nil
+		h.Sum = sha256.Sum256([]byte("fixed:out:" + o.HashAlgo + ":" + o.Hash + ":" + path))
+		return h, nil
 	}
-	sum, err := d.hashModulo(drvPath, false, inputHash)
+	h.Sum, err = d.hashModulo(drvPath, false, inputHash)
 	if err != nil {
-		return nil, err
-	}
-	h := DrvHash{}
-	for name := range d.Outputs {
-		h[name] = sum
+		return DrvHash{}, err
 	}
 	return h, nil
 }
@@ -182,34 +187,29 @@ func (d *Derivation) hashModulo(drvPath string, mask bool, inputHash func(string
 		if err != nil {
 			return [sha256.Size]byte{}, fmt.Errorf("input %s of %s: %w", in, drvPath, err)
 		}
+		k := hex.EncodeToString(h.Sum[:])
 		for _, o := range outs {
-			sum, ok := h[o]
-			if !ok {
+			if !slices.Contains(h.Outputs, o) {
 				return [sha256.Size]byte{}, fmt.Errorf("%s takes output %q of %s, which has none", drvPath, o, in)
 			}
-			k := hex.EncodeToString(sum[:])
 			inputs[k] = append(inputs[k], o)
 		}
 	}
 	return sha256.Sum256(d.unparse(mask, inputs)), nil
 }
 
-// fixedOutputPath is the path of a fixed-output derivation's output: from its declared hash,
-// whatever the text says (makeFixedOutputPath).
-func (d *Derivation) fixedOutputPath(drvPath string) (string, error) {
-	name, err := DrvName(drvPath)
-	if err != nil {
-		return "", err
-	}
+// fixedOutputPath is the path of the output of a fixed-output derivation named name: from its
+// declared hash, whatever the text says (makeFixedOutputPath).
+func (d *Derivation) fixedOutputPath(name string) (string, error) {
 	o := d.Outputs["out"]
 	algo, recursive := strings.CutPrefix(o.HashAlgo, "r:")
 	sum, err := hex.DecodeString(o.Hash)
 	if err != nil {
-		return "", fmt.Errorf("fixed output of %s: hash %q is not base16", drvPath, o.Hash)
+		return "", fmt.Errorf("fixed output of %s: hash %q is not base16", name, o.Hash)
 	}
 	size := map[string]int{"md5": 16, "sha1": 20, "sha256": 32, "sha512": 64}[algo]
 	if size == 0 || len(sum) != size {
-		return "", fmt.Errorf("fixed output of %s: unsupported hash %s:%s", drvPath, o.HashAlgo, o.Hash)
+		return "", fmt.Errorf("fixed output of %s: unsupported hash %s:%s", name, o.HashAlgo, o.Hash)
 	}
 	if recursive && algo == "sha256" {
 		return SourcePath(name, [sha256.Size]byte(sum), nil, false), nil
@@ -222,27 +222,24 @@ func (d *Derivation) fixedOutputPath(drvPath string) (string, error) {
 	return makeStorePath("output:out", inner, name), nil
 }
 
-// OutputPaths are the output paths Nix gives the derivation d at drvPath (name → path), computed
-// from its text and its inputs' hashes (inputHash) alone. Floating content-addressed and
-// deferred outputs have no path in advance and are not supported.
-func (d *Derivation) OutputPaths(drvPath string, inputHash func(string) (DrvHash, error)) (map[string]string, error) {
-	name, err := DrvName(drvPath)
-	if err != nil {
-		return nil, err
-	}
+// OutputPaths are the output paths Nix gives the derivation d named name (output → path),
+// computed from its text and its inputs' hashes (inputHash) alone: what d's text says of its
+// own output paths does not count. Floating content-addressed and deferred outputs have no path
+// in advance and are not supported.
+func (d *Derivation) OutputPaths(name string, inputHash func(string) (DrvHash, error)) (map[string]string, error) {
 	for o, out := range d.Outputs {
-		if out.Path == "" {
-			return nil, fmt.Errorf("output %q of %s is content-addressed, which is not supported", o, drvPath)
+		if out.Path == "" && out.HashAlgo != "" && out.Hash == "" {
+			return nil, fmt.Errorf("output %q of %s is content-addressed, which is not supported", o, name)
 		}
 	}
 	if d.fixed() {
-		p, err := d.fixedOutputPath(drvPath)
+		p, err := d.fixedOutputPath(name)
 		if err != nil {
 			return nil, err
 		}
 		return map[string]string{"out": p}, nil
 	}
-	sum, err := d.hashModulo(drvPath, true, inputHash)
+	sum, err := d.hashModulo(name, true, inputHash)
 	if err != nil {
 		return nil, err
 	}
@@ -261,9 +258,13 @@ func (d *Derivation) OutputPaths(drvPath string, inputHash func(string) (DrvHash
 // environment variable of each output) is the one Nix would give it: the check Nix makes before
 // it builds a derivation from its store.
 func (d *Derivation) CheckOutputs(drvPath string, inputHash func(string) (DrvHash, error)) error {
-	want, err := d.OutputPaths(drvPath, inputHash)
+	name, err := DrvName(drvPath)
 	if err != nil {
 		return err
+	}
+	want, err := d.OutputPaths(name, inputHash)
+	if err != nil {
+		return fmt.Errorf("%s: %w", drvPath, err)
 	}
 	for _, o := range d.OutputNames() {
 		if got := d.Outputs[o].Path; got != want[o] {

@@ -21,7 +21,7 @@ func storeHashes(t *testing.T, root string) func(string) (DrvHash, error) {
 		}
 		d, err := ReadDerivation(root, p)
 		if err != nil {
-			return nil, err
+			return DrvHash{}, err
 		}
 		h, err := d.Hash(p, hash)
 		if err == nil {

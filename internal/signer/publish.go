@@ -1,9 +1,11 @@
 package signer
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"errors"
+	"fmt"
 	"io"
 
 	"github.com/klauspost/compress/zstd"
@@ -30,8 +32,9 @@ func (s *Server) handlePublish(ctx context.Context, id nodetoken.Identity, body 
 	}
 	drvs := make([]output, len(req.Derivations))
 	texts := make([][]byte, len(req.Derivations))
+	parsed := make([]*nix.Derivation, len(req.Derivations))
 	for i, d := range req.Derivations {
-		if drvs[i], texts[i], err = derivationOutput(d); err != nil {
+		if drvs[i], texts[i], parsed[i], err = derivationOutput(d); err != nil {
 			return nil, badRequest("derivations[%d]: %v", i, err)
 		}
 	}
@@ -55,6 +58,10 @@ func (s *Server) handlePublish(ctx context.Context, id nodetoken.Identity, body 
 	if err := s.checkServed(ctx, srcs, drvs); err != nil {
 		return nil, err
 	}
+	hashes, err := s.verifyDerivations(ctx, drvs, parsed)
+	if err != nil {
+		return nil, err
+	}
 	// Sources first: the .drv narinfos refer to them.
 	var total PublishResponse
 	if len(srcs) > 0 {
@@ -67,7 +74,7 @@ func (s *Server) handlePublish(ctx context.Context, id nodetoken.Identity, body 
 		}
 		total = resp
 	}
-	resp, err := s.publishDerivations(ctx, drvs, texts)
+	resp, err := s.publishDerivations(ctx, drvs, texts, hashes)
 	if err != nil {
 		return nil, err
 	}
@@ -80,7 +87,7 @@ func (s *Server) handlePublish(ctx context.Context, id nodetoken.Identity, body 
 // database (blob.Derivations), in one statement: a few KiB each, thousands per evaluation, where
 // two blob objects per .drv cost more than Nix's whole evaluation. A .drv stored already is left
 // as it is: its store path follows from its text.
-func (s *Server) publishDerivations(ctx context.Context, drvs []output, texts [][]byte) (PublishResponse, error) {
+func (s *Server) publishDerivations(ctx context.Context, drvs []output, texts [][]byte, hashes [][32]byte) (PublishResponse, error) {
 	var resp PublishResponse
 	if len(drvs) == 0 {
 		return resp, nil
@@ -99,7 +106,8 @@ func (s *Server) publishDerivations(ctx context.Context, drvs []output, texts []
 		if err != nil {
 			return badRequest("%s: %v", o.path, err)
 		}
-		objs[i] = blob.Derivation{StorePath: o.path.String(), NarInfo: text, Text: texts[i], NarHash: o.narSum, NarSize: o.narSize}
+		objs[i] = blob.Derivation{StorePath: o.path.String(), NarInfo: text, Text: texts[i], NarHash: o.narSum,
+			NarSize: o.narSize, Hash: hashes[i]}
 		return nil
 	})
 	if err != nil {
@@ -125,21 +133,76 @@ func (s *Server) publishDerivations(ctx context.Context, drvs []output, texts []
 	return resp, nil
 }
 
-// derivationOutput checks that a .drv's store path is the one its text has and returns it as
-// an output, with its text. Its NAR is served uncompressed from the database (blob.DrvNARKey).
-func derivationOutput(d DerivationText) (output, []byte, error) {
+// verifyDerivations answers 400 unless every derivation's output paths, and those of the
+// derivations below it, are the ones its text gives (in Nix's form: a text Nix would not have
+// written is refused too); it returns each one's hash, which is stored with it. Inputs come from
+// this request or from the .drv objects the signer stored before, with the hashes it computed
+// then: the evaluator's word is taken for nothing.
+func (s *Server) verifyDerivations(ctx context.Context, drvs []output, parsed []*nix.Derivation) ([][32]byte, error) {
+	index := make(map[string]int, len(drvs))
+	var inputs []string
+	for i, o := range drvs {
+		index[o.path.String()] = i
+	}
+	for _, d := range parsed {
+		for in := range d.InputDrvs {
+			if _, ok := index[in]; !ok {
+				inputs = append(inputs, in)
+			}
+		}
+	}
+	known, err := s.drvs.Hashes(ctx, inputs)
+	if err != nil {
+		return nil, unavailable("reading the stored derivations failed", err)
+	}
+	var hash func(string) (nix.DrvHash, error)
+	hash = func(p string) (nix.DrvHash, error) {
+		if h, ok := known[p]; ok {
+			return h, nil
+		}
+		i, ok := index[p]
+		if !ok {
+			return nix.DrvHash{}, fmt.Errorf("%s is neither in this request nor in the cache", p)
+		}
+		if err := parsed[i].CheckOutputs(p, hash); err != nil {
+			return nix.DrvHash{}, err
+		}
+		h, err := parsed[i].Hash(p, hash)
+		if err == nil {
+			known[p] = h
+		}
+		return h, err
+	}
+	sums := make([][32]byte, len(drvs))
+	for i, o := range drvs {
+		h, err := hash(o.path.String())
+		if err != nil {
+			return nil, badRequest("derivations[%d]: %v", i, err)
+		}
+		sums[i] = h.Sum
+	}
+	return sums, nil
+}
+
+// derivationOutput checks that a .drv's store path is the one its text has, and that the text is
+// as Nix writes it, and returns it as an output, with its text and parse. Its NAR is served
+// uncompressed from the database (blob.DrvNARKey).
+func derivationOutput(d DerivationText) (output, []byte, *nix.Derivation, error) {
 	var o output
 	sp, err := nix.ParseStorePath(d.StorePath)
 	if err != nil {
-		return o, nil, err
+		return o, nil, nil, err
 	}
 	text := []byte(d.Text)
 	want, drv, err := nix.DerivationPath(sp.Name, text)
 	if err != nil {
-		return o, nil, err
+		return o, nil, nil, err
 	}
 	if want != sp.String() {
-		return o, nil, errors.New(sp.String() + " is not the store path of this text (it is " + want + ")")
+		return o, nil, nil, errors.New(sp.String() + " is not the store path of this text (it is " + want + ")")
+	}
+	if !bytes.Equal(drv.Unparse(), text) {
+		return o, nil, nil, errors.New(sp.String() + " is not in the form Nix writes a derivation")
 	}
 	nar := nix.FileNAR(text, false)
 	o = output{
@@ -150,7 +213,7 @@ func derivationOutput(d DerivationText) (output, []byte, error) {
 	o.fileSum, o.fileSize = o.narSum, o.narSize
 	o.narKey = blob.DrvNARKey(o.narSum)
 	o.infoKey = sp.Hash + ".narinfo"
-	return o, text, nil
+	return o, text, drv, nil
 }
 
 // maxWindow bounds the zstd window of an uploaded source the signer decompresses.

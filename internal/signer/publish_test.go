@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -21,20 +22,38 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/substitute"
 )
 
-// drvText is the ATerm of a derivation called name, as Nix writes it (inputs sorted), with one
-// output whose path is made up (the signer never checks an input-addressed output path).
+// testDrvs are the .drv texts drvText made, by store path: the inputs of later ones.
+var testDrvs sync.Map
+
+// testDrvHash is the derivation hash of a .drv drvText made.
+func testDrvHash(p string) (nix.DrvHash, error) {
+	text, ok := testDrvs.Load(p)
+	if !ok {
+		return nix.DrvHash{}, fmt.Errorf("no test derivation %s", p)
+	}
+	d, err := nix.ParseDerivation([]byte(text.(string)))
+	if err != nil {
+		return nix.DrvHash{}, err
+	}
+	return d.Hash(p, testDrvHash)
+}
+
+// drvText is the ATerm of a derivation called name, as Nix writes it: one output, at the path
+// its text and its inputs (earlier drvText results) give.
 func drvText(name string, inputDrvs []string, srcs []string) string {
-	out := fakePath(name+"!out", name)
-	var ins []string
-	for _, d := range slices.Sorted(slices.Values(inputDrvs)) {
-		ins = append(ins, fmt.Sprintf(`(%q,["out"])`, d))
+	d := &nix.Derivation{Outputs: map[string]nix.DerivationOutput{"out": {}}, InputDrvs: map[string][]string{},
+		InputSrcs: slices.Clone(srcs), Platform: system, Builder: "/bin/sh", Args: []string{"-c", "echo " + name + " > $out"},
+		Env: map[string]string{"builder": "/bin/sh", "name": name, "out": "", "system": system}}
+	for _, in := range inputDrvs {
+		d.InputDrvs[in] = []string{"out"}
 	}
-	var ss []string
-	for _, s := range slices.Sorted(slices.Values(srcs)) {
-		ss = append(ss, fmt.Sprintf("%q", s))
+	outs, err := d.OutputPaths(name, testDrvHash)
+	if err != nil {
+		panic(err)
 	}
-	return fmt.Sprintf(`Derive([("out",%q,"","")],[%s],[%s],%q,"/bin/sh",["-c","echo %s > $out"],[("builder","/bin/sh"),("name",%q),("out",%q),("system",%q)])`,
-		out, strings.Join(ins, ","), strings.Join(ss, ","), system, name, name, out, system)
+	d.Outputs["out"] = nix.DerivationOutput{Path: outs["out"]}
+	d.Env["out"] = outs["out"]
+	return string(d.Unparse())
 }
 
 // derivation is the .drv file of drvText at its true store path.
@@ -45,6 +64,7 @@ func derivation(t *testing.T, name string, inputDrvs []string, srcs []string) De
 	if err != nil {
 		t.Fatalf("derivation %s: %v\n%s", name, err, text)
 	}
+	testDrvs.Store(path, text)
 	return DerivationText{StorePath: path, Text: text}
 }
 
@@ -142,6 +162,29 @@ func publishFlow(t *testing.T, e *env) {
 		t.Fatalf("publish of a .drv referring to an unpublished source: %d %s, want 400", code, body)
 	}
 	e.unchanged(t, before, "publish of a .drv referring to an unpublished source")
+
+	// Nor a .drv whose output is another derivation's (the poisoning of issue 24): its path and
+	// text agree, but its output path is not the one its text gives.
+	victim, err := nix.ParseDerivation([]byte(app.Text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	poison, err := nix.ParseDerivation([]byte(drvText("poison", nil, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	poison.Outputs["out"] = victim.Outputs["out"]
+	poison.Env["out"] = victim.Outputs["out"].Path
+	poisonText := poison.Unparse()
+	poisonPath, _, err := nix.DerivationPath("poison.drv", poisonText)
+	if err != nil {
+		t.Fatal(err)
+	}
+	code, body = e.post(t, "/api/publish", tok, PublishRequest{Eval: ev, Derivations: []DerivationText{{StorePath: poisonPath, Text: string(poisonText)}}}, nil)
+	if code != http.StatusBadRequest || !strings.Contains(body, "output paths are not the ones its text gives") {
+		t.Fatalf("publish of a .drv claiming another derivation's output: %d %s, want 400", code, body)
+	}
+	e.unchanged(t, before, "publish of a .drv claiming another derivation's output")
 
 	// Once the evaluation is over, its claim publishes nothing.
 	if _, err := e.pool.Exec(ctx(t), `UPDATE evaluations SET status = 'succeeded', finished_at = now() WHERE id = $1`, ev.ID); err != nil {
