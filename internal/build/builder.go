@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/harmonia-ci/harmonia-ci/internal/blob"
 	"github.com/harmonia-ci/harmonia-ci/internal/clock"
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
 	"github.com/harmonia-ci/harmonia-ci/internal/notify"
@@ -369,6 +370,9 @@ func (b *Builder) handle(ctx context.Context, job queue.Job, logger *slog.Logger
 	if err := g.Wait(); err != nil {
 		return transient(err), nil
 	}
+	if res, ok := b.verify(ctx, job.DrvPath, drv); !ok {
+		return res, nil
+	}
 	inPaths, err := ss.InputPaths(ctx, job.DrvPath, drv, inputs.outputs)
 	if err != nil {
 		return transient(err), nil
@@ -526,6 +530,31 @@ func (b *Builder) backOff(ctx context.Context, job queue.Job, logger *slog.Logge
 
 func jobClaim(job queue.Job) signer.JobClaim {
 	return signer.JobClaim{ID: job.ID, Attempt: job.Attempt}
+}
+
+// verify checks that drv's output paths are the ones its text and its inputs' hashes give,
+// the hashes the signer recorded when it checked the inputs: no daemon, trusting the builder
+// or not, is handed a derivation that claims another's outputs. A forged derivation fails the
+// job for good; ok is false with the result to record.
+func (b *Builder) verify(ctx context.Context, drvPath string, drv *nix.Derivation) (res queue.Result, ok bool) {
+	hashes, err := blob.NewDerivations(b.pool).Hashes(ctx, slices.Collect(maps.Keys(drv.InputDrvs)))
+	if err != nil {
+		return transient(fmt.Errorf("verify %s: %w", drvPath, err)), false
+	}
+	err = drv.CheckOutputs(drvPath, func(p string) (nix.DrvHash, error) {
+		if h, ok := hashes[p]; ok {
+			return h, nil
+		}
+		return nix.DrvHash{}, fmt.Errorf("%w: its input %s is not in the cache", ErrInputUnavailable, p)
+	})
+	switch {
+	case errors.Is(err, ErrInputUnavailable):
+		return transient(fmt.Errorf("verify %s: %w", drvPath, err)), false
+	case err != nil:
+		msg := "refusing to build a derivation whose outputs are not its own: " + err.Error()
+		return queue.Result{Err: errors.New(msg), Message: msg, Kind: queue.Permanent}, false
+	}
+	return queue.Result{}, true
 }
 
 func transient(err error) queue.Result {

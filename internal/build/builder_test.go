@@ -3,6 +3,7 @@ package build_test
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"maps"
@@ -18,9 +19,11 @@ import (
 	"time"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/build"
+	"github.com/harmonia-ci/harmonia-ci/internal/nix"
 	"github.com/harmonia-ci/harmonia-ci/internal/nixgen"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 	"github.com/harmonia-ci/harmonia-ci/internal/queuetest"
+	"github.com/harmonia-ci/harmonia-ci/internal/signertest"
 	"github.com/harmonia-ci/harmonia-ci/internal/waittest"
 )
 
@@ -557,5 +560,47 @@ func TestDaemonStoppedMidBuild(t *testing.T) {
 	}
 	if !strings.Contains(h.logs.String(), "transient build failure") {
 		t.Errorf("the stopped build was not reported as a transient failure:\n%s", h.logs.String())
+	}
+}
+
+// TestForgedDerivationNotBuilt: a .drv that claims another derivation's output path (the
+// poisoning of issue 24), had it reached the cache and the queue, fails its job for good with
+// an error saying why; the daemon never builds it, and nothing is signed for the victim's path.
+func TestForgedDerivationNotBuilt(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	drvs := h.instantiate(nixgen.Lib(h.salt)+` { victim = mk "victim" [ ]; }`, "victim")
+	victim, err := nix.ReadDerivation(h.src, drvs["victim"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	victimOut := victim.Outputs["out"].Path
+	forged := &nix.Derivation{
+		Outputs:   map[string]nix.DerivationOutput{"out": {Path: victimOut}},
+		InputDrvs: map[string][]string{}, InputSrcs: []string{}, Platform: victim.Platform, Builder: "/bin/sh",
+		Args: []string{"-c", "echo attacker > $out"},
+		Env:  map[string]string{"builder": "/bin/sh", "name": "forged", "out": victimOut, "system": victim.Platform},
+	}
+	text := forged.Unparse()
+	forgedPath := nix.TextPath("forged.drv", sha256.Sum256(text), nil)
+	// A file in the evaluator's store directory that Nix never registered, as the attack leaves.
+	if err := os.WriteFile(filepath.Join(h.src, forgedPath), text, 0o444); err != nil {
+		t.Fatal(err)
+	}
+	h.cluster.Seed(t, h.src, signertest.SeedPath{StorePath: forgedPath})
+	if _, err := queue.Enqueue(h.ctx(), h.pool, queue.EnqueueParams{Derivations: []queue.Derivation{h.derivation(forgedPath)}}); err != nil {
+		t.Fatal(err)
+	}
+	b := h.startBuilder("builder-1", build.Config{Limits: build.BuildLimits{Timeout: time.Minute}})
+
+	j := h.waitJob(forgedPath, "failed", func(j jobRow) bool { return slices.Contains(terminal, j.Status) })
+	if j.Status != "failed" || j.ErrorMessage == nil || !strings.Contains(*j.ErrorMessage, "refusing to build a derivation whose outputs are not its own") {
+		t.Fatalf("%v; want failed, saying why", j)
+	}
+	if code, body := h.narInfo(victimOut); code != http.StatusNotFound {
+		t.Errorf("the victim's output is served (%d): %s", code, body)
+	}
+	if _, err := os.Stat(filepath.Join(b.store, victimOut)); err == nil {
+		t.Errorf("the forged derivation was built")
 	}
 }
