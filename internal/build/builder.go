@@ -370,7 +370,7 @@ func (b *Builder) handle(ctx context.Context, job queue.Job, logger *slog.Logger
 	if err := g.Wait(); err != nil {
 		return transient(err), nil
 	}
-	if res, ok := b.verify(ctx, job.DrvPath, drv); !ok {
+	if res, ok := b.verify(ctx, job.DrvPath, drv, inputs); !ok {
 		return res, nil
 	}
 	inPaths, err := ss.InputPaths(ctx, job.DrvPath, drv, inputs.outputs)
@@ -533,15 +533,29 @@ func jobClaim(job queue.Job) signer.JobClaim {
 }
 
 // verify checks that drv's output paths are the ones its text and its inputs' hashes give,
-// the hashes the signer recorded when it checked the inputs: no daemon, trusting the builder
-// or not, is handed a derivation that claims another's outputs. A forged derivation fails the
-// job for good; ok is false with the result to record.
-func (b *Builder) verify(ctx context.Context, drvPath string, drv *nix.Derivation) (res queue.Result, ok bool) {
-	hashes, err := blob.NewDerivations(b.pool).Hashes(ctx, slices.Collect(maps.Keys(drv.InputDrvs)))
-	if err != nil {
-		return transient(fmt.Errorf("verify %s: %w", drvPath, err)), false
+// the hashes the signer recorded when it checked the inputs (read with the job's inputs, or
+// now for an input they lack): no daemon, trusting the builder or not, is handed a derivation
+// that claims another's outputs. A forged derivation fails the job for good; ok is false with
+// the result to record.
+func (b *Builder) verify(ctx context.Context, drvPath string, drv *nix.Derivation, inputs jobInputs) (res queue.Result, ok bool) {
+	hashes := make(map[string]nix.DrvHash, len(drv.InputDrvs))
+	var missing []string
+	for in := range drv.InputDrvs {
+		sum, ok := inputs.drvHashes[in]
+		if !ok {
+			missing = append(missing, in)
+			continue
+		}
+		hashes[in] = nix.DrvHash{Sum: sum, Outputs: slices.Sorted(maps.Keys(inputs.outputs[in]))}
 	}
-	err = drv.CheckOutputs(drvPath, func(p string) (nix.DrvHash, error) {
+	if len(missing) > 0 {
+		more, err := blob.NewDerivations(b.pool).Hashes(ctx, missing)
+		if err != nil {
+			return transient(fmt.Errorf("verify %s: %w", drvPath, err)), false
+		}
+		maps.Copy(hashes, more)
+	}
+	err := drv.CheckOutputs(drvPath, func(p string) (nix.DrvHash, error) {
 		if h, ok := hashes[p]; ok {
 			return h, nil
 		}
@@ -587,6 +601,8 @@ func (b *Builder) jobStore(ctx context.Context) (Store, error) {
 type jobInputs struct {
 	outputs map[string]map[string]string // input .drv → output name → path
 	hashes  map[string]string            // output path → canonical NAR hash
+	// drvHashes are the input derivations' hashes the signer recorded (see verify).
+	drvHashes map[string][32]byte
 }
 
 // canonical is a Canonical answering from the hashes read with the inputs.
@@ -603,19 +619,23 @@ func (in jobInputs) canonical(_ context.Context, paths []string) (map[string]str
 // jobInputs reads the outputs of drvPath's input derivations and their canonical NAR hashes
 // (what the cache serves for them, first writer wins at the signer), in one query.
 func (b *Builder) jobInputs(ctx context.Context, drvPath string) (jobInputs, error) {
-	in := jobInputs{outputs: map[string]map[string]string{}, hashes: map[string]string{}}
+	in := jobInputs{outputs: map[string]map[string]string{}, hashes: map[string]string{}, drvHashes: map[string][32]byte{}}
 	rows, err := b.pool.Query(ctx, sqlJobInputs, drvPath)
 	if err != nil {
 		return in, fmt.Errorf("read the job's inputs: %w", err)
 	}
 	var drv, name, out, hash string
-	_, err = pgx.ForEachRow(rows, []any{&drv, &name, &out, &hash}, func() error {
+	var drvHash []byte
+	_, err = pgx.ForEachRow(rows, []any{&drv, &name, &out, &hash, &drvHash}, func() error {
 		if in.outputs[drv] == nil {
 			in.outputs[drv] = map[string]string{}
 		}
 		in.outputs[drv][name] = out
 		if hash != "" {
 			in.hashes[out] = hash
+		}
+		if len(drvHash) == 32 {
+			in.drvHashes[drv] = [32]byte(drvHash)
 		}
 		return nil
 	})

@@ -39,11 +39,15 @@ SELECT
     ARRAY(SELECT public_key FROM signing_keys ORDER BY first_seen, public_key)`
 
 	// The outputs of derivation $1's input derivations, with the canonical NAR hash of each
-	// (what the cache serves for the path, whichever derivation published it first).
+	// (what the cache serves for the path, whichever derivation published it first), and each
+	// input's derivation hash as the signer recorded it when it checked that .drv (NULL if it
+	// recorded none).
 	sqlJobInputs = `
 SELECT o.drv_path, o.output_name, o.output_path,
        COALESCE(o.nar_hash, (SELECT c.nar_hash FROM derivation_outputs c
-                             WHERE c.output_path = o.output_path AND c.nar_hash IS NOT NULL LIMIT 1), '')
+                             WHERE c.output_path = o.output_path AND c.nar_hash IS NOT NULL LIMIT 1), ''),
+       d.drv_hash
 FROM derivation_inputs i JOIN derivation_outputs o ON o.drv_path = i.input_drv
+LEFT JOIN drv_objects d ON d.store_path = i.input_drv
 WHERE i.referrer = $1 AND o.output_path IS NOT NULL`
 )
