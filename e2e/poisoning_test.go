@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"crypto/sha256"
 	"fmt"
 	"os"
 	"os/exec"
@@ -36,14 +35,7 @@ func TestAttackPoisonAnotherProjectsOutput(t *testing.T) {
 	}
 	victimOut := victim.Outputs["out"].Path
 
-	forged := &nix.Derivation{
-		Outputs:   map[string]nix.DerivationOutput{"out": {Path: victimOut}},
-		InputDrvs: map[string][]string{}, InputSrcs: []string{}, Platform: victim.Platform, Builder: "/bin/sh",
-		Args: []string{"-c", "echo attacker > $out"},
-		Env:  map[string]string{"builder": "/bin/sh", "name": "forged", "out": victimOut, "system": victim.Platform},
-	}
-	text := forged.Unparse()
-	forgedPath := nix.TextPath("forged.drv", sha256.Sum256(text), nil)
+	forgedPath, text := nixtest.ForgedDerivation(victim)
 	c.repo.Commit("attack", map[string]string{"ci.nix": fmt.Sprintf(`{
   a-write = builtins.toFile "forged.drv" %s;
   b-poison = { type = "derivation"; name = "forged"; system = %q; drvPath = %q; outPath = %q; };

@@ -3,7 +3,6 @@ package build_test
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"maps"
@@ -21,6 +20,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/build"
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
 	"github.com/harmonia-ci/harmonia-ci/internal/nixgen"
+	"github.com/harmonia-ci/harmonia-ci/internal/nixtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 	"github.com/harmonia-ci/harmonia-ci/internal/queuetest"
 	"github.com/harmonia-ci/harmonia-ci/internal/signertest"
@@ -575,14 +575,7 @@ func TestForgedDerivationNotBuilt(t *testing.T) {
 		t.Fatal(err)
 	}
 	victimOut := victim.Outputs["out"].Path
-	forged := &nix.Derivation{
-		Outputs:   map[string]nix.DerivationOutput{"out": {Path: victimOut}},
-		InputDrvs: map[string][]string{}, InputSrcs: []string{}, Platform: victim.Platform, Builder: "/bin/sh",
-		Args: []string{"-c", "echo attacker > $out"},
-		Env:  map[string]string{"builder": "/bin/sh", "name": "forged", "out": victimOut, "system": victim.Platform},
-	}
-	text := forged.Unparse()
-	forgedPath := nix.TextPath("forged.drv", sha256.Sum256(text), nil)
+	forgedPath, text := nixtest.ForgedDerivation(victim)
 	// A file in the evaluator's store directory that Nix never registered, as the attack leaves.
 	if err := os.WriteFile(filepath.Join(h.src, forgedPath), text, 0o444); err != nil {
 		t.Fatal(err)

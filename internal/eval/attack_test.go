@@ -1,7 +1,6 @@
 package eval_test
 
 import (
-	"crypto/sha256"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -10,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
+	"github.com/harmonia-ci/harmonia-ci/internal/nixtest"
 )
 
 // TestForgedDerivationRefused is the poisoning of issue 24 at the evaluator: a project writes,
@@ -37,14 +37,7 @@ func TestForgedDerivationRefused(t *testing.T) {
 	victimOut := victim.Outputs["out"].Path
 
 	// The forged .drv: the victim's output path, the attacker's builder.
-	forged := &nix.Derivation{
-		Outputs:   map[string]nix.DerivationOutput{"out": {Path: victimOut}},
-		InputDrvs: map[string][]string{}, InputSrcs: []string{}, Platform: sys, Builder: "/bin/sh",
-		Args: []string{"-c", "echo attacker > $out"},
-		Env:  map[string]string{"builder": "/bin/sh", "name": "forged", "out": victimOut, "system": sys},
-	}
-	text := forged.Unparse()
-	forgedPath := nix.TextPath("forged.drv", sha256.Sum256(text), nil)
+	forgedPath, text := nixtest.ForgedDerivation(victim)
 	_, commit := h.newProject("attacker", map[string]string{"ci.nix": fmt.Sprintf(`{
   a-write = builtins.toFile "forged.drv" %s;
   b-poison = { type = "derivation"; name = "forged"; system = %q; drvPath = %q; outPath = %q; };

@@ -1,11 +1,14 @@
 package nixtest
 
 import (
+	"crypto/sha256"
 	"encoding/json"
 	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/harmonia-ci/harmonia-ci/internal/nix"
 )
 
 // Derivation is what `nix derivation show` says of a .drv.
@@ -85,4 +88,20 @@ func versionBefore(v string, major, minor int) bool {
 		mi, _ = strconv.Atoi(parts[1])
 	}
 	return ma < major || ma == major && mi < minor
+}
+
+// ForgedDerivation is the .drv of the poisoning attack (issue 24): a text in Nix's form that
+// claims victim's "out" path with a builder of the attacker's, and the store path the text has
+// (a text path with no references, as builtins.toFile writes it). Nix would refuse to register
+// it: its output path is not the one its text gives.
+func ForgedDerivation(victim *nix.Derivation) (path string, text []byte) {
+	out := victim.Outputs["out"].Path
+	forged := &nix.Derivation{
+		Outputs:   map[string]nix.DerivationOutput{"out": {Path: out}},
+		InputDrvs: map[string][]string{}, InputSrcs: []string{}, Platform: victim.Platform, Builder: "/bin/sh",
+		Args: []string{"-c", "echo attacker > $out"},
+		Env:  map[string]string{"builder": "/bin/sh", "name": "forged", "out": out, "system": victim.Platform},
+	}
+	text = forged.Unparse()
+	return nix.TextPath("forged.drv", sha256.Sum256(text), nil), text
 }
