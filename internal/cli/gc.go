@@ -52,7 +52,7 @@ database and cache store), what a collection would delete, and prints it (--list
 					return err
 				}
 				r := cfg.Retention
-				c, err := gc.New(gc.Config{Store: store, Retention: r.Default.Duration,
+				c, err := gc.New(gc.Config{Store: store, Retention: r.Default.Duration, MaxRetention: r.Max.Duration,
 					LogRetention: r.LogRetention.Duration, Grace: r.Grace.Duration, Logger: logger}, pool)
 				if err != nil {
 					return err

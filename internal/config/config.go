@@ -233,9 +233,14 @@ type SignerConfig struct {
 
 // EvalConfig configures the evaluator role.
 type EvalConfig struct {
-	Timeout      Duration `toml:"timeout"`       // one evaluation, and the ceiling of .harmonia-ci.toml's eval-timeout
-	MaxMemory    ByteSize `toml:"max_memory"`    // resident memory of one evaluation's Nix processes
-	PollInterval Duration `toml:"poll_interval"` // look for queued evaluations at least this often
+	Timeout   Duration `toml:"timeout"`    // one evaluation, and the ceiling of .harmonia-ci.toml's eval-timeout
+	MaxMemory ByteSize `toml:"max_memory"` // resident memory of one evaluation's Nix processes, its imports-from-derivation included
+	// MaxAttrs and MaxDerivations bound what one evaluation may cost: the attributes it reports
+	// and the derivations it adds (each lands in PostgreSQL and the cache). A project cannot
+	// raise them.
+	MaxAttrs       int      `toml:"max_attrs"`
+	MaxDerivations int      `toml:"max_derivations"`
+	PollInterval   Duration `toml:"poll_interval"` // look for queued evaluations at least this often
 	// User is the unprivileged user Nix evaluates projects as when the node runs as root.
 	User string `toml:"user"`
 }
@@ -244,6 +249,7 @@ type EvalConfig struct {
 // kept, and how often the garbage collector runs.
 type RetentionConfig struct {
 	Default      Duration `toml:"default"`       // evaluations; a project's .harmonia-ci.toml may say otherwise
+	Max          Duration `toml:"max"`           // the most a project's .harmonia-ci.toml may ask for
 	LogRetention Duration `toml:"log_retention"` // build logs, even of builds that are kept
 	GCInterval   Duration `toml:"gc_interval"`   // how often the GC leader collects
 	Grace        Duration `toml:"grace"`         // cache objects younger than this are never deleted
@@ -316,13 +322,13 @@ func defaults(getenv func(string) string) *Config {
 			S3: S3Config{Region: "us-east-1", UseTLS: true}},
 		Signer: SignerConfig{URLExpiry: Duration{15 * time.Minute}},
 		Eval: EvalConfig{Timeout: Duration{time.Hour}, MaxMemory: 4 * sizeGiB, PollInterval: Duration{5 * time.Second},
-			User: "harmonia-eval"},
+			MaxAttrs: 500_000, MaxDerivations: 1_000_000, User: "harmonia-eval"},
 		Substituters: SubstitutersConfig{
 			URLs:              []string{},
 			TrustedPublicKeys: []string{},
 		},
 		Frontend: frontendDefaults(),
-		Retention: RetentionConfig{Default: Duration{90 * 24 * time.Hour}, LogRetention: Duration{30 * 24 * time.Hour},
+		Retention: RetentionConfig{Default: Duration{90 * 24 * time.Hour}, Max: Duration{365 * 24 * time.Hour}, LogRetention: Duration{30 * 24 * time.Hour},
 			GCInterval: Duration{24 * time.Hour}, Grace: Duration{24 * time.Hour}},
 		Forges: []ForgeConfig{},
 		Queue: QueueConfig{

@@ -196,6 +196,8 @@ order = "fifo"
 [eval]
 timeout = "20m"
 poll_interval = "2s"
+max_attrs = 1000
+max_derivations = 5000
 
 [substituters]
 urls = ["https://cache.example.org"]
@@ -269,14 +271,15 @@ private_key_file = "app.pem"
 		Queue:  QueueConfig{d("1s"), d("10s"), d("1m"), d("0s"), d("30m"), d("1h"), OrderFIFO},
 		Cache:  CacheConfig{Store: "local", Priority: 30, NarinfoMemory: 64 << 20, S3: S3Config{Region: "us-east-1", UseTLS: true}},
 		Signer: SignerConfig{URLExpiry: d("15m")},
-		Eval:   EvalConfig{Timeout: d("20m"), MaxMemory: 4 << 30, PollInterval: d("2s"), User: "harmonia-eval"},
+		Eval: EvalConfig{Timeout: d("20m"), MaxMemory: 4 << 30, PollInterval: d("2s"), MaxAttrs: 1000, MaxDerivations: 5000,
+			User: "harmonia-eval"},
 		Substituters: SubstitutersConfig{
 			URLs:              []string{"https://cache.example.org"},
 			TrustedPublicKeys: []string{"cache.example.org-1:6NCHdD59X431o0gWypbMrAURkbJ16ZPMQFGspcDShjY="},
 		},
 		Frontend: FrontendConfig{PublicURL: "https://ci.example.org", StatusDebounce: d("1s"),
 			RepoSyncInterval: d("15m"), PollCheckInterval: d("1m"), MaxWebhookBody: 25_000_000},
-		Retention: RetentionConfig{Default: d("90d"), LogRetention: d("30d"), GCInterval: d("24h"), Grace: d("24h")},
+		Retention: RetentionConfig{Default: d("90d"), Max: d("365d"), LogRetention: d("30d"), GCInterval: d("24h"), Grace: d("24h")},
 		Forges: []ForgeConfig{
 			{Name: "gitea", Type: "gitea", URL: "https://gitea.example.org", TokenFile: "gitea.token",
 				WebhookSecretFile: "gitea.secret", Token: "gitea-token", WebhookSecret: "hook-secret"},
@@ -624,6 +627,12 @@ func TestValidate(t *testing.T) {
 			[]string{`config: build.cgroup must be an absolute path, got "builds"`}},
 		{"retention zero", func(c *Config) { c.Retention.Default = d("0s") },
 			[]string{"config: retention.default must be positive"}},
+		{"retention max below default", func(c *Config) { c.Retention.Max = d("30d") },
+			[]string{"config: retention.max (720h) must be at least retention.default (2160h)"}},
+		{"no attributes", func(c *Config) { c.Eval.MaxAttrs = 0 },
+			[]string{"config: eval.max_attrs must be positive, got 0"}},
+		{"negative derivations", func(c *Config) { c.Eval.MaxDerivations = -1 },
+			[]string{"config: eval.max_derivations must be positive, got -1"}},
 		{"listen no port", func(c *Config) { c.Listen = "nope" },
 			[]string{`config: listen: invalid address "nope": missing port in address`}},
 		{"listen bad port", func(c *Config) { c.Listen = "localhost:99999" },

@@ -147,6 +147,9 @@ func (c *Config) problems(from origins) []error {
 
 	r := &c.Retention
 	positive("retention.default", r.Default)
+	if r.Max.Duration < r.Default.Duration {
+		add("retention.max", "retention.max (%s) must be at least retention.default (%s)", r.Max, r.Default)
+	}
 	positive("retention.log_retention", r.LogRetention)
 	positive("retention.gc_interval", r.GCInterval)
 	positive("retention.grace", r.Grace)
@@ -235,6 +238,12 @@ func (c *Config) problems(from origins) []error {
 	positive("eval.timeout", c.Eval.Timeout)
 	if c.Eval.MaxMemory <= 0 {
 		add("eval.max_memory", "eval.max_memory must be positive, got %s", c.Eval.MaxMemory)
+	}
+	if c.Eval.MaxAttrs <= 0 {
+		add("eval.max_attrs", "eval.max_attrs must be positive, got %d", c.Eval.MaxAttrs)
+	}
+	if c.Eval.MaxDerivations <= 0 {
+		add("eval.max_derivations", "eval.max_derivations must be positive, got %d", c.Eval.MaxDerivations)
 	}
 	if !userRE.MatchString(c.Eval.User) {
 		add("eval.user", "eval.user: invalid user name %q", c.Eval.User)

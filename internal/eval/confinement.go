@@ -32,10 +32,11 @@ type Confinement struct {
 	SandboxPaths    []string
 }
 
-// confinement is the evaluation user and the private nix-daemon it reaches the store through.
+// confinement is the evaluation user and the private nix-daemons it reaches the store through.
 type confinement struct {
 	user     *Credential // nil: the child runs as this process's user
-	daemon   *nixdaemon.Daemon
+	daemon   nixdaemon.Config
+	logger   *slog.Logger
 	stateDir string
 }
 
@@ -43,14 +44,15 @@ type confinement struct {
 // (0711) and read what it evaluates, nothing else: git mirrors (which may carry credentials in
 // their configuration) stay root's.
 const (
-	mirrorsDir = "git"       // the repositories' mirrors, root's only
-	runDir     = "run"       // harmonia-ci run's snapshots of the user's directories, root's only
-	sourcesDir = "eval"      // per project: a credential-free copy of the mirror, readable
-	homesDir   = "eval-home" // per project: the evaluation user's HOME (Nix's fetcher cache)
+	mirrorsDir = "git"        // the repositories' mirrors, root's only
+	runDir     = "run"        // harmonia-ci run's snapshots of the user's directories, root's only
+	sourcesDir = "eval"       // per project: a credential-free copy of the mirror, readable
+	homesDir   = "eval-home"  // per project: the evaluation user's HOME (Nix's fetcher cache)
+	daemonsDir = "nix-daemon" // per evaluation: the socket of its nix-daemon
 )
 
 func newConfinement(c Confinement, stateDir string, logger *slog.Logger) (*confinement, error) {
-	cf := &confinement{stateDir: stateDir}
+	cf := &confinement{stateDir: stateDir, logger: logger}
 	if os.Geteuid() != 0 {
 		logger.Warn("the evaluator does not run as root: projects are evaluated as this node's own user, confined by Nix's restricted mode only")
 		return cf, nil
@@ -72,7 +74,7 @@ func newConfinement(c Confinement, stateDir string, logger *slog.Logger) (*confi
 	if c.BuildUsersGroup != "" {
 		opts = append(opts, [2]string{"build-users-group", c.BuildUsersGroup})
 	}
-	cf.daemon = nixdaemon.New(nixdaemon.Config{Options: opts, Dir: filepath.Join(stateDir, "nix-daemon")}, logger)
+	cf.daemon = nixdaemon.Config{Options: opts}
 	return cf, nil
 }
 
@@ -81,7 +83,7 @@ func (cf *confinement) prepare() error {
 	for _, d := range []struct {
 		name string
 		mode os.FileMode
-	}{{"", 0o711}, {mirrorsDir, 0o700}, {runDir, 0o700}, {sourcesDir, 0o711}, {homesDir, 0o711}} {
+	}{{"", 0o711}, {mirrorsDir, 0o700}, {runDir, 0o700}, {sourcesDir, 0o711}, {homesDir, 0o711}, {daemonsDir, 0o711}} {
 		p := filepath.Join(cf.stateDir, d.name)
 		if err := os.MkdirAll(p, d.mode); err != nil {
 			return fmt.Errorf("evaluator: %w", err)
@@ -181,8 +183,19 @@ func (cf *confinement) workspace(ctx context.Context, projectID int64, mirror *g
 	return ws, nil
 }
 
-func (cf *confinement) close() {
-	if cf.daemon != nil {
-		cf.daemon.Close()
+// newDaemon returns the nix-daemon of one evaluation, not started yet; close stops it and
+// removes its socket. Each evaluation has its own, so that the builds of its imports from
+// derivation are its daemon's descendants, counted in its memory.
+func (cf *confinement) newDaemon() (d *nixdaemon.Daemon, closeFn func(), err error) {
+	dir, err := os.MkdirTemp(filepath.Join(cf.stateDir, daemonsDir), "")
+	if err != nil {
+		return nil, nil, fmt.Errorf("evaluation daemon: %w", err)
 	}
+	c := cf.daemon
+	c.Dir = dir
+	d = nixdaemon.New(c, cf.logger)
+	return d, func() {
+		d.Close()
+		_ = os.RemoveAll(dir)
+	}, nil
 }

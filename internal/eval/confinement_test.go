@@ -120,8 +120,9 @@ func TestForgedWalkerRecords(t *testing.T) {
 	}
 }
 
-// The node's limits are ceilings: a project asking for more evaluation time gets the node's,
-// and an evaluation past the node's memory limit fails with that reason.
+// The node's limits are ceilings: a project asking for more evaluation time or retention gets
+// the node's; an evaluation past the node's memory (its imports from derivation included),
+// attribute or derivation limit fails with an error naming it; one within them is unaffected.
 func TestEvaluationCeilings(t *testing.T) {
 	t.Parallel()
 	t.Run("time", func(t *testing.T) {
@@ -150,6 +151,76 @@ func TestEvaluationCeilings(t *testing.T) {
 		got := h.waitStatus(e.ID, "failed")
 		if !strings.Contains(got.Error, "evaluation used too much memory: over eval.max_memory (200 MiB)") {
 			t.Fatalf("error %q, want the memory limit", got.Error)
+		}
+	})
+	t.Run("memory of imports from derivation", func(t *testing.T) {
+		t.Parallel()
+		h := newHarness(t)
+		// The build doubles a shell string to 256 MiB: the walker's own Nix stays small.
+		_, commit := h.newProject("hog", map[string]string{"ci.nix": h.lib() + `{
+  hog = mk (builtins.readFile (builtins.derivation {
+    name = "hog"; system = builtins.currentSystem; builder = "/bin/sh"; salt = "` + h.salt + `";
+    args = [ "-c" "s=x; i=0; while [ $i -lt 28 ]; do s=\"$s$s\"; i=$((i+1)); done; echo hog > $out" ];
+  })) [ ];
+}`})
+		h.startEvaluator("ev-1", func(c *eval.Config) { c.Confinement.MaxMemory = 200 << 20 })
+		e, _ := h.trigger("hog", "", commit)
+		got := h.waitStatus(e.ID, "failed")
+		if !strings.Contains(got.Error, "evaluation used too much memory: over eval.max_memory (200 MiB)") {
+			t.Fatalf("error %q, want the memory limit", got.Error)
+		}
+	})
+	t.Run("attributes and derivations", func(t *testing.T) {
+		t.Parallel()
+		h := newHarness(t)
+		projects := []struct {
+			name, nix, want string
+		}{
+			{"four-attrs", `{ a = mk "a" [ ]; b = mk "b" [ ]; c = mk "c" [ ]; d = mk "d" [ ]; }`,
+				"evaluation too large: more than 3 attributes (eval.max_attrs)"},
+			{"five-drvs", `{ top = mk "top" [ (mk "x" [ ]) (mk "y" [ ]) (mk "z" [ ]) (mk "w" [ ]) ]; }`,
+				"evaluation too large: more than 4 new derivations (eval.max_derivations)"},
+			{"at-the-ceilings", `{ a = mk "a" [ (mk "x" [ ]) ]; b = mk "b" [ ]; c = mk "c" [ ]; }`, ""},
+		}
+		h.startEvaluator("ev-1", func(c *eval.Config) { c.MaxAttrs, c.MaxDerivations = 3, 4 })
+		for _, p := range projects {
+			_, commit := h.newProject(p.name, map[string]string{"ci.nix": h.lib() + p.nix})
+			e, _ := h.trigger(p.name, "", commit)
+			if p.want == "" {
+				h.waitSucceeded(e.ID)
+				if n := h.queryInt(`SELECT count(*) FROM eval_attrs WHERE eval_id = $1 AND drv_path IS NOT NULL`, e.ID); n != 3 {
+					t.Errorf("%s: %d attributes with a derivation, want 3", p.name, n)
+				}
+				continue
+			}
+			if got := h.waitStatus(e.ID, "failed"); !strings.Contains(got.Error, p.want) {
+				t.Errorf("%s: error %q, want %q", p.name, got.Error, p.want)
+			}
+		}
+		// Nothing past the derivation ceiling was written: the batch that crossed it is refused
+		// whole, before it is published or committed.
+		if n := h.queryInt(`SELECT count(*) FROM derivations WHERE name IN ('top', 'w', 'z')`); n != 0 {
+			t.Errorf("%d derivations of the evaluation past the ceiling were recorded", n)
+		}
+	})
+	t.Run("retention", func(t *testing.T) {
+		t.Parallel()
+		h := newHarness(t)
+		h.startEvaluator("ev-1", func(c *eval.Config) { c.MaxRetention = 365 * 24 * time.Hour })
+		for _, tc := range []struct {
+			ask  string
+			want time.Duration
+		}{{"100000d", 365 * 24 * time.Hour}, {"30d", 30 * 24 * time.Hour}} {
+			name := "keep-" + tc.ask
+			_, commit := h.newProject(name, map[string]string{
+				".harmonia-ci.toml": `retention = "` + tc.ask + `"`,
+				"ci.nix":            h.lib() + `{ a = mk "a" [ ]; }`,
+			})
+			e, _ := h.trigger(name, "", commit)
+			h.waitSucceeded(e.ID)
+			if got := h.queryInt(`SELECT retention_seconds FROM evaluations WHERE id = $1`, e.ID); got != int64(tc.want.Seconds()) {
+				t.Errorf("retention %q: recorded %ds, want %ds", tc.ask, got, int64(tc.want.Seconds()))
+			}
 		}
 	})
 }

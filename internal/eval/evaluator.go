@@ -35,6 +35,12 @@ type Config struct {
 	PollInterval time.Duration
 	// Timeout of one evaluation unless .harmonia-ci.toml sets eval-timeout; default 1h.
 	Timeout time.Duration
+	// MaxAttrs and MaxDerivations are the most attributes one evaluation may report and
+	// derivations it may add; past either it fails. 0: unlimited.
+	MaxAttrs, MaxDerivations int
+	// MaxRetention is the longest retention a project's .harmonia-ci.toml may ask for; a
+	// longer one is cut to it. 0: no ceiling.
+	MaxRetention time.Duration
 	// BatchAttrs and BatchWait bound a batch: it is prepared (closure read, published) at 50
 	// attributes or 2 s.
 	BatchAttrs int
@@ -164,7 +170,6 @@ func (e *Evaluator) Start(ctx context.Context) error {
 		}
 		e.loop(ctx, sub)
 		e.wg.Wait()
-		e.confine.close()
 	})
 	return nil
 }
@@ -259,8 +264,11 @@ const maxCoalesced = 1000
 
 // Errors that end an evaluation, and how they are recorded.
 var (
-	errTimeout = errors.New("evaluation timed out")
-	errGone    = errors.New("evaluation no longer ours")
+	// ErrTooLarge ends an evaluation past one of the node's ceilings (eval.max_attrs,
+	// eval.max_derivations).
+	ErrTooLarge = errors.New("evaluation too large")
+	errTimeout  = errors.New("evaluation timed out")
+	errGone     = errors.New("evaluation no longer ours")
 )
 
 // evaluate runs one claimed evaluation to its end and records the outcome.
@@ -351,7 +359,12 @@ func (e *Evaluator) run(ctx context.Context, c claim, log *slog.Logger) (ingestS
 		spec.Source = dir
 	}
 	if settings.Retention > 0 {
-		// The garbage collector keeps this evaluation as long as its tree asks.
+		// The garbage collector keeps this evaluation as long as its tree asks, up to the node's
+		// ceiling.
+		if m := e.cfg.MaxRetention; m > 0 && settings.Retention > m {
+			log.Info("retention cut to retention.max", "asked", settings.Retention, "max", m)
+			settings.Retention = m
+		}
 		if _, err := e.pool.Exec(ctx, sqlSetRetention, c.id, c.node, c.attempt, int64(settings.Retention.Seconds())); err != nil {
 			return ingestStats{}, fmt.Errorf("record the retention: %w", err)
 		}
@@ -360,7 +373,12 @@ func (e *Evaluator) run(ctx context.Context, c claim, log *slog.Logger) (ingestS
 	runner.Home, runner.WorkDir = ws.home, ws.work
 	runner.MaxMemory = e.cfg.Confinement.MaxMemory
 	if e.confine.user != nil {
-		runner.User, runner.Daemon = e.confine.user, e.confine.daemon.Ensure
+		d, closeDaemon, err := e.confine.newDaemon()
+		if err != nil {
+			return ingestStats{}, err
+		}
+		defer closeDaemon()
+		runner.User, runner.Daemon, runner.DaemonPid = e.confine.user, d.Ensure, d.Pid
 	}
 
 	storeDB, err := nix.OpenStoreDB(e.cfg.StoreRoot)
@@ -371,7 +389,8 @@ func (e *Evaluator) run(ctx context.Context, c claim, log *slog.Logger) (ingestS
 	in := &ingester{pool: e.pool, storeRoot: e.cfg.StoreRoot, storeDB: storeDB, cache: e.cfg.Cache,
 		upstream: e.cfg.Upstream, publisher: e.cfg.Publisher,
 		evalID: c.id, node: c.node, attempt: c.attempt, projectID: projectID, order: e.cfg.Order,
-		known: map[string]bool{}, prepared: map[string]bool{}, published: map[string]bool{},
+		maxDerivations: e.cfg.MaxDerivations,
+		known:          map[string]bool{}, prepared: map[string]bool{}, published: map[string]bool{},
 		checked: map[string]drvCheck{}}
 
 	wctx, cancel := context.WithCancelCause(ctx)
@@ -422,9 +441,13 @@ func (e *Evaluator) run(ctx context.Context, c claim, log *slog.Logger) (ingestS
 			}
 		}
 	}()
+	attrs := 0
 	walkErr := runner.Walk(tctx, spec, func(a Attr) error {
 		mu.Lock()
 		defer mu.Unlock()
+		if attrs++; e.cfg.MaxAttrs > 0 && attrs > e.cfg.MaxAttrs {
+			return fmt.Errorf("%w: more than %d attributes (eval.max_attrs)", ErrTooLarge, e.cfg.MaxAttrs)
+		}
 		batch = append(batch, a)
 		if len(batch) == 1 {
 			select {

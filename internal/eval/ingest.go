@@ -53,6 +53,9 @@ type ingester struct {
 	attempt   int
 	projectID int64
 	order     queue.Order
+	// maxDerivations is the most new derivations the evaluation may add; 0: unlimited.
+	maxDerivations int
+	added          int // new derivations of this evaluation's prepared batches
 
 	known     map[string]bool     // derivations in the database (found there or committed)
 	prepared  map[string]bool     // new derivations of prepared batches, not committed yet
@@ -106,6 +109,10 @@ func (in *ingester) prepare(ctx context.Context, attrs []Attr) (batch, error) {
 		}
 	}
 	b.preexisting = preexisting
+	// Checked before anything of the batch is published or written.
+	if in.added += len(fresh); in.maxDerivations > 0 && in.added > in.maxDerivations {
+		return b, fmt.Errorf("%w: more than %d new derivations (eval.max_derivations)", ErrTooLarge, in.maxDerivations)
+	}
 	newDrvs := slices.Sorted(maps.Keys(fresh))
 	b.derivs = make([]queue.Derivation, 0, len(newDrvs))
 	for _, p := range newDrvs {

@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -70,6 +71,9 @@ type NixRunner struct {
 	User *Credential
 	// Daemon returns the socket of the nix-daemon an unprivileged child uses.
 	Daemon func(ctx context.Context) (string, error)
+	// DaemonPid, if set, is that daemon's process, 0 unless it runs: it serves this walk alone,
+	// so it and the builds it runs count towards MaxMemory.
+	DaemonPid func() int
 	// MaxMemory stops a child whose resident memory exceeds it; 0 means no limit.
 	MaxMemory int64
 	// OnStart, if set, is called with each child's pid (tests kill it).
@@ -301,8 +305,11 @@ func (r *NixRunner) command(ctx context.Context, dir, nonce string, spec Spec, w
 	return cmd, nil
 }
 
-// watchMemory kills the child's process group once its resident memory exceeds the limit,
+// watchMemory kills the walk once the resident memory of its processes exceeds the limit,
 // checking every memoryCheck; the returned func stops watching and reports whether it killed.
+// The walk's processes are the child and its descendants, and the evaluation's own nix-daemon
+// (DaemonPid) with its workers and the builds they run for imports from derivation: a project
+// cannot spend more memory by building than by evaluating.
 func (r *NixRunner) watchMemory(pid int) func() bool {
 	if r.MaxMemory <= 0 {
 		return func() bool { return false }
@@ -312,17 +319,36 @@ func (r *NixRunner) watchMemory(pid int) func() bool {
 	go func() {
 		t := time.NewTicker(memoryCheck)
 		defer t.Stop()
-		for {
+		var tree []int
+		for i := 0; ; i++ {
 			select {
 			case <-stop:
 				done <- false
 				return
 			case <-t.C:
-				if rss(pid) > r.MaxMemory {
-					_ = syscall.Kill(-pid, syscall.SIGKILL)
-					done <- true
-					return
+			}
+			// Finding the descendants reads all of /proc; the tree is refreshed every
+			// treeRefresh checks, and in between only its members are read.
+			if i%treeRefresh == 0 {
+				roots := []int{pid}
+				if r.DaemonPid != nil {
+					if d := r.DaemonPid(); d > 0 {
+						roots = append(roots, d)
+					}
 				}
+				tree = descendants(roots)
+			}
+			var total int64
+			for _, p := range tree {
+				total += rss(p)
+			}
+			if total > r.MaxMemory {
+				_ = syscall.Kill(-pid, syscall.SIGKILL)
+				for _, p := range descendants(tree) {
+					_ = syscall.Kill(p, syscall.SIGKILL)
+				}
+				done <- true
+				return
 			}
 		}
 	}()
@@ -338,8 +364,12 @@ func (r *NixRunner) watchMemory(pid int) func() bool {
 }
 
 // memoryCheck is how often a child's memory is read: often enough that an evaluation allocating
-// gigabytes a second overshoots by little.
-const memoryCheck = 100 * time.Millisecond
+// gigabytes a second overshoots by little. Its process tree is found again every treeRefresh
+// checks: a build started in between is counted from the next refresh on.
+const (
+	memoryCheck = 100 * time.Millisecond
+	treeRefresh = 3
+)
 
 // rss is the resident memory of process pid in bytes, 0 if it cannot be read.
 func rss(pid int) int64 {
@@ -353,6 +383,55 @@ func rss(pid int) int64 {
 	}
 	pages, _ := strconv.ParseInt(f[1], 10, 64)
 	return pages * int64(os.Getpagesize())
+}
+
+// descendants is roots and every process below them, from the parent ids in /proc.
+func descendants(roots []int) []int {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return roots
+	}
+	children := map[int][]int{}
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if ppid := parent(pid); ppid > 0 {
+			children[ppid] = append(children[ppid], pid)
+		}
+	}
+	seen := map[int]bool{}
+	out := []int{}
+	for queue := slices.Clone(roots); len(queue) > 0; queue = queue[1:] {
+		p := queue[0]
+		if seen[p] {
+			continue
+		}
+		seen[p] = true
+		out = append(out, p)
+		queue = append(queue, children[p]...)
+	}
+	return out
+}
+
+// parent is the parent process id of pid, 0 if it cannot be read. /proc/<pid>/stat is "pid
+// (comm) state ppid …", and comm may hold spaces and parentheses.
+func parent(pid int) int {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0
+	}
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 2 {
+		return 0
+	}
+	ppid, _ := strconv.Atoi(f[1])
+	return ppid
 }
 
 func (r *NixRunner) memoryError() error {

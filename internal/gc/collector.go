@@ -40,6 +40,7 @@ const (
 type Config struct {
 	Store        blob.Store
 	Retention    time.Duration // evaluations without a retention of their own
+	MaxRetention time.Duration // the longest an evaluation's own retention counts for; 0: no ceiling
 	LogRetention time.Duration
 	Grace        time.Duration // objects younger than this are never deleted
 	Workers      int           // parallel narinfo reads and deletions; default 32
@@ -55,6 +56,16 @@ type Collector struct {
 
 	// afterMark, if set, runs between the mark and the sweep: tests race an evaluation there.
 	afterMark func(ctx context.Context)
+}
+
+// maxRetention is the ceiling on an evaluation's own retention in seconds, nil for none. The
+// evaluator cuts a longer one too; this holds for rows written otherwise (an older ceiling, or an
+// evaluator's login writing directly).
+func (c *Collector) maxRetention() any {
+	if c.cfg.MaxRetention <= 0 {
+		return nil
+	}
+	return seconds(c.cfg.MaxRetention)
 }
 
 // New returns a collector over pool and cfg.Store.
@@ -205,7 +216,7 @@ func (c *Collector) databaseStep(ctx context.Context, tx pgx.Tx, rep *Report) er
 		sql  string
 		args []any
 	}{
-		{"delete expired evaluations", &rep.Evaluations, sqlDeleteEvaluations, []any{seconds(c.cfg.Retention)}},
+		{"delete expired evaluations", &rep.Evaluations, sqlDeleteEvaluations, []any{seconds(c.cfg.Retention), c.maxRetention()}},
 		{"create the live set", nil, sqlCreateLive, nil},
 		{"fill the live set", nil, sqlFillLive, []any{seconds(c.cfg.Grace)}},
 		{"analyze the live set", nil, sqlAnalyzeLive, nil},

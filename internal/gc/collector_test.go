@@ -501,3 +501,36 @@ func TestCollectClosesInterruptedRuns(t *testing.T) {
 		t.Errorf("the interrupted run is %q (%q); want failed, interrupted", status, msg)
 	}
 }
+
+// A project's own retention counts for at most the node's retention.max: an evaluation whose
+// tree asked to be kept for ever goes once it is older than the ceiling, one within it stays.
+func TestRetentionCeiling(t *testing.T) {
+	w := newWorld(t, backends[0].open(t))
+	day := 24 * time.Hour
+	forever := w.evaluation("c1", 400*day)
+	within := w.evaluation("c2", 200*day)
+	w.evaluation("c3", 0) // the newest of the default branch, always kept
+	for id, keep := range map[int64]time.Duration{forever: 100_000 * day, within: 300 * day} {
+		_, err := w.pool.Exec(w.ctx, `UPDATE evaluations SET retention_seconds = $2 WHERE id = $1`, id, int64(keep.Seconds()))
+		w.must(err)
+	}
+	for _, tc := range []struct {
+		max  time.Duration
+		left []int64
+	}{
+		{0, []int64{forever, within}}, // no ceiling: both asked for longer than their age
+		{365 * day, []int64{within}},
+	} {
+		c, err := gc.New(gc.Config{Store: w.store, Retention: 90 * day, MaxRetention: tc.max, LogRetention: 30 * day,
+			Grace: grace, Logger: slog.New(slog.DiscardHandler)}, w.pool)
+		w.must(err)
+		w.run(c)
+		rows, err := w.pool.Query(w.ctx, `SELECT id FROM evaluations WHERE id = ANY($1) ORDER BY id`, []int64{forever, within})
+		w.must(err)
+		left, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		w.must(err)
+		if !slices.Equal(left, tc.left) {
+			t.Errorf("retention.max %v: evaluations %v left, want %v", tc.max, left, tc.left)
+		}
+	}
+}

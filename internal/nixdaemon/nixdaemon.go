@@ -164,6 +164,22 @@ func (d *Daemon) Ensure(ctx context.Context) (string, error) {
 
 func (d *Daemon) socket() string { return filepath.Join(d.dir, "socket") }
 
+// Pid is the daemon's process id, 0 unless it runs. Its workers, one per connection, and the
+// builds they run are its descendants.
+func (d *Daemon) Pid() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.cmd == nil {
+		return 0
+	}
+	select {
+	case <-d.exited:
+		return 0
+	default:
+		return d.cmd.Process.Pid
+	}
+}
+
 // waitReady waits until the socket exists: the daemon binds and listens before it accepts, so
 // a connection from then on waits in the backlog.
 func (d *Daemon) waitReady(ctx context.Context, exited <-chan struct{}) error {

@@ -15,7 +15,7 @@ import (
 func (n *node) gcElector(store blob.Store, notifier *notify.Notifier, lockConn *cluster.LockConn, id cluster.Identity, clusterMetrics *cluster.Metrics) (*cluster.Elector, error) {
 	r := n.cfg.Retention
 	collector, err := gc.New(gc.Config{
-		Store: store, Retention: r.Default.Duration, LogRetention: r.LogRetention.Duration,
+		Store: store, Retention: r.Default.Duration, MaxRetention: r.Max.Duration, LogRetention: r.LogRetention.Duration,
 		Grace: r.Grace.Duration, Logger: n.logger, Metrics: gc.NewMetrics(n.reg),
 	}, n.pool)
 	if err != nil {

@@ -211,7 +211,9 @@ func (n *node) roleWorkers(notifier *notify.Notifier, announcer *queue.Announcer
 		ecfg := eval.Config{
 			NodeID: cfg.Node.ID, StateDir: cfg.StateDir, MaxEvals: cfg.Node.MaxEvals,
 			PollInterval: cfg.Eval.PollInterval.Duration, Timeout: cfg.Eval.Timeout.Duration,
-			Gate: &n.inFlight, Notifier: notifier, Upstream: up, Registerer: n.reg,
+			MaxAttrs: cfg.Eval.MaxAttrs, MaxDerivations: cfg.Eval.MaxDerivations,
+			MaxRetention: cfg.Retention.Max.Duration,
+			Gate:         &n.inFlight, Notifier: notifier, Upstream: up, Registerer: n.reg,
 			Confinement: eval.Confinement{
 				User: cfg.Eval.User, MaxMemory: int64(cfg.Eval.MaxMemory),
 				Unsandboxed: !cfg.Build.Sandbox, BuildUsersGroup: cfg.Build.BuildUsersGroup,
