@@ -1,6 +1,7 @@
 package eval
 
 import (
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -89,5 +90,25 @@ func TestSupersedes(t *testing.T) {
 		if got := Supersedes(branch); got != want {
 			t.Errorf("Supersedes(%q) = %v, want %v", branch, got, want)
 		}
+	}
+}
+
+// The README's example of a .harmonia-ci.toml is one the evaluator accepts, with every key.
+func TestReadmeShowsSettings(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, ok := strings.Cut(string(readme), "A repository may commit a `.harmonia-ci.toml`:\n\n```toml\n")
+	block, _, ok2 := strings.Cut(rest, "```")
+	if !ok || !ok2 {
+		t.Fatal("README.md has no .harmonia-ci.toml example")
+	}
+	s, err := ParseSettings([]byte(block), true, time.Hour)
+	if err != nil {
+		t.Fatalf("the README's example: %v", err)
+	}
+	if len(s.Attrs) == 0 || s.EvalTimeout == time.Hour || s.AllowIFD || s.Retention == 0 {
+		t.Errorf("the README's example does not set every key: %+v", s)
 	}
 }
