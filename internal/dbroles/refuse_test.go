@@ -167,6 +167,25 @@ WHERE role = $2`, node, role)
 		{as: "b1", name: "claim past its free slots through the claim function",
 			do:     claimFunc([]string{system}, "b1"),
 			effect: `SELECT EXISTS (SELECT 1 FROM build_jobs WHERE claimed_by = 'b1' AND id <> $1)`, args: []any{m}},
+		{as: "b1", name: "advertise a system its grant does not include",
+			do:     stmt(`UPDATE nodes SET systems = systems || $1::text WHERE id = 'b1'`, foreignSystem),
+			effect: `SELECT $1 = ANY(systems) FROM nodes WHERE id = 'b1'`, args: []any{foreignSystem}},
+		{as: "b1", name: "advertise a feature its grant does not include",
+			do:     stmt(`UPDATE nodes SET features = features || '{kvm}' WHERE id = 'b1'`),
+			effect: `SELECT 'kvm' = ANY(features) FROM nodes WHERE id = 'b1'`},
+		{as: "b1", name: "raise its max_jobs past its grant",
+			do:     stmt(`UPDATE nodes SET max_jobs = 1000 WHERE id = 'b1'`),
+			effect: `SELECT max_jobs = 1000 FROM nodes WHERE id = 'b1'`},
+		{as: "b1", name: "register again with a system its grant does not include",
+			do: func(ctx context.Context, tx pgx.Tx) error {
+				if _, err := tx.Exec(ctx, `DELETE FROM nodes WHERE id = 'b1'`); err != nil {
+					return err
+				}
+				_, err := tx.Exec(ctx, `INSERT INTO nodes (id, roles, endpoint, systems, incarnation)
+VALUES ('b1', '{builder}', 'http://b1:7777', $1, gen_random_uuid())`, []string{foreignSystem})
+				return err
+			},
+			effect: `SELECT $1 = ANY(systems) FROM nodes WHERE id = 'b1'`, args: []any{foreignSystem}},
 		{as: "b1", name: "raise a job's priority",
 			do:     stmt(`UPDATE build_jobs SET priority = 1000 WHERE id = $1`, d),
 			effect: `SELECT priority = 1000 FROM build_jobs WHERE id = $1`, args: []any{d}},

@@ -49,7 +49,7 @@ REVOKE ALL ON FUNCTION claim_jobs(TEXT[], TEXT[], TEXT, INT, INT)
 
 REVOKE ALL ON schema_migrations, derivations, derivation_outputs, derivation_inputs, repositories,
     projects, evaluations, eval_attrs, build_jobs, build_log_tails, nodes, leaders,
-    maintenance_runs, signing_keys, webhook_deliveries, gc_runs, gc_requests, drv_objects
+    maintenance_runs, signing_keys, webhook_deliveries, gc_runs, gc_requests, drv_objects, node_grants
     FROM harmonia_node, harmonia_frontend, harmonia_evaluator, harmonia_signer, harmonia_cache,
          harmonia_builder;
 
@@ -68,12 +68,13 @@ $$;
 
 GRANT SELECT ON schema_migrations, derivations, derivation_outputs, derivation_inputs, repositories,
     projects, evaluations, eval_attrs, build_jobs, build_log_tails, nodes, leaders,
-    maintenance_runs, signing_keys, webhook_deliveries, gc_runs, gc_requests, drv_objects
+    maintenance_runs, signing_keys, webhook_deliveries, gc_runs, gc_requests, drv_objects, node_grants
     TO harmonia_node;
 
 -- Its own row: registration, heartbeats, draining, deregistration. The roles it advertises
 -- must be roles its login role has: a builder that registered as a signer or a cache would be
--- sent other nodes' tokens and asked for inputs.
+-- sent other nodes' tokens and asked for inputs. A builder's login declares no system, feature
+-- or slot beyond its grant (node_grants): the claim takes them from this row.
 GRANT INSERT (id, roles, endpoint, hostname, max_evals, systems, features, max_jobs, status,
               version, incarnation, started_at, last_seen, draining, nix_version, nix_protocol),
       UPDATE (roles, endpoint, hostname, max_evals, systems, features, max_jobs, status, version,
@@ -167,14 +168,20 @@ CREATE POLICY harmonia_own_insert ON nodes FOR INSERT TO harmonia_node
         SELECT m.role FROM (VALUES ('frontend', 'harmonia_frontend'), ('evaluator', 'harmonia_evaluator'),
                                    ('signer', 'harmonia_signer'), ('cache', 'harmonia_cache'),
                                    ('builder', 'harmonia_builder')) AS m(role, grp)
-        WHERE pg_has_role(session_user, m.grp, 'MEMBER')));
+        WHERE pg_has_role(session_user, m.grp, 'MEMBER'))
+        AND (NOT pg_has_role(session_user, 'harmonia_builder', 'MEMBER')
+             OR EXISTS (SELECT 1 FROM node_grants g WHERE g.id = session_user AND nodes.systems <@ g.systems
+                        AND nodes.features <@ g.features AND nodes.max_jobs <= g.max_jobs)));
 CREATE POLICY harmonia_own_update ON nodes FOR UPDATE TO harmonia_node
     USING (id = session_user)
     WITH CHECK (id = session_user AND roles <@ ARRAY(
         SELECT m.role FROM (VALUES ('frontend', 'harmonia_frontend'), ('evaluator', 'harmonia_evaluator'),
                                    ('signer', 'harmonia_signer'), ('cache', 'harmonia_cache'),
                                    ('builder', 'harmonia_builder')) AS m(role, grp)
-        WHERE pg_has_role(session_user, m.grp, 'MEMBER')));
+        WHERE pg_has_role(session_user, m.grp, 'MEMBER'))
+        AND (NOT pg_has_role(session_user, 'harmonia_builder', 'MEMBER')
+             OR EXISTS (SELECT 1 FROM node_grants g WHERE g.id = session_user AND nodes.systems <@ g.systems
+                        AND nodes.features <@ g.features AND nodes.max_jobs <= g.max_jobs)));
 CREATE POLICY harmonia_own_delete ON nodes FOR DELETE TO harmonia_node USING (id = session_user);
 -- The frontend marks nodes dead, deletes dead rows and forwards drain requests, but changes no
 -- other node's roles or endpoint. (A subquery in WITH CHECK reads the row as it was before the

@@ -30,7 +30,7 @@ func TestBuildCompleteRefusesPickedJobs(t *testing.T) {
 		t.Fatal(err)
 	}
 	const node = "picker-1"
-	if err := dbroles.GrantNode(ctx(t), owner, dbroles.Node{ID: node, Roles: []string{"builder"}}); err != nil {
+	if err := dbroles.GrantNode(ctx(t), owner, dbroles.Node{ID: node, Roles: []string{"builder"}, Systems: []string{system}, MaxJobs: 1}); err != nil {
 		t.Fatal(err)
 	}
 	builderDB := openPool(t, dbURL, node)

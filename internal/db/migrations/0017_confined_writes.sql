@@ -118,3 +118,14 @@ CREATE FUNCTION derivation_inserted_here(drv TEXT) RETURNS BOOLEAN AS $$
     SELECT EXISTS (SELECT 1 FROM derivations d
                    WHERE d.drv_path = drv AND d.xmin::text::bigint = txid_current() % 4294967296)
 $$ LANGUAGE sql VOLATILE;
+
+-- 3. What a builder's login may declare in its nodes row, set by the administrator with
+--    `harmonia-ci db grant-node` (dbroles.GrantNode) and written only by the owner. The row is
+--    the node's own, so without a ceiling it could declare any system and any number of slots,
+--    claim every ready job and give back all but the one it wants.
+CREATE TABLE node_grants (
+    id       TEXT PRIMARY KEY,
+    systems  TEXT[] NOT NULL,
+    features TEXT[] NOT NULL,
+    max_jobs INT NOT NULL CHECK (max_jobs >= 1)
+);
