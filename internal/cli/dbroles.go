@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -66,6 +67,9 @@ func newDBGrantNode(g *globalFlags) *cobra.Command {
 		Long: `grant-node creates (or updates) the login role NODE_ID, named after the node id, a member of
 exactly the group roles of the given node roles (see ` + "`harmonia-ci db roles`" + `). The node must then
 connect as that role: row-level security compares claims and node rows with the session's user.
+A builder's login may declare, and so claim for, no more than the systems, features and
+max_jobs of the configuration given here ([node] systems, features, max_jobs): run grant-node
+with the builder's own configuration, and again when it changes.
 With --password-file the role's password is set to the file's first line; only its SCRAM-SHA-256
 verifier is sent to the server. Without it the password is left as it is (none for a new role:
 use peer or certificate authentication).`,
@@ -85,11 +89,16 @@ use peer or certificate authentication).`,
 				}
 			}
 			return withDB(cmd, g, func(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool) error {
-				n := dbroles.Node{ID: args[0], Roles: cfg.Node.Roles, PasswordVerifier: verifier}
+				n := dbroles.Node{ID: args[0], Roles: cfg.Node.Roles, PasswordVerifier: verifier,
+					Systems: cfg.Node.Systems, Features: cfg.Node.Features, MaxJobs: cfg.Node.MaxJobs}
 				if err := dbroles.GrantNode(ctx, pool, n); err != nil {
 					return err
 				}
 				fmt.Fprintf(cmd.OutOrStdout(), "login role %s: %s\n", n.ID, strings.Join(n.Roles, ","))
+				if slices.Contains(n.Roles, config.RoleBuilder) {
+					fmt.Fprintf(cmd.OutOrStdout(), "  builds at most: systems %s, features %s, max_jobs %d\n",
+						strings.Join(n.Systems, ","), strings.Join(n.Features, ","), n.MaxJobs)
+				}
 				return nil
 			})
 		},

@@ -2,6 +2,7 @@ package dbroles_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -34,7 +35,9 @@ UPDATE evaluations e SET status = 'running', claimed_by = $1, claimed_at = now()
     attempt = e.attempt + 1, error = NULL, nix_version = $2
 FROM next WHERE e.id = next.id
 RETURNING e.id, e.attempt`
-	sqlHoldClaim   = `SELECT status FROM evaluations WHERE id = $1 AND claimed_by = $2 AND attempt = $3 FOR SHARE`
+	sqlHoldClaim = `
+SELECT e.status FROM evaluations e, set_config('harmonia.eval_id', $1::bigint::text, true)
+WHERE e.id = $1 AND e.claimed_by = $2 AND e.attempt = $3 FOR SHARE OF e`
 	sqlDeleteAttrs = `DELETE FROM eval_attrs WHERE eval_id = ANY($1)`
 	sqlInsertAttrs = `
 INSERT INTO eval_attrs (eval_id, attr, drv_path, error)
@@ -308,4 +311,78 @@ func execN(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) int64 {
 		t.Fatalf("exec %q: %v", sql, err)
 	}
 	return tag.RowsAffected()
+}
+
+// TestRolesAllowSharedIngest runs two evaluations of e1 that reach the same derivations, their
+// ingests overlapping: the second waits on the first's inserts, then finds the rows there,
+// identical to its own, and writes nothing of them. Its jobs land in its own project.
+func TestRolesAllowSharedIngest(t *testing.T) {
+	c := setup(t)
+	ctx := testCtx(t)
+	drvs := []queue.Derivation{queuetest.Drv("a", system), queuetest.Drv("b", system, "a")}
+	var evals [2]int64
+	var projects [2]int64
+	for i := range evals {
+		projects[i] = queuetest.NewProject(t, c.owner, fmt.Sprint("p", i), 100)
+		evals[i] = queuetest.QueryInt(t, c.owner, `
+INSERT INTO evaluations (project_id, flake_url, commit_sha, branch, status, claimed_by, claimed_at, started_at, attempt)
+VALUES ($1, 'git+file:///p', 'c', 'main', 'running', 'e1', now(), now(), 1) RETURNING id`, projects[i])
+	}
+	ingest := func(tx pgx.Tx, i int) error {
+		var status string
+		if err := tx.QueryRow(ctx, sqlHoldClaim, evals[i], "e1", 1).Scan(&status); err != nil {
+			return err
+		}
+		_, err := queue.EnqueueTx(ctx, tx, queue.EnqueueParams{ProjectID: &projects[i], Derivations: drvs, Build: []string{}})
+		return err
+	}
+	first, err := c.as["e1"].Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Rollback(context.WithoutCancel(ctx))
+	if err := ingest(first, 0); err != nil {
+		t.Fatalf("first ingest: %v", err)
+	}
+	second := c.as["e1"]
+	conn, err := second.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	var pid int
+	if err := conn.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		done <- pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			if err := ingest(tx, 1); err != nil {
+				return err
+			}
+			_, err := queue.EnqueueTx(ctx, tx, queue.EnqueueParams{ProjectID: &projects[1], Derivations: drvs[:1]})
+			return err
+		})
+	}()
+	// The second ingest waits on a lock the first holds (the enqueue lock, or the rows).
+	queuetest.WaitFor(t, 30*time.Second, func() bool {
+		return queuetest.QueryInt(t, c.owner, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND wait_event_type = 'Lock'`, pid) > 0
+	}, "the second ingest waiting for the first")
+	if err := first.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("second ingest: %v", err)
+	}
+	if n := queuetest.QueryInt(t, c.owner, `SELECT count(*) FROM build_jobs WHERE project_id = $1`, projects[1]); n != 1 {
+		t.Fatalf("the second evaluation's project has %d jobs, want 1 (a)", n)
+	}
+	// Sequentially, as a re-evaluation that did not know the derivations: identical rows pass.
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(pgx.BeginFunc(ctx, c.as["e1"], func(tx pgx.Tx) error { return ingest(tx, 0) }))
 }

@@ -58,7 +58,8 @@ func TestApplyConverges(t *testing.T) {
 	}
 }
 
-// TestGrantNode changes a node's roles and checks the login role's memberships follow.
+// TestGrantNode changes a node's roles and checks the login role's memberships, and a builder's
+// grant, follow.
 func TestGrantNode(t *testing.T) {
 	c := setup(t)
 	ctx := testCtx(t)
@@ -79,22 +80,35 @@ WHERE u.rolname = $1 ORDER BY 1`, id)
 	if err != nil {
 		t.Fatal(err)
 	}
+	grant := func(id string) string {
+		var g string
+		if err := c.owner.QueryRow(ctx, `
+SELECT COALESCE((SELECT format('%s %s %s', systems, features, max_jobs) FROM node_grants WHERE id = $1), '')`, id).Scan(&g); err != nil {
+			t.Fatal(err)
+		}
+		return g
+	}
 	for _, step := range []struct {
-		roles []string
-		want  []string
+		roles     []string
+		want      []string
+		wantGrant string
 	}{
-		{[]string{"builder", "evaluator"}, []string{"harmonia_builder", "harmonia_evaluator"}},
-		{[]string{"evaluator"}, []string{"harmonia_evaluator"}},
-		{[]string{"cache", "signer"}, []string{"harmonia_cache", "harmonia_signer"}},
+		{[]string{"builder", "evaluator"}, []string{"harmonia_builder", "harmonia_evaluator"}, "{x86_64-linux,aarch64-linux} {kvm} 3"},
+		{[]string{"evaluator"}, []string{"harmonia_evaluator"}, ""},
+		{[]string{"cache", "signer"}, []string{"harmonia_cache", "harmonia_signer"}, ""},
 	} {
 		rolesMu.Lock()
-		err := dbroles.GrantNode(ctx, c.owner, dbroles.Node{ID: "Node-7.x", Roles: step.roles, PasswordVerifier: verifier})
+		err := dbroles.GrantNode(ctx, c.owner, dbroles.Node{ID: "Node-7.x", Roles: step.roles, PasswordVerifier: verifier,
+			Systems: []string{"x86_64-linux", "aarch64-linux"}, Features: []string{"kvm"}, MaxJobs: 3})
 		rolesMu.Unlock()
 		if err != nil {
 			t.Fatal(err)
 		}
 		if got := groups("Node-7.x"); !slices.Equal(got, step.want) {
 			t.Fatalf("roles %v: member of %v, want %v", step.roles, got, step.want)
+		}
+		if got := grant("Node-7.x"); got != step.wantGrant {
+			t.Fatalf("roles %v: grant %q, want %q", step.roles, got, step.wantGrant)
 		}
 	}
 	var stored string
@@ -109,6 +123,8 @@ WHERE u.rolname = $1 ORDER BY 1`, id)
 		{ID: "-x", Roles: []string{"builder"}},
 		{ID: "x", Roles: []string{"superuser"}},
 		{ID: "x", Roles: nil},
+		{ID: "x", Roles: []string{"builder"}, MaxJobs: 1},                        // no systems
+		{ID: "x", Roles: []string{"builder"}, Systems: []string{"x86_64-linux"}}, // no slots
 		{ID: "x", Roles: []string{"builder"}, PasswordVerifier: "secret' SUPERUSER '"},
 		{ID: "harmonia", Roles: []string{"builder"}},        // the tests' superuser and owner
 		{ID: "harmonia_signer", Roles: []string{"builder"}}, // a group

@@ -21,6 +21,11 @@ type Node struct {
 	// PasswordVerifier, if not empty, is stored as the role's password (see ScramVerifier);
 	// empty leaves the password as it is (none for a new role: peer or certificate auth).
 	PasswordVerifier string
+	// A builder's grant: the most its nodes row may declare, and so the most it may claim.
+	// Required for a builder, ignored otherwise.
+	Systems  []string
+	Features []string
+	MaxJobs  int
 }
 
 // SQL of GrantNode. Role names cannot be bind parameters in these statements, so the node id,
@@ -37,6 +42,12 @@ SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $1),
            OR EXISTS (SELECT 1 FROM pg_class c WHERE c.relowner = r.oid)
            OR EXISTS (SELECT 1 FROM pg_namespace n WHERE n.nspowner = r.oid)
            OR EXISTS (SELECT 1 FROM pg_database d WHERE d.datname = current_database() AND d.datdba = r.oid)))`
+	// A builder's grant: $1 id, $2 systems, $3 features, $4 max_jobs.
+	sqlGrantBuilds = `
+INSERT INTO node_grants (id, systems, features, max_jobs) VALUES ($1, $2, $3, $4)
+ON CONFLICT (id) DO UPDATE SET systems = EXCLUDED.systems, features = EXCLUDED.features, max_jobs = EXCLUDED.max_jobs`
+	sqlRevokeBuilds = `DELETE FROM node_grants WHERE id = $1`
+
 	// The groups a role is a direct member of, among ours.
 	sqlRoleGroups = `
 SELECT g.rolname FROM pg_auth_members m
@@ -61,6 +72,12 @@ func GrantNode(ctx context.Context, conn beginner, n Node) error {
 			return fmt.Errorf("grant node %s: unknown role %q (frontend, evaluator, signer, cache, builder)", n.ID, r)
 		}
 		want[g] = true
+	}
+	if want[Group("builder")] && (len(n.Systems) == 0 || n.MaxJobs < 1) {
+		return fmt.Errorf("grant node %s: a builder needs the systems it builds and its max_jobs (at least 1)", n.ID)
+	}
+	if n.Features == nil {
+		n.Features = []string{}
 	}
 	if n.PasswordVerifier != "" && !verifierPattern.MatchString(n.PasswordVerifier) {
 		return fmt.Errorf("grant node %s: not a SCRAM-SHA-256 verifier", n.ID)
@@ -111,7 +128,12 @@ func GrantNode(ctx context.Context, conn beginner, n Node) error {
 				return err
 			}
 		}
-		return nil
+		if !want[Group("builder")] {
+			_, err := tx.Exec(ctx, sqlRevokeBuilds, n.ID)
+			return err
+		}
+		_, err = tx.Exec(ctx, sqlGrantBuilds, n.ID, n.Systems, n.Features, n.MaxJobs)
+		return err
 	})
 	if err != nil {
 		return fmt.Errorf("grant node %s (%s): %w", n.ID, strings.Join(n.Roles, ","), err)

@@ -14,29 +14,35 @@ import (
 const system = "x86_64-linux"
 
 // fixture is a cluster's state before an attack, written by the owner: a project; jobs a ←
-// b ← c (c waits for b), d (ready), h (building, claimed by b2) and m (building, claimed by b1);
-// a derivation with no job; a log tail of h; one evaluation running for another evaluator and
-// one queued; the maintenance lease held by f1 and the gc lease by s1.
+// b ← c (c waits for b), d (ready), arm (ready, for a system no node builds), h (building,
+// claimed by b2) and m (building, claimed by b1, its only slot); a derivation with no job; a
+// log tail of h; one evaluation running for another evaluator, one running for e1 and one
+// queued; the maintenance lease held by f1 and the gc lease by s1.
 type fixture struct {
-	project            int64
-	job                map[string]int64
-	evalOther, evalNew int64
+	project, otherProject       int64
+	job                         map[string]int64
+	evalOther, evalOwn, evalNew int64
 }
+
+// foreignSystem is a system no node of the fixture builds.
+const foreignSystem = "aarch64-linux"
 
 func newFixture(t *testing.T, c *testDB) fixture {
 	t.Helper()
 	o := c.owner
 	fx := fixture{job: map[string]int64{}}
 	fx.project = queuetest.NewProject(t, o, "p", 100)
+	fx.otherProject = queuetest.NewProject(t, o, "q", 100)
 	queuetest.Enqueue(t, o, &fx.project,
 		queuetest.Drv("a", system), queuetest.Drv("b", system, "a"), queuetest.Drv("c", system, "b"),
-		queuetest.Drv("d", system), queuetest.Drv("h", system), queuetest.Drv("m", system))
+		queuetest.Drv("d", system), queuetest.Drv("h", system), queuetest.Drv("m", system),
+		queuetest.Drv("arm", foreignSystem))
 	if _, err := queue.Enqueue(testCtx(t), o, queue.EnqueueParams{
 		Derivations: []queue.Derivation{queuetest.Drv("nojob", system)}, Build: []string{},
 	}); err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{"a", "b", "c", "d", "h", "m"} {
+	for _, name := range []string{"a", "b", "c", "d", "h", "m", "arm"} {
 		fx.job[name] = queuetest.Job(t, o, name).ID
 	}
 	for name, node := range map[string]string{"h": "b2", "m": "b1"} {
@@ -50,6 +56,9 @@ started_at = now(), attempt = 1 WHERE id = $1`, fx.job[name], node)
 	fx.evalOther = queuetest.QueryInt(t, o, `
 INSERT INTO evaluations (project_id, flake_url, commit_sha, branch, status, claimed_by, claimed_at, started_at, attempt)
 VALUES ($1, 'git+file:///p', 'c1', 'main', 'running', 'e2', now(), now(), 1) RETURNING id`, fx.project)
+	fx.evalOwn = queuetest.QueryInt(t, o, `
+INSERT INTO evaluations (project_id, flake_url, commit_sha, branch, status, claimed_by, claimed_at, started_at, attempt)
+VALUES ($1, 'git+file:///p', 'c3', 'main', 'running', 'e1', now(), now(), 1) RETURNING id`, fx.project)
 	fx.evalNew = queuetest.QueryInt(t, o, `
 INSERT INTO evaluations (project_id, flake_url, commit_sha, branch) VALUES ($1, 'git+file:///p', 'c2', 'dev') RETURNING id`, fx.project)
 	queuetest.Exec(t, o, `
@@ -57,6 +66,18 @@ INSERT INTO leaders (role, node_id, incarnation, epoch, lease_until)
 VALUES ('maintenance', 'f1', gen_random_uuid(), 1, now() + interval '1 hour'),
        ('gc', 's1', gen_random_uuid(), 1, now() + interval '1 hour')`)
 	return fx
+}
+
+// inEval is an attack that first names evaluation id as the one its transaction ingests for,
+// as the evaluator's ingest does.
+func inEval(id int64, sql string, args ...any) func(ctx context.Context, tx pgx.Tx) error {
+	return func(ctx context.Context, tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT set_config('harmonia.eval_id', $1::bigint::text, true)`, id); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, sql, args...)
+		return err
+	}
 }
 
 // attack is something a node must not be able to do. effect tells, inside the attack's
@@ -78,7 +99,7 @@ func stmt(sql string, args ...any) func(ctx context.Context, tx pgx.Tx) error {
 }
 
 func attacks(fx fixture) []attack {
-	h, m, c, d := fx.job["h"], fx.job["m"], fx.job["c"], fx.job["d"]
+	h, m, c, d, arm := fx.job["h"], fx.job["m"], fx.job["c"], fx.job["d"], fx.job["arm"]
 	a, nojob := queuetest.DrvPath("a"), queuetest.DrvPath("nojob")
 	insertDrv := stmt(`INSERT INTO derivations (drv_path, hash_part, name, system, nar_hash, nar_size)
 VALUES ($1, $2, 'evil', 'x86_64-linux', 'sha256:00', 1)`, queuetest.DrvPath("evil"), queuetest.Hash("evil"))
@@ -102,6 +123,19 @@ WHERE role = $2`, node, role)
 		return stmt(`UPDATE nodes SET roles = roles || '{signer}' WHERE id = $1`, node)
 	}
 	signerAdvertised := `SELECT 'signer' = ANY(roles) FROM nodes WHERE id = $1`
+	claimAs := func(node string, id int64) func(ctx context.Context, tx pgx.Tx) error {
+		return stmt(`UPDATE build_jobs SET status = 'building', claimed_by = $2, claimed_at = now(), started_at = now(),
+    attempt = attempt + 1 WHERE id = $1`, id, node)
+	}
+	claimedBy := `SELECT claimed_by IS NOT DISTINCT FROM $2 FROM build_jobs WHERE id = $1`
+	claimFunc := func(systems []string, node string) func(ctx context.Context, tx pgx.Tx) error {
+		return stmt(`SELECT count(*) FROM claim_jobs($1, '{}', $2, 10, 10)`, systems, node)
+	}
+	evilOut := `/nix/store/00000000000000000000000000000000-evil`
+	outRecorded := `SELECT EXISTS (SELECT 1 FROM derivation_outputs WHERE output_path = '/nix/store/00000000000000000000000000000000-evil')`
+	insertOut := `INSERT INTO derivation_outputs (drv_path, output_name, output_path) VALUES ($1, 'dev', $2)`
+	insertJob := `INSERT INTO build_jobs (drv_path, project_id, system) VALUES ($1, $2, 'x86_64-linux')`
+	jobQueued := `SELECT EXISTS (SELECT 1 FROM build_jobs WHERE drv_path = $1)`
 	return []attack{
 		// A builder: its own claims and log tails only, never a success.
 		{as: "b1", name: "fail a job another builder holds",
@@ -120,6 +154,38 @@ WHERE role = $2`, node, role)
 		{as: "b1", name: "claim a pending job for another node",
 			do:     stmt(`UPDATE build_jobs SET status = 'building', claimed_by = 'b2', attempt = attempt + 1 WHERE id = $1`, d),
 			effect: `SELECT claimed_by = 'b2' FROM build_jobs WHERE id = $1`, args: []any{d}},
+		{as: "b1", name: "claim a ready job directly, not through the claim function",
+			do: claimAs("b1", d), effect: claimedBy, args: []any{d, "b1"}},
+		{as: "b1", name: "claim a job of a system it does not build",
+			do: claimAs("b1", arm), effect: claimedBy, args: []any{arm, "b1"}},
+		{as: "b1", name: "claim a job whose inputs are not built",
+			do: claimAs("b1", c), effect: claimedBy, args: []any{c, "b1"}},
+		{as: "b1", name: "claim a job of a system it does not build through the claim function",
+			do: claimFunc([]string{foreignSystem}, "b1"), effect: claimedBy, args: []any{arm, "b1"}},
+		{as: "b1", name: "claim for another node through the claim function",
+			do: claimFunc([]string{system}, "b2"), effect: claimedBy, args: []any{d, "b2"}},
+		{as: "b1", name: "claim past its free slots through the claim function",
+			do:     claimFunc([]string{system}, "b1"),
+			effect: `SELECT EXISTS (SELECT 1 FROM build_jobs WHERE claimed_by = 'b1' AND id <> $1)`, args: []any{m}},
+		{as: "b1", name: "advertise a system its grant does not include",
+			do:     stmt(`UPDATE nodes SET systems = systems || $1::text WHERE id = 'b1'`, foreignSystem),
+			effect: `SELECT $1 = ANY(systems) FROM nodes WHERE id = 'b1'`, args: []any{foreignSystem}},
+		{as: "b1", name: "advertise a feature its grant does not include",
+			do:     stmt(`UPDATE nodes SET features = features || '{kvm}' WHERE id = 'b1'`),
+			effect: `SELECT 'kvm' = ANY(features) FROM nodes WHERE id = 'b1'`},
+		{as: "b1", name: "raise its max_jobs past its grant",
+			do:     stmt(`UPDATE nodes SET max_jobs = 1000 WHERE id = 'b1'`),
+			effect: `SELECT max_jobs = 1000 FROM nodes WHERE id = 'b1'`},
+		{as: "b1", name: "register again with a system its grant does not include",
+			do: func(ctx context.Context, tx pgx.Tx) error {
+				if _, err := tx.Exec(ctx, `DELETE FROM nodes WHERE id = 'b1'`); err != nil {
+					return err
+				}
+				_, err := tx.Exec(ctx, `INSERT INTO nodes (id, roles, endpoint, systems, incarnation)
+VALUES ('b1', '{builder}', 'http://b1:7777', $1, gen_random_uuid())`, []string{foreignSystem})
+				return err
+			},
+			effect: `SELECT $1 = ANY(systems) FROM nodes WHERE id = 'b1'`, args: []any{foreignSystem}},
 		{as: "b1", name: "raise a job's priority",
 			do:     stmt(`UPDATE build_jobs SET priority = 1000 WHERE id = $1`, d),
 			effect: `SELECT priority = 1000 FROM build_jobs WHERE id = $1`, args: []any{d}},
@@ -182,6 +248,22 @@ VALUES ($1, 'git+file:///p', 'evil', 'main')`, fx.project),
 VALUES ($1, 'dev', '/nix/store/00000000000000000000000000000000-evil', 'sha256:evil', 1)`, nojob),
 			effect: hashRecorded},
 		{as: "e1", name: "record a NAR hash", do: recordHash, effect: hashRecorded},
+		{as: "e1", name: "record an output without naming an evaluation",
+			do: stmt(insertOut, nojob, evilOut), effect: outRecorded},
+		{as: "e1", name: "record an output for an evaluation it does not hold",
+			do: inEval(fx.evalOther, insertOut, nojob, evilOut), effect: outRecorded},
+		{as: "e1", name: "record an output for an evaluation that is not running",
+			do: inEval(fx.evalNew, insertOut, nojob, evilOut), effect: outRecorded},
+		{as: "e1", name: "add an output to a derivation recorded before its transaction",
+			do: inEval(fx.evalOwn, insertOut, a, evilOut), effect: outRecorded},
+		{as: "e1", name: "add an input to a derivation recorded before its transaction",
+			do:     inEval(fx.evalOwn, `INSERT INTO derivation_inputs (referrer, input_drv, outputs) VALUES ($1, $2, '{out}')`, a, nojob),
+			effect: `SELECT EXISTS (SELECT 1 FROM derivation_inputs WHERE referrer = $1 AND input_drv = $2)`, args: []any{a, nojob}},
+		{as: "e1", name: "insert a derivation without naming an evaluation", do: insertDrv, effect: drvInserted},
+		{as: "e1", name: "queue a job without naming an evaluation",
+			do: stmt(insertJob, nojob, fx.project), effect: jobQueued, args: []any{nojob}},
+		{as: "e1", name: "queue a job in another project than its evaluation's",
+			do: inEval(fx.evalOwn, insertJob, nojob, fx.otherProject), effect: jobQueued, args: []any{nojob}},
 		{as: "e1", name: "finish another evaluator's evaluation",
 			do:     stmt(`UPDATE evaluations SET status = 'succeeded', finished_at = now() WHERE id = $1`, fx.evalOther),
 			effect: `SELECT status = 'succeeded' FROM evaluations WHERE id = $1`, args: []any{fx.evalOther}},
@@ -212,6 +294,9 @@ VALUES ($1, 'git+file:///p', 'evil', 'main')`, fx.project),
 			do:     stmt(`UPDATE nodes SET endpoint = 'http://evil:7777' WHERE id = 's1'`),
 			effect: `SELECT endpoint = 'http://evil:7777' FROM nodes WHERE id = 's1'`},
 		{as: "f1", name: "advertise itself as a signer", do: signerRole("f1"), effect: signerAdvertised, args: []any{"f1"}},
+		{as: "f1", name: "claim a job whose inputs are not built for a builder",
+			do:     stmt(`UPDATE build_jobs SET status = 'building', claimed_by = 'b1', claimed_at = now(), started_at = now() WHERE id = $1`, c),
+			effect: claimedBy, args: []any{c, "b1"}},
 
 		// A signer: results, hashes, keys and the GC, not claims or maintenance.
 		{as: "s1", name: "take the maintenance lease", do: takeLease("s1", "maintenance"), effect: leaseTaken, args: []any{"s1", "maintenance"}},

@@ -42,9 +42,14 @@ $$;
 
 -- ===== Start from nothing =====
 
+-- The claim runs as the owner (migration 0017): only builders may call it.
+REVOKE ALL ON FUNCTION claim_jobs(TEXT[], TEXT[], TEXT, INT, INT)
+    FROM PUBLIC, harmonia_node, harmonia_frontend, harmonia_evaluator, harmonia_signer, harmonia_cache,
+         harmonia_builder;
+
 REVOKE ALL ON schema_migrations, derivations, derivation_outputs, derivation_inputs, repositories,
     projects, evaluations, eval_attrs, build_jobs, build_log_tails, nodes, leaders,
-    maintenance_runs, signing_keys, webhook_deliveries, gc_runs, gc_requests, drv_objects
+    maintenance_runs, signing_keys, webhook_deliveries, gc_runs, gc_requests, drv_objects, node_grants
     FROM harmonia_node, harmonia_frontend, harmonia_evaluator, harmonia_signer, harmonia_cache,
          harmonia_builder;
 
@@ -63,12 +68,13 @@ $$;
 
 GRANT SELECT ON schema_migrations, derivations, derivation_outputs, derivation_inputs, repositories,
     projects, evaluations, eval_attrs, build_jobs, build_log_tails, nodes, leaders,
-    maintenance_runs, signing_keys, webhook_deliveries, gc_runs, gc_requests, drv_objects
+    maintenance_runs, signing_keys, webhook_deliveries, gc_runs, gc_requests, drv_objects, node_grants
     TO harmonia_node;
 
 -- Its own row: registration, heartbeats, draining, deregistration. The roles it advertises
 -- must be roles its login role has: a builder that registered as a signer or a cache would be
--- sent other nodes' tokens and asked for inputs.
+-- sent other nodes' tokens and asked for inputs. A builder's login declares no system, feature
+-- or slot beyond its grant (node_grants): the claim takes them from this row.
 GRANT INSERT (id, roles, endpoint, hostname, max_evals, systems, features, max_jobs, status,
               version, incarnation, started_at, last_seen, draining, nix_version, nix_protocol),
       UPDATE (roles, endpoint, hostname, max_evals, systems, features, max_jobs, status, version,
@@ -132,7 +138,10 @@ GRANT INSERT, UPDATE ON leaders TO harmonia_signer;
 
 -- ===== Builder: its claimed jobs and their log tails =====
 
-GRANT UPDATE (status, claimed_by, claimed_at, started_at, finished_at, attempt, retry_count,
+-- A claim only through claim_jobs, which takes ready jobs of the node's registered systems and
+-- features within its free slots; then its own claims on (the attempt is the claim's to count).
+GRANT EXECUTE ON FUNCTION claim_jobs(TEXT[], TEXT[], TEXT, INT, INT) TO harmonia_builder;
+GRANT UPDATE (status, claimed_by, claimed_at, started_at, finished_at, retry_count,
               exit_code, error_message, log_url)
     ON build_jobs TO harmonia_builder;
 GRANT INSERT, UPDATE (log_tail, log_seq), DELETE ON build_log_tails TO harmonia_builder;
@@ -147,6 +156,9 @@ ALTER TABLE build_jobs ENABLE ROW LEVEL SECURITY;
 ALTER TABLE build_log_tails ENABLE ROW LEVEL SECURITY;
 ALTER TABLE evaluations ENABLE ROW LEVEL SECURITY;
 ALTER TABLE eval_attrs ENABLE ROW LEVEL SECURITY;
+ALTER TABLE derivations ENABLE ROW LEVEL SECURITY;
+ALTER TABLE derivation_outputs ENABLE ROW LEVEL SECURITY;
+ALTER TABLE derivation_inputs ENABLE ROW LEVEL SECURITY;
 
 -- nodes
 
@@ -156,14 +168,20 @@ CREATE POLICY harmonia_own_insert ON nodes FOR INSERT TO harmonia_node
         SELECT m.role FROM (VALUES ('frontend', 'harmonia_frontend'), ('evaluator', 'harmonia_evaluator'),
                                    ('signer', 'harmonia_signer'), ('cache', 'harmonia_cache'),
                                    ('builder', 'harmonia_builder')) AS m(role, grp)
-        WHERE pg_has_role(session_user, m.grp, 'MEMBER')));
+        WHERE pg_has_role(session_user, m.grp, 'MEMBER'))
+        AND (NOT pg_has_role(session_user, 'harmonia_builder', 'MEMBER')
+             OR EXISTS (SELECT 1 FROM node_grants g WHERE g.id = session_user AND nodes.systems <@ g.systems
+                        AND nodes.features <@ g.features AND nodes.max_jobs <= g.max_jobs)));
 CREATE POLICY harmonia_own_update ON nodes FOR UPDATE TO harmonia_node
     USING (id = session_user)
     WITH CHECK (id = session_user AND roles <@ ARRAY(
         SELECT m.role FROM (VALUES ('frontend', 'harmonia_frontend'), ('evaluator', 'harmonia_evaluator'),
                                    ('signer', 'harmonia_signer'), ('cache', 'harmonia_cache'),
                                    ('builder', 'harmonia_builder')) AS m(role, grp)
-        WHERE pg_has_role(session_user, m.grp, 'MEMBER')));
+        WHERE pg_has_role(session_user, m.grp, 'MEMBER'))
+        AND (NOT pg_has_role(session_user, 'harmonia_builder', 'MEMBER')
+             OR EXISTS (SELECT 1 FROM node_grants g WHERE g.id = session_user AND nodes.systems <@ g.systems
+                        AND nodes.features <@ g.features AND nodes.max_jobs <= g.max_jobs)));
 CREATE POLICY harmonia_own_delete ON nodes FOR DELETE TO harmonia_node USING (id = session_user);
 -- The frontend marks nodes dead, deletes dead rows and forwards drain requests, but changes no
 -- other node's roles or endpoint. (A subquery in WITH CHECK reads the row as it was before the
@@ -200,19 +218,23 @@ CREATE POLICY harmonia_own_release ON build_jobs FOR UPDATE TO harmonia_node
     WITH CHECK ((status = 'pending' AND claimed_by IS NULL
                  AND (SELECT o.claimed_by FROM build_jobs o WHERE o.id = build_jobs.id) = session_user)
                 OR (status = 'failed' AND claimed_by = session_user));
--- A builder claims a pending, unclaimed job for itself, and moves its own claims on: uploading,
--- failed, cancelled, back to the queue. Never succeeded: the signer records that. A failure
--- marks the pending jobs above it dep-failed. (The subquery reads the row as it was before the
--- statement: only a job this builder held goes back to pending.)
+-- A builder moves its own claims on: uploading, failed, cancelled, back to the queue. Never
+-- succeeded: the signer records that; never a new claim: claim_jobs makes those, as the owner.
+-- A failure marks the pending jobs above it dep-failed. (The subqueries read the row as it was
+-- before the statement: only a job this builder held in building or uploading stays or goes
+-- back.)
 CREATE POLICY harmonia_builder_update ON build_jobs FOR UPDATE TO harmonia_builder
     USING (claimed_by = session_user OR (status = 'pending' AND claimed_by IS NULL))
-    WITH CHECK ((claimed_by = session_user AND status IN ('building', 'uploading', 'failed', 'cancelled'))
+    WITH CHECK ((claimed_by = session_user AND status IN ('building', 'uploading', 'failed', 'cancelled')
+                 AND (SELECT o.claimed_by = session_user AND o.status IN ('building', 'uploading')
+                      FROM build_jobs o WHERE o.id = build_jobs.id))
                 OR (claimed_by IS NULL AND status = 'dep-failed')
                 OR (claimed_by IS NULL AND status = 'pending'
                     AND (SELECT o.claimed_by FROM build_jobs o WHERE o.id = build_jobs.id) = session_user));
--- An evaluator adds pending jobs, revives cancelled ones and cancels pending ones.
+-- An evaluator adds pending jobs to the project of the evaluation it ingests (see derivations
+-- below), revives cancelled ones and cancels pending ones.
 CREATE POLICY harmonia_evaluator_insert ON build_jobs FOR INSERT TO harmonia_evaluator
-    WITH CHECK (status = 'pending' AND claimed_by IS NULL);
+    WITH CHECK (status = 'pending' AND claimed_by IS NULL AND project_id = ingest_project());
 CREATE POLICY harmonia_evaluator_update ON build_jobs FOR UPDATE TO harmonia_evaluator
     USING (status IN ('pending', 'cancelled'))
     WITH CHECK (status IN ('pending', 'cancelled') AND claimed_by IS NULL);
@@ -222,9 +244,14 @@ CREATE POLICY harmonia_signer_update ON build_jobs FOR UPDATE TO harmonia_signer
 CREATE POLICY harmonia_signer_delete ON build_jobs FOR DELETE TO harmonia_signer
     USING (status NOT IN ('building', 'uploading'));
 -- The frontend cancels, rebuilds, reaps and fails unsupported jobs; it never marks one
--- succeeded.
+-- succeeded, and never makes a claim: a job it leaves building or uploading was so before,
+-- held by the same node.
 CREATE POLICY harmonia_frontend_update ON build_jobs FOR UPDATE TO harmonia_frontend
-    USING (true) WITH CHECK (status <> 'succeeded');
+    USING (true)
+    WITH CHECK (status <> 'succeeded'
+                AND (status NOT IN ('building', 'uploading')
+                     OR (SELECT o.status IN ('building', 'uploading') AND o.claimed_by = build_jobs.claimed_by
+                         FROM build_jobs o WHERE o.id = build_jobs.id)));
 
 -- build_log_tails: a builder writes the tails of the jobs it holds.
 
@@ -256,3 +283,35 @@ CREATE POLICY harmonia_evaluator_insert ON eval_attrs FOR INSERT TO harmonia_eva
 CREATE POLICY harmonia_evaluator_delete ON eval_attrs FOR DELETE TO harmonia_evaluator
     USING (EXISTS (SELECT 1 FROM evaluations e WHERE e.id = eval_id AND e.claimed_by = session_user));
 CREATE POLICY harmonia_frontend_all ON eval_attrs FOR ALL TO harmonia_frontend USING (true) WITH CHECK (true);
+
+-- derivations, derivation_outputs, derivation_inputs: an evaluator writes them only in an
+-- ingest transaction that names an evaluation it holds and is running (ingest_project,
+-- migration 0017), and outputs and inputs only of derivations that transaction inserted: none
+-- added to a derivation recorded before, which other evaluations' jobs and the signer's checks
+-- rely on. A row identical to one already there is let through: an ingest that lost the race to
+-- insert a shared derivation conflicts on it and writes nothing (ON CONFLICT DO NOTHING).
+
+CREATE POLICY harmonia_read ON derivations FOR SELECT TO harmonia_node USING (true);
+CREATE POLICY harmonia_evaluator_insert ON derivations FOR INSERT TO harmonia_evaluator
+    WITH CHECK (ingest_project() IS NOT NULL);
+CREATE POLICY harmonia_signer_delete ON derivations FOR DELETE TO harmonia_signer USING (true);
+
+CREATE POLICY harmonia_read ON derivation_outputs FOR SELECT TO harmonia_node USING (true);
+CREATE POLICY harmonia_evaluator_insert ON derivation_outputs FOR INSERT TO harmonia_evaluator
+    WITH CHECK (ingest_project() IS NOT NULL
+                AND (derivation_inserted_here(drv_path)
+                     OR EXISTS (SELECT 1 FROM derivation_outputs o
+                                WHERE o.drv_path = derivation_outputs.drv_path
+                                  AND o.output_name = derivation_outputs.output_name
+                                  AND o.output_path IS NOT DISTINCT FROM derivation_outputs.output_path)));
+CREATE POLICY harmonia_signer_update ON derivation_outputs FOR UPDATE TO harmonia_signer
+    USING (true) WITH CHECK (true);
+
+CREATE POLICY harmonia_read ON derivation_inputs FOR SELECT TO harmonia_node USING (true);
+CREATE POLICY harmonia_evaluator_insert ON derivation_inputs FOR INSERT TO harmonia_evaluator
+    WITH CHECK (ingest_project() IS NOT NULL
+                AND (derivation_inserted_here(referrer)
+                     OR EXISTS (SELECT 1 FROM derivation_inputs o
+                                WHERE o.referrer = derivation_inputs.referrer
+                                  AND o.input_drv = derivation_inputs.input_drv
+                                  AND o.outputs = derivation_inputs.outputs)));

@@ -21,8 +21,8 @@ var rolesMu sync.Mutex
 
 // testNodes are the login roles every test creates, with their node roles.
 var testNodes = []dbroles.Node{
-	{ID: "b1", Roles: []string{"builder"}},
-	{ID: "b2", Roles: []string{"builder"}},
+	{ID: "b1", Roles: []string{"builder"}, Systems: []string{system}, MaxJobs: 2},
+	{ID: "b2", Roles: []string{"builder"}, Systems: []string{system}, MaxJobs: 2},
 	{ID: "e1", Roles: []string{"evaluator"}},
 	{ID: "f1", Roles: []string{"frontend"}},
 	{ID: "s1", Roles: []string{"signer"}},

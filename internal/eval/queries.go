@@ -143,10 +143,14 @@ SELECT e.project_id, r.clone_url, e.commit_sha, e.branch FROM evaluations e
 JOIN projects p ON p.id = e.project_id JOIN repositories r ON r.id = p.repo_id
 WHERE e.id = $1`
 
-	// Proves the claim inside an ingest transaction and keeps it until commit. $1 id, $2 node,
+	// Proves the claim inside an ingest transaction and keeps it until commit, and names the
+	// evaluation for the rest of the transaction (harmonia.eval_id): under per-role database
+	// roles an evaluator's login writes derivations and jobs only for a running evaluation it
+	// holds, which the row-level security policies read from that setting. $1 id, $2 node,
 	// $3 attempt.
 	sqlHoldClaim = `
-SELECT status FROM evaluations WHERE id = $1 AND claimed_by = $2 AND attempt = $3 FOR SHARE`
+SELECT e.status FROM evaluations e, set_config('harmonia.eval_id', $1::bigint::text, true)
+WHERE e.id = $1 AND e.claimed_by = $2 AND e.attempt = $3 FOR SHARE OF e`
 
 	// The retention the evaluation's .harmonia-ci.toml declares, guarded by the claim.
 	sqlSetRetention = `

@@ -26,6 +26,7 @@ type jobFacts struct {
 	drvPath string
 	outputs []string // its output paths; "" for a floating content-addressed output
 	inputs  []string // its input derivations' selected outputs and its input sources
+	fit     claimFit
 }
 
 func (f jobFacts) drvBase() string { return path.Base(f.drvPath) }
@@ -52,6 +53,7 @@ func queueJobFacts(b *pgx.Batch, id nodetoken.Identity, claim JobClaim, f *jobFa
 	b.Queue(sqlJobFacts, claim.ID, id.NodeID, claim.Attempt).QueryRow(func(row pgx.Row) error {
 		return row.Scan(&f.drvPath, &f.outputs, &f.inputs)
 	})
+	queueClaimFit(b, f)
 }
 
 func checkJobFacts(f jobFacts, err error) error {
@@ -60,6 +62,9 @@ func checkJobFacts(f jobFacts, err error) error {
 	}
 	if err != nil {
 		return internal("checking the claim failed", err)
+	}
+	if err := checkClaimFit(f); err != nil {
+		return err
 	}
 	if slices.Contains(f.outputs, "") {
 		return badRequest("%s has content-addressed outputs, which are not supported", f.drvPath)

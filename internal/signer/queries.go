@@ -23,6 +23,22 @@ SELECT j.drv_path,
 FROM build_jobs j JOIN derivations d ON d.drv_path = j.drv_path
 WHERE j.id = $1 AND j.claimed_by = $2 AND j.attempt = $3 AND j.status IN ('building', 'uploading')`
 
+	// $1 job id, $2 node, $3 attempt: the claimed job's system, whether the claiming node's row
+	// declares that system and the job's features, and one input derivation whose job has not
+	// succeeded ('' for none) with that job's status. Inputs without a job were never waited
+	// for (the queue's readiness counts jobs only).
+	sqlClaimFit = `
+SELECT j.system,
+       COALESCE((SELECT j.system = ANY(n.systems) AND j.required_features <@ n.features
+                 FROM nodes n WHERE n.id = j.claimed_by), false),
+       COALESCE(u.drv_path, ''), COALESCE(u.status, '')
+FROM build_jobs j
+LEFT JOIN LATERAL (SELECT dep.drv_path, dep.status FROM derivation_inputs di
+                   JOIN build_jobs dep ON dep.drv_path = di.input_drv
+                   WHERE di.referrer = j.drv_path AND dep.status <> 'succeeded'
+                   ORDER BY dep.drv_path LIMIT 1) u ON true
+WHERE j.id = $1 AND j.claimed_by = $2 AND j.attempt = $3 AND j.status IN ('building', 'uploading')`
+
 	// $1 evaluation, $2 node, $3 attempt.
 	sqlCheckEvalClaim = `
 SELECT EXISTS (SELECT 1 FROM evaluations
