@@ -129,3 +129,10 @@ CREATE TABLE node_grants (
     features TEXT[] NOT NULL,
     max_jobs INT NOT NULL CHECK (max_jobs >= 1)
 );
+
+-- An upgrade keeps the builders it had: each builder registered now is granted what it declares,
+-- as `db grant-node` would have recorded from its configuration.
+INSERT INTO node_grants (id, systems, features, max_jobs)
+SELECT n.id, n.systems, n.features, n.max_jobs FROM nodes n
+WHERE 'builder' = ANY(n.roles) AND n.max_jobs >= 1
+ON CONFLICT (id) DO NOTHING;
