@@ -10,10 +10,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/harmonia-ci/harmonia-ci/internal/blobtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
 	"github.com/harmonia-ci/harmonia-ci/internal/nixtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
-	"github.com/harmonia-ci/harmonia-ci/internal/queuetest"
 )
 
 // fetcher is a fixed-output derivation called name fetching content from url: every one of a
@@ -82,7 +82,7 @@ func TestSharedOutputsOfDifferentHashesRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	forgedPath, text := nixtest.ForgedDerivation(victim)
-	queuetest.PutDerivations(t, h.pool, h.cluster.Key, map[string][]byte{forgedPath: text})
+	blobtest.PutDerivations(t, h.pool, h.cluster.Key, map[string][]byte{forgedPath: text})
 	_, err = queue.Enqueue(context.Background(), h.pool, queue.EnqueueParams{Build: []string{}, Derivations: []queue.Derivation{{
 		DrvPath: forgedPath, Name: "forged", System: victim.Platform, NarHash: "sha256:00", NarSize: int64(len(text)),
 		Outputs: []queue.Output{{Name: "out", Path: victim.Outputs["out"].Path}}}}})

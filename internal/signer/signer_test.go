@@ -443,7 +443,7 @@ func (e *env) claimPath(t *testing.T, node, drv string) queue.Job {
 // its .drv closure before it enqueues.
 func (e *env) enqueue(t *testing.T, ds ...queuetest.NixDrv) {
 	t.Helper()
-	queuetest.EnqueueStored(t, e.pool, e.key, nil, ds...)
+	blobtest.EnqueueStored(t, e.pool, e.key, nil, ds...)
 }
 
 // enqueueAndClaim enqueues d and claims its job as node; d must be the only ready job.
@@ -839,7 +839,7 @@ func TestFirstWriterWins(t *testing.T) {
 	var out string
 	for _, name := range []string{"one", "two", "three"} {
 		fetch := fixtureSpec("shared-src-"+name, queuetest.DrvSpec{Name: "shared-src", FixedNAR: &sum, Script: "fetch from mirror " + name})
-		queuetest.PutDerivations(t, e.pool, e.key, map[string][]byte{fetch.DrvPath: fetch.Text})
+		blobtest.PutDerivations(t, e.pool, e.key, map[string][]byte{fetch.DrvPath: fetch.Text})
 		d := fixtureSpec(name, queuetest.DrvSpec{Name: "shared", Inputs: []queuetest.NixDrv{fetch}})
 		if out == "" {
 			out = d.Out("out")

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/harmonia-ci/harmonia-ci/internal/blobtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
 	"github.com/harmonia-ci/harmonia-ci/internal/nixtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
@@ -35,7 +36,7 @@ func TestForgedJobRefused(t *testing.T) {
 			}
 			forgedPath, forgedText := nixtest.ForgedDerivation(parsed)
 			if c.stored {
-				queuetest.PutDerivations(t, e.pool, e.key, map[string][]byte{forgedPath: forgedText})
+				blobtest.PutDerivations(t, e.pool, e.key, map[string][]byte{forgedPath: forgedText})
 			}
 			forged := queuetest.NixDrv{Derivation: queue.Derivation{DrvPath: forgedPath, Name: "forged", System: system,
 				NarHash: victim.NarHash, NarSize: victim.NarSize,

@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/blob"
+	"github.com/harmonia-ci/harmonia-ci/internal/blobtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/cache"
 	"github.com/harmonia-ci/harmonia-ci/internal/config"
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
@@ -177,7 +178,7 @@ func (c *Cluster) Seed(t testing.TB, storeRoot string, paths ...SeedPath) {
 }
 
 // seedDerivations stores .drv files of the store at storeRoot as the signer publishes them
-// (queuetest.PutDerivations).
+// (blobtest.PutDerivations).
 func (c *Cluster) seedDerivations(t testing.TB, storeRoot string, paths []string) {
 	t.Helper()
 	texts := make(map[string][]byte, len(paths))
@@ -188,12 +189,12 @@ func (c *Cluster) seedDerivations(t testing.TB, storeRoot string, paths []string
 		}
 		texts[p] = text
 	}
-	queuetest.PutDerivations(t, c.pool, c.Key, texts)
+	blobtest.PutDerivations(t, c.pool, c.Key, texts)
 }
 
-// Enqueue stores the .drv files of ds in the cache and enqueues them (queuetest.EnqueueStored),
+// Enqueue stores the .drv files of ds in the cache and enqueues them (blobtest.EnqueueStored),
 // as an evaluation publishes its .drv closure before it enqueues; it returns the new jobs.
 func (c *Cluster) Enqueue(t testing.TB, project *int64, ds ...queuetest.NixDrv) int {
 	t.Helper()
-	return queuetest.EnqueueStored(t, c.pool, c.Key, project, ds...)
+	return blobtest.EnqueueStored(t, c.pool, c.Key, project, ds...)
 }
