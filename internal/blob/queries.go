@@ -16,8 +16,12 @@ SELECT * FROM v
 ON CONFLICT (hash_part) DO UPDATE SET drv_hash = EXCLUDED.drv_hash WHERE o.drv_hash IS NULL
 RETURNING hash_part, xmax = 0`
 
-	// The .drv texts and derivation hashes of store paths ($1).
-	sqlDrvHashes = `SELECT store_path, drv, drv_hash FROM drv_objects WHERE store_path = ANY($1)`
+	// The .drv texts and derivation hashes of store paths ($1), found by their key (the hash
+	// part): store_path has no index.
+	sqlDrvHashes = `
+SELECT store_path, drv, drv_hash FROM drv_objects
+WHERE hash_part = ANY(ARRAY(SELECT substring(p FROM 12 FOR 32) FROM unnest($1::text[]) AS p))
+  AND store_path = ANY($1)`
 
 	sqlDrvNarInfo = `SELECT narinfo, created_at FROM drv_objects WHERE hash_part = $1`
 

@@ -61,6 +61,7 @@ type ingester struct {
 	prepared  map[string]bool     // new derivations of prepared batches, not committed yet
 	published map[string]bool     // store paths published by this evaluation
 	checked   map[string]drvCheck // derivations verified (see verify), and their hashes
+	claims    map[string]claimant // output path → the derivation claiming it (checkSharedOutputs)
 	// enqueued and needed are the new derivations and the jobs of every commit, whose chains
 	// (and those below them) are raised once, after the last commit (see raiseChains).
 	enqueued []queue.Derivation
@@ -99,6 +100,9 @@ func (in *ingester) prepare(ctx context.Context, attrs []Attr) (batch, error) {
 	}
 	fresh, texts, preexisting, err := in.closure(ctx, roots)
 	if err != nil {
+		return b, err
+	}
+	if err := in.checkSharedOutputs(ctx, fresh); err != nil {
 		return b, err
 	}
 	// Texts the closure did not take are of derivations the database knows: keep only hashes.

@@ -161,6 +161,18 @@ UPDATE evaluations SET retention_seconds = $4 WHERE id = $1 AND claimed_by = $2 
 	sqlKnownDerivations = `SELECT drv_path FROM derivations WHERE drv_path = ANY($1)`
 
 	// Outputs the cache holds by the signer's record (canonical NAR hash set). $1 output paths.
+	// The derivations the database has that claim output paths $1, with the derivation hash the
+	// signer recorded for each (NULL if none) and whether it stored the .drv at all.
+	sqlOutputClaimants = `
+SELECT o.output_path, o.drv_path, x.drv_hash, x.hash_part IS NOT NULL
+FROM derivation_outputs o
+JOIN derivations d ON d.drv_path = o.drv_path
+LEFT JOIN drv_objects x ON x.hash_part = d.hash_part AND x.store_path = d.drv_path
+WHERE o.output_path = ANY($1)`
+
+	// Any derivation's row counts: only the signer records a hash, on the rows of a derivation
+	// whose outputs it checked, and a derivation sharing the path has the same derivation
+	// hash (checkSharedOutputs), so Nix would take the path as built for it too.
 	sqlCachedOutputs = `
 SELECT DISTINCT output_path FROM derivation_outputs WHERE output_path = ANY($1) AND nar_hash IS NOT NULL`
 

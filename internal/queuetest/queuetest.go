@@ -184,15 +184,7 @@ func (j JobRow) String() string {
 // Job reads the job of the fixture derivation called name.
 func Job(t testing.TB, pool *pgxpool.Pool, name string) JobRow {
 	t.Helper()
-	var j JobRow
-	err := pool.QueryRow(context.Background(), `
-SELECT id, drv_path, status, priority, project_id, claimed_by, attempt, retry_count, blocked_inputs
-FROM build_jobs WHERE drv_path = $1`, DrvPath(name)).
-		Scan(&j.ID, &j.DrvPath, &j.Status, &j.Priority, &j.ProjectID, &j.ClaimedBy, &j.Attempt, &j.RetryCount, &j.BlockedInputs)
-	if err != nil {
-		t.Fatalf("read job of %s: %v", name, err)
-	}
-	return j
+	return JobOf(t, pool, DrvPath(name))
 }
 
 // Status is the status of the job of the fixture derivation called name.

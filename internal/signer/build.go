@@ -5,16 +5,20 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"path"
 	"slices"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/blob"
 	"github.com/harmonia-ci/harmonia-ci/internal/config"
 	"github.com/harmonia-ci/harmonia-ci/internal/gc"
+	"github.com/harmonia-ci/harmonia-ci/internal/nix"
 	"github.com/harmonia-ci/harmonia-ci/internal/nodetoken"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 	"github.com/harmonia-ci/harmonia-ci/internal/web"
@@ -22,11 +26,16 @@ import (
 
 // jobFacts is what the database says about a claimed job's derivation.
 type jobFacts struct {
-	claim   queue.Claim
-	drvPath string
-	outputs []string // its output paths; "" for a floating content-addressed output
-	inputs  []string // its input derivations' selected outputs and its input sources
-	fit     claimFit
+	claim       queue.Claim
+	drvPath     string
+	outputNames []string // sorted
+	outputs     []string // its output paths, by outputNames; "" for a floating content-addressed output
+	inputs      []string // its input derivations' selected outputs and its input sources
+	// drvText is the .drv the signer stored when the evaluation published it (nil if none), and
+	// inputHashes the hashes it recorded for the input derivations the database lists.
+	drvText     []byte
+	inputHashes map[string][32]byte
+	fit         claimFit
 }
 
 func (f jobFacts) drvBase() string { return path.Base(f.drvPath) }
@@ -51,7 +60,18 @@ func (s *Server) jobFacts(ctx context.Context, id nodetoken.Identity, claim JobC
 func queueJobFacts(b *pgx.Batch, id nodetoken.Identity, claim JobClaim, f *jobFacts) {
 	f.claim = queue.Claim{JobID: claim.ID, NodeID: id.NodeID, Attempt: claim.Attempt}
 	b.Queue(sqlJobFacts, claim.ID, id.NodeID, claim.Attempt).QueryRow(func(row pgx.Row) error {
-		return row.Scan(&f.drvPath, &f.outputs, &f.inputs)
+		var inDrvs []string
+		var inHashes [][]byte
+		if err := row.Scan(&f.drvPath, &f.outputNames, &f.outputs, &f.inputs, &f.drvText, &inDrvs, &inHashes); err != nil {
+			return err
+		}
+		f.inputHashes = make(map[string][32]byte, len(inDrvs))
+		for i, in := range inDrvs {
+			if i < len(inHashes) && len(inHashes[i]) == 32 {
+				f.inputHashes[in] = [32]byte(inHashes[i])
+			}
+		}
+		return nil
 	})
 	queueClaimFit(b, f)
 }
@@ -68,6 +88,72 @@ func checkJobFacts(f jobFacts, err error) error {
 	}
 	if slices.Contains(f.outputs, "") {
 		return badRequest("%s has content-addressed outputs, which are not supported", f.drvPath)
+	}
+	return nil
+}
+
+// checkDerivation answers 400 unless the outputs the database lists for the job's derivation
+// are the ones Nix gives it, recomputed from the .drv the signer stored when the evaluation
+// published it and from its inputs' hashes: the rows are the evaluator's word, and a login that
+// can write them (or a .drv stored before the signer checked them) must not get another
+// derivation's output path signed. drvs reads the hashes the query did not bring.
+func checkDerivation(ctx context.Context, drvs *blob.Derivations, f jobFacts) error {
+	if f.drvText == nil {
+		return badRequest("the cache has no .drv for %s, so its outputs cannot be checked: refusing to sign them (an evaluation publishes a .drv before it enqueues its job)", f.drvPath)
+	}
+	d, err := nix.ParseDerivation(f.drvText)
+	if err != nil {
+		return internal("reading the stored .drv failed", fmt.Errorf("%s: %w", f.drvPath, err))
+	}
+	name, err := nix.DrvName(f.drvPath)
+	if err != nil {
+		return badRequest("%v", err)
+	}
+	hashes := make(map[string]nix.DrvHash, len(d.InputDrvs))
+	var missing []string
+	for in, outs := range d.InputDrvs {
+		// The output names an input has were checked when the .drv was published; its hash is
+		// what gives the outputs.
+		if sum, ok := f.inputHashes[in]; ok {
+			hashes[in] = nix.DrvHash{Sum: sum, Outputs: slices.Sorted(slices.Values(outs))}
+		} else {
+			missing = append(missing, in)
+		}
+	}
+	if len(missing) > 0 {
+		more, err := drvs.Hashes(ctx, missing)
+		if errors.Is(err, nix.ErrWrongOutputs) {
+			return badRequest("an input of %s: %v", f.drvPath, err)
+		}
+		if err != nil {
+			return unavailable("reading the input derivations' hashes failed", err)
+		}
+		maps.Copy(hashes, more)
+	}
+	want, err := d.OutputPaths(name, func(p string) (nix.DrvHash, error) {
+		if h, ok := hashes[p]; ok {
+			return h, nil
+		}
+		return nix.DrvHash{}, fmt.Errorf("the cache has no .drv for its input %s", p)
+	})
+	if err != nil {
+		return badRequest("checking the outputs of %s: %v", f.drvPath, err)
+	}
+	same := len(want) == len(f.outputNames)
+	for i, o := range f.outputNames {
+		same = same && want[o] == f.outputs[i]
+	}
+	if !same {
+		listed := make([]string, len(f.outputNames))
+		for i, o := range f.outputNames {
+			listed[i] = o + "=" + f.outputs[i]
+		}
+		given := make([]string, 0, len(want))
+		for _, o := range slices.Sorted(maps.Keys(want)) {
+			given = append(given, o+"="+want[o])
+		}
+		return badRequest("the outputs the database lists for %s (%s) are not the ones its text gives (%s): refusing to sign them",
+			f.drvPath, strings.Join(listed, " "), strings.Join(given, " "))
 	}
 	return nil
 }
@@ -113,6 +199,11 @@ func (s *Server) handleUploadSlots(ctx context.Context, id nodetoken.Identity, b
 		f, err := s.jobFacts(ctx, id, *req.Job)
 		if err != nil {
 			return nil, err
+		}
+		if len(outs) > 0 {
+			if err := checkDerivation(ctx, s.drvs, f); err != nil {
+				return nil, err
+			}
 		}
 		if err := checkJobOutputs(f, outs, false); err != nil {
 			return nil, err
@@ -197,6 +288,9 @@ func (s *Server) handleBuildComplete(ctx context.Context, id nodetoken.Identity,
 	if err := checkJobFacts(f, nil); err != nil {
 		return nil, err
 	}
+	if err := checkDerivation(ctx, blob.NewDerivations(pub.Conn()), f); err != nil {
+		return nil, err
+	}
 	if err := checkJobOutputs(f, outs, true); err != nil {
 		return nil, err
 	}
@@ -240,7 +334,7 @@ func (s *Server) handleBuildComplete(ctx context.Context, id nodetoken.Identity,
 	if err != nil {
 		return nil, err
 	}
-	if err := succeed(ctx, pub.Conn(), f.claim, req.LogKey, canon); err != nil {
+	if err := succeed(ctx, pub.Conn(), f, req.LogKey, canon); err != nil {
 		return nil, err
 	}
 	if s.cfg.Announcer != nil {
@@ -251,12 +345,14 @@ func (s *Server) handleBuildComplete(ctx context.Context, id nodetoken.Identity,
 	return resp, nil
 }
 
-// succeed records the outputs' canonical hashes, marks the job succeeded and records its log, in
-// one round trip (a batch is one implicit transaction). A stale claim records nothing of the job;
-// the hashes are those of narinfos already written, so they stand either way.
-func succeed(ctx context.Context, conn *pgx.Conn, c queue.Claim, logKey string, canon []canonical) error {
+// succeed records the outputs' canonical hashes on the job's derivation's rows, marks the job
+// succeeded and records its log, in one round trip (a batch is one implicit transaction). A
+// stale claim records nothing of the job; the hashes are those of narinfos already written, so
+// they stand either way.
+func succeed(ctx context.Context, conn *pgx.Conn, f jobFacts, logKey string, canon []canonical) error {
+	c := f.claim
 	b := &pgx.Batch{}
-	queueRecordHashes(b, canon)
+	queueRecordHashes(b, f.drvPath, canon)
 	var out queue.Outcome
 	queue.QueueSucceed(b, c, logKey, &out)
 	err := conn.SendBatch(ctx, b).Close()

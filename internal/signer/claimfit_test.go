@@ -36,18 +36,18 @@ func TestBuildCompleteRefusesPickedJobs(t *testing.T) {
 	builderDB := openPool(t, dbURL, node)
 	e := newEnvOn(t, false, owner)
 	queuetest.InsertNode(t, owner, queuetest.Node{ID: node, Systems: []string{system}})
-	queuetest.Enqueue(t, owner, nil, fixture("base", nil), fixture("top", []string{"base"}),
-		queuetest.Drv("arm", "aarch64-linux"))
+	e.enqueue(t, fixture("fit-base", nil), fixture("fit-top", []string{"fit-base"}),
+		fixtureSpec("fit-arm", queuetest.DrvSpec{System: "aarch64-linux"}))
 	tok := e.builder(t, node)
 
 	for _, c := range []struct {
 		name, job, refusal string
 	}{
-		{"foreign system", "arm", "does not build aarch64-linux"},
-		{"input not built", "top", "is not built"},
+		{"foreign system", "fit-arm", "does not build aarch64-linux"},
+		{"input not built", "fit-top", "is not built"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			id := queuetest.Job(t, owner, c.job).ID
+			id := queuetest.JobOf(t, owner, drvPath(c.job)).ID
 			tag, err := builderDB.Exec(ctx(t), `
 UPDATE build_jobs SET status = 'building', claimed_by = $2, claimed_at = now(), started_at = now(), attempt = attempt + 1
 WHERE id = $1`, id, node)
@@ -62,7 +62,7 @@ WHERE id = $1`, id, node)
 UPDATE build_jobs SET status = 'building', claimed_by = $2, claimed_at = now(), started_at = now(), attempt = 1
 WHERE id = $1`, id, node)
 			j := queue.Job{ID: id, Attempt: 1}
-			out := built(t, queuetest.OutPath(c.job), "anything the builder likes")
+			out := built(t, outPath(c.job), "anything the builder likes")
 			e.putObject(t, nix.NarURL(out.out.FileHash), out.file)
 
 			before := e.state(t)

@@ -37,7 +37,7 @@ func TestClientFailover(t *testing.T) {
 
 	tok := e.builder(t, "builder-1")
 	j := e.enqueueAndClaim(t, "builder-1", fixture("client", nil))
-	slots := UploadSlotsRequest{Job: jobClaim(j), Outputs: []Output{built(t, queuetest.OutPath("client"), "client").out}}
+	slots := UploadSlotsRequest{Job: jobClaim(j), Outputs: []Output{built(t, outPath("client"), "client").out}}
 	c := NewClient(ClientConfig{Token: tok, GiveUpAfter: 10 * time.Second, MinBackoff: 50 * time.Millisecond},
 		e.pool, queuetest.TestLogger(t))
 	// Several calls, so every rotation of the round robin is exercised.

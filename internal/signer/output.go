@@ -331,9 +331,9 @@ func (s *Server) readNarInfo(ctx context.Context, key string) (*nix.NarInfo, err
 	return ni, nil
 }
 
-// queueRecordHashes queues on b the statement setting the canonical NAR hash of every output row
-// still without one: the first writer wins.
-func queueRecordHashes(b *pgx.Batch, cs []canonical) {
+// queueRecordHashes queues on b the statement setting the canonical NAR hash of drvPath's
+// output rows still without one: the first writer wins.
+func queueRecordHashes(b *pgx.Batch, drvPath string, cs []canonical) {
 	var paths, hashes []string
 	var sizes []int64
 	for _, c := range cs {
@@ -343,7 +343,7 @@ func queueRecordHashes(b *pgx.Batch, cs []canonical) {
 		paths, hashes, sizes = append(paths, c.path), append(hashes, c.narHash), append(sizes, c.narSize)
 	}
 	if len(paths) > 0 {
-		b.Queue(sqlRecordNarHashes, paths, hashes, sizes)
+		b.Queue(sqlRecordNarHashes, paths, hashes, sizes, drvPath)
 	}
 }
 

@@ -13,7 +13,6 @@ import (
 
 	"github.com/harmonia-ci/harmonia-ci/internal/dbtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
-	"github.com/harmonia-ci/harmonia-ci/internal/queuetest"
 )
 
 // More concurrent build-completes than the signer's pool has connections all succeed: a
@@ -40,7 +39,7 @@ func TestBuildCompletesOutnumberThePool(t *testing.T) {
 	for i := range builds {
 		name := fmt.Sprint("many-", i)
 		j := e.enqueueAndClaim(t, "builder-1", fixture(name, nil))
-		o := built(t, queuetest.OutPath(name), name)
+		o := built(t, outPath(name), name)
 		e.upload(t, tok, UploadSlotsRequest{Job: jobClaim(j)}, nil, o)
 		body, err := json.Marshal(complete(j, "", o))
 		if err != nil {
@@ -83,7 +82,7 @@ func TestBuildCompletesOutnumberThePool(t *testing.T) {
 		if a != "written" {
 			t.Errorf("build-complete of job %d answered %s; want 200 written", jobs[i].ID, a)
 		}
-		if s := queuetest.Status(t, e.pool, fmt.Sprint("many-", i)); s != "succeeded" {
+		if s := status(t, e.pool, fmt.Sprint("many-", i)); s != "succeeded" {
 			t.Errorf("job %d is %s; want succeeded", jobs[i].ID, s)
 		}
 	}

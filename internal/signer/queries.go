@@ -9,18 +9,29 @@ SELECT endpoint FROM nodes
 WHERE 'signer' = ANY(capabilities) AND last_seen > now() - make_interval(secs => $1) AND status <> 'dead'
 ORDER BY id`
 
-	// $1 job id, $2 node, $3 attempt: the claimed job's derivation, its output paths ('' for a
-	// floating content-addressed one), and its inputs: the selected outputs of its input
-	// derivations and its input sources.
+	// $1 job id, $2 node, $3 attempt: the claimed job's derivation, its output names and paths
+	// ('' for a floating content-addressed one), its inputs (the selected outputs of its input
+	// derivations and its input sources), the .drv the signer stored for it (NULL if none), and
+	// the input derivations the database lists with the hashes the signer recorded for them
+	// (NULL where none): what checkDerivation recomputes the outputs from, in the same round
+	// trip. .drv objects are found by their key, the store path's hash part.
 	sqlJobFacts = `
 SELECT j.drv_path,
+       ARRAY(SELECT o.output_name FROM derivation_outputs o
+             WHERE o.drv_path = j.drv_path ORDER BY o.output_name),
        ARRAY(SELECT COALESCE(o.output_path, '') FROM derivation_outputs o
              WHERE o.drv_path = j.drv_path ORDER BY o.output_name),
        ARRAY(SELECT o.output_path FROM derivation_inputs i
              JOIN derivation_outputs o ON o.drv_path = i.input_drv AND o.output_name = ANY(i.outputs)
              WHERE i.referrer = j.drv_path AND o.output_path IS NOT NULL)
-       || COALESCE(d.input_srcs, '{}')
+       || COALESCE(d.input_srcs, '{}'),
+       x.drv,
+       ARRAY(SELECT i.input_drv FROM derivation_inputs i WHERE i.referrer = j.drv_path ORDER BY i.input_drv),
+       ARRAY(SELECT y.drv_hash FROM derivation_inputs i
+             LEFT JOIN drv_objects y ON y.hash_part = substring(i.input_drv FROM 12 FOR 32) AND y.store_path = i.input_drv
+             WHERE i.referrer = j.drv_path ORDER BY i.input_drv)
 FROM build_jobs j JOIN derivations d ON d.drv_path = j.drv_path
+LEFT JOIN drv_objects x ON x.hash_part = d.hash_part AND x.store_path = j.drv_path
 WHERE j.id = $1 AND j.claimed_by = $2 AND j.attempt = $3 AND j.status IN ('building', 'uploading')`
 
 	// $1 job id, $2 node, $3 attempt: the claimed job's system, whether the claiming node's row
@@ -44,11 +55,14 @@ WHERE j.id = $1 AND j.claimed_by = $2 AND j.attempt = $3 AND j.status IN ('build
 SELECT EXISTS (SELECT 1 FROM evaluations
                WHERE id = $1 AND claimed_by = $2 AND attempt = $3 AND status = 'running')`
 
-	// First writer wins: the NAR hash the cache serves for an output is its canonical one.
+	// First writer wins: the NAR hash the cache serves for an output is its canonical one. Only
+	// the rows of the derivation built ($4) are written: another derivation listing the same
+	// path is no more built by this than the signer checked its outputs (readers take a path
+	// as built from any derivation's row; see docs/decisions.md).
 	sqlRecordNarHashes = `
 UPDATE derivation_outputs o SET nar_hash = v.nar_hash, nar_size = v.nar_size
 FROM unnest($1::text[], $2::text[], $3::bigint[]) AS v(output_path, nar_hash, nar_size)
-WHERE o.output_path = v.output_path AND o.nar_hash IS NULL`
+WHERE o.drv_path = $4 AND o.output_path = v.output_path AND o.nar_hash IS NULL`
 
 	sqlRecordKey = `
 INSERT INTO signing_keys (public_key) VALUES ($1)

@@ -358,38 +358,99 @@ func put(t *testing.T, u *Upload, body []byte) {
 	}
 }
 
-// fixture is a fixture derivation called name with the named fixture derivations as inputs
-// and srcs as input sources.
-func fixture(name string, inputs []string, srcs ...string) queue.Derivation {
-	d := queuetest.Drv(name, system, inputs...)
-	d.InputSrcs = srcs
+// fixtures are the derivations fixtureSpec made, by label: a label always names one
+// derivation, whichever test makes it.
+var fixtures sync.Map
+
+// fixtureSpec makes the derivation s describes (named label unless s names it), for the test
+// system, and remembers it under label.
+func fixtureSpec(label string, s queuetest.DrvSpec) queuetest.NixDrv {
+	if s.Name == "" {
+		s.Name = label
+	}
+	if s.System == "" {
+		s.System = system
+	}
+	d := queuetest.MakeDrv(s)
+	if old, loaded := fixtures.LoadOrStore(label, d); loaded && old.(queuetest.NixDrv).DrvPath != d.DrvPath {
+		panic("fixture " + label + " made twice, differently")
+	}
 	return d
 }
 
-func drvBase(name string) string {
-	return strings.TrimPrefix(queuetest.DrvPath(name), nix.StoreDir+"/")
+// fixture is a derivation called name, as Nix writes it, with the named fixtures as inputs and
+// srcs as input sources.
+func fixture(name string, inputs []string, srcs ...string) queuetest.NixDrv {
+	var ins []queuetest.NixDrv
+	for _, in := range inputs {
+		ins = append(ins, lookup(in))
+	}
+	return fixtureSpec(name, queuetest.DrvSpec{Inputs: ins, Srcs: srcs})
 }
 
-func logKey(name string) string { return "log/" + drvBase(name) }
+func lookup(label string) queuetest.NixDrv {
+	d, ok := fixtures.Load(label)
+	if !ok {
+		panic("no fixture " + label)
+	}
+	return d.(queuetest.NixDrv)
+}
 
-// claim claims one job as node and checks it is the job of the fixture derivation name.
-func (e *env) claim(t *testing.T, node, name string) queue.Job {
+func drvPath(label string) string { return lookup(label).DrvPath }
+func outPath(label string) string { return lookup(label).Out("out") }
+
+func drvBase(label string) string {
+	return strings.TrimPrefix(drvPath(label), nix.StoreDir+"/")
+}
+
+func logKey(label string) string { return "log/" + drvBase(label) }
+
+func status(t *testing.T, pool *pgxpool.Pool, label string) string {
+	t.Helper()
+	return queuetest.JobOf(t, pool, drvPath(label)).Status
+}
+
+// hashPart is the hash part of store path p.
+func hashPart(t *testing.T, p string) string {
+	t.Helper()
+	sp, err := nix.ParseStorePath(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sp.Hash
+}
+
+// claim claims one job as node and checks it is the job of the fixture label.
+func (e *env) claim(t *testing.T, node, label string) queue.Job {
+	t.Helper()
+	return e.claimPath(t, node, drvPath(label))
+}
+
+// claimPath claims one job as node and checks it is the job of the derivation at drv.
+func (e *env) claimPath(t *testing.T, node, drv string) queue.Job {
 	t.Helper()
 	if queuetest.QueryInt(t, e.pool, `SELECT count(*) FROM nodes WHERE id = $1`, node) == 0 {
 		queuetest.InsertNode(t, e.pool, queuetest.Node{ID: node, Systems: []string{system}})
 	}
 	jobs, err := queue.ClaimJobs(ctx(t), e.pool, queue.Claimer{NodeID: node, Systems: []string{system}}, 1)
-	if err != nil || len(jobs) != 1 || jobs[0].DrvPath != queuetest.DrvPath(name) {
-		t.Fatalf("claim %s as %s: %v %v", name, node, jobs, err)
+	if err != nil || len(jobs) != 1 || jobs[0].DrvPath != drv {
+		t.Fatalf("claim %s as %s: %v %v", drv, node, jobs, err)
 	}
 	return jobs[0]
 }
 
-// enqueueAndClaim enqueues d and claims its job as node; d must be the only ready job.
-func (e *env) enqueueAndClaim(t *testing.T, node string, d queue.Derivation) queue.Job {
+// enqueue stores the .drv files of ds and enqueues a job for each, as an evaluation publishes
+// its .drv closure before it enqueues.
+func (e *env) enqueue(t *testing.T, ds ...queuetest.NixDrv) {
 	t.Helper()
-	queuetest.Enqueue(t, e.pool, nil, d)
-	return e.claim(t, node, d.Name)
+	blobtest.EnqueueStored(t, e.pool, e.key, nil, ds...)
+}
+
+// enqueueAndClaim enqueues d and claims its job as node; d must be the only ready job.
+func (e *env) enqueueAndClaim(t *testing.T, node string, d queuetest.NixDrv) queue.Job {
+	t.Helper()
+	e.enqueue(t, d)
+	return e.claimPath(t, node, d.DrvPath)
 }
 
 var projects atomic.Int64
@@ -527,7 +588,7 @@ func (e *env) outputHash(t *testing.T, name string) *string {
 	t.Helper()
 	var h *string
 	if err := e.pool.QueryRow(ctx(t), `SELECT nar_hash FROM derivation_outputs WHERE drv_path = $1`,
-		queuetest.DrvPath(name)).Scan(&h); err != nil {
+		drvPath(name)).Scan(&h); err != nil {
 		t.Fatal(err)
 	}
 	return h
@@ -613,14 +674,13 @@ func happyPath(t *testing.T, e *env) {
 	script := textFile(t, "dep-builder.sh", "echo building dep\n")
 	e.seed(t, runtime)
 	e.seed(t, script)
-	queuetest.Enqueue(t, e.pool, nil,
-		fixture("dep", nil, script.path(), runtime.path()),
-		fixture("hello", []string{"dep"}))
+	e.enqueue(t, fixture("dep", nil, script.path(), runtime.path()))
+	e.enqueue(t, fixture("hello", []string{"dep"}))
 	tok := e.builder(t, "builder-1")
 
 	// dep: its output refers to the runtime library, an input source of dep.
 	dj := e.claim(t, "builder-1", "dep")
-	dep := built(t, queuetest.OutPath("dep"), "dep", runtime.path())
+	dep := built(t, outPath("dep"), "dep", runtime.path())
 	e.upload(t, tok, UploadSlotsRequest{Job: jobClaim(dj), Log: logUpload(logKey("dep"), []byte("dep log"))}, []byte("dep log"), dep)
 	var resp BuildCompleteResponse
 	e.mustPost(t, "/api/build-complete", tok, complete(dj, logKey("dep"), dep), &resp)
@@ -630,8 +690,8 @@ func happyPath(t *testing.T, e *env) {
 
 	// hello: now ready.
 	hj := e.claim(t, "builder-1", "hello")
-	hello := built(t, queuetest.OutPath("hello"), "#!/bin/sh\necho hello\n",
-		dep.path(), runtime.path(), queuetest.OutPath("hello"))
+	hello := built(t, outPath("hello"), "#!/bin/sh\necho hello\n",
+		dep.path(), runtime.path(), outPath("hello"))
 	logBody := []byte("building hello\ndone\n")
 	slots := e.upload(t, tok, UploadSlotsRequest{Job: jobClaim(hj), Log: logUpload(logKey("hello"), logBody)}, logBody, hello)
 	if slots.Outputs[0].Skipped {
@@ -652,7 +712,7 @@ func happyPath(t *testing.T, e *env) {
 		{"dep", dj, dep, []string{runtime.path()}, []byte("dep log")},
 		{"hello", hj, hello, []string{dep.path(), runtime.path(), hello.path()}, logBody},
 	} {
-		if s := queuetest.Status(t, e.pool, c.name); s != "succeeded" {
+		if s := status(t, e.pool, c.name); s != "succeeded" {
 			t.Fatalf("%s is %s, want succeeded", c.name, s)
 		}
 		// The signer names the job's derivation as deriver: the request left it empty.
@@ -675,11 +735,21 @@ func happyPath(t *testing.T, e *env) {
 	if code != http.StatusConflict {
 		t.Fatalf("upload-slots of a finished job: %d %s, want 409", code, body)
 	}
-	// Under a live claim (an equivalent derivation with the same output), the NAR is skipped.
-	other := fixture("hello-again", nil)
-	other.Outputs[0].Path = hello.path()
+	// Under a live claim of an equivalent derivation (fixed-output, of the same hash, fetched
+	// another way), a NAR already in place is skipped.
+	tarball := source(t, "tarball", "fetched sources")
+	sum := tarball.narSum(t)
+	fetched := fixtureSpec("tarball-1", queuetest.DrvSpec{Name: "tarball", FixedNAR: &sum, Script: "fetch from mirror 1"})
+	other := fixtureSpec("tarball-2", queuetest.DrvSpec{Name: "tarball", FixedNAR: &sum, Script: "fetch from mirror 2"})
+	if fetched.Out("out") != tarball.path() || other.Out("out") != tarball.path() || fetched.DrvPath == other.DrvPath {
+		t.Fatalf("fixed-output derivations %s and %s: outputs %s and %s, want %s", fetched.DrvPath, other.DrvPath,
+			fetched.Out("out"), other.Out("out"), tarball.path())
+	}
+	fj := e.enqueueAndClaim(t, "builder-1", fetched)
+	e.upload(t, tok, UploadSlotsRequest{Job: jobClaim(fj)}, nil, tarball)
+	e.mustPost(t, "/api/build-complete", tok, complete(fj, "", tarball), &resp)
 	oj := e.enqueueAndClaim(t, "builder-1", other)
-	e.mustPost(t, "/api/upload-slots", tok, UploadSlotsRequest{Job: jobClaim(oj), Outputs: []Output{hello.with(nil, "").out}}, &again)
+	e.mustPost(t, "/api/upload-slots", tok, UploadSlotsRequest{Job: jobClaim(oj), Outputs: []Output{tarball.out}}, &again)
 	if !again.Outputs[0].Skipped || again.Outputs[0].Upload != nil {
 		t.Fatalf("second upload-slots: %+v, want skipped without URL", again.Outputs[0])
 	}
@@ -699,7 +769,7 @@ func TestNotUploadedAndStaleClaim(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, false)
 	j := e.enqueueAndClaim(t, "builder-1", fixture("late", nil))
-	b := built(t, queuetest.OutPath("late"), "late")
+	b := built(t, outPath("late"), "late")
 	tok := e.builder(t, "builder-1")
 
 	before := e.state(t)
@@ -741,7 +811,7 @@ func TestNotUploadedAndStaleClaim(t *testing.T) {
 		}
 		e.unchanged(t, before, c.name)
 	}
-	if got := queuetest.Job(t, e.pool, "late"); got.Status != "building" || got.Attempt != j.Attempt {
+	if got := queuetest.JobOf(t, e.pool, drvPath("late")); got.Status != "building" || got.Attempt != j.Attempt {
 		t.Fatalf("the job changed: %s", got)
 	}
 
@@ -755,22 +825,31 @@ func TestNotUploadedAndStaleClaim(t *testing.T) {
 	e.unchanged(t, before, "a second build-complete")
 }
 
-// Two builds of the same output path (derivations that differ but agree on the output path, or
-// a non-reproducible rebuild): the first narinfo stays, the second build still succeeds, and
-// the canonical hash is the first one's.
+// Two builds of the same output path (derivations that differ but hash alike, as Nix treats
+// them as one: here each takes another fixed-output derivation of the same hash; or a
+// non-reproducible rebuild): the first narinfo stays, the second build still succeeds, and the
+// canonical hash is the first one's.
 func TestFirstWriterWins(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, false)
-	out := fakePath("shared-out", "shared")
-	first := built(t, out, "first build")
-	second := built(t, out, "second, different build")
+	src := source(t, "shared-src", "the sources every mirror serves")
+	sum := src.narSum(t)
 	tok := e.builder(t, "builder-1")
 	jobs := map[string]queue.Job{}
+	var out string
 	for _, name := range []string{"one", "two", "three"} {
-		d := fixture(name, nil)
-		d.Outputs[0].Path = out
+		fetch := fixtureSpec("shared-src-"+name, queuetest.DrvSpec{Name: "shared-src", FixedNAR: &sum, Script: "fetch from mirror " + name})
+		blobtest.PutDerivations(t, e.pool, e.key, map[string][]byte{fetch.DrvPath: fetch.Text})
+		d := fixtureSpec(name, queuetest.DrvSpec{Name: "shared", Inputs: []queuetest.NixDrv{fetch}})
+		if out == "" {
+			out = d.Out("out")
+		} else if d.Out("out") != out {
+			t.Fatalf("%s: output %s, want the shared %s", d.DrvPath, d.Out("out"), out)
+		}
 		jobs[name] = e.enqueueAndClaim(t, "builder-1", d)
 	}
+	first := built(t, out, "first build")
+	second := built(t, out, "second, different build")
 
 	e.upload(t, tok, UploadSlotsRequest{Job: jobClaim(jobs["one"])}, nil, first)
 	var r BuildCompleteResponse
@@ -778,7 +857,7 @@ func TestFirstWriterWins(t *testing.T) {
 	if r != (BuildCompleteResponse{Written: 1}) {
 		t.Fatalf("first build-complete answered %+v", r)
 	}
-	narinfo, _ := e.read(t, queuetest.Hash("shared-out")+".narinfo")
+	narinfo, _ := e.read(t, hashPart(t, out)+".narinfo")
 
 	e.upload(t, tok, UploadSlotsRequest{Job: jobClaim(jobs["two"])}, nil, second)
 	e.mustPost(t, "/api/build-complete", tok, complete(jobs["two"], "", second), &r)
@@ -791,7 +870,7 @@ func TestFirstWriterWins(t *testing.T) {
 		t.Fatalf("third build-complete answered %+v, want one skipped", r)
 	}
 
-	if now, _ := e.read(t, queuetest.Hash("shared-out")+".narinfo"); !bytes.Equal(now, narinfo) {
+	if now, _ := e.read(t, hashPart(t, out)+".narinfo"); !bytes.Equal(now, narinfo) {
 		t.Fatalf("narinfo rewritten:\n%s\nwas:\n%s", now, narinfo)
 	}
 	e.checkNarInfo(t, first, nil, drvBase("one"), "")
@@ -819,7 +898,7 @@ func TestFirstWriterWins(t *testing.T) {
 		if h := e.outputHash(t, name); h == nil || *h != first.out.NarHash {
 			t.Fatalf("%s: nar_hash = %v, want the first %s", name, h, first.out.NarHash)
 		}
-		if s := queuetest.Status(t, e.pool, name); s != "succeeded" {
+		if s := status(t, e.pool, name); s != "succeeded" {
 			t.Fatalf("%s is %s, want succeeded", name, s)
 		}
 	}
@@ -833,7 +912,7 @@ func TestValidation(t *testing.T) {
 	ev := e.evaluation(t, "eval-1")
 	tok := e.token(t, "builder-1", config.RoleBuilder)
 	etok := e.token(t, "eval-1", config.RoleEvaluator)
-	good := built(t, queuetest.OutPath("v"), "v").out
+	good := built(t, outPath("v"), "v").out
 	mod := func(f func(o *Output)) Output { o := good; f(&o); return o }
 	slots := func(outs ...Output) UploadSlotsRequest { return UploadSlotsRequest{Job: jobClaim(j), Outputs: outs} }
 	withLog := func(l LogUpload) UploadSlotsRequest { r := slots(good); r.Log = &l; return r }
@@ -908,7 +987,7 @@ func TestLogOnlySlots(t *testing.T) {
 		t.Fatalf("the log is %q in the store, want %q", got, body)
 	}
 	// Uploading a log writes no narinfo and finishes nothing: the worker records the failure.
-	if s := queuetest.Status(t, e.pool, "failed"); s != "building" {
+	if s := status(t, e.pool, "failed"); s != "building" {
 		t.Fatalf("the job is %s, want building", s)
 	}
 }
@@ -918,12 +997,11 @@ func TestLogOnlySlots(t *testing.T) {
 func TestAllOutputs(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, false)
-	d := fixture("multi", nil)
-	d.Outputs = append(d.Outputs, queue.Output{Name: "dev", Path: fakePath("multi!dev", "multi-dev")})
+	d := fixtureSpec("multi", queuetest.DrvSpec{Outputs: []string{"dev", "out"}})
 	j := e.enqueueAndClaim(t, "builder-1", d)
 	tok := e.builder(t, "builder-1")
-	out := built(t, d.Outputs[0].Path, "out")
-	dev := built(t, d.Outputs[1].Path, "dev", out.path())
+	out := built(t, d.Out("out"), "out")
+	dev := built(t, d.Out("dev"), "dev", out.path())
 	e.upload(t, tok, UploadSlotsRequest{Job: jobClaim(j)}, nil, out, dev)
 
 	for _, c := range []struct {

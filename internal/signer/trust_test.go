@@ -8,7 +8,6 @@ import (
 
 	"github.com/harmonia-ci/harmonia-ci/internal/config"
 	"github.com/harmonia-ci/harmonia-ci/internal/nodetoken"
-	"github.com/harmonia-ci/harmonia-ci/internal/queuetest"
 )
 
 // The tests in this file are the attacks of the issue "Trust zones that hold". Before it, every
@@ -23,7 +22,7 @@ func TestAuth(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, false)
 	j := e.enqueueAndClaim(t, "builder-1", fixture("auth", nil))
-	o := built(t, queuetest.OutPath("auth"), "auth")
+	o := built(t, outPath("auth"), "auth")
 	builder := e.builder(t, "builder-1")
 	e.upload(t, builder, UploadSlotsRequest{Job: jobClaim(j)}, nil, o)
 	ev := e.evaluation(t, "eval-1")
@@ -90,7 +89,7 @@ func TestAuth(t *testing.T) {
 			e.mustPost(t, r.path, r.token, r.body, nil)
 		})
 	}
-	if s := queuetest.Status(t, e.pool, "auth"); s != "succeeded" {
+	if s := status(t, e.pool, "auth"); s != "succeeded" {
 		t.Fatalf("the job is %s after its build-complete, want succeeded", s)
 	}
 	// Any valid token may look the cache up, a cache node's too.
@@ -118,9 +117,9 @@ func TestTrustZones(t *testing.T) {
 	ja := e.enqueueAndClaim(t, "builder-a", fixture("a", nil, aSrc.path(), upLib.path()))
 	jb := e.enqueueAndClaim(t, "builder-b", fixture("b", nil))
 	aTok, bTok := e.builder(t, "builder-a"), e.builder(t, "builder-b")
-	aRefs := []string{aSrc.path(), upLib.path(), queuetest.OutPath("a")}
-	oa := built(t, queuetest.OutPath("a"), "a", aRefs...)
-	ob := built(t, queuetest.OutPath("b"), "b")
+	aRefs := []string{aSrc.path(), upLib.path(), outPath("a")}
+	oa := built(t, outPath("a"), "a", aRefs...)
+	ob := built(t, outPath("b"), "b")
 	e.upload(t, aTok, UploadSlotsRequest{Job: jobClaim(ja), Log: logUpload(logKey("a"), []byte("a log"))}, []byte("a log"), oa)
 	e.upload(t, bTok, UploadSlotsRequest{Job: jobClaim(jb), Log: logUpload(logKey("b"), []byte("b log"))}, []byte("b log"), ob)
 
@@ -128,7 +127,7 @@ func TestTrustZones(t *testing.T) {
 	eTok := e.evaluator(t, "eval-e")
 	honest := source(t, "honest", "an honest source")
 	// An input-addressed path (job a's output) uploaded as a "source" with a trojan.
-	trojan := built(t, queuetest.OutPath("a"), "trojan")
+	trojan := built(t, outPath("a"), "trojan")
 	// A source path and NAR hash for content Y, with the NAR of content X uploaded.
 	lie := source(t, "claimed", "what the path and the NAR hash promise")
 	x := source(t, "claimed", "what was uploaded instead")
@@ -169,7 +168,7 @@ func TestTrustZones(t *testing.T) {
 	}{
 		// a. Outputs of another job.
 		{"another job's output with mine", "sign b's output path with content a's builder chose",
-			"/api/build-complete", aTok, complete(ja, "", oa, ob), 400, "is not an output of " + queuetest.DrvPath("a")},
+			"/api/build-complete", aTok, complete(ja, "", oa, ob), 400, "is not an output of " + drvPath("a")},
 		{"only another job's output", "sign b's output path under a's claim",
 			"/api/build-complete", aTok, complete(ja, "", ob), 400, "is not an output of"},
 		{"slots for another job's output", "upload for b's output under a's claim",
@@ -189,7 +188,7 @@ func TestTrustZones(t *testing.T) {
 		{"another node's evaluation", "publish under an evaluation another evaluator holds",
 			"/api/publish", e.evaluator(t, "eval-x"), PublishRequest{Eval: ev, Sources: []Output{honest.out}}, 409, "is not running for node eval-x"},
 		{"forged .drv path", "sign a made-up .drv under job a's .drv path, so builders fetch and build it",
-			"/api/publish", eTok, PublishRequest{Eval: ev, Derivations: []DerivationText{{StorePath: queuetest.DrvPath("a"), Text: fake}}}, 400, "is not the store path of this text"},
+			"/api/publish", eTok, PublishRequest{Eval: ev, Derivations: []DerivationText{{StorePath: drvPath("a"), Text: fake}}}, 400, "is not the store path of this text"},
 		{"forged .drv path of a real name", "sign a made-up .drv under another .drv's true path",
 			"/api/publish", eTok, PublishRequest{Eval: ev, Derivations: []DerivationText{forged}}, 400, "is not the store path of this text"},
 		{"input-addressed path as a source", "sign a trojan as job a's output, before or instead of its build",

@@ -8,7 +8,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"errors"
-	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -21,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/blob"
+	"github.com/harmonia-ci/harmonia-ci/internal/blobtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/cache"
 	"github.com/harmonia-ci/harmonia-ci/internal/config"
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
@@ -177,74 +177,24 @@ func (c *Cluster) Seed(t testing.TB, storeRoot string, paths ...SeedPath) {
 	c.seedDerivations(t, storeRoot, drvs)
 }
 
-// seedDerivations stores .drv files as the signer publishes them (blob.Derivations): a signed
-// narinfo, the text and the derivation's hash, computed over what is seeded with them and what
-// is stored already.
+// seedDerivations stores .drv files of the store at storeRoot as the signer publishes them
+// (blobtest.PutDerivations).
 func (c *Cluster) seedDerivations(t testing.TB, storeRoot string, paths []string) {
 	t.Helper()
-	if len(paths) == 0 {
-		return
-	}
-	ctx := context.Background()
-	drvs := blob.NewDerivations(c.pool)
-	texts := map[string][]byte{}
-	var inputs []string
+	texts := make(map[string][]byte, len(paths))
 	for _, p := range paths {
 		text, err := os.ReadFile(filepath.Join(storeRoot, p))
 		if err != nil {
 			t.Fatal(err)
 		}
 		texts[p] = text
-		d, err := nix.ParseDerivation(text)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for in := range d.InputDrvs {
-			inputs = append(inputs, in)
-		}
 	}
-	known, err := drvs.Hashes(ctx, inputs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var hash func(string) (nix.DrvHash, error)
-	hash = func(p string) (nix.DrvHash, error) {
-		if h, ok := known[p]; ok {
-			return h, nil
-		}
-		d, err := nix.ParseDerivation(texts[p])
-		if err != nil {
-			return nix.DrvHash{}, fmt.Errorf("%s: %w", p, err)
-		}
-		h, err := d.Hash(p, hash)
-		known[p] = h
-		return h, err
-	}
-	objs := make([]blob.Derivation, len(paths))
-	for i, p := range paths {
-		h, err := hash(p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		d, _ := nix.ParseDerivation(texts[p])
-		nar := nix.FileNAR(texts[p], false)
-		narSum := sha256.Sum256(nar)
-		ni := nix.NewNarInfo(p, nix.Sizes{NarHash: nix.FormatSHA256(narSum), NarSize: int64(len(nar)), FileHash: nix.FormatSHA256(narSum), FileSize: int64(len(nar))}, nil)
-		ni.URL, ni.Compression = blob.DrvNARKey(narSum), "none"
-		for _, r := range d.References() {
-			ni.References = append(ni.References, strings.TrimPrefix(r, nix.StoreDir+"/"))
-		}
-		ni.CA = "text:" + nix.FormatSHA256(sha256.Sum256(texts[p]))
-		if err := ni.Sign(c.Key); err != nil {
-			t.Fatal(err)
-		}
-		text, err := ni.MarshalText()
-		if err != nil {
-			t.Fatal(err)
-		}
-		objs[i] = blob.Derivation{StorePath: p, NarInfo: text, Text: texts[p], NarHash: narSum, NarSize: int64(len(nar)), Hash: h.Sum}
-	}
-	if _, err := drvs.Put(ctx, objs); err != nil {
-		t.Fatal(err)
-	}
+	blobtest.PutDerivations(t, c.pool, c.Key, texts)
+}
+
+// Enqueue stores the .drv files of ds in the cache and enqueues them (blobtest.EnqueueStored),
+// as an evaluation publishes its .drv closure before it enqueues; it returns the new jobs.
+func (c *Cluster) Enqueue(t testing.TB, project *int64, ds ...queuetest.NixDrv) int {
+	t.Helper()
+	return blobtest.EnqueueStored(t, c.pool, c.Key, project, ds...)
 }

@@ -3,6 +3,8 @@ package upload
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -73,22 +75,40 @@ func ctx(t *testing.T) context.Context {
 	return queuetest.Ctx(t, 2*time.Minute)
 }
 
-// job enqueues a derivation called name with outputs (output name → store path) and input
-// sources srcs, claims its job as the test's node and returns the claim.
-func (e *env) job(t *testing.T, name string, outputs map[string]string, srcs ...string) (signer.JobClaim, string) {
+// fixedJob enqueues a fixed-output derivation whose output is the store path out (added to the
+// store with no references, so a recursive sha256 of its NAR gives it), with input sources
+// srcs, its .drv in the cache as an evaluation publishes it; it claims the job as the test's
+// node and returns the claim and the .drv path.
+func (e *env) fixedJob(t *testing.T, out string, srcs ...string) (signer.JobClaim, string) {
 	t.Helper()
-	d := queuetest.Drv(name, system)
-	d.Outputs = nil
-	for _, o := range slices.Sorted(maps.Keys(outputs)) {
-		d.Outputs = append(d.Outputs, queue.Output{Name: o, Path: outputs[o]})
+	sp, err := nix.ParseStorePath(out)
+	if err != nil {
+		t.Fatal(err)
 	}
-	d.InputSrcs = srcs
-	queuetest.Enqueue(t, e.pool, nil, d)
+	narHash, _, err := nix.HashNAR(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum, err := nix.ParseSHA256(narHash)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := queuetest.MakeDrv(queuetest.DrvSpec{Name: sp.Name, System: system, Srcs: srcs, FixedNAR: &sum})
+	if d.Out("out") != out {
+		t.Fatalf("the fixed-output derivation of %s has output %s", out, d.Out("out"))
+	}
+	e.cluster.Enqueue(t, nil, d)
+	return e.claim(t, d.DrvPath), d.DrvPath
+}
+
+// claim claims the one ready job, of the derivation at drv, as the test's node.
+func (e *env) claim(t *testing.T, drv string) signer.JobClaim {
+	t.Helper()
 	jobs, err := queue.ClaimJobs(ctx(t), e.pool, queue.Claimer{NodeID: node, Systems: []string{system}}, 1)
-	if err != nil || len(jobs) != 1 || jobs[0].DrvPath != d.DrvPath {
-		t.Fatalf("claim %s: %v, %v", name, jobs, err)
+	if err != nil || len(jobs) != 1 || jobs[0].DrvPath != drv {
+		t.Fatalf("claim %s: %v, %v", drv, jobs, err)
 	}
-	return signer.JobClaim{ID: jobs[0].ID, Attempt: jobs[0].Attempt}, d.DrvPath
+	return signer.JobClaim{ID: jobs[0].ID, Attempt: jobs[0].Attempt}
 }
 
 // evaluation inserts a running evaluation claimed by the test's node and returns its claim.
@@ -219,20 +239,124 @@ func storePaths(t *testing.T, tag string) []Path {
 	return paths
 }
 
-// buildJob claims a job whose outputs are paths[1:] ("out", "big", "ref") and whose input source
-// is paths[0], which the cache has (an evaluator published it): paths[3] refers to an input and
-// to another output, as a real build's outputs do. It returns the outputs to publish, with the
-// job's .drv as deriver as the builder passes it.
-func (e *env) buildJob(t *testing.T, name string, paths []Path) (signer.JobClaim, string, []Path) {
+// built is a real build's outputs: two derivations (a and b) that Nix treats as one (each
+// takes its own fixed-output derivation of one hash), with outputs "out" (a tree with an
+// executable, a symlink and a subdirectory), "big" (a file of more than 4 MiB, compressed
+// through a temporary file) and "ref" (a file referring to an input source and to "out").
+type built struct {
+	paths []Path   // the input source, then out, big and ref
+	drvs  []string // a and b
+}
+
+// buildOutputs instantiates and builds (with Nix, unsandboxed, into the system store) the
+// derivations of built for tag. The contents are fixed so reruns reuse the same store paths.
+func buildOutputs(t *testing.T, tag string) built {
 	t.Helper()
-	e.cluster.Seed(t, "", signertest.SeedPath{StorePath: paths[0].StorePath, References: paths[0].References})
-	claim, drv := e.job(t, name, map[string]string{"out": paths[1].StorePath, "big": paths[2].StorePath, "ref": paths[3].StorePath},
-		paths[0].StorePath)
-	outs := slices.Clone(paths[1:])
+	rng := rand.New(rand.NewChaCha8([32]byte{'u', 'p', 'l', 'o', 'a', 'd'}))
+	big := make([]byte, memLimit+512<<10)
+	for i := range big {
+		big[i] = byte(rng.Uint32())
+	}
+	small := addToStore(t, "upload-test-"+tag+"-small", map[string]string{"": "a small file for " + tag + "\n"})
+	bigSrc := addToStore(t, "upload-test-"+tag+"-big-src", map[string]string{"": string(big)})
+	bigSum := sha256.Sum256(big)
+	expr := fmt.Sprintf(`
+let
+  small = builtins.storePath %[1]q;
+  bigSrc = builtins.storePath %[2]q;
+  data = mirror: derivation {
+    name = "upload-test-%[3]s-data"; system = %[4]q; builder = "/bin/sh"; inherit mirror;
+    args = [ "-c" "/bin/cp ${bigSrc} $out" ];
+    outputHashMode = "flat"; outputHashAlgo = "sha256"; outputHash = %[5]q;
+  };
+  job = mirror: derivation {
+    name = "upload-test-%[3]s"; system = %[4]q; builder = "/bin/sh"; outputs = [ "out" "big" "ref" ];
+    args = [ "-c" ''
+      /bin/mkdir -p $out/bin $out/share/doc $out/empty
+      echo '#!/bin/sh' > $out/bin/hello
+      echo 'echo hello %[3]s' >> $out/bin/hello
+      /bin/chmod +x $out/bin/hello
+      echo 'a tree for %[3]s' > $out/share/doc/README
+      /bin/ln -s doc/README $out/share/link
+      : > $out/empty/.keep
+      /bin/cp ${data mirror} $big
+      echo "refers to ${small} and $out" > $ref
+    '' ];
+  };
+in { a = job "a"; b = job "b"; }`, small, bigSrc, tag, system, hex.EncodeToString(bigSum[:]))
+	file := filepath.Join(t.TempDir(), "default.nix")
+	if err := os.WriteFile(file, []byte(expr), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	drvs := strings.Fields(run(t, "nix-instantiate", file, "-A", "a", "-A", "b"))
+	if len(drvs) != 2 || drvs[0] == drvs[1] {
+		t.Fatalf("nix-instantiate printed %v, want two .drv files", drvs)
+	}
+	var outs []string
+	for _, line := range strings.Fields(run(t, "nix-store", "--option", "sandbox", "false", "-r", drvs[0], drvs[1])) {
+		if !slices.Contains(outs, line) {
+			outs = append(outs, line)
+		}
+	}
+	d, err := nix.ReadDerivation("", drvs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := built{drvs: drvs, paths: []Path{{StorePath: small}}}
+	for _, o := range []string{"out", "big", "ref"} {
+		if !slices.Contains(outs, d.Outputs[o].Path) {
+			t.Fatalf("building %v gave %v, not %s's output %s", drvs, outs, o, d.Outputs[o].Path)
+		}
+		b.paths = append(b.paths, Path{StorePath: d.Outputs[o].Path})
+	}
+	if len(outs) != 3 {
+		t.Fatalf("building two derivations Nix treats as one gave %v, want their three outputs", outs)
+	}
+	for i := range b.paths {
+		b.paths[i].References = references(t, b.paths[i].StorePath)
+	}
+	if got := b.paths[3].References; !slices.Contains(got, small) || !slices.Contains(got, b.paths[1].StorePath) {
+		t.Fatalf("ref refers to %v, want %s and %s", got, small, b.paths[1].StorePath)
+	}
+	return b
+}
+
+// buildJob claims the job of b's derivation drvs[i], its .drv closure in the cache and its input
+// source paths[0] too (an evaluator published them). It returns the outputs to publish,
+// paths[1:], with the job's .drv as deriver as the builder passes it.
+func (e *env) buildJob(t *testing.T, b built, i int) (signer.JobClaim, string, []Path) {
+	t.Helper()
+	drv := b.drvs[i]
+	seed := []signertest.SeedPath{{StorePath: b.paths[0].StorePath, References: b.paths[0].References}}
+	for _, p := range strings.Fields(run(t, "nix-store", "-q", "--requisites", drv)) {
+		if strings.HasSuffix(p, ".drv") {
+			seed = append(seed, signertest.SeedPath{StorePath: p})
+		}
+	}
+	e.cluster.Seed(t, "", seed...)
+	d, err := nix.ReadDerivation("", drv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	narHash, narSize, err := nix.HashNAR(drv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := queue.Derivation{DrvPath: drv, Name: d.Name(), System: d.Platform, NarHash: narHash, NarSize: narSize, InputSrcs: d.InputSrcs}
+	for _, name := range d.OutputNames() {
+		q.Outputs = append(q.Outputs, queue.Output{Name: name, Path: d.Outputs[name].Path})
+	}
+	for _, in := range slices.Sorted(maps.Keys(d.InputDrvs)) {
+		q.Inputs = append(q.Inputs, queue.Input{DrvPath: in, Outputs: d.InputDrvs[in]})
+	}
+	if _, err := queue.Enqueue(ctx(t), e.pool, queue.EnqueueParams{Derivations: []queue.Derivation{q}}); err != nil {
+		t.Fatal(err)
+	}
+	outs := slices.Clone(b.paths[1:])
 	for i := range outs {
 		outs[i].Deriver = drv
 	}
-	return claim, drv, outs
+	return e.claim(t, drv), drv, outs
 }
 
 // pathInfos is what the system store says about paths.
@@ -334,8 +458,9 @@ func TestPublishBuildAndSubstitute(t *testing.T) {
 	t.Parallel()
 	requireNix(t)
 	e := newEnv(t)
-	paths := storePaths(t, "pub")
-	claim, _, outs := e.buildJob(t, "pub", paths)
+	b := buildOutputs(t, "pub")
+	paths := b.paths
+	claim, _, outs := e.buildJob(t, b, 0)
 	pub := e.publisher()
 	pub.Parallel = 2
 
@@ -355,9 +480,10 @@ func TestPublishBuildAndSubstitute(t *testing.T) {
 	e.checkCache(t, paths)
 	e.substitute(t, paths)
 
-	// An equivalent derivation (same outputs) built again: no upload, every narinfo skipped.
+	// An equivalent derivation (same outputs: Nix treats the two as one) built again: no
+	// upload, every narinfo skipped.
 	putsBefore := e.puts.Load()
-	again, _, outs2 := e.buildJob(t, "pub-again", paths)
+	again, _, outs2 := e.buildJob(t, b, 1)
 	resp, err = e.publisher().PublishBuild(ctx(t), again, outs2, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -513,8 +639,9 @@ func TestPublishRetriesFailedUploads(t *testing.T) {
 	t.Parallel()
 	requireNix(t)
 	e := newEnv(t)
-	paths := storePaths(t, "retry")
-	claim, _, outs := e.buildJob(t, "retry", paths)
+	b := buildOutputs(t, "retry")
+	paths := b.paths
+	claim, _, outs := e.buildJob(t, b, 0)
 
 	e.failPuts.Store(1)
 	resp, err := e.publisher().PublishBuild(ctx(t), claim, outs, nil)
@@ -532,7 +659,7 @@ func TestPublishRetriesFailedUploads(t *testing.T) {
 	// A fresh output whose uploads always fail: three rounds, then an error, and nothing
 	// published; the job is left to the worker.
 	doomed := Path{StorePath: addToStore(t, "upload-test-retry-doomed", map[string]string{"": "never uploaded\n"})}
-	dclaim, _ := e.job(t, "doomed", map[string]string{"out": doomed.StorePath})
+	dclaim, _ := e.fixedJob(t, doomed.StorePath)
 	e.failPuts.Store(1 << 30)
 	before := e.puts.Load()
 	_, err = e.publisher().PublishBuild(ctx(t), dclaim, []Path{doomed}, nil)
@@ -558,7 +685,7 @@ func TestCacheLookup(t *testing.T) {
 	paths := storePaths(t, "lookup")
 	// paths[0] is seeded as the job's input; the job publishes out (paths[1]) only.
 	e.cluster.Seed(t, "", signertest.SeedPath{StorePath: paths[0].StorePath})
-	claim, _ := e.job(t, "lookup", map[string]string{"out": paths[1].StorePath}, paths[0].StorePath)
+	claim, _ := e.fixedJob(t, paths[1].StorePath, paths[0].StorePath)
 	if _, err := e.publisher().PublishBuild(ctx(t), claim, paths[1:2], nil); err != nil {
 		t.Fatal(err)
 	}
@@ -642,7 +769,7 @@ func TestPublishBuildWithLog(t *testing.T) {
 	requireNix(t)
 	e := newEnv(t)
 	paths := storePaths(t, "build")
-	claim, drv := e.job(t, "logged", map[string]string{"out": paths[1].StorePath})
+	claim, drv := e.fixedJob(t, paths[1].StorePath)
 	key := "log/" + filepath.Base(drv)
 	text := strings.Repeat("building logged\n", 1000)
 	if _, err := e.publisher().PublishBuild(ctx(t), claim, paths[1:2], &Log{Key: key, Data: []byte(text)}); err != nil {
@@ -654,7 +781,7 @@ func TestPublishBuildWithLog(t *testing.T) {
 	e.checkLog(t, key, text)
 
 	// A failed build: its log alone.
-	fclaim, fdrv := e.job(t, "failing", map[string]string{"out": paths[2].StorePath})
+	fclaim, fdrv := e.fixedJob(t, paths[2].StorePath)
 	fkey := "log/" + filepath.Base(fdrv)
 	if err := e.publisher().UploadLog(ctx(t), fclaim, Log{Key: fkey, Data: []byte("error: it failed\n")}); err != nil {
 		t.Fatal(err)
