@@ -48,6 +48,6 @@ SELECT o.drv_path, o.output_name, o.output_path,
                              WHERE c.output_path = o.output_path AND c.nar_hash IS NOT NULL LIMIT 1), ''),
        d.drv_hash
 FROM derivation_inputs i JOIN derivation_outputs o ON o.drv_path = i.input_drv
-LEFT JOIN drv_objects d ON d.store_path = i.input_drv
+LEFT JOIN drv_objects d ON d.hash_part = substring(i.input_drv FROM 12 FOR 32) AND d.store_path = i.input_drv
 WHERE i.referrer = $1 AND o.output_path IS NOT NULL`
 )
