@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what harmonia-ci needs on a Debian machine, skipping anything already present.
-#   scripts/deps.sh run    what `harmonia-ci up` needs (PostgreSQL server binaries, Nix)
+#   scripts/deps.sh run    what `harmonia-ci up` needs (PostgreSQL server binaries, Nix, bubblewrap)
 #   scripts/deps.sh test   what the test suite needs (the same, plus the MinIO server, a
 #                          Gitea server with git and the unprivileged user it runs as, and a
 #                          headless Chromium for the web UI's tests, and Prometheus for
