@@ -336,6 +336,14 @@ func (r *NixRunner) command(ctx context.Context, dir, nonce string, spec Spec, w
 	return cmd, info, nil
 }
 
+// closeInfo closes both ends of the info fd of a cmd that did not start.
+func closeInfo(cmd *exec.Cmd, info *os.File) {
+	_ = info.Close()
+	for _, f := range cmd.ExtraFiles {
+		_ = f.Close()
+	}
+}
+
 // started is called once cmd (from command) has started: it closes this process's copy of the
 // info fd's write end and returns the pid of the Nix inside the view, as bwrap reports it (the
 // pid in this process's namespace), or bwrap's own if it reported none.
@@ -420,12 +428,12 @@ func (r *NixRunner) run(ctx context.Context, dir, nonce string, spec Spec, ws wa
 	}
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
-		_ = info.Close()
+		closeInfo(cmd, info)
 		return runResult{}, fmt.Errorf("walk: %w", err)
 	}
 	cmd.Stdout = io.Discard
 	if err := cmd.Start(); err != nil {
-		_ = info.Close()
+		closeInfo(cmd, info)
 		return runResult{}, fmt.Errorf("start nix-instantiate: %w", err)
 	}
 	overMemory := r.watchMemory(r.started(cmd, info), cmd.Process.Pid)
@@ -513,7 +521,7 @@ func (r *NixRunner) probe(ctx context.Context, dir, nonce string, spec Spec, ws 
 	cmd.Stderr = &out
 	cmd.Stdout = io.Discard
 	if err := cmd.Start(); err != nil {
-		_ = info.Close()
+		closeInfo(cmd, info)
 		return "", fmt.Errorf("probe: start nix-instantiate: %w", err)
 	}
 	overMemory := r.watchMemory(r.started(cmd, info), cmd.Process.Pid)
