@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what harmonia-ci needs on a Debian machine, skipping anything already present.
-#   scripts/deps.sh run    what `harmonia-ci up` needs (PostgreSQL server binaries, Nix)
+#   scripts/deps.sh run    what `harmonia-ci up` needs (PostgreSQL server binaries, Nix, bubblewrap)
 #   scripts/deps.sh test   what the test suite needs (the same, plus the MinIO server, a
 #                          Gitea server with git and the unprivileged user it runs as, and a
 #                          headless Chromium for the web UI's tests, and Prometheus for
@@ -65,6 +65,8 @@ NIX_ROOT=${HARMONIA_NIX_ROOT:-/var/cache/harmonia-ci/debian13}
 NIX_ROOT_SUITE=trixie
 NIX_ROOT_PACKAGES="nix-bin git postgresql ca-certificates"
 NIX_ROOT_STAMP="debian-$NIX_ROOT_SUITE: $NIX_ROOT_PACKAGES"
+# Installed in the root besides, without being part of its stamp (see nix_root_tools).
+NIX_ROOT_TOOLS="bubblewrap"
 DEBIAN_MIRROR=${HARMONIA_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 
 need_apt=()
@@ -79,7 +81,11 @@ else
 fi
 if [ "$mode" = test ] || [ "$mode" = nix-root ]; then
   command -v debootstrap >/dev/null 2>&1 || [ -x /usr/sbin/debootstrap ] || need_apt+=(debootstrap)
-  command -v bwrap >/dev/null 2>&1 || need_apt+=(bubblewrap)
+fi
+# The evaluator runs every evaluation's Nix in a filesystem view of its own made with bubblewrap
+# (and the Nix 2.26 root is entered with it).
+if [ "$mode" != nix ]; then
+  command -v bwrap >/dev/null 2>&1 || [ -x /usr/bin/bwrap ] || need_apt+=(bubblewrap)
 fi
 if [ "$mode" != nix ] && [ "$mode" != nix-root ]; then
   have_postgres || need_apt+=(postgresql)
@@ -210,10 +216,29 @@ setup_nix() {
     die "the evaluation user $eval_user is in the Nix build group $group; remove it (gpasswd -d $eval_user $group) or set HARMONIA_EVAL_USER to another user"
   fi
 }
+# nix_root_tools ROOT installs, in the Debian 13 root at ROOT, the tools the evaluator runs Nix
+# with (bubblewrap), when missing. They are added to an existing root in place rather than named
+# in its stamp: a root made from another list is made again, under every checkout using it.
+nix_root_tools() {
+  local root=$1 top
+  [ -x "$root/usr/bin/bwrap" ] && return 0
+  top=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+  say "installing $NIX_ROOT_TOOLS in the Debian 13 root at $root"
+  as_root bwrap --bind "$root" / --bind /proc /proc --dev-bind /dev /dev \
+    --ro-bind /etc/resolv.conf /etc/resolv.conf --chdir / \
+    --clearenv --setenv PATH /usr/sbin:/usr/bin:/sbin:/bin --setenv HOME /root \
+    --setenv DEBIAN_FRONTEND noninteractive -- \
+    sh -c "apt-get update -qq && apt-get install -y -qq --no-install-recommends $NIX_ROOT_TOOLS >/dev/null" ||
+    die "installing $NIX_ROOT_TOOLS in the Debian 13 root failed"
+}
+
 # setup_nix_root makes the Debian 13 root with the second Nix, once (see the top of this file).
 setup_nix_root() {
   local root=$NIX_ROOT
-  [ "$(cat "$root/.harmonia-ci-root" 2>/dev/null)" = "$NIX_ROOT_STAMP" ] && return 0
+  if [ "$(cat "$root/.harmonia-ci-root" 2>/dev/null)" = "$NIX_ROOT_STAMP" ]; then
+    nix_root_tools "$root"
+    return 0
+  fi
   local why=""
   if [ "$(id -u)" -ne 0 ] && ! command -v sudo >/dev/null 2>&1; then
     why="debootstrap needs root or sudo"
@@ -246,6 +271,7 @@ setup_nix_root() {
   # cleared): build users, store, nix.conf, evaluation user.
   as_root "${in_root[@]}" "$top/scripts/deps.sh" nix ||
     die "setting Nix up in the Debian 13 root failed"
+  nix_root_tools "$new"
   printf '%s\n' "$NIX_ROOT_STAMP" | as_root tee "$new/.harmonia-ci-root" >/dev/null
   as_root mv "$new" "$root"
   say "the Debian 13 root is ready: $(as_root bwrap --bind "$root" / --proc /proc --dev /dev nix-store --version)"

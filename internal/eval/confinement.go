@@ -54,7 +54,7 @@ const (
 func newConfinement(c Confinement, stateDir string, logger *slog.Logger) (*confinement, error) {
 	cf := &confinement{stateDir: stateDir, logger: logger}
 	if os.Geteuid() != 0 {
-		logger.Warn("the evaluator does not run as root: projects are evaluated as this node's own user, confined by Nix's restricted mode only")
+		logger.Warn("the evaluator does not run as root: projects are evaluated as this node's own user, confined by Nix's restricted mode and a filesystem view of their own")
 		return cf, nil
 	}
 	if c.User == "" {

@@ -134,6 +134,9 @@ func New(cfg Config, pool *pgxpool.Pool, logger *slog.Logger, clk clock.Clock) (
 		clk = clock.Real{}
 	}
 	logger = logger.With("service", "evaluator", "node_id", cfg.NodeID)
+	if _, err := lookBwrap(cfg.Runner.Bwrap); err != nil {
+		return nil, fmt.Errorf("evaluator: %w", err)
+	}
 	cf, err := newConfinement(cfg.Confinement, cfg.StateDir, logger)
 	if err != nil {
 		return nil, err
@@ -582,6 +585,15 @@ func (e *Evaluator) plan(ctx context.Context, m *gitrepo.Mirror, source, commit,
 	settings.EvalTimeout = min(settings.EvalTimeout, e.cfg.Timeout)
 	spec := Spec{AllowIFD: settings.AllowIFD, Rev: commit}
 	if isFlake {
+		lock, locked, err := m.ReadFile(ctx, commit, "flake.lock")
+		if err != nil {
+			return Spec{}, Settings{}, err
+		}
+		if locked {
+			if err := checkFlakeInputs(lock); err != nil {
+				return Spec{}, Settings{}, err
+			}
+		}
 		spec.Mode, spec.Force, spec.Source = "flake", 2, source
 		if spec.FlakeRef, err = flakeRef(ctx, m, source, commit, branch); err != nil {
 			return Spec{}, Settings{}, err

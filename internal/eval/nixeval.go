@@ -49,12 +49,15 @@ type Spec struct {
 	AllowIFD bool
 }
 
-// NixRunner runs the walk with nix-instantiate, in Nix's restricted evaluation mode: the
-// project's code reads only its own source, what it imports from derivations and the paths of
-// SearchPath, and no environment variable.
+// NixRunner runs the walk with nix-instantiate, in Nix's restricted evaluation mode and in a
+// filesystem view of its own (view.go): the project's code reads only its own source, what it
+// imports from derivations and the paths of SearchPath, and no environment variable; a fetcher
+// restricted mode lets through finds nothing else to read.
 type NixRunner struct {
 	// Bin is nix-instantiate; default from PATH.
 	Bin string
+	// Bwrap is bubblewrap's bwrap, which makes the view; default from PATH, else /usr/bin/bwrap.
+	Bwrap string
 	// Home is the child's HOME (Nix's fetcher cache lives there); required.
 	Home string
 	// Store is passed as --store when set (a chroot store directory).
@@ -63,7 +66,8 @@ type NixRunner struct {
 	Env []string
 	// WorkDir holds each walk's walker.nix and spec; default the system's temporary directory.
 	WorkDir string
-	// SearchPath are extra -I entries ("name=path") the project may read.
+	// SearchPath are extra -I entries ("name=path") the project may read; their directories
+	// are in the view, at the same paths.
 	SearchPath []string
 	// User, if set, is who the child runs as (a root node's unprivileged evaluation user); it
 	// then reaches the store through Daemon's socket and Home, WorkDir and the source must be
@@ -93,7 +97,7 @@ var ErrMemory = errors.New("evaluation used too much memory")
 // process. Database URLs, tokens and keys never reach evaluated code (builtins.getEnv).
 func DefaultChildEnv() []string {
 	var env []string
-	for _, k := range []string{"PATH", "TMPDIR", "TZ", "LANG", "LC_ALL", "NIX_REMOTE", "NIX_CONF_DIR", "NIX_USER_CONF_FILES", "NIX_STORE_DIR", "NIX_STATE_DIR"} {
+	for _, k := range []string{"PATH", "TMPDIR", "TZ", "LANG", "LC_ALL", "NIX_REMOTE", "NIX_DAEMON_SOCKET_PATH", "NIX_CONF_DIR", "NIX_USER_CONF_FILES", "NIX_STORE_DIR", "NIX_STATE_DIR"} {
 		if v, ok := os.LookupEnv(k); ok {
 			env = append(env, k+"="+v)
 		}
@@ -109,12 +113,16 @@ func (r *NixRunner) Version(ctx context.Context) (string, error) {
 	if bin == "" {
 		bin = "nix-instantiate"
 	}
-	cmd := exec.CommandContext(ctx, bin, "--version")
+	vbin, args, err := r.viewCommand([]string{bin, "--version"}, viewSpec{})
+	if err != nil {
+		return "", fmt.Errorf("%s --version: %w", bin, err)
+	}
+	cmd := exec.CommandContext(ctx, vbin, args...)
 	cmd.Env = r.Env
 	if cmd.Env == nil {
 		cmd.Env = DefaultChildEnv()
 	}
-	cmd.Dir = os.TempDir()
+	cmd.Dir = "/"
 	if r.User != nil {
 		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: r.User.UID, Gid: r.User.GID, Groups: []uint32{}}}
 	}
@@ -179,17 +187,30 @@ func (r *NixRunner) Walk(ctx context.Context, spec Spec, emit func(Attr) error) 
 	if err := os.WriteFile(filepath.Join(dir, "walker.nix"), walkerNix, 0o644); err != nil {
 		return fmt.Errorf("walk: %w", err)
 	}
+	// Nix sees the source at its place in the view.
+	source, err := viewSource(spec.Source)
+	if err != nil {
+		return fmt.Errorf("walk: %w", err)
+	}
+	flakeRef := spec.FlakeRef
+	if spec.Mode == "flake" {
+		host := "git+file://" + spec.Source + "?"
+		if !strings.HasPrefix(flakeRef, host) {
+			return fmt.Errorf("walk: the flake reference %q does not name the source directory %s", flakeRef, spec.Source)
+		}
+		flakeRef = "git+file://" + source + "?" + strings.TrimPrefix(flakeRef, host)
+	}
 	// The source repository is root's; git 2.39 lets another user read it only when its global
 	// configuration says so (safe.directory is ignored in the environment and on the command
 	// line), so the child's global configuration is this file.
-	gitconfig := "[safe]\n\tdirectory = " + strconv.Quote(spec.Source) + "\n"
+	gitconfig := "[safe]\n\tdirectory = " + strconv.Quote(source) + "\n"
 	if err := os.WriteFile(filepath.Join(dir, "gitconfig"), []byte(gitconfig), 0o644); err != nil {
 		return fmt.Errorf("walk: %w", err)
 	}
 	var rnd [12]byte
 	_, _ = rand.Read(rnd[:])
 	nonce := hex.EncodeToString(rnd[:])
-	ws := walkSpec{Mode: spec.Mode, FlakeRef: spec.FlakeRef, Source: spec.Source, Rev: spec.Rev, File: spec.File,
+	ws := walkSpec{Mode: spec.Mode, FlakeRef: flakeRef, Source: source, Rev: spec.Rev, File: spec.File,
 		Roots: spec.Roots, Force: spec.Force, Skip: []string{}}
 	done := map[string]bool{}
 	var failed []Attr
@@ -242,12 +263,14 @@ type runResult struct {
 	message string  // Nix's error output
 }
 
-func (r *NixRunner) command(ctx context.Context, dir, nonce string, spec Spec, ws walkSpec) (*exec.Cmd, error) {
-	specFile := filepath.Join(dir, "spec.json")
+// command is nix-instantiate running the walker in its view; info is the read end of bwrap's
+// info fd (see started).
+func (r *NixRunner) command(ctx context.Context, dir, nonce string, spec Spec, ws walkSpec) (cmd *exec.Cmd, info *os.File, err error) {
 	b, _ := json.Marshal(ws)
-	if err := os.WriteFile(specFile, b, 0o644); err != nil {
-		return nil, err
+	if err := os.WriteFile(filepath.Join(dir, "spec.json"), b, 0o644); err != nil {
+		return nil, nil, err
 	}
+	specFile := viewWalker + "/spec.json"
 	bin := r.Bin
 	if bin == "" {
 		bin = "nix-instantiate"
@@ -266,8 +289,8 @@ func (r *NixRunner) command(ctx context.Context, dir, nonce string, spec Spec, w
 		// allowed-uris alone.
 		"--option", "restrict-eval", "true",
 		"--option", "allowed-uris", "",
-		"-I", "hci-walker=" + dir,
-		"-I", "hci-source=" + spec.Source,
+		"-I", "hci-walker=" + viewWalker,
+		"-I", "hci-source=" + ws.Source,
 	}
 	for _, e := range r.SearchPath {
 		args = append(args, "-I", e)
@@ -275,42 +298,79 @@ func (r *NixRunner) command(ctx context.Context, dir, nonce string, spec Spec, w
 	args = append(args,
 		"--argstr", "specFile", specFile,
 		"--argstr", "nonce", nonce,
-		filepath.Join(dir, "walker.nix"),
+		viewWalker+"/walker.nix",
 	)
 	if r.Store != "" {
 		args = append([]string{"--store", r.Store}, args...)
 	}
-	cmd := exec.CommandContext(ctx, bin, args...)
 	env := r.Env
 	if env == nil {
 		env = DefaultChildEnv()
 	}
-	cmd.Env = append(append([]string{}, env...), "HOME="+r.Home)
+	env = append(append([]string{}, env...),
+		// git reads no configuration of the node's: the view's global one is the walker's.
+		"GIT_CONFIG_GLOBAL="+viewWalker+"/gitconfig", "GIT_CONFIG_NOSYSTEM=1")
+	v := viewSpec{walker: dir, source: spec.Source, sourceAt: ws.Source, home: r.Home, info: true}
+	if r.User != nil {
+		if v.socket, err = r.Daemon(ctx); err != nil {
+			return nil, nil, err
+		}
+		// The store through the daemon, as an untrusted client.
+		env = append(env, "NIX_REMOTE=daemon", "NIX_DAEMON_SOCKET_PATH="+viewSocket)
+	}
+	vbin, vargs, err := r.viewCommand(append([]string{bin}, args...), v)
+	if err != nil {
+		return nil, nil, err
+	}
+	info, infoW, err := os.Pipe()
+	if err != nil {
+		return nil, nil, err
+	}
+	cmd = exec.CommandContext(ctx, vbin, vargs...)
+	cmd.Env = env
 	cmd.Dir = dir
-	// The child gets its own process group so a timeout or cancel kills everything it started.
+	cmd.ExtraFiles = []*os.File{infoW} // fd 3, bwrap's --info-fd
+	// bwrap gets its own process group so a timeout or cancel kills it, and with it the view.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if r.User != nil {
-		socket, err := r.Daemon(ctx)
-		if err != nil {
-			return nil, err
-		}
-		// The store through the daemon, as an untrusted client; the source repository is
-		// root's, which git accepts only when told to.
-		cmd.Env = append(cmd.Env, "NIX_REMOTE=daemon", "NIX_DAEMON_SOCKET_PATH="+socket,
-			"GIT_CONFIG_GLOBAL="+filepath.Join(dir, "gitconfig"), "GIT_CONFIG_NOSYSTEM=1")
 		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: r.User.UID, Gid: r.User.GID, Groups: []uint32{}}
 	}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	cmd.WaitDelay = 5 * time.Second
-	return cmd, nil
+	return cmd, info, nil
+}
+
+// closeInfo closes both ends of the info fd of a cmd that did not start.
+func closeInfo(cmd *exec.Cmd, info *os.File) {
+	_ = info.Close()
+	for _, f := range cmd.ExtraFiles {
+		_ = f.Close()
+	}
+}
+
+// started is called once cmd (from command) has started: it closes this process's copy of the
+// info fd's write end and passes OnStart the pid of the Nix inside the view, as bwrap reports it
+// (the pid in this process's namespace), or bwrap's own if it reported none.
+func (r *NixRunner) started(cmd *exec.Cmd, info *os.File) {
+	for _, f := range cmd.ExtraFiles {
+		_ = f.Close()
+	}
+	pid := readChildPid(info)
+	if pid == 0 {
+		pid = cmd.Process.Pid
+	}
+	if r.OnStart != nil {
+		r.OnStart(pid)
+	}
 }
 
 // watchMemory kills the walk once the resident memory of its processes exceeds the limit,
 // checking every memoryCheck; the returned func stops watching and reports whether it killed.
-// The walk's processes are the child and its descendants, and the evaluation's own nix-daemon
+// The walk's processes are process pgid (bwrap, whose process group holds the view) and its
+// descendants, the Nix inside the view among them, and the evaluation's own nix-daemon
 // (DaemonPid) with its workers and the builds they run for imports from derivation: a project
 // cannot spend more memory by building than by evaluating.
-func (r *NixRunner) watchMemory(pid int) func() bool {
+func (r *NixRunner) watchMemory(pgid int) func() bool {
 	if r.MaxMemory <= 0 {
 		return func() bool { return false }
 	}
@@ -330,7 +390,7 @@ func (r *NixRunner) watchMemory(pid int) func() bool {
 			// Finding the descendants reads all of /proc; the tree is refreshed every
 			// treeRefresh checks, and in between only its members are read.
 			if i%treeRefresh == 0 {
-				roots := []int{pid}
+				roots := []int{pgid}
 				if r.DaemonPid != nil {
 					if d := r.DaemonPid(); d > 0 {
 						roots = append(roots, d)
@@ -343,7 +403,7 @@ func (r *NixRunner) watchMemory(pid int) func() bool {
 				total += rss(p)
 			}
 			if total > r.MaxMemory {
-				_ = syscall.Kill(-pid, syscall.SIGKILL)
+				_ = syscall.Kill(-pgid, syscall.SIGKILL)
 				for _, p := range descendants(tree) {
 					_ = syscall.Kill(p, syscall.SIGKILL)
 				}
@@ -440,21 +500,21 @@ func (r *NixRunner) memoryError() error {
 
 // run runs the walker once, passing each record to onRecord.
 func (r *NixRunner) run(ctx context.Context, dir, nonce string, spec Spec, ws walkSpec, onRecord func(record) error) (runResult, error) {
-	cmd, err := r.command(ctx, dir, nonce, spec, ws)
+	cmd, info, err := r.command(ctx, dir, nonce, spec, ws)
 	if err != nil {
 		return runResult{}, fmt.Errorf("walk: %w", err)
 	}
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
+		closeInfo(cmd, info)
 		return runResult{}, fmt.Errorf("walk: %w", err)
 	}
 	cmd.Stdout = io.Discard
 	if err := cmd.Start(); err != nil {
+		closeInfo(cmd, info)
 		return runResult{}, fmt.Errorf("start nix-instantiate: %w", err)
 	}
-	if r.OnStart != nil {
-		r.OnStart(cmd.Process.Pid)
-	}
+	r.started(cmd, info)
 	overMemory := r.watchMemory(cmd.Process.Pid)
 	prefix := recordPrefix(nonce)
 	var (
@@ -515,6 +575,9 @@ func (r *NixRunner) run(ctx context.Context, dir, nonce string, spec Spec, ws wa
 	if ws, ok := exit.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
 		return runResult{}, fmt.Errorf("nix-instantiate was killed by signal %s", ws.Signal())
 	}
+	if sig, ok := bwrapSignal(exit); ok {
+		return runResult{}, fmt.Errorf("nix-instantiate was killed by signal %s", sig)
+	}
 	msg := tail.String()
 	if msg == "" {
 		msg = fmt.Sprintf("nix-instantiate exited with code %d", exit.ExitCode())
@@ -529,7 +592,7 @@ func (r *NixRunner) run(ctx context.Context, dir, nonce string, spec Spec, ws wa
 // probe evaluates one attribute on its own to get the message of the error tryEval swallowed.
 func (r *NixRunner) probe(ctx context.Context, dir, nonce string, spec Spec, ws walkSpec, path []string) (string, error) {
 	ws.Probe = path
-	cmd, err := r.command(ctx, dir, nonce, spec, ws)
+	cmd, info, err := r.command(ctx, dir, nonce, spec, ws)
 	if err != nil {
 		return "", fmt.Errorf("probe: %w", err)
 	}
@@ -537,8 +600,10 @@ func (r *NixRunner) probe(ctx context.Context, dir, nonce string, spec Spec, ws 
 	cmd.Stderr = &out
 	cmd.Stdout = io.Discard
 	if err := cmd.Start(); err != nil {
+		closeInfo(cmd, info)
 		return "", fmt.Errorf("probe: start nix-instantiate: %w", err)
 	}
+	r.started(cmd, info)
 	overMemory := r.watchMemory(cmd.Process.Pid)
 	err = cmd.Wait()
 	if overMemory() {
