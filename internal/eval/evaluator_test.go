@@ -585,10 +585,9 @@ let a = mk "a" [ ]; in {
 func TestTwoEvaluators(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
-	walks := reachableDir(t) // the spec of every walk, by node; written by the evaluation user
-	if err := os.Chmod(walks, 0o777); err != nil {
-		t.Fatal(err)
-	}
+	// The spec of every walk, as the node's walks record it in the project's HOME (the one
+	// place a walk may write), under the node's state directory.
+	states := map[string]string{}
 	repo, _ := h.newProject("many", map[string]string{"ci.nix": h.lib() + `{ base = mk "base" [ ]; }`})
 	ids := map[string]int64{} // commit → evaluation
 	for i := range 12 {
@@ -605,12 +604,16 @@ let base = mk "base" [ ]; in { inherit base; own = mk "own-%d" [ base ]; }`, i)}
 	// Both start on a full queue.
 	nodes := []string{"ev-a", "ev-b"}
 	for _, n := range nodes {
-		h.startEvaluator(n, func(c *eval.Config) { c.Runner = &eval.NixRunner{Bin: recordingNix(t, walks, n)} })
+		states[n] = reachableDir(t)
+		h.startEvaluator(n, func(c *eval.Config) {
+			c.StateDir = states[n]
+			c.Runner = &eval.NixRunner{Bin: recordingNix(t, n)}
+		})
 	}
 	for _, id := range ids {
 		h.waitSucceeded(id)
 	}
-	ran := walked(t, walks)
+	ran := walked(t, states)
 	perNode := map[string]int{}
 	for commit, id := range ids {
 		e := h.get(id)
@@ -635,8 +638,8 @@ let base = mk "base" [ ]; in { inherit base; own = mk "own-%d" [ base ]; }`, i)}
 }
 
 // recordingNix is a nix-instantiate for node's runner that copies the spec file of each walk
-// into dir (as NODE_PID.json) before it runs Nix.
-func recordingNix(t *testing.T, dir, node string) string {
+// into its HOME (as walk-NODE_RANDOM; every walk is pid 1 of its view) before it runs Nix.
+func recordingNix(t *testing.T, node string) string {
 	t.Helper()
 	nixBin, err := exec.LookPath("nix-instantiate")
 	if err != nil {
@@ -645,11 +648,11 @@ func recordingNix(t *testing.T, dir, node string) string {
 	script := fmt.Sprintf(`#!/bin/sh
 prev=
 for a in "$@"; do
-  if [ "$prev" = specFile ]; then cp "$a" '%s/%s_'$$.json || exit 1; fi
+  if [ "$prev" = specFile ]; then cp "$a" "$(mktemp "$HOME/walk-%s_XXXXXXXX")" || exit 1; fi
   prev=$a
 done
 exec '%s' "$@"
-`, dir, node, nixBin)
+`, node, nixBin)
 	p := filepath.Join(reachableDir(t), "nix-instantiate") // run by the evaluation user
 	if err := os.WriteFile(p, []byte(script), 0o755); err != nil {
 		t.Fatal(err)
@@ -657,26 +660,31 @@ exec '%s' "$@"
 	return p
 }
 
-// walked reads what recordingNix recorded: commit → the nodes that walked it.
-func walked(t *testing.T, dir string) map[string][]string {
+// walked reads what recordingNix recorded in the projects' HOMEs under each node's state
+// directory: commit → the nodes that walked it.
+func walked(t *testing.T, states map[string]string) map[string][]string {
 	t.Helper()
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		t.Fatal(err)
+	var files []string
+	for _, dir := range states {
+		found, err := filepath.Glob(filepath.Join(dir, "eval-home", "*", "walk-*_*"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		files = append(files, found...)
 	}
 	ran := map[string][]string{}
-	for _, e := range entries {
-		node, _, ok := strings.Cut(e.Name(), "_")
-		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+	for _, f := range files {
+		node, _, ok := strings.Cut(strings.TrimPrefix(filepath.Base(f), "walk-"), "_")
+		b, err := os.ReadFile(f)
 		if err != nil || !ok {
-			t.Fatalf("walk record %s: %v", e.Name(), err)
+			t.Fatalf("walk record %s: %v", f, err)
 		}
 		var spec struct {
 			Rev   string   `json:"rev"`
 			Probe []string `json:"probe"`
 		}
 		if err := json.Unmarshal(b, &spec); err != nil {
-			t.Fatalf("walk record %s: %v", e.Name(), err)
+			t.Fatalf("walk record %s: %v", f, err)
 		}
 		if spec.Probe == nil {
 			ran[spec.Rev] = append(ran[spec.Rev], node)
