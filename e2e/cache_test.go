@@ -52,19 +52,7 @@ func testPublishAndSubstitute(t *testing.T, backend string) {
 	ctx := context.Background()
 
 	// The evaluator's part first: the .drv closure, published under the evaluation it holds.
-	evalClient := signer.NewClient(signer.ClientConfig{Token: nodeToken(t, "evaluator-1", "evaluator"), GiveUpAfter: 30 * time.Second},
-		f.pool, slog.New(slog.DiscardHandler))
-	var drvs []signer.DerivationText
-	for _, name := range []string{"a", "b", "c"} { // inputs first
-		text, err := os.ReadFile(d.drvs[name])
-		if err != nil {
-			t.Fatal(err)
-		}
-		drvs = append(drvs, signer.DerivationText{StorePath: d.drvs[name], Text: string(text)})
-	}
-	if _, err := evalClient.Publish(ctx, signer.PublishRequest{Eval: f.runningEvaluation("evaluator-1"), Derivations: drvs}); err != nil {
-		t.Fatalf("publish .drv closure: %v", err)
-	}
+	f.publishDAG(d)
 
 	// Build order comes from the queue: each claim is ready only once its inputs succeeded.
 	for range 3 {
@@ -304,6 +292,7 @@ func TestSignerFailover(t *testing.T) {
 	f := newFixture(t, "")
 	f.startSigners(cfg, env, dir, "signer-1", "signer-2")
 	d, client := f.queueDAG(dir, signer.ClientConfig{GiveUpAfter: 30 * time.Second, MinBackoff: 50 * time.Millisecond, MaxBackoff: time.Second})
+	f.publishDAG(d)
 	ctx := context.Background()
 
 	for i := range 3 {
@@ -397,6 +386,26 @@ func (f *fixture) queueDAG(dir string, client signer.ClientConfig) (dag, *signer
 	}
 	client.Token = nodeToken(t, "builder-1", "builder")
 	return d, signer.NewClient(client, f.pool, slog.New(slog.DiscardHandler))
+}
+
+// publishDAG publishes d's .drv closure through a signer, under an evaluation evaluator-1 holds,
+// as an evaluation does before it enqueues: the signer completes only jobs whose .drv it stored.
+func (f *fixture) publishDAG(d dag) {
+	t := f.t
+	t.Helper()
+	evalClient := signer.NewClient(signer.ClientConfig{Token: nodeToken(t, "evaluator-1", "evaluator"), GiveUpAfter: 30 * time.Second},
+		f.pool, slog.New(slog.DiscardHandler))
+	var drvs []signer.DerivationText
+	for _, name := range []string{"a", "b", "c"} { // inputs first
+		text, err := os.ReadFile(d.drvs[name])
+		if err != nil {
+			t.Fatal(err)
+		}
+		drvs = append(drvs, signer.DerivationText{StorePath: d.drvs[name], Text: string(text)})
+	}
+	if _, err := evalClient.Publish(context.Background(), signer.PublishRequest{Eval: f.runningEvaluation("evaluator-1"), Derivations: drvs}); err != nil {
+		t.Fatalf("publish .drv closure: %v", err)
+	}
 }
 
 // claimNext claims builder-1's next ready job.

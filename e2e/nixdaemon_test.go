@@ -13,8 +13,9 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/proctest"
 )
 
-// The evaluator's private nix-daemon never outlives its node, even one killed with SIGKILL,
-// which has no chance to stop it.
+// An evaluation's private nix-daemon never outlives its node, even one killed with SIGKILL,
+// which has no chance to stop it. The daemon lives as long as its evaluation: this one imports
+// from a derivation whose build runs for a while.
 func TestNixDaemonDiesWithItsNode(t *testing.T) {
 	t.Parallel()
 	nixtest.RequireNix(t)
@@ -23,12 +24,18 @@ func TestNixDaemonDiesWithItsNode(t *testing.T) {
 	proctest.WaitFor(t, 30*time.Second, "ev-1 active", func() bool { return f.nodeStatus("ev-1") == "active" })
 	cli := newCLI(t, f)
 	repo := nixtest.NewRepo(t)
-	repo.Commit("init", map[string]string{"ci.nix": nixtest.Lib("daemon-"+randomHex(t, 6)) + `{ a = mk "a" [ ]; }`})
+	salt := "daemon-" + randomHex(t, 6)
+	repo.Commit("init", map[string]string{"ci.nix": nixtest.Lib(salt) + `{
+  a = mk (builtins.readFile (builtins.derivation {
+    name = "slow"; system = builtins.currentSystem; builder = "/bin/sh"; salt = "` + salt + `";
+    args = [ "-c" "i=0; while [ $i -lt 30000000 ]; do i=$((i+1)); done; echo a > $out" ];
+  })) [ ];
+}`})
 	cli.ok("project", "add", "daemon", "--repo", repo.Dir)
-	cli.ok("eval", "daemon", "--wait")
+	cli.ok("eval", "daemon")
 
 	var daemon int
-	proctest.WaitFor(t, 10*time.Second, "the node's nix-daemon", func() bool {
+	proctest.WaitFor(t, 30*time.Second, "the evaluation's nix-daemon", func() bool {
 		daemon = childNamed(node.Pid(), "nix-daemon")
 		return daemon != 0
 	})

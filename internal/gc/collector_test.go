@@ -509,7 +509,8 @@ func TestRetentionCeiling(t *testing.T) {
 	day := 24 * time.Hour
 	forever := w.evaluation("c1", 400*day)
 	within := w.evaluation("c2", 200*day)
-	w.evaluation("c3", 0) // the newest of the default branch, always kept
+	byDefault := w.evaluation("c4", 100*day) // no retention of its own: the default, 90 days
+	w.evaluation("c3", 0)                    // the newest of the default branch, always kept
 	for id, keep := range map[int64]time.Duration{forever: 100_000 * day, within: 300 * day} {
 		_, err := w.pool.Exec(w.ctx, `UPDATE evaluations SET retention_seconds = $2 WHERE id = $1`, id, int64(keep.Seconds()))
 		w.must(err)
@@ -525,7 +526,7 @@ func TestRetentionCeiling(t *testing.T) {
 			Grace: grace, Logger: slog.New(slog.DiscardHandler)}, w.pool)
 		w.must(err)
 		w.run(c)
-		rows, err := w.pool.Query(w.ctx, `SELECT id FROM evaluations WHERE id = ANY($1) ORDER BY id`, []int64{forever, within})
+		rows, err := w.pool.Query(w.ctx, `SELECT id FROM evaluations WHERE id = ANY($1) ORDER BY id`, []int64{forever, within, byDefault})
 		w.must(err)
 		left, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 		w.must(err)

@@ -35,7 +35,8 @@ WITH newest AS (
     ORDER BY e.project_id, e.id DESC
 ), expired AS (
     SELECT e.id FROM evaluations e
-    WHERE e.created_at < now() - COALESCE(LEAST(e.retention_seconds, $2), $1) * interval '1 second'
+    WHERE e.created_at < now() - CASE WHEN e.retention_seconds IS NULL THEN $1
+                                    ELSE LEAST(e.retention_seconds, COALESCE($2, e.retention_seconds)) END * interval '1 second'
       AND e.status <> 'running'
       AND e.id NOT IN (SELECT id FROM newest)
 )
