@@ -20,15 +20,22 @@ var ErrConflict = errors.New("merge conflict")
 
 // ConflictError is a merge of head into base that does not apply cleanly.
 type ConflictError struct {
-	Base, Head string
-	Paths      []string // the conflicting paths, as git lists them
+	Branch string // the base branch
+	Base   string // its tip
+	Head   string
+	Paths  []string // the conflicting paths, as git lists them
+	// Unrelated is true when head and base share no history (Gitea opens such pull requests).
+	Unrelated bool
 }
 
 func (e *ConflictError) Error() string {
-	if len(e.Paths) == 0 {
-		return fmt.Sprintf("merging %s into %s conflicts", e.Head, e.Base)
+	if e.Unrelated {
+		return fmt.Sprintf("%s and %s share no history", e.Head, e.Branch)
 	}
-	return fmt.Sprintf("merging %s into %s conflicts in %s", e.Head, e.Base, strings.Join(e.Paths, ", "))
+	if len(e.Paths) == 0 {
+		return fmt.Sprintf("merging %s into %s conflicts", e.Head, e.Branch)
+	}
+	return fmt.Sprintf("merging %s into %s conflicts in %s", e.Head, e.Branch, strings.Join(e.Paths, ", "))
 }
 
 // Is makes errors.Is(err, ErrConflict) hold.
@@ -80,12 +87,20 @@ func (m *Mirror) MergeInto(ctx context.Context, base, head, forgeRef string) (Me
 			}
 		}
 	}
+	// Without a common ancestor there is nothing to merge (merge-tree would refuse it too).
+	_, err = run(ctx, nil, m.Dir, "merge-base", tip, head)
+	var gerr *gitError
+	if errors.As(err, &gerr) && gerr.code == 1 && gerr.stderr == "" {
+		return Merge{}, &ConflictError{Branch: base, Base: tip, Head: head, Unrelated: true}
+	}
+	if err != nil {
+		return Merge{}, fmt.Errorf("merge %s into %s: %w", head, base, err)
+	}
 	// --write-tree makes the merge without a work tree or index; exit status 1 is a conflict.
 	out, err := runEnv(ctx, m.Dir, nil, "merge-tree", "--write-tree", "--name-only", "--no-messages", tip, head)
-	var gerr *gitError
 	if errors.As(err, &gerr) && gerr.code == 1 {
 		lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-		return Merge{}, &ConflictError{Base: base, Head: head, Paths: lines[1:]}
+		return Merge{}, &ConflictError{Branch: base, Base: tip, Head: head, Paths: lines[1:]}
 	}
 	if err != nil {
 		return Merge{}, fmt.Errorf("merge %s into %s: %w", head, base, err)

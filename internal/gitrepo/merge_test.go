@@ -103,6 +103,16 @@ func TestMergeIntoConflict(t *testing.T) {
 	if !strings.Contains(err.Error(), "conflicts in shared.txt") {
 		t.Errorf("conflict error %q does not name the path", err)
 	}
+	// A head with no history in common with the base does not merge either.
+	src.git("checkout", "--quiet", "--orphan", "orphan")
+	orphan := src.commit("orphan", map[string]string{"o.txt": "o\n"})
+	if err := m.Fetch(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	_, err = m.MergeInto(t.Context(), "main", orphan, "")
+	if !errors.As(err, &ce) || !ce.Unrelated || !strings.Contains(err.Error(), "share no history") {
+		t.Fatalf("MergeInto of an unrelated head: %v, want a conflict sharing no history", err)
+	}
 	for _, tt := range []struct{ base, head, want string }{
 		{"nope", head, "not found"},
 		{"main", "zz", "hex digits"},
