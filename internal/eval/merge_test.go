@@ -80,7 +80,7 @@ func TestPullRequestMerged(t *testing.T) {
 				t.Errorf("evaluation of %s on %q, want the head %s on main", e.Commit, e.PRBase, p.head)
 			}
 			switch {
-			case c.merged && (e.BaseCommit != p.base || len(e.MergeCommit) != 40 || e.Evaluated() != e.MergeCommit):
+			case c.merged && (e.BaseCommit != p.base || len(e.MergeCommit) != 40):
 				t.Errorf("merged into %q as %q, want into %s", e.BaseCommit, e.MergeCommit, p.base)
 			case !c.merged && e.MergeCommit != "":
 				t.Errorf("evaluated the merge %s, want the head", e.MergeCommit)

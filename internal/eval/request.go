@@ -1,7 +1,6 @@
 package eval
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -64,10 +63,6 @@ type Evaluation struct {
 	BaseCommit  string `json:"base_commit,omitempty"`
 	MergeCommit string `json:"merge_commit,omitempty"`
 }
-
-// Evaluated is the commit the evaluation's attributes come from: the merge of a pull request's
-// head into its base, or Commit.
-func (e Evaluation) Evaluated() string { return cmp.Or(e.MergeCommit, e.Commit) }
 
 // Finished reports whether the evaluation will not change any more.
 func (e Evaluation) Finished() bool {
