@@ -48,8 +48,12 @@ func (n *node) forgeSide(httpServer *web.Server, notifier *notify.Notifier, endp
 			n.logger.Warn("repository discovery failed", "forge", name, "error", err)
 		}
 	}
+	maxBody := map[string]int64{}
+	for _, fc := range cfg.Forges {
+		maxBody[fc.Name] = int64(fc.MaxWebhookBody)
+	}
 	receiver := webhook.New(webhook.Config{
-		Forges: forges, MaxBody: int64(cfg.Frontend.MaxWebhookBody),
+		Forges: forges, MaxBody: maxBody, MaxInFlight: cfg.Frontend.MaxWebhooksInFlight,
 		OnRepositoriesChanged: discover, Logger: n.logger, Registerer: n.reg,
 	}, n.pool)
 	receiver.Register(httpServer.Mux())

@@ -35,17 +35,18 @@ FROM p WHERE r.id = p.repo_id`
 
 	repositoryColumns = `r.id, r.forge, r.full_name, r.clone_url, r.default_branch, r.is_private,
        COALESCE(r.installation_id, 0), COALESCE(r.hook_id, ''), COALESCE(r.last_synced, 'epoch'::timestamptz),
-       COALESCE(p.name, ''), COALESCE(p.enabled, false)`
+       COALESCE(p.name, ''), COALESCE(p.enabled, false), COALESCE(r.forge_id, 0)`
 
 	// $1 forge, $2 owner, $3 name, $4 full name, $5 clone URL, $6 private, $7 default branch,
-	// $8 installation (0: none)
+	// $8 installation (0: none), $9 the forge's id of the repository (0: unknown, kept)
 	sqlUpsertRepository = `
-INSERT INTO repositories (forge, owner, name, full_name, clone_url, is_private, default_branch, installation_id, last_synced)
-VALUES ($1, $2, $3, $4, $5, $6, $7, NULLIF($8, 0), now())
+INSERT INTO repositories (forge, owner, name, full_name, clone_url, is_private, default_branch, installation_id, forge_id, last_synced)
+VALUES ($1, $2, $3, $4, $5, $6, $7, NULLIF($8, 0), NULLIF($9, 0), now())
 ON CONFLICT (forge, full_name) DO UPDATE
 SET owner = EXCLUDED.owner, name = EXCLUDED.name, clone_url = EXCLUDED.clone_url,
     is_private = EXCLUDED.is_private, default_branch = EXCLUDED.default_branch,
-    installation_id = EXCLUDED.installation_id, last_synced = now()`
+    installation_id = EXCLUDED.installation_id,
+    forge_id = COALESCE(EXCLUDED.forge_id, repositories.forge_id), last_synced = now()`
 
 	// $1 forge ("" all), $2 substring of the name ("" all)
 	sqlListRepositories = `

@@ -36,18 +36,20 @@ type Repository struct {
 	LastSynced     time.Time `json:"last_synced"`
 	Project        string    `json:"project,omitempty"` // "" if none
 	Enabled        bool      `json:"enabled"`           // the project is enabled
+	// ForgeID is the forge's id of the repository (0: not recorded yet).
+	ForgeID int64 `json:"forge_id,omitempty"`
 }
 
 // Repo is the forge's name of the repository.
 func (r Repository) Repo() forge.Repo {
 	owner, name, _ := strings.Cut(r.FullName, "/")
-	return forge.Repo{Owner: owner, Name: name, InstallationID: r.InstallationID}
+	return forge.Repo{Owner: owner, Name: name, InstallationID: r.InstallationID, ForgeID: r.ForgeID}
 }
 
 func scanRepository(row pgx.CollectableRow) (Repository, error) {
 	var r Repository
 	err := row.Scan(&r.ID, &r.Forge, &r.FullName, &r.CloneURL, &r.DefaultBranch, &r.Private,
-		&r.InstallationID, &r.HookID, &r.LastSynced, &r.Project, &r.Enabled)
+		&r.InstallationID, &r.HookID, &r.LastSynced, &r.Project, &r.Enabled, &r.ForgeID)
 	return r, err
 }
 
@@ -61,7 +63,7 @@ func SyncRepositories(ctx context.Context, q Execer, forgeName string, repos []f
 			continue // listed by the forge, but not a name we can use
 		}
 		tag, err := q.Exec(ctx, sqlUpsertRepository, forgeName, r.Owner, r.Name, r.FullName(), r.CloneURL,
-			r.Private, r.DefaultBranch, r.InstallationID)
+			r.Private, r.DefaultBranch, r.InstallationID, r.ForgeID)
 		if err != nil {
 			return n, fmt.Errorf("record repository %s: %w", r.FullName(), err)
 		}
@@ -170,7 +172,8 @@ type EnableParams struct {
 type Enabler struct {
 	Pool   *pgxpool.Pool
 	Forges forge.Set
-	// PublicURL is where the forge delivers webhooks: PublicURL/webhook/{forge}.
+	// PublicURL is where the forge delivers webhooks: PublicURL/webhook/{forge}/{forge id}
+	// (a GitHub App: PublicURL/webhook/{forge}, set in the App's settings).
 	PublicURL string
 }
 
@@ -194,7 +197,8 @@ func (en Enabler) Enable(ctx context.Context, repoID int64, p EnableParams) (Pro
 		return Project{}, fmt.Errorf("repository %d is on forge %q: %w", repoID, repo.Forge, ErrForgeNotConfigured)
 	}
 	// The network call comes first and outside any transaction; registering is idempotent,
-	// so a failure below leaves a hook the next Enable finds again.
+	// so a failure below leaves a hook the next Enable finds again (and re-registers: a hook
+	// of an earlier Enable gets this URL and the repository's own secret).
 	hookID, err := f.RegisterWebhook(ctx, repo.Repo(), strings.TrimRight(en.PublicURL, "/")+"/webhook/"+repo.Forge)
 	if err != nil {
 		return Project{}, fmt.Errorf("enable %s: %w", repo.FullName, err)
