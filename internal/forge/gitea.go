@@ -367,9 +367,10 @@ type giteaHook struct {
 	Active bool              `json:"active"`
 }
 
-// RegisterWebhook creates the repository's hook to base/{forge id}, or updates the one of
-// ours that exists (at base, as before hooks had their own secret, or under it) to that URL,
-// the repository's secret and the events; further hooks of ours are removed.
+// RegisterWebhook creates the repository's hook to base/{forge id} with the repository's
+// secret, then removes the hooks of ours it replaces (at base, as before hooks had their own
+// secret, or under it). Gitea shows no hook's secret and keeps it when a hook is edited, so a
+// hook is always created anew; created first, no push falls between two hooks.
 func (g *Gitea) RegisterWebhook(ctx context.Context, repo Repo, base string) (string, error) {
 	if repo.ForgeID <= 0 {
 		return "", fmt.Errorf("register webhook on %s: the repository's forge id is not known yet", repo.FullName())
@@ -381,36 +382,24 @@ func (g *Gitea) RegisterWebhook(ctx context.Context, repo Repo, base string) (st
 		return "", fmt.Errorf("hooks of %s: %w", repo.FullName(), err)
 	}
 	body := map[string]any{
+		"type":   "gitea",
 		"active": true,
 		"events": giteaHookEvents,
 		"config": map[string]string{"url": hookURL, "content_type": "json",
 			"secret": string(RepositorySecret(g.secret, repo.ForgeID))},
 	}
-	var ours []int64
-	for _, h := range hooks {
-		if u := h.Config["url"]; u == base || strings.HasPrefix(u, base+"/") {
-			ours = append(ours, h.ID)
-		}
-	}
 	var h giteaHook
-	if len(ours) == 0 {
-		body["type"] = "gitea"
-		if _, err := g.api.do(ctx, http.MethodPost, g.api.url(g.repoPath(repo, "hooks"), nil), body, &h); err != nil {
-			return "", fmt.Errorf("register webhook on %s: %w", repo.FullName(), err)
-		}
-		return strconv.FormatInt(h.ID, 10), nil
+	if _, err := g.api.do(ctx, http.MethodPost, g.api.url(g.repoPath(repo, "hooks"), nil), body, &h); err != nil {
+		return "", fmt.Errorf("register webhook on %s: %w", repo.FullName(), err)
 	}
-	// The secret cannot be read back: an existing hook is always rewritten.
-	id := strconv.FormatInt(ours[0], 10)
-	if _, err := g.api.do(ctx, http.MethodPatch, g.api.url(g.repoPath(repo, "hooks", id), nil), body, &h); err != nil {
-		return "", fmt.Errorf("update webhook %s of %s: %w", id, repo.FullName(), err)
-	}
-	for _, other := range ours[1:] {
-		if err := g.DeleteWebhook(ctx, repo, strconv.FormatInt(other, 10)); err != nil {
-			return "", err
+	for _, old := range hooks {
+		if u := old.Config["url"]; old.ID != h.ID && (u == base || strings.HasPrefix(u, base+"/")) {
+			if err := g.DeleteWebhook(ctx, repo, strconv.FormatInt(old.ID, 10)); err != nil {
+				return "", err
+			}
 		}
 	}
-	return id, nil
+	return strconv.FormatInt(h.ID, 10), nil
 }
 
 // DeleteWebhook implements Forge.

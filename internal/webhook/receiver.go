@@ -163,8 +163,8 @@ func (r *Receiver) handle(w http.ResponseWriter, req *http.Request) (err error) 
 	return nil
 }
 
-// readVerified reads a delivery's body while computing its signature and hash, keeping at
-// most spoolMemory of it in memory until the signature is known to be good, and returns the
+// readVerified reads a delivery's body while computing its signature, keeping at most
+// spoolMemory of it in memory until the signature is known to be good, and returns the
 // genuine body and its SHA-256. Nothing of an unsigned body is looked at or recorded.
 func (r *Receiver) readVerified(w http.ResponseWriter, req *http.Request, f forge.Forge, repoID int64) ([]byte, [sha256.Size]byte, error) {
 	var sum [sha256.Size]byte
@@ -184,8 +184,7 @@ func (r *Receiver) readVerified(w http.ResponseWriter, req *http.Request, f forg
 	}
 	var sp spool
 	defer sp.Close()
-	hash := sha256.New()
-	_, err = io.Copy(io.MultiWriter(v, hash, &sp), http.MaxBytesReader(w, req.Body, limit))
+	_, err = io.Copy(io.MultiWriter(v, &sp), http.MaxBytesReader(w, req.Body, limit))
 	var tooBig *http.MaxBytesError
 	if errors.As(err, &tooBig) {
 		return nil, sum, web.Errorf(http.StatusRequestEntityTooLarge, "delivery larger than %d bytes", limit)
@@ -200,8 +199,7 @@ func (r *Receiver) readVerified(w http.ResponseWriter, req *http.Request, f forg
 	if err != nil {
 		return nil, sum, err
 	}
-	hash.Sum(sum[:0])
-	return body, sum, nil
+	return body, sha256.Sum256(body), nil
 }
 
 // sameRepository checks that a delivery at the URL of the repository whose forge id is
@@ -227,9 +225,13 @@ func (r *Receiver) sameRepository(ctx context.Context, f forge.Forge, ev forge.E
 	if err != nil {
 		return fmt.Errorf("forge id of %s: %w", ev.Repository.FullName(), err)
 	}
-	if recorded == nil || *recorded != repoID {
-		return fmt.Errorf("delivery names %s, recorded with forge id %v, at the URL of repository id %d",
-			ev.Repository.FullName(), recorded, repoID)
+	if recorded == nil {
+		return fmt.Errorf("delivery names %s, whose forge id is not recorded, at the URL of repository id %d",
+			ev.Repository.FullName(), repoID)
+	}
+	if *recorded != repoID {
+		return fmt.Errorf("delivery names %s, recorded with forge id %d, at the URL of repository id %d",
+			ev.Repository.FullName(), *recorded, repoID)
 	}
 	return nil
 }
