@@ -2,8 +2,8 @@ package forge
 
 import (
 	"bufio"
-	"cmp"
 	"bytes"
+	"cmp"
 	"errors"
 	"net/http"
 	"os"
