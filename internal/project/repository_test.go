@@ -80,7 +80,7 @@ func TestSyncRepositories(t *testing.T) {
 	t.Parallel()
 	pool := dbtest.NewPool(t)
 	hello := forgeRepo("octo/hello", "main")
-	hello.InstallationID = 7
+	hello.InstallationID, hello.ForgeID = 7, 1234
 	world := forgeRepo("octo/world", "trunk")
 	world.Private = true
 	bad := forgeRepo("octo/..", "main")
@@ -95,7 +95,7 @@ func TestSyncRepositories(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []Repository{
-		{Forge: "github", FullName: "octo/hello", CloneURL: hello.CloneURL, DefaultBranch: "main", InstallationID: 7},
+		{Forge: "github", FullName: "octo/hello", CloneURL: hello.CloneURL, DefaultBranch: "main", InstallationID: 7, ForgeID: 1234},
 		{Forge: "github", FullName: "octo/world", CloneURL: world.CloneURL, DefaultBranch: "trunk", Private: true},
 	}
 	if len(rs) != len(want) {
