@@ -136,6 +136,24 @@ func TestAttackWebhookSignedForAnotherRepository(t *testing.T) {
 	if n := c.evaluations(strings.Repeat("d", 40)); n != 1 {
 		t.Fatalf("%d evaluations of the replayed push, want 1", n)
 	}
+
+	// An upgrade finds enabled projects' hooks at the forge-wide URL: the repository discovery
+	// registers them again, each with its own secret.
+	if err := c.gitea.Do(ctx, c.owner.Token, http.MethodPost, "/repos/"+c.repo.FullName()+"/hooks", old, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.pool.Exec(ctx, `UPDATE repositories SET hook_url = NULL WHERE id = $1`, c.repoID); err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf("%s/webhook/gitea/%d", c.endpoint("front-1"), c.forgeID)
+	proctest.WaitFor(t, 30*time.Second, "the victim's hook registered again", func() bool {
+		hooks, err := c.gitea.Hooks(ctx, c.repo)
+		var url string
+		return err == nil && len(hooks) == 1 && hooks[0].Config["url"] == want &&
+			c.pool.QueryRow(ctx, `SELECT COALESCE(hook_url, '') FROM repositories WHERE id = $1`, c.repoID).Scan(&url) == nil && url != ""
+	})
+	again := c.push(c.owner, c.repo, "main", map[string]string{"ci.nix": okNix(salt + "-3")}, false)
+	c.evalOf(again, "main")
 }
 
 // vmHWM is a process's peak resident set size, in bytes.

@@ -26,7 +26,8 @@ func (n *node) forgeSide(httpServer *web.Server, notifier *notify.Notifier, endp
 		return nil, nil, err
 	}
 	publicURL := strings.TrimRight(cmpOr(cfg.Frontend.PublicURL, endpoint), "/")
-	httpServer.RegisterProjects(&project.Enabler{Pool: n.pool, Forges: forges, PublicURL: publicURL})
+	enabler := &project.Enabler{Pool: n.pool, Forges: forges, PublicURL: publicURL, Configured: cfg.Frontend.PublicURL != ""}
+	httpServer.RegisterProjects(enabler)
 	oauth, err := forge.OAuthFromConfig(cfg.Forges)
 	if err != nil {
 		return nil, nil, err
@@ -73,7 +74,8 @@ func (n *node) forgeSide(httpServer *web.Server, notifier *notify.Notifier, endp
 			_, err := receiver.Dispatch(ctx, f, ev)
 			return err
 		},
-		Logger: n.logger,
+		Reregister: enabler.Reregister,
+		Logger:     n.logger,
 	}, n.pool)
 	n.logger.Info("forges connected", "forges", strings.Join(forges.Names(), ","), "public_url", publicURL)
 	return reporter, tasks, nil

@@ -60,8 +60,18 @@ SELECT ` + repositoryColumns + `
 FROM repositories r LEFT JOIN projects p ON p.repo_id = r.id
 WHERE r.id = $1`
 
-	sqlSetHook   = `UPDATE repositories SET hook_id = NULLIF($2, '') WHERE id = $1`
-	sqlClearHook = `UPDATE repositories SET hook_id = NULL WHERE id = $1 AND hook_id = $2`
+	// $1 repository, $2 hook id ('' none), $3 the base URL it was registered for
+	sqlSetHook   = `UPDATE repositories SET hook_id = NULLIF($2, ''), hook_url = $3 WHERE id = $1`
+	sqlClearHook = `UPDATE repositories SET hook_id = NULL, hook_url = NULL WHERE id = $1 AND hook_id = $2`
+
+	// Enabled projects of forges $1 whose hook was registered before hooks had a secret each,
+	// or ($3) for another base URL than $2/webhook/{forge}.
+	sqlStaleHooks = `
+SELECT ` + repositoryColumns + `
+FROM repositories r JOIN projects p ON p.repo_id = r.id
+WHERE p.enabled AND r.forge = ANY($1) AND r.forge_id IS NOT NULL
+  AND (r.hook_url IS NULL OR ($3 AND r.hook_url <> $2 || '/webhook/' || r.forge))
+ORDER BY r.id`
 
 	// $1 repository, $2 name of a new project
 	sqlEnableProject = `

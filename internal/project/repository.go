@@ -175,6 +175,9 @@ type Enabler struct {
 	// PublicURL is where the forge delivers webhooks: PublicURL/webhook/{forge}/{forge id}
 	// (a GitHub App: PublicURL/webhook/{forge}, set in the App's settings).
 	PublicURL string
+	// Configured says PublicURL is the cluster's configured one, not this node's endpoint:
+	// Reregister moves hooks registered for another URL to it.
+	Configured bool
 }
 
 // Enable creates or re-enables the project of repository repoID with p's settings, after
@@ -199,13 +202,14 @@ func (en Enabler) Enable(ctx context.Context, repoID int64, p EnableParams) (Pro
 	// The network call comes first and outside any transaction; registering is idempotent,
 	// so a failure below leaves a hook the next Enable finds again (and re-registers: a hook
 	// of an earlier Enable gets this URL and the repository's own secret).
-	hookID, err := f.RegisterWebhook(ctx, repo.Repo(), strings.TrimRight(en.PublicURL, "/")+"/webhook/"+repo.Forge)
+	base := en.hookBase(repo.Forge)
+	hookID, err := f.RegisterWebhook(ctx, repo.Repo(), base)
 	if err != nil {
 		return Project{}, fmt.Errorf("enable %s: %w", repo.FullName, err)
 	}
 	var pr Project
 	err = pgx.BeginFunc(ctx, en.Pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, sqlSetHook, repoID, hookID); err != nil {
+		if _, err := tx.Exec(ctx, sqlSetHook, repoID, hookID, base); err != nil {
 			return err
 		}
 		name := p.Name
@@ -237,6 +241,40 @@ func (en Enabler) Enable(ctx context.Context, repoID int64, p EnableParams) (Pro
 		return Project{}, fmt.Errorf("enable %s: %w", repo.FullName, err)
 	}
 	return pr, nil
+}
+
+// hookBase is where forgeName's hooks deliver: PublicURL/webhook/{forge}.
+func (en Enabler) hookBase(forgeName string) string {
+	return strings.TrimRight(en.PublicURL, "/") + "/webhook/" + forgeName
+}
+
+// Reregister registers again the webhooks of enabled projects whose hook was registered
+// before hooks had a secret each, or (when PublicURL is Configured) for another public URL,
+// and returns how many it registered. A repository that fails is left for the next call.
+func (en Enabler) Reregister(ctx context.Context) (int, error) {
+	rows, err := en.Pool.Query(ctx, sqlStaleHooks, en.Forges.Names(), strings.TrimRight(en.PublicURL, "/"), en.Configured)
+	if err != nil {
+		return 0, fmt.Errorf("hooks to register again: %w", err)
+	}
+	stale, err := pgx.CollectRows(rows, scanRepository)
+	if err != nil {
+		return 0, fmt.Errorf("hooks to register again: %w", err)
+	}
+	var n int
+	var errs []error
+	for _, repo := range stale {
+		base := en.hookBase(repo.Forge)
+		hookID, err := en.Forges[repo.Forge].RegisterWebhook(ctx, repo.Repo(), base)
+		if err == nil {
+			_, err = en.Pool.Exec(ctx, sqlSetHook, repo.ID, hookID, base)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("register the webhook of %s again: %w", repo.FullName, err))
+			continue
+		}
+		n++
+	}
+	return n, errors.Join(errs...)
 }
 
 // Disable disables the project of repository repoID (its queued evaluations wait, webhooks
