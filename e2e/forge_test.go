@@ -37,14 +37,17 @@ type forgeCluster struct {
 	gitea *giteatest.Server
 	owner giteatest.User
 	repo  giteatest.Repo
-	// repoID is the repository's row, once discovered.
-	repoID int64
+	// repoID is the repository's row, once discovered; forgeID is Gitea's id of it.
+	repoID  int64
+	forgeID int64
 }
 
 type forgeOptions struct {
 	builders int
 	// publicURL is [frontend] public_url; "" leaves the default (the node's endpoint).
 	publicURL string
+	// frontendLines are more [frontend] lines.
+	frontendLines string
 	// prepare runs once the Gitea user exists, before the cluster starts: it may create more
 	// repositories and return lines for the [[forges]] entry and the frontends' environment.
 	prepare func(g *giteatest.Server, owner giteatest.User) (forgeLines string, env []string)
@@ -72,6 +75,7 @@ func newForgeCluster(t *testing.T, o forgeOptions) *forgeCluster {
 	if o.publicURL != "" {
 		extra += fmt.Sprintf("public_url = %q\n", o.publicURL)
 	}
+	extra += o.frontendLines
 	extra += fmt.Sprintf("[[forges]]\nname = \"gitea\"\ntype = \"gitea\"\nurl = %q\n", g.URL)
 	env := []string{
 		"HARMONIA_FORGE_GITEA_TOKEN=" + owner.Token,
@@ -90,7 +94,8 @@ func newForgeCluster(t *testing.T, o forgeOptions) *forgeCluster {
 	}
 	proctest.WaitFor(t, 30*time.Second, "repository "+repo.FullName()+" discovered", func() bool {
 		c.checkRunning()
-		err := c.pool.QueryRow(ctx, `SELECT id FROM repositories WHERE forge = 'gitea' AND full_name = $1`, repo.FullName()).Scan(&c.repoID)
+		err := c.pool.QueryRow(ctx, `SELECT id, forge_id FROM repositories WHERE forge = 'gitea' AND full_name = $1 AND forge_id IS NOT NULL`,
+			repo.FullName()).Scan(&c.repoID, &c.forgeID)
 		return err == nil
 	})
 	return c
@@ -222,32 +227,52 @@ func (c *forgeCluster) waitLog(id, want string, n int) {
 	})
 }
 
-// deliver posts a push delivery in Gitea's format for commit sha to node id's webhook
-// endpoint, signed with secret ("" leaves the signature out).
+// deliver posts a push delivery in Gitea's format for commit sha of the repository to node
+// id's webhook endpoint for it, signed with the repository's secret under the forge secret
+// secret ("" leaves the signature out).
 func (c *forgeCluster) deliver(id, sha, secret string) (int, string) {
 	c.t.Helper()
+	body := giteaPushBody(c.t, c.repo, c.forgeID, sha)
+	var sig []byte
+	if secret != "" {
+		sig = forge.RepositorySecret([]byte(secret), c.forgeID)
+	}
+	return c.deliverBody(id, fmt.Sprintf("/webhook/gitea/%d", c.forgeID), fmt.Sprintf("e2e-%d", time.Now().UnixNano()), sig, body)
+}
+
+// giteaPushBody is a push delivery in Gitea's format of commit sha to repo's main, whose
+// Gitea id is forgeID.
+func giteaPushBody(t *testing.T, repo giteatest.Repo, forgeID int64, sha string) []byte {
+	t.Helper()
 	body, err := os.ReadFile("../internal/giteatest/testdata/push.json")
 	if err != nil {
-		c.t.Fatal(err)
+		t.Fatal(err)
 	}
 	var p map[string]any
 	if err := json.Unmarshal(body, &p); err != nil {
-		c.t.Fatal(err)
+		t.Fatal(err)
 	}
 	p["after"] = sha
-	repo := p["repository"].(map[string]any)
-	repo["full_name"], repo["name"], repo["clone_url"] = c.repo.FullName(), c.repo.Name, c.repo.CloneURL
-	repo["owner"] = map[string]any{"login": c.repo.Owner}
+	r := p["repository"].(map[string]any)
+	r["id"], r["full_name"], r["name"], r["clone_url"] = forgeID, repo.FullName(), repo.Name, repo.CloneURL
+	r["owner"] = map[string]any{"login": repo.Owner}
 	body, _ = json.Marshal(p)
-	req, err := http.NewRequest(http.MethodPost, c.endpoint(id)+"/webhook/gitea", bytes.NewReader(body))
+	return body
+}
+
+// deliverBody posts a Gitea push delivery of body to path on node id, signed with secret
+// (nil leaves the signature out).
+func (c *forgeCluster) deliverBody(id, path, delivery string, secret, body []byte) (int, string) {
+	c.t.Helper()
+	req, err := http.NewRequest(http.MethodPost, c.endpoint(id)+path, bytes.NewReader(body))
 	if err != nil {
 		c.t.Fatal(err)
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("X-Gitea-Event", "push")
-	req.Header.Set("X-Gitea-Delivery", fmt.Sprintf("e2e-%d", time.Now().UnixNano()))
-	if secret != "" {
-		req.Header.Set("X-Gitea-Signature", forge.Sign([]byte(secret), body))
+	req.Header.Set("X-Gitea-Delivery", delivery)
+	if secret != nil {
+		req.Header.Set("X-Gitea-Signature", forge.Sign(secret, body))
 	}
 	return sendRequest(c.t, req)
 }
@@ -284,7 +309,7 @@ func TestGiteaPushToCommitStatuses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(hooks) != 1 || hooks[0].Config["url"] != c.endpoint("front-1")+"/webhook/gitea" || !hooks[0].Active {
+	if len(hooks) != 1 || hooks[0].Config["url"] != fmt.Sprintf("%s/webhook/gitea/%d", c.endpoint("front-1"), c.forgeID) || !hooks[0].Active {
 		t.Fatalf("hooks after enable: %+v", hooks)
 	}
 	c.enable(nil) // idempotent: still one hook
@@ -521,7 +546,7 @@ func TestGiteaStatusesOnceAcrossFrontends(t *testing.T) {
 	}
 	lb.set(c.endpoint("front-1"), c.endpoint("front-2"), c.endpoint("front-3"))
 	c.enable(nil)
-	if hooks, err := c.gitea.Hooks(context.Background(), c.repo); err != nil || len(hooks) != 1 || hooks[0].Config["url"] != public+"/webhook/gitea" {
+	if hooks, err := c.gitea.Hooks(context.Background(), c.repo); err != nil || len(hooks) != 1 || hooks[0].Config["url"] != fmt.Sprintf("%s/webhook/gitea/%d", public, c.forgeID) {
 		t.Fatalf("hooks: %+v (%v), want one to %s", hooks, err, public)
 	}
 

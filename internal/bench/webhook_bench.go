@@ -139,7 +139,7 @@ func Webhook(ctx context.Context, o WebhookOptions) (WebhookReport, error) {
 func benchProjects(ctx context.Context, pool *pgxpool.Pool, n int) ([]string, error) {
 	var repos []forge.Repository
 	for i := range n {
-		repos = append(repos, forge.Repository{Repo: forge.Repo{Owner: "bench", Name: fmt.Sprintf("repo%d", i)},
+		repos = append(repos, forge.Repository{Repo: forge.Repo{Owner: "bench", Name: fmt.Sprintf("repo%d", i), ForgeID: int64(i + 1)},
 			CloneURL: fmt.Sprintf("http://gitea.invalid/bench/repo%d.git", i), DefaultBranch: "main"})
 	}
 	if _, err := project.SyncRepositories(ctx, pool, "gitea", repos); err != nil {
@@ -184,10 +184,11 @@ func deliveries(ctx context.Context, pool *pgxpool.Pool, forges forge.Set, repos
 				if i >= o.Deliveries || ctx.Err() != nil {
 					return
 				}
-				body, h, err := pushDelivery(template, repos[i%len(repos)], i)
+				k := i % len(repos)
+				body, h, err := pushDelivery(template, repos[k], int64(k+1), i)
 				if err == nil {
 					t0 := time.Now()
-					err = post(ctx, client, base+"/webhook/gitea", body, h)
+					err = post(ctx, client, fmt.Sprintf("%s/webhook/gitea/%d", base, k+1), body, h)
 					lat[i] = time.Since(t0)
 				}
 				if err != nil {
@@ -214,22 +215,24 @@ func deliveries(ctx context.Context, pool *pgxpool.Pool, forges forge.Set, repos
 	return nil
 }
 
-// pushDelivery makes delivery i: the recorded push, to repo, with a new commit and delivery id.
-func pushDelivery(template map[string]any, repo string, i int) ([]byte, http.Header, error) {
+// pushDelivery makes delivery i: the recorded push, to repo (whose forge id is forgeID), with a
+// new commit and delivery id, to a branch of its own (a new commit on a branch with another
+// one's evaluation would ask the forge for the branch's head first).
+func pushDelivery(template map[string]any, repo string, forgeID int64, i int) ([]byte, http.Header, error) {
 	p := map[string]any{}
 	for k, v := range template {
 		p[k] = v
 	}
 	sha := fmt.Sprintf("%040x", i+1)
 	p["after"] = sha
-	p["ref"] = "refs/heads/main"
+	p["ref"] = fmt.Sprintf("refs/heads/bench-%d", i)
 	owner, name, _ := cutSlash(repo)
 	rp, _ := p["repository"].(map[string]any)
 	rc := map[string]any{}
 	for k, v := range rp {
 		rc[k] = v
 	}
-	rc["full_name"], rc["name"] = repo, name
+	rc["id"], rc["full_name"], rc["name"] = forgeID, repo, name
 	rc["clone_url"] = "http://gitea.invalid/" + repo + ".git"
 	rc["default_branch"] = "main"
 	rc["owner"] = map[string]any{"login": owner, "username": owner}
@@ -243,7 +246,7 @@ func pushDelivery(template map[string]any, repo string, i int) ([]byte, http.Hea
 	h.Set("X-Gitea-Event", "push")
 	h.Set("X-Gitea-Event-Type", "push")
 	h.Set("X-Gitea-Delivery", fmt.Sprintf("bench-%d-%s", i, randomHex(4)))
-	h.Set("X-Gitea-Signature", forge.Sign([]byte(benchSecret), body))
+	h.Set("X-Gitea-Signature", forge.Sign(forge.RepositorySecret([]byte(benchSecret), forgeID), body))
 	return body, h, nil
 }
 

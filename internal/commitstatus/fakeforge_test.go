@@ -148,7 +148,10 @@ func (f *fakeForge) Type() string { return forge.TypeGitea }
 
 var errUnexpected = errors.New("fake forge: the commit status reporter must not call this")
 
-func (f *fakeForge) VerifyWebhook(http.Header, []byte) error { return errUnexpected }
+func (f *fakeForge) VerifyWebhook(http.Header, int64, []byte) error { return errUnexpected }
+func (f *fakeForge) WebhookVerifier(http.Header, int64) (*forge.Verifier, error) {
+	return nil, errUnexpected
+}
 func (f *fakeForge) ParseWebhook(http.Header, []byte) (forge.Event, error) {
 	return forge.Event{}, errUnexpected
 }

@@ -278,7 +278,7 @@ private_key_file = "app.pem"
 			TrustedPublicKeys: []string{"cache.example.org-1:6NCHdD59X431o0gWypbMrAURkbJ16ZPMQFGspcDShjY="},
 		},
 		Frontend: FrontendConfig{PublicURL: "https://ci.example.org", StatusDebounce: d("1s"),
-			RepoSyncInterval: d("15m"), PollCheckInterval: d("1m"), MaxWebhookBody: 25_000_000},
+			RepoSyncInterval: d("15m"), PollCheckInterval: d("1m"), MaxWebhooksInFlight: 32},
 		Retention: RetentionConfig{Default: d("90d"), Max: d("365d"), LogRetention: d("30d"), GCInterval: d("24h"), Grace: d("24h")},
 		Forges: []ForgeConfig{
 			{Name: "gitea", Type: "gitea", URL: "https://gitea.example.org", TokenFile: "gitea.token",
@@ -611,8 +611,11 @@ func TestValidate(t *testing.T) {
 		}, []string{`config: forges[0].url: invalid URL "gitea.example" (an absolute http or https URL)`}},
 		{"public url", func(c *Config) { c.Frontend.PublicURL = "ci.example.com" },
 			[]string{`config: frontend.public_url: invalid URL "ci.example.com" (an absolute http or https URL)`}},
-		{"webhook body", func(c *Config) { c.Frontend.MaxWebhookBody = 10 },
-			[]string{"config: frontend.max_webhook_body must be at least 1 KB, got 10B"}},
+		{"webhook body", func(c *Config) {
+			c.Forges = []ForgeConfig{{Name: "g", Type: "gitea", URL: "https://gitea.example", Token: "t", WebhookSecret: "s", MaxWebhookBody: 10}}
+		}, []string{"config: forges[0].max_webhook_body must be between 1 KB and 100 MB, got 10B"}},
+		{"webhooks in flight", func(c *Config) { c.Frontend.MaxWebhooksInFlight = 0 },
+			[]string{"config: frontend.max_webhooks_in_flight must be between 1 and 10000, got 0"}},
 		{"bad trusted key", func(c *Config) { c.Substituters.TrustedPublicKeys = []string{"nokey"} },
 			[]string{"config: substituters.trusted_public_keys[0]: "}},
 		{"dead threshold", func(c *Config) { c.Cluster.Heartbeat.DeadThreshold = d("45s") },

@@ -35,6 +35,9 @@ type ForgeConfig struct {
 	// in to the web UI with; empty: no login with this forge.
 	OAuthClientID         string `toml:"oauth_client_id"`
 	OAuthClientSecretFile string `toml:"oauth_client_secret_file"` // that application's client secret
+	// MaxWebhookBody bounds a delivery's body (larger ones get 413); 0: the forge type's
+	// default, which fits its real deliveries (gitea 5MB, github 25MB, GitHub's own cap).
+	MaxWebhookBody ByteSize `toml:"max_webhook_body"`
 
 	// Filled by Load from the files above or the environment. Never printed: see String.
 	Token         string `toml:"-" json:"-"`
@@ -72,18 +75,19 @@ type FrontendConfig struct {
 	RepoSyncInterval Duration `toml:"repo_sync_interval"`
 	// PollCheckInterval is how often projects with a poll_interval are checked for being due.
 	PollCheckInterval Duration `toml:"poll_check_interval"`
-	// MaxWebhookBody bounds a webhook delivery's body.
-	MaxWebhookBody ByteSize `toml:"max_webhook_body"`
+	// MaxWebhooksInFlight bounds the webhook deliveries this frontend handles at a time;
+	// past it they get 503 with Retry-After (the forge delivers again).
+	MaxWebhooksInFlight int `toml:"max_webhooks_in_flight"`
 }
 
 var forgeNameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,31}$`)
 
 func frontendDefaults() FrontendConfig {
 	return FrontendConfig{
-		StatusDebounce:    Duration{5 * time.Second},
-		RepoSyncInterval:  Duration{15 * time.Minute},
-		PollCheckInterval: Duration{time.Minute},
-		MaxWebhookBody:    25 * sizeMB,
+		StatusDebounce:      Duration{5 * time.Second},
+		RepoSyncInterval:    Duration{15 * time.Minute},
+		PollCheckInterval:   Duration{time.Minute},
+		MaxWebhooksInFlight: 32,
 	}
 }
 
@@ -116,8 +120,8 @@ func (c *Config) forgeProblems(add func(key, format string, args ...any)) {
 			add(k.key, "%s must be positive, got %s", k.key, k.d)
 		}
 	}
-	if fe.MaxWebhookBody < 1024 {
-		add("frontend.max_webhook_body", "frontend.max_webhook_body must be at least 1 KB, got %s", fe.MaxWebhookBody)
+	if fe.MaxWebhooksInFlight < 1 || fe.MaxWebhooksInFlight > 10000 {
+		add("frontend.max_webhooks_in_flight", "frontend.max_webhooks_in_flight must be between 1 and 10000, got %d", fe.MaxWebhooksInFlight)
 	}
 	var names []string
 	for i, f := range c.Forges {
@@ -131,6 +135,9 @@ func (c *Config) forgeProblems(add func(key, format string, args ...any)) {
 			add(key+".name", "%s.name: duplicate forge name %q", key, f.Name)
 		}
 		names = append(names, f.Name)
+		if f.MaxWebhookBody != 0 && (f.MaxWebhookBody < 1024 || f.MaxWebhookBody > 100*sizeMB) {
+			add(key+".max_webhook_body", "%s.max_webhook_body must be between 1 KB and 100 MB, got %s", key, f.MaxWebhookBody)
+		}
 		checkURL := func(field, u string) {
 			if p, err := url.Parse(u); err != nil || (p.Scheme != "http" && p.Scheme != "https") || p.Host == "" {
 				add(key+"."+field, "%s.%s: invalid URL %q (an absolute http or https URL)", key, field, u)

@@ -37,9 +37,10 @@ VALUES ($1, $2, $3, $4, NULLIF($5, ''), NULLIF($6, 0), NULLIF($7, ''), $9, 'skip
 ON CONFLICT (project_id, commit_sha, branch) DO NOTHING
 RETURNING id`
 
-	// A webhook delivery acted on; no row back means it was seen before. $1 forge, $2 delivery id.
+	// A webhook delivery acted on; no row back means it was seen before, by its delivery id or
+	// its body. $1 forge, $2 delivery id, $3 the body's SHA-256 (NULL: none).
 	sqlRecordDelivery = `
-INSERT INTO webhook_deliveries (forge, delivery_id) VALUES ($1, $2)
+INSERT INTO webhook_deliveries (forge, delivery_id, body_sha256) VALUES ($1, $2, $3)
 ON CONFLICT DO NOTHING
 RETURNING true`
 
@@ -51,6 +52,10 @@ SELECT $1, attr, drv_path, error FROM eval_attrs WHERE eval_id = $2`
 
 	// Superseding: older queued or running evaluations of the project and branch. $1 project,
 	// $2 branch, $3 the new evaluation.
+	// Whether a branch has an evaluation of another commit. $1 project, $2 branch, $3 commit.
+	sqlOtherCommitOfBranch = `
+SELECT EXISTS (SELECT 1 FROM evaluations WHERE project_id = $1 AND branch = $2 AND commit_sha <> $3)`
+
 	sqlSupersede = `
 UPDATE evaluations SET status = 'cancelled', finished_at = now(),
     error = 'superseded by evaluation ' || $3::bigint

@@ -1,6 +1,7 @@
 package eval
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -176,11 +177,20 @@ type RequestParams struct {
 	// Delivery, if set, is the webhook delivery asking: recorded in the same transaction, and
 	// a delivery recorded before makes Request fail with ErrDuplicateDelivery.
 	Delivery *Delivery
+	// IsHead, if set, asks the forge whether Commit is still the branch's head. It is called,
+	// under the project's request lock, when the branch (one that supersedes) has an
+	// evaluation of another commit: a commit the branch has moved on from (a late or replayed
+	// delivery) is not evaluated (ErrNotHead), so it can neither supersede the newer
+	// evaluation nor bring back its own superseded one.
+	IsHead func(ctx context.Context) (bool, error)
 }
 
 // Delivery names a forge's webhook delivery.
 type Delivery struct {
 	Forge, ID string
+	// BodySHA256 is the hash of the delivery's signed body (nil: none); a body recorded before
+	// is a replay whatever its delivery id.
+	BodySHA256 []byte
 }
 
 // ErrDuplicateDelivery is returned for a webhook delivery that was acted on before (a replay).
@@ -236,7 +246,7 @@ func request(ctx context.Context, pool *pgxpool.Pool, p RequestParams) (Evaluati
 		}
 		if d := p.Delivery; d != nil {
 			var fresh bool
-			err := tx.QueryRow(ctx, sqlRecordDelivery, d.Forge, d.ID).Scan(&fresh)
+			err := tx.QueryRow(ctx, sqlRecordDelivery, d.Forge, d.ID, d.BodySHA256).Scan(&fresh)
 			if errors.Is(err, pgx.ErrNoRows) {
 				return ErrDuplicateDelivery
 			}
@@ -260,7 +270,11 @@ func request(ctx context.Context, pool *pgxpool.Pool, p RequestParams) (Evaluati
 			}
 			if again || (p.Delivery != nil && wasSuperseded(e) && Supersedes(p.Branch)) {
 				// The forge says the branch points at this commit again (a revert, a
-				// force-push back): evaluate it again rather than leave it cancelled.
+				// force-push back): evaluate it again rather than leave it cancelled, unless the
+				// branch has moved on since (the delivery is late, or replayed).
+				if head, err := isHead(ctx, p); err != nil || !head {
+					return cmp.Or(err, ErrNotHead)
+				}
 				if err := requeueSuperseded(ctx, tx, e); err != nil {
 					return err
 				}
@@ -270,6 +284,17 @@ func request(ctx context.Context, pool *pgxpool.Pool, p RequestParams) (Evaluati
 				}
 			}
 			return recordDeliveryEval(ctx, tx, p.Delivery, e.ID)
+		}
+		if p.IsHead != nil && Supersedes(p.Branch) {
+			var other bool
+			if err := tx.QueryRow(ctx, sqlOtherCommitOfBranch, p.ProjectID, p.Branch, p.Commit).Scan(&other); err != nil {
+				return fmt.Errorf("evaluations of the branch: %w", err)
+			}
+			if other {
+				if head, err := isHead(ctx, p); err != nil || !head {
+					return cmp.Or(err, ErrNotHead)
+				}
+			}
 		}
 		var reuse int64
 		if p.TreeHash != "" {
@@ -377,6 +402,26 @@ func requeueSuperseded(ctx context.Context, tx pgx.Tx, e Evaluation) error {
 	}
 	return notifyEvaluation(ctx, tx, e.ID, StatusQueued)
 }
+
+// isHead asks p.IsHead, if set; without one the commit is taken to be the head.
+func isHead(ctx context.Context, p RequestParams) (bool, error) {
+	if p.IsHead == nil {
+		return true, nil
+	}
+	head, err := p.IsHead(ctx)
+	if err != nil {
+		return false, fmt.Errorf("%w: %w", ErrHeadUnknown, err)
+	}
+	return head, nil
+}
+
+// ErrHeadUnknown wraps a failure of RequestParams.IsHead: whether the commit is the branch's
+// head could not be decided, and nothing was recorded.
+var ErrHeadUnknown = errors.New("could not ask for the branch's head")
+
+// ErrNotHead is returned for a request whose commit is no longer its branch's head while the
+// branch has an evaluation of another commit (see RequestParams.IsHead): nothing was recorded.
+var ErrNotHead = errors.New("commit is no longer the branch's head")
 
 // supersede cancels the queued and running evaluations of the project's branch older than
 // evaluation id, when the branch supersedes (see Supersedes), and announces them; the caller

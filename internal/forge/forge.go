@@ -6,6 +6,7 @@ package forge
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"net/http"
 	"time"
@@ -34,7 +35,15 @@ type Forge interface {
 
 	// VerifyWebhook checks a delivery's signature over the raw body, in constant time. It
 	// returns an error wrapping ErrSignature when the signature is missing or does not match.
-	VerifyWebhook(h http.Header, body []byte) error
+	// repoID is as for WebhookVerifier.
+	VerifyWebhook(h http.Header, repoID int64, body []byte) error
+	// WebhookVerifier starts checking a delivery's signature before its body is read: the body
+	// is written to the Verifier as it streams. repoID is the forge id of the repository the
+	// delivery's URL names, 0 for the forge-wide URL. A forge whose hooks have a secret per
+	// repository (Gitea) refuses repoID 0, one with a single secret by nature (a GitHub App)
+	// refuses any other; both, and a missing signature header, are errors wrapping
+	// ErrSignature.
+	WebhookVerifier(h http.Header, repoID int64) (*Verifier, error)
 	// ParseWebhook decodes a verified delivery. Events harmonia-ci does not act on come back
 	// with Kind EventIgnored rather than as an error; malformed bodies are errors.
 	ParseWebhook(h http.Header, body []byte) (Event, error)
@@ -57,9 +66,11 @@ type Forge interface {
 	// A frontend recovering a delivery another one may have made checks it before resending.
 	LatestStatus(ctx context.Context, repo Repo, sha, context string) (s Status, ok bool, err error)
 	// RegisterWebhook makes the forge deliver push, pull_request and issue_comment events of
-	// repo to url, signed with the forge's webhook secret, and returns the hook's id. Forges
-	// whose hooks are per installation (GitHub Apps) return "" and do nothing.
-	RegisterWebhook(ctx context.Context, repo Repo, url string) (hookID string, err error)
+	// repo to base/{repo.ForgeID}, signed with RepositorySecret of the repository, and returns
+	// the hook's id. A hook of the repository's at base or under it already is updated to that
+	// URL and secret (so enabling again re-registers it). Forges whose hooks are per
+	// installation (GitHub Apps) return "" and do nothing.
+	RegisterWebhook(ctx context.Context, repo Repo, base string) (hookID string, err error)
 	// DeleteWebhook removes a hook RegisterWebhook made; a hook already gone is not an error.
 	DeleteWebhook(ctx context.Context, repo Repo, hookID string) error
 	// CommitURL is the web page of a commit, for links.
@@ -72,6 +83,9 @@ type Repo struct {
 	Name  string
 	// InstallationID is the GitHub App installation that can act on the repository; 0 elsewhere.
 	InstallationID int64
+	// ForgeID is the forge's numeric id of the repository (0: unknown). Unlike the name it
+	// survives renames; a repository's webhook secret is derived from it.
+	ForgeID int64
 }
 
 // FullName is "owner/name".
@@ -170,4 +184,8 @@ type Event struct {
 	Commenter   string
 	Body        string
 	CommentedAt time.Time
+
+	// BodySHA256 is the SHA-256 of the verified delivery's body, set by the receiver (zero for
+	// polls): a body seen before is a replay whatever its delivery id.
+	BodySHA256 [sha256.Size]byte
 }

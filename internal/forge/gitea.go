@@ -63,9 +63,25 @@ func (g *Gitea) Name() string { return g.name }
 // Type implements Forge.
 func (g *Gitea) Type() string { return TypeGitea }
 
-// VerifyWebhook checks X-Gitea-Signature, the hex HMAC-SHA256 of the body.
-func (g *Gitea) VerifyWebhook(h http.Header, body []byte) error {
-	return checkHMAC(g.secret, body, h.Get("X-Gitea-Signature"), "X-Gitea-Signature")
+// VerifyWebhook checks X-Gitea-Signature, the hex HMAC-SHA256 of the body under the
+// repository's secret.
+func (g *Gitea) VerifyWebhook(h http.Header, repoID int64, body []byte) error {
+	v, err := g.WebhookVerifier(h, repoID)
+	if err != nil {
+		return err
+	}
+	v.Write(body)
+	return v.Verify()
+}
+
+// WebhookVerifier implements Forge. Every repository's hook has its own secret, which its
+// admins can read: the forge-wide URL, whose secret would be the configured one, accepts
+// nothing.
+func (g *Gitea) WebhookVerifier(h http.Header, repoID int64) (*Verifier, error) {
+	if repoID <= 0 {
+		return nil, fmt.Errorf("%w: gitea deliveries are signed per repository, at /webhook/{forge}/{repository id}", ErrSignature)
+	}
+	return newVerifier(RepositorySecret(g.secret, repoID), h.Get("X-Gitea-Signature"), "X-Gitea-Signature")
 }
 
 // giteaUser is a user as Gitea's JSON shows it.
@@ -74,6 +90,7 @@ type giteaUser struct {
 }
 
 type giteaRepo struct {
+	ID            int64     `json:"id"`
 	Name          string    `json:"name"`
 	FullName      string    `json:"full_name"`
 	Owner         giteaUser `json:"owner"`
@@ -87,7 +104,7 @@ func (r giteaRepo) repository() (Repository, error) {
 	if !ok {
 		owner, name = r.Owner.Login, r.Name
 	}
-	repo := Repository{Repo: Repo{Owner: owner, Name: name}, CloneURL: r.CloneURL,
+	repo := Repository{Repo: Repo{Owner: owner, Name: name, ForgeID: r.ID}, CloneURL: r.CloneURL,
 		DefaultBranch: r.DefaultBranch, Private: r.Private}
 	return repo, repo.validate()
 }
@@ -371,26 +388,37 @@ type giteaHook struct {
 	Active bool              `json:"active"`
 }
 
-// RegisterWebhook creates the repository's hook to url, or returns the one that exists.
-func (g *Gitea) RegisterWebhook(ctx context.Context, repo Repo, hookURL string) (string, error) {
+// RegisterWebhook creates the repository's hook to base/{forge id} with the repository's
+// secret, then removes the hooks of ours it replaces (at base, as before hooks had their own
+// secret, or under it). Gitea shows no hook's secret and keeps it when a hook is edited, so a
+// hook is always created anew; created first, no push falls between two hooks.
+func (g *Gitea) RegisterWebhook(ctx context.Context, repo Repo, base string) (string, error) {
+	if repo.ForgeID <= 0 {
+		return "", fmt.Errorf("register webhook on %s: the repository's forge id is not known yet", repo.FullName())
+	}
+	base = strings.TrimRight(base, "/")
+	hookURL := base + "/" + strconv.FormatInt(repo.ForgeID, 10)
 	hooks, err := getAll[giteaHook](ctx, g.api, g.api.url(g.repoPath(repo, "hooks"), url.Values{"limit": {"50"}}), 100)
 	if err != nil {
 		return "", fmt.Errorf("hooks of %s: %w", repo.FullName(), err)
-	}
-	for _, h := range hooks {
-		if h.Config["url"] == hookURL && h.Active && !slices.ContainsFunc(giteaHookEvents, func(e string) bool { return !slices.Contains(h.Events, e) }) {
-			return strconv.FormatInt(h.ID, 10), nil
-		}
 	}
 	body := map[string]any{
 		"type":   "gitea",
 		"active": true,
 		"events": giteaHookEvents,
-		"config": map[string]string{"url": hookURL, "content_type": "json", "secret": string(g.secret)},
+		"config": map[string]string{"url": hookURL, "content_type": "json",
+			"secret": string(RepositorySecret(g.secret, repo.ForgeID))},
 	}
 	var h giteaHook
 	if _, err := g.api.do(ctx, http.MethodPost, g.api.url(g.repoPath(repo, "hooks"), nil), body, &h); err != nil {
 		return "", fmt.Errorf("register webhook on %s: %w", repo.FullName(), err)
+	}
+	for _, old := range hooks {
+		if u := old.Config["url"]; old.ID != h.ID && (u == base || strings.HasPrefix(u, base+"/")) {
+			if err := g.DeleteWebhook(ctx, repo, strconv.FormatInt(old.ID, 10)); err != nil {
+				return "", err
+			}
+		}
 	}
 	return strconv.FormatInt(h.ID, 10), nil
 }

@@ -3,6 +3,7 @@ package forge
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"errors"
 	"net/http"
 	"os"
@@ -12,8 +13,11 @@ import (
 	"time"
 )
 
+// recordedRepoID is the forge id of the repository of the recorded deliveries.
+const recordedRepoID = 1
+
 // giteaDelivery reads a delivery a real Gitea 1.26 sent (recorded by internal/giteatest) and
-// re-signs it with secret.
+// re-signs it with the recorded repository's secret under the forge's secret.
 func giteaDelivery(t *testing.T, name string, secret []byte, edit func(string) string) (http.Header, []byte) {
 	t.Helper()
 	dir := filepath.Join("..", "giteatest", "testdata")
@@ -36,7 +40,7 @@ func giteaDelivery(t *testing.T, name string, secret []byte, edit func(string) s
 			h.Set(k, v)
 		}
 	}
-	h.Set("X-Gitea-Signature", Sign(secret, body))
+	h.Set("X-Gitea-Signature", Sign(RepositorySecret(secret, recordedRepoID), body))
 	return h, body
 }
 
@@ -53,23 +57,38 @@ func TestGiteaVerifyWebhook(t *testing.T) {
 	secret := []byte("s3cret")
 	g := newTestGitea(t, secret)
 	h, body := giteaDelivery(t, "push", secret, nil)
-	if err := g.VerifyWebhook(h, body); err != nil {
+	if err := g.VerifyWebhook(h, recordedRepoID, body); err != nil {
 		t.Fatalf("a correctly signed delivery: %v", err)
 	}
 	tests := []struct {
-		name string
-		edit func(h http.Header, body []byte) (http.Header, []byte)
+		name   string
+		edit   func(h http.Header, body []byte) (http.Header, []byte)
+		repoID int64 // the repository the URL names; 0: recordedRepoID
 	}{
-		{"missing", func(h http.Header, b []byte) (http.Header, []byte) { h.Del("X-Gitea-Signature"); return h, b }},
-		{"wrong secret", func(h http.Header, b []byte) (http.Header, []byte) {
+		{name: "another repository's secret", edit: func(h http.Header, b []byte) (http.Header, []byte) {
+			h.Set("X-Gitea-Signature", Sign(RepositorySecret(secret, recordedRepoID+1), b))
+			return h, b
+		}},
+		{name: "at another repository's URL", edit: func(h http.Header, b []byte) (http.Header, []byte) { return h, b },
+			repoID: recordedRepoID + 1},
+		{name: "the forge-wide secret", edit: func(h http.Header, b []byte) (http.Header, []byte) {
+			h.Set("X-Gitea-Signature", Sign(secret, b))
+			return h, b
+		}},
+		{name: "at the forge-wide URL", edit: func(h http.Header, b []byte) (http.Header, []byte) {
+			h.Set("X-Gitea-Signature", Sign(secret, b))
+			return h, b
+		}, repoID: -1},
+		{name: "missing", edit: func(h http.Header, b []byte) (http.Header, []byte) { h.Del("X-Gitea-Signature"); return h, b }},
+		{name: "wrong secret", edit: func(h http.Header, b []byte) (http.Header, []byte) {
 			h.Set("X-Gitea-Signature", Sign([]byte("other"), b))
 			return h, b
 		}},
-		{"tampered body", func(h http.Header, b []byte) (http.Header, []byte) {
+		{name: "tampered body", edit: func(h http.Header, b []byte) (http.Header, []byte) {
 			return h, bytes.Replace(b, []byte("refs/heads/main"), []byte("refs/heads/evil"), 1)
 		}},
-		{"not hex", func(h http.Header, b []byte) (http.Header, []byte) { h.Set("X-Gitea-Signature", "zz"); return h, b }},
-		{"only the GitHub-style header", func(h http.Header, b []byte) (http.Header, []byte) {
+		{name: "not hex", edit: func(h http.Header, b []byte) (http.Header, []byte) { h.Set("X-Gitea-Signature", "zz"); return h, b }},
+		{name: "only the GitHub-style header", edit: func(h http.Header, b []byte) (http.Header, []byte) {
 			h.Set("X-Hub-Signature-256", "sha256="+h.Get("X-Gitea-Signature"))
 			h.Del("X-Gitea-Signature")
 			return h, b
@@ -79,7 +98,11 @@ func TestGiteaVerifyWebhook(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			h, body := giteaDelivery(t, "push", secret, nil)
 			h, body = tc.edit(h, body)
-			if err := g.VerifyWebhook(h, body); !errors.Is(err, ErrSignature) {
+			repoID := cmp.Or(tc.repoID, recordedRepoID)
+			if repoID < 0 {
+				repoID = 0
+			}
+			if err := g.VerifyWebhook(h, int64(repoID), body); !errors.Is(err, ErrSignature) {
 				t.Fatalf("err = %v, want ErrSignature", err)
 			}
 		})
@@ -143,7 +166,7 @@ func TestGiteaParseWebhook(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			h, body := giteaDelivery(t, tc.file, secret, tc.edit)
-			if err := g.VerifyWebhook(h, body); err != nil {
+			if err := g.VerifyWebhook(h, recordedRepoID, body); err != nil {
 				t.Fatal(err)
 			}
 			ev, err := g.ParseWebhook(h, body)
@@ -157,6 +180,9 @@ func TestGiteaParseWebhook(t *testing.T) {
 				t.Fatal(err)
 			}
 			tc.want.DeliveryID = h.Get("X-Gitea-Delivery")
+			if tc.want.Repository.FullName() != "/" {
+				tc.want.Repository.ForgeID = recordedRepoID
+			}
 			if ev != tc.want {
 				t.Errorf("event\n %+v\nwant\n %+v", ev, tc.want)
 			}

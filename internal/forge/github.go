@@ -112,17 +112,32 @@ func (g *GitHub) Type() string { return TypeGitHub }
 
 // VerifyWebhook checks X-Hub-Signature-256: "sha256=" and the hex HMAC-SHA256 of the body.
 // The older SHA-1 X-Hub-Signature is not accepted on its own.
-func (g *GitHub) VerifyWebhook(h http.Header, body []byte) error {
+func (g *GitHub) VerifyWebhook(h http.Header, repoID int64, body []byte) error {
+	v, err := g.WebhookVerifier(h, repoID)
+	if err != nil {
+		return err
+	}
+	v.Write(body)
+	return v.Verify()
+}
+
+// WebhookVerifier implements Forge. A GitHub App has one webhook secret, set in the App's
+// settings and visible only to the App's owner, for the deliveries of every installation: it
+// is checked at the forge-wide URL only.
+func (g *GitHub) WebhookVerifier(h http.Header, repoID int64) (*Verifier, error) {
 	const header = "X-Hub-Signature-256"
+	if repoID != 0 {
+		return nil, fmt.Errorf("%w: a GitHub App delivers to /webhook/{forge}", ErrSignature)
+	}
 	sig := h.Get(header)
 	if sig == "" {
-		return fmt.Errorf("%w: no %s header", ErrSignature, header)
+		return nil, fmt.Errorf("%w: no %s header", ErrSignature, header)
 	}
 	hexSig, ok := strings.CutPrefix(sig, "sha256=")
 	if !ok {
-		return fmt.Errorf("%w: %s does not start with sha256=", ErrSignature, header)
+		return nil, fmt.Errorf("%w: %s does not start with sha256=", ErrSignature, header)
 	}
-	return checkHMAC(g.secret, body, hexSig, header)
+	return newVerifier(g.secret, hexSig, header)
 }
 
 // githubUser is a user (or organisation) as GitHub's JSON shows it; push payloads name the
@@ -133,6 +148,7 @@ type githubUser struct {
 }
 
 type githubRepo struct {
+	ID            int64      `json:"id"`
 	Name          string     `json:"name"`
 	FullName      string     `json:"full_name"`
 	Owner         githubUser `json:"owner"`
@@ -146,7 +162,7 @@ func (r githubRepo) repository(installation int64) (Repository, error) {
 	if !ok {
 		owner, name = cmpOr(r.Owner.Login, r.Owner.Name), r.Name
 	}
-	repo := Repository{Repo: Repo{Owner: owner, Name: name, InstallationID: installation},
+	repo := Repository{Repo: Repo{Owner: owner, Name: name, InstallationID: installation, ForgeID: r.ID},
 		CloneURL: r.CloneURL, DefaultBranch: r.DefaultBranch, Private: r.Private}
 	return repo, repo.validate()
 }

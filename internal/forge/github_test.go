@@ -254,6 +254,7 @@ func TestGitHubListRepositories(t *testing.T) {
 	}
 	for _, r := range repos {
 		if w, ok := want[r.FullName()]; ok {
+			w.ForgeID = githubtest.RepoID(r.FullName())
 			if r != w {
 				t.Errorf("%s = %+v, want %+v", r.FullName(), r, w)
 			}
@@ -295,9 +296,13 @@ func TestGitHubVerifyWebhook(t *testing.T) {
 		if c.sig != "" {
 			h.Set("X-Hub-Signature-256", c.sig)
 		}
-		err := b.gh.VerifyWebhook(h, c.body)
+		err := b.gh.VerifyWebhook(h, 0, c.body)
 		if c.ok != (err == nil) || (err != nil && !errors.Is(err, ErrSignature)) {
 			t.Errorf("%s: err = %v", c.name, err)
+		}
+		// The App's one secret is good at the forge-wide URL only.
+		if err := b.gh.VerifyWebhook(h, 7, c.body); !errors.Is(err, ErrSignature) {
+			t.Errorf("%s at a repository's URL: err = %v, want ErrSignature", c.name, err)
 		}
 	}
 }
@@ -396,7 +401,7 @@ func TestGitHubParseWebhook(t *testing.T) {
 				}
 			}
 			h := b.srv.WebhookHeader(c.event, body)
-			if err := b.gh.VerifyWebhook(h, body); err != nil {
+			if err := b.gh.VerifyWebhook(h, 0, body); err != nil {
 				t.Fatalf("VerifyWebhook: %v", err)
 			}
 			ev, err := b.gh.ParseWebhook(h, body)
@@ -410,6 +415,9 @@ func TestGitHubParseWebhook(t *testing.T) {
 				t.Fatal(err)
 			}
 			c.want.DeliveryID = h.Get("X-GitHub-Delivery")
+			if c.want.Repository.FullName() != "/" {
+				c.want.Repository.ForgeID = githubtest.RepoID(c.want.Repository.FullName())
+			}
 			if ev != c.want {
 				t.Errorf("event\n %+v\nwant\n %+v", ev, c.want)
 			}
@@ -715,7 +723,7 @@ func TestGitHubDelivery(t *testing.T) {
 	hook.HandleFunc("POST /webhook/gh", func(w http.ResponseWriter, r *http.Request) {
 		var body bytes.Buffer
 		body.ReadFrom(r.Body)
-		if err := b.gh.VerifyWebhook(r.Header, body.Bytes()); err != nil {
+		if err := b.gh.VerifyWebhook(r.Header, 0, body.Bytes()); err != nil {
 			http.Error(w, "bad signature", http.StatusUnauthorized)
 			return
 		}

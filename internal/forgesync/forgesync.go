@@ -33,8 +33,11 @@ type Config struct {
 	SyncInterval time.Duration // default DefaultSyncInterval
 	PollCheck    time.Duration // default DefaultPollCheck
 	// Push hands a polled head to the webhook path.
-	Push   func(ctx context.Context, f forge.Forge, ev forge.Event) error
-	Logger *slog.Logger
+	Push func(ctx context.Context, f forge.Forge, ev forge.Event) error
+	// Reregister, if set, registers again the hooks of enabled projects registered for
+	// another URL or before hooks had a secret each (project.Enabler.Reregister).
+	Reregister func(ctx context.Context) (int, error)
+	Logger     *slog.Logger
 }
 
 // Tasks returns the leader-only forge tasks: repository discovery and polling.
@@ -58,6 +61,15 @@ func Tasks(cfg Config, pool *pgxpool.Pool) []cluster.Task {
 				}
 				if len(errs) > 0 {
 					log.Warn("repository discovery failed", "error", errors.Join(errs...))
+				}
+				if cfg.Reregister != nil {
+					n, err := cfg.Reregister(ctx)
+					if err != nil {
+						log.Warn("registering webhooks again failed", "error", err)
+					}
+					if n > 0 {
+						log.Info("webhooks registered again", "count", n)
+					}
 				}
 				return func(ctx context.Context, tx pgx.Tx) (int64, error) {
 					var n int64

@@ -76,6 +76,9 @@ func userJSON(login string) map[string]any {
 	}
 }
 
+// RepoID is the id the stand-in gives repository fullName in every payload and answer.
+func RepoID(fullName string) int64 { return numericID(fullName) }
+
 // RepoJSON is a repository as the REST API and most webhook payloads show it.
 func RepoJSON(r Repo) map[string]any {
 	owner, name, _ := strings.Cut(r.FullName, "/")

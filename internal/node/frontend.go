@@ -26,7 +26,8 @@ func (n *node) forgeSide(httpServer *web.Server, notifier *notify.Notifier, endp
 		return nil, nil, err
 	}
 	publicURL := strings.TrimRight(cmpOr(cfg.Frontend.PublicURL, endpoint), "/")
-	httpServer.RegisterProjects(&project.Enabler{Pool: n.pool, Forges: forges, PublicURL: publicURL})
+	enabler := &project.Enabler{Pool: n.pool, Forges: forges, PublicURL: publicURL, Configured: cfg.Frontend.PublicURL != ""}
+	httpServer.RegisterProjects(enabler)
 	oauth, err := forge.OAuthFromConfig(cfg.Forges)
 	if err != nil {
 		return nil, nil, err
@@ -48,8 +49,12 @@ func (n *node) forgeSide(httpServer *web.Server, notifier *notify.Notifier, endp
 			n.logger.Warn("repository discovery failed", "forge", name, "error", err)
 		}
 	}
+	maxBody := map[string]int64{}
+	for _, fc := range cfg.Forges {
+		maxBody[fc.Name] = int64(fc.MaxWebhookBody)
+	}
 	receiver := webhook.New(webhook.Config{
-		Forges: forges, MaxBody: int64(cfg.Frontend.MaxWebhookBody),
+		Forges: forges, MaxBody: maxBody, MaxInFlight: cfg.Frontend.MaxWebhooksInFlight,
 		OnRepositoriesChanged: discover, Logger: n.logger, Registerer: n.reg,
 	}, n.pool)
 	receiver.Register(httpServer.Mux())
@@ -69,7 +74,8 @@ func (n *node) forgeSide(httpServer *web.Server, notifier *notify.Notifier, endp
 			_, err := receiver.Dispatch(ctx, f, ev)
 			return err
 		},
-		Logger: n.logger,
+		Reregister: enabler.Reregister,
+		Logger:     n.logger,
 	}, n.pool)
 	n.logger.Info("forges connected", "forges", strings.Join(forges.Names(), ","), "public_url", publicURL)
 	return reporter, tasks, nil

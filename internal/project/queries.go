@@ -35,17 +35,18 @@ FROM p WHERE r.id = p.repo_id`
 
 	repositoryColumns = `r.id, r.forge, r.full_name, r.clone_url, r.default_branch, r.is_private,
        COALESCE(r.installation_id, 0), COALESCE(r.hook_id, ''), COALESCE(r.last_synced, 'epoch'::timestamptz),
-       COALESCE(p.name, ''), COALESCE(p.enabled, false)`
+       COALESCE(p.name, ''), COALESCE(p.enabled, false), COALESCE(r.forge_id, 0)`
 
 	// $1 forge, $2 owner, $3 name, $4 full name, $5 clone URL, $6 private, $7 default branch,
-	// $8 installation (0: none)
+	// $8 installation (0: none), $9 the forge's id of the repository (0: unknown, kept)
 	sqlUpsertRepository = `
-INSERT INTO repositories (forge, owner, name, full_name, clone_url, is_private, default_branch, installation_id, last_synced)
-VALUES ($1, $2, $3, $4, $5, $6, $7, NULLIF($8, 0), now())
+INSERT INTO repositories (forge, owner, name, full_name, clone_url, is_private, default_branch, installation_id, forge_id, last_synced)
+VALUES ($1, $2, $3, $4, $5, $6, $7, NULLIF($8, 0), NULLIF($9, 0), now())
 ON CONFLICT (forge, full_name) DO UPDATE
 SET owner = EXCLUDED.owner, name = EXCLUDED.name, clone_url = EXCLUDED.clone_url,
     is_private = EXCLUDED.is_private, default_branch = EXCLUDED.default_branch,
-    installation_id = EXCLUDED.installation_id, last_synced = now()`
+    installation_id = EXCLUDED.installation_id,
+    forge_id = COALESCE(EXCLUDED.forge_id, repositories.forge_id), last_synced = now()`
 
 	// $1 forge ("" all), $2 substring of the name ("" all)
 	sqlListRepositories = `
@@ -59,8 +60,18 @@ SELECT ` + repositoryColumns + `
 FROM repositories r LEFT JOIN projects p ON p.repo_id = r.id
 WHERE r.id = $1`
 
-	sqlSetHook   = `UPDATE repositories SET hook_id = NULLIF($2, '') WHERE id = $1`
-	sqlClearHook = `UPDATE repositories SET hook_id = NULL WHERE id = $1 AND hook_id = $2`
+	// $1 repository, $2 hook id ('' none), $3 the base URL it was registered for
+	sqlSetHook   = `UPDATE repositories SET hook_id = NULLIF($2, ''), hook_url = $3 WHERE id = $1`
+	sqlClearHook = `UPDATE repositories SET hook_id = NULL, hook_url = NULL WHERE id = $1 AND hook_id = $2`
+
+	// Enabled projects of forges $1 whose hook was registered before hooks had a secret each,
+	// or ($3) for another base URL than $2/webhook/{forge}.
+	sqlStaleHooks = `
+SELECT ` + repositoryColumns + `
+FROM repositories r JOIN projects p ON p.repo_id = r.id
+WHERE p.enabled AND r.forge = ANY($1) AND r.forge_id IS NOT NULL
+  AND (r.hook_url IS NULL OR ($3 AND r.hook_url <> $2 || '/webhook/' || r.forge))
+ORDER BY r.id`
 
 	// $1 repository, $2 name of a new project
 	sqlEnableProject = `

@@ -36,18 +36,20 @@ type Repository struct {
 	LastSynced     time.Time `json:"last_synced"`
 	Project        string    `json:"project,omitempty"` // "" if none
 	Enabled        bool      `json:"enabled"`           // the project is enabled
+	// ForgeID is the forge's id of the repository (0: not recorded yet).
+	ForgeID int64 `json:"forge_id,omitempty"`
 }
 
 // Repo is the forge's name of the repository.
 func (r Repository) Repo() forge.Repo {
 	owner, name, _ := strings.Cut(r.FullName, "/")
-	return forge.Repo{Owner: owner, Name: name, InstallationID: r.InstallationID}
+	return forge.Repo{Owner: owner, Name: name, InstallationID: r.InstallationID, ForgeID: r.ForgeID}
 }
 
 func scanRepository(row pgx.CollectableRow) (Repository, error) {
 	var r Repository
 	err := row.Scan(&r.ID, &r.Forge, &r.FullName, &r.CloneURL, &r.DefaultBranch, &r.Private,
-		&r.InstallationID, &r.HookID, &r.LastSynced, &r.Project, &r.Enabled)
+		&r.InstallationID, &r.HookID, &r.LastSynced, &r.Project, &r.Enabled, &r.ForgeID)
 	return r, err
 }
 
@@ -61,7 +63,7 @@ func SyncRepositories(ctx context.Context, q Execer, forgeName string, repos []f
 			continue // listed by the forge, but not a name we can use
 		}
 		tag, err := q.Exec(ctx, sqlUpsertRepository, forgeName, r.Owner, r.Name, r.FullName(), r.CloneURL,
-			r.Private, r.DefaultBranch, r.InstallationID)
+			r.Private, r.DefaultBranch, r.InstallationID, r.ForgeID)
 		if err != nil {
 			return n, fmt.Errorf("record repository %s: %w", r.FullName(), err)
 		}
@@ -170,8 +172,12 @@ type EnableParams struct {
 type Enabler struct {
 	Pool   *pgxpool.Pool
 	Forges forge.Set
-	// PublicURL is where the forge delivers webhooks: PublicURL/webhook/{forge}.
+	// PublicURL is where the forge delivers webhooks: PublicURL/webhook/{forge}/{forge id}
+	// (a GitHub App: PublicURL/webhook/{forge}, set in the App's settings).
 	PublicURL string
+	// Configured says PublicURL is the cluster's configured one, not this node's endpoint:
+	// Reregister moves hooks registered for another URL to it.
+	Configured bool
 }
 
 // Enable creates or re-enables the project of repository repoID with p's settings, after
@@ -194,14 +200,16 @@ func (en Enabler) Enable(ctx context.Context, repoID int64, p EnableParams) (Pro
 		return Project{}, fmt.Errorf("repository %d is on forge %q: %w", repoID, repo.Forge, ErrForgeNotConfigured)
 	}
 	// The network call comes first and outside any transaction; registering is idempotent,
-	// so a failure below leaves a hook the next Enable finds again.
-	hookID, err := f.RegisterWebhook(ctx, repo.Repo(), strings.TrimRight(en.PublicURL, "/")+"/webhook/"+repo.Forge)
+	// so a failure below leaves a hook the next Enable finds again (and re-registers: a hook
+	// of an earlier Enable gets this URL and the repository's own secret).
+	base := en.hookBase(repo.Forge)
+	hookID, err := f.RegisterWebhook(ctx, repo.Repo(), base)
 	if err != nil {
 		return Project{}, fmt.Errorf("enable %s: %w", repo.FullName, err)
 	}
 	var pr Project
 	err = pgx.BeginFunc(ctx, en.Pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, sqlSetHook, repoID, hookID); err != nil {
+		if _, err := tx.Exec(ctx, sqlSetHook, repoID, hookID, base); err != nil {
 			return err
 		}
 		name := p.Name
@@ -233,6 +241,40 @@ func (en Enabler) Enable(ctx context.Context, repoID int64, p EnableParams) (Pro
 		return Project{}, fmt.Errorf("enable %s: %w", repo.FullName, err)
 	}
 	return pr, nil
+}
+
+// hookBase is where forgeName's hooks deliver: PublicURL/webhook/{forge}.
+func (en Enabler) hookBase(forgeName string) string {
+	return strings.TrimRight(en.PublicURL, "/") + "/webhook/" + forgeName
+}
+
+// Reregister registers again the webhooks of enabled projects whose hook was registered
+// before hooks had a secret each, or (when PublicURL is Configured) for another public URL,
+// and returns how many it registered. A repository that fails is left for the next call.
+func (en Enabler) Reregister(ctx context.Context) (int, error) {
+	rows, err := en.Pool.Query(ctx, sqlStaleHooks, en.Forges.Names(), strings.TrimRight(en.PublicURL, "/"), en.Configured)
+	if err != nil {
+		return 0, fmt.Errorf("hooks to register again: %w", err)
+	}
+	stale, err := pgx.CollectRows(rows, scanRepository)
+	if err != nil {
+		return 0, fmt.Errorf("hooks to register again: %w", err)
+	}
+	var n int
+	var errs []error
+	for _, repo := range stale {
+		base := en.hookBase(repo.Forge)
+		hookID, err := en.Forges[repo.Forge].RegisterWebhook(ctx, repo.Repo(), base)
+		if err == nil {
+			_, err = en.Pool.Exec(ctx, sqlSetHook, repo.ID, hookID, base)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("register the webhook of %s again: %w", repo.FullName, err))
+			continue
+		}
+		n++
+	}
+	return n, errors.Join(errs...)
 }
 
 // Disable disables the project of repository repoID (its queued evaluations wait, webhooks

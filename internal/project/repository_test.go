@@ -80,7 +80,7 @@ func TestSyncRepositories(t *testing.T) {
 	t.Parallel()
 	pool := dbtest.NewPool(t)
 	hello := forgeRepo("octo/hello", "main")
-	hello.InstallationID = 7
+	hello.InstallationID, hello.ForgeID = 7, 1234
 	world := forgeRepo("octo/world", "trunk")
 	world.Private = true
 	bad := forgeRepo("octo/..", "main")
@@ -95,7 +95,7 @@ func TestSyncRepositories(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []Repository{
-		{Forge: "github", FullName: "octo/hello", CloneURL: hello.CloneURL, DefaultBranch: "main", InstallationID: 7},
+		{Forge: "github", FullName: "octo/hello", CloneURL: hello.CloneURL, DefaultBranch: "main", InstallationID: 7, ForgeID: 1234},
 		{Forge: "github", FullName: "octo/world", CloneURL: world.CloneURL, DefaultBranch: "trunk", Private: true},
 	}
 	if len(rs) != len(want) {
@@ -384,4 +384,46 @@ func TestDuePolls(t *testing.T) {
 	if n, err := MarkPolled(ctx(t), pool, nil); err != nil || n != 0 {
 		t.Fatalf("MarkPolled(nil) = %d, %v; want 0", n, err)
 	}
+}
+
+// Hooks registered before hooks had a secret each, or for another public URL, are registered
+// again; the others, and those of disabled projects, are left alone.
+func TestReregister(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.NewPool(t)
+	g := &fakeForge{name: "gitea"}
+	en := Enabler{Pool: pool, Forges: forge.Set{"gitea": g}, PublicURL: "http://ci.example/", Configured: true}
+	hello, off := forgeRepo("octo/hello", "main"), forgeRepo("octo/off", "main")
+	hello.ForgeID, off.ForgeID = 11, 12
+	ids := syncRepos(t, pool, "gitea", hello, off)
+	for _, name := range []string{"octo/hello", "octo/off"} {
+		if _, err := en.Enable(ctx(t), ids[name], EnableParams{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := en.Disable(ctx(t), ids["octo/off"]); err != nil {
+		t.Fatal(err)
+	}
+	reregister := func(want ...string) {
+		t.Helper()
+		before, _ := g.calls()
+		n, err := en.Reregister(ctx(t))
+		after, _ := g.calls()
+		if got := after[len(before):]; err != nil || n != len(want) || !slices.Equal(got, want) {
+			t.Fatalf("Reregister = %d, %v, registering %v; want %v", n, err, got, want)
+		}
+	}
+	reregister()
+	// As an upgrade finds hooks registered at the forge-wide URL.
+	if _, err := pool.Exec(ctx(t), `UPDATE repositories SET hook_url = NULL`); err != nil {
+		t.Fatal(err)
+	}
+	reregister("octo/hello http://ci.example/webhook/gitea")
+	reregister()
+	en.PublicURL = "https://ci.example.org"
+	reregister("octo/hello https://ci.example.org/webhook/gitea")
+	reregister()
+	// A node's own endpoint (no public_url) does not move hooks another node registered.
+	en.PublicURL, en.Configured = "http://10.0.0.2:8080", false
+	reregister()
 }

@@ -41,7 +41,10 @@ func sha(n int) string { return fmt.Sprintf("%040x", n) }
 
 // options adjust setup.
 type options struct {
-	maxBody int64
+	maxBody     int64
+	maxInFlight int
+	// onChanged replaces the OnRepositoriesChanged that sends to bundle.changed.
+	onChanged func(forgeName string)
 }
 
 // bundle is one test's world: a stand-in GitHub with installation 42 holding octo/hello
@@ -119,8 +122,12 @@ func setup(t *testing.T, opt options) *bundle {
 		t.Fatalf("Enable = %+v, %v; want enabled project hello", p, err)
 	}
 
-	recv := webhook.New(webhook.Config{Forges: forges, MaxBody: opt.maxBody, Logger: testLogger(t),
-		OnRepositoriesChanged: func(name string) { b.changed <- name }, Registerer: b.reg}, b.pool)
+	changed := func(name string) { b.changed <- name }
+	if opt.onChanged != nil {
+		changed = opt.onChanged
+	}
+	recv := webhook.New(webhook.Config{Forges: forges, MaxBody: map[string]int64{"github": opt.maxBody}, MaxInFlight: opt.maxInFlight,
+		Logger: testLogger(t), OnRepositoriesChanged: changed, Registerer: b.reg}, b.pool)
 	mux := http.NewServeMux()
 	recv.Register(mux)
 	srv := httptest.NewServer(mux)
@@ -256,6 +263,13 @@ func (b *bundle) nothingRecorded(t *testing.T) {
 // push is the payload of a push of commit after to branch of repo.
 func push(repo githubtest.Repo, branch, after string) map[string]any {
 	return githubtest.PushPayload(githubtest.Push{Repo: repo, Ref: "refs/heads/" + branch, After: after,
+		Sender: "octo", Installation: installationID})
+}
+
+// pushFrom is the payload of a push moving branch from before to after: another body than
+// push's for the same commit, as a forge sends for a second push of it.
+func pushFrom(repo githubtest.Repo, branch, before, after string) map[string]any {
+	return githubtest.PushPayload(githubtest.Push{Repo: repo, Ref: "refs/heads/" + branch, Before: before, After: after,
 		Sender: "octo", Installation: installationID})
 }
 

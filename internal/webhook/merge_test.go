@@ -34,6 +34,7 @@ func TestPullRequestBase(t *testing.T) {
     base_commit = $2, merge_commit = $3 WHERE id = $1`, got.eval, strings.Repeat("b", 40), strings.Repeat("c", 40)); err != nil {
 		t.Fatal(err)
 	}
+	pr.Title = "reopened once more" // a new event, not a replay of the last one's body
 	again = b.deliver(t, "pull_request", pullRequest("reopened", pr))
 	if again.code != http.StatusAccepted || again.eval != got.eval || again.msg != "evaluation queued" {
 		t.Fatalf("reopened after a merge: %+v, want the evaluation queued again", again)
@@ -54,7 +55,7 @@ func TestPullRequestBase(t *testing.T) {
     base_commit = $2 WHERE id = $1`, got.eval, strings.Repeat("b", 40)); err != nil {
 		t.Fatal(err)
 	}
-	pr.HeadSHA = sha(5)
+	pr.HeadSHA, pr.Title = sha(5), "back to the older head"
 	old := b.deliver(t, "pull_request", pullRequest("reopened", pr))
 	if old.eval != got.eval || old.msg != "evaluation exists" {
 		t.Fatalf("an event for the older head: %+v, want its evaluation left as it is", old)

@@ -31,6 +31,7 @@ var (
 // receiverMetrics are the receiver's series; nil (no registerer) records nothing.
 type receiverMetrics struct {
 	deliveries *prometheus.CounterVec
+	inFlight   prometheus.Gauge
 }
 
 func newReceiverMetrics(reg prometheus.Registerer, forges forge.Set) *receiverMetrics {
@@ -40,8 +41,12 @@ func newReceiverMetrics(reg prometheus.Registerer, forges forge.Set) *receiverMe
 	m := &receiverMetrics{deliveries: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "harmonia_ci_webhook_deliveries_total",
 		Help: "Webhook deliveries this node received from a configured forge, by forge, event kind (push, pull_request, comment, installation, ignored; unknown when refused before parsing) and result (accepted, ignored, replayed, rejected, error).",
-	}, []string{"forge", "event", "result"})}
-	reg.MustRegister(m.deliveries)
+	}, []string{"forge", "event", "result"}),
+		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "harmonia_ci_webhook_deliveries_in_flight",
+			Help: "Webhook deliveries this node is handling now (bounded by frontend.max_webhooks_in_flight).",
+		})}
+	reg.MustRegister(m.deliveries, m.inFlight)
 	// The series an alert watches exist from the start.
 	for _, name := range forges.Names() {
 		m.deliveries.WithLabelValues(name, eventUnknown, resultRejected)
@@ -67,4 +72,11 @@ func (m *receiverMetrics) delivered(forgeName, event, result string, err error) 
 		}
 	}
 	m.deliveries.WithLabelValues(forgeName, event, result).Inc()
+}
+
+// flight adds d to the deliveries in flight.
+func (m *receiverMetrics) flight(d float64) {
+	if m != nil {
+		m.inFlight.Add(d)
+	}
 }
