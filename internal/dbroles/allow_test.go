@@ -216,12 +216,12 @@ func TestRolesAllow(t *testing.T) {
 	}())
 
 	// The frontend rebuilds b (c comes back too) and cancels x's rebuild.
-	n, err := queue.Rebuild(ctx, c.as["f1"], claims["b"].JobID)
+	n, err := queue.Rebuild(ctx, c.as["f1"], claims["b"].JobID, queue.PriorityBoost)
 	must("rebuild as f1", err)
 	if n != 2 {
 		t.Fatalf("rebuild reset %d jobs, want 2", n)
 	}
-	_, err = queue.Rebuild(ctx, c.as["f1"], claims["x"].JobID)
+	_, err = queue.Rebuild(ctx, c.as["f1"], claims["x"].JobID, queue.PriorityBoost)
 	must("rebuild x as f1", err)
 	must("cancel as f1", queue.Cancel(ctx, c.as["f1"], claims["x"].JobID))
 	must("drain request as f1", cluster.RequestDrain(ctx, c.as["f1"], "c1"))
