@@ -345,6 +345,11 @@ func TestGiteaPushToCommitStatuses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The pull request's branch shares main's history, as a real one does: it is evaluated
+	// merged into main.
+	if err := c.gitea.CreateBranch(ctx, fork, bob, "feature", "main"); err != nil {
+		t.Fatal(err)
+	}
 	prHead := c.push(bob, fork, "feature", map[string]string{"ci.nix": okNix(salt + "-pr")}, false)
 	pr, err := c.gitea.CreatePullRequest(ctx, bob, c.repo, "main", fork, "feature", "a change")
 	if err != nil {

@@ -155,8 +155,8 @@ func (f *fakeForge) ParseWebhook(http.Header, []byte) (forge.Event, error) {
 func (f *fakeForge) ListRepositories(context.Context) ([]forge.Repository, error) {
 	return nil, errUnexpected
 }
-func (f *fakeForge) IsCollaborator(context.Context, forge.Repo, string) (bool, error) {
-	return false, errUnexpected
+func (f *fakeForge) PullRequestCommits(context.Context, forge.Repo, int) ([]forge.Commit, error) {
+	return nil, errUnexpected
 }
 
 func (f *fakeForge) Permission(context.Context, forge.Repo, string) (forge.Permission, error) {

@@ -128,7 +128,10 @@ func compute(s evalState, links Links) Report {
 		r.Eval = Line{forge.StateFailure, oneLine("evaluation failed: " + strings.TrimSpace(s.Error)), evalURL}
 	case eval.StatusCancelled:
 		why := "cancelled"
-		if strings.Contains(s.Error, "superseded") {
+		switch {
+		case strings.HasPrefix(s.Error, eval.ConflictPrefix):
+			why = oneLine(s.Error) // a pull request that does not merge into its base
+		case strings.Contains(s.Error, "superseded"):
 			why = "superseded by a newer commit"
 		}
 		r.Eval = Line{forge.StateError, why, evalURL}

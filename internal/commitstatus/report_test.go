@@ -76,6 +76,12 @@ func TestCompute(t *testing.T) {
 			wantFinal: true,
 		},
 		{
+			name:      "cancelled: a pull request that conflicts with its base",
+			s:         evalState{Status: eval.StatusCancelled, Error: eval.ConflictPrefix + "main and the pull request conflict in ci.nix"},
+			want:      Report{Eval: Line{forge.StateError, "merge conflict: main and the pull request conflict in ci.nix", evalURL}},
+			wantFinal: true,
+		},
+		{
 			name:      "cancelled by hand",
 			s:         evalState{Status: eval.StatusCancelled, Error: "cancelled by alice"},
 			want:      Report{Eval: Line{forge.StateError, "cancelled", evalURL}},

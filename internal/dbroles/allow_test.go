@@ -3,6 +3,7 @@ package dbroles_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -48,6 +49,9 @@ ON CONFLICT (eval_id, attr) DO NOTHING`
 UPDATE build_jobs bj SET status = 'pending', finished_at = NULL, claimed_by = NULL, claimed_at = NULL,
     started_at = NULL
 WHERE bj.status = 'cancelled' AND bj.id = $1`
+	sqlSetMerge = `
+UPDATE evaluations SET base_commit = $4, merge_commit = $5
+WHERE id = $1 AND claimed_by = $2 AND attempt = $3 AND status = 'running'`
 	sqlSucceedEval = `
 UPDATE evaluations SET status = 'succeeded', finished_at = now()
 WHERE id = $1 AND claimed_by = $2 AND attempt = $3 AND status = 'running'`
@@ -141,6 +145,10 @@ func TestRolesAllow(t *testing.T) {
 		if n := execN(t, c.as["e1"], sql, x.ID); n != 1 {
 			t.Fatalf("as e1 %q changed %d rows", sql, n)
 		}
+	}
+	// A pull request's evaluation records the merge it evaluates.
+	if n := execN(t, c.as["e1"], sqlSetMerge, evalID, "e1", evalAttempt, strings.Repeat("b", 40), strings.Repeat("c", 40)); n != 1 {
+		t.Fatalf("record the merge as e1 changed %d rows", n)
 	}
 	if n := execN(t, c.as["e1"], sqlSucceedEval, evalID, "e1", evalAttempt); n != 1 {
 		t.Fatalf("finish evaluation as e1 changed %d rows", n)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	neturl "net/url"
+	"strings"
 	"sync"
 	"time"
 
@@ -272,7 +273,14 @@ var (
 	ErrTooLarge = errors.New("evaluation too large")
 	errTimeout  = errors.New("evaluation timed out")
 	errGone     = errors.New("evaluation no longer ours")
+	// errConflict ends a pull request's evaluation whose head and base do not merge: it is
+	// cancelled with the error, which starts with ConflictPrefix.
+	errConflict = errors.New("merge conflict")
 )
+
+// ConflictPrefix starts the error of a pull request's evaluation that was not run because its
+// head does not merge cleanly into its base (errConflict's text).
+const ConflictPrefix = "merge conflict: "
 
 // evaluate runs one claimed evaluation to its end and records the outcome.
 func (e *Evaluator) evaluate(ctx context.Context, c claim) {
@@ -293,6 +301,14 @@ func (e *Evaluator) evaluate(ctx context.Context, c claim) {
 		log.Info("evaluation succeeded", "attrs", stats.Attrs, "derivations", stats.Derivations,
 			"jobs", stats.Jobs, "published", stats.Published, "commits", stats.Commits,
 			"seconds", time.Since(start).Seconds())
+	case errors.Is(err, errConflict):
+		if err := e.conflict(fctx, c, err.Error()); err != nil {
+			e.unrecorded(err, start)
+			log.Warn("could not record the merge conflict", "error", err)
+			return
+		}
+		e.metrics.ended(outcomeConflict, time.Since(start))
+		log.Info("pull request not evaluated", "error", err)
 	case errors.Is(err, errGone) || errors.Is(err, errStale):
 		e.metrics.ended(outcomeCancelled, time.Since(start))
 		log.Info("evaluation stopped: cancelled, superseded or reaped elsewhere")
@@ -327,12 +343,13 @@ func (e *Evaluator) unrecorded(recordErr error, start time.Time) {
 
 // run evaluates; a nil error means every attribute was ingested.
 func (e *Evaluator) run(ctx context.Context, c claim, log *slog.Logger) (ingestStats, error) {
-	var url, commit, branch string
+	var url, commit, branch, prBase string
 	var projectID int64
+	var prNumber int
 	if _, err := e.pool.Exec(ctx, sqlDeleteAttrs, []int64{c.id}); err != nil {
 		return ingestStats{}, fmt.Errorf("clear attributes of an earlier attempt: %w", err)
 	}
-	if err := e.pool.QueryRow(ctx, sqlRepoOfEval, c.id).Scan(&projectID, &url, &commit, &branch); err != nil {
+	if err := e.pool.QueryRow(ctx, sqlRepoOfEval, c.id).Scan(&projectID, &url, &commit, &branch, &prNumber, &prBase); err != nil {
 		return ingestStats{}, fmt.Errorf("read evaluation: %w", err)
 	}
 	mirror, err := gitrepo.New(MirrorDir(e.cfg.StateDir, projectID), url)
@@ -349,7 +366,12 @@ func (e *Evaluator) run(ctx context.Context, c claim, log *slog.Logger) (ingestS
 	if err != nil {
 		return ingestStats{}, err
 	}
-	spec, settings, err := e.plan(ctx, mirror, ws.source, commit, branch)
+	// From here on the source copy, which holds the merges MergeInto makes.
+	commit, err = e.evaluatedCommit(ctx, c, ws.copy, commit, prNumber, prBase)
+	if err != nil {
+		return ingestStats{}, err
+	}
+	spec, settings, err := e.plan(ctx, ws.copy, ws.source, commit, branch)
 	if err != nil {
 		return ingestStats{}, err
 	}
@@ -563,6 +585,92 @@ func (e *Evaluator) ingest(ctx context.Context, in *ingester, batches <-chan []A
 			}
 		}
 	}
+}
+
+// evaluatedCommit returns the commit a run evaluates, and records it: a pull request's head
+// merged into its base (pr 0 or base "": head itself), unless the settings choose the head. The
+// settings are the merge's, as they will be once merged, so a pull request that changes
+// pull-requests is evaluated the way its change says; without a merge (a conflict) the head's
+// decide. A conflict is errConflict.
+func (e *Evaluator) evaluatedCommit(ctx context.Context, c claim, m *gitrepo.Mirror, head string, pr int, base string) (string, error) {
+	if pr == 0 || base == "" {
+		return head, nil
+	}
+	mg, err := m.MergeInto(ctx, base, head, fmt.Sprintf("refs/pull/%d/merge", pr))
+	var conflict *gitrepo.ConflictError
+	if errors.As(err, &conflict) {
+		mode, err := e.prMode(ctx, m, head)
+		if err != nil {
+			return "", err
+		}
+		if mode == PRHead {
+			return head, e.recordMerge(ctx, c, "", "")
+		}
+		if err := e.recordMerge(ctx, c, conflict.Base, ""); err != nil {
+			return "", err
+		}
+		switch {
+		case conflict.Unrelated:
+			return "", fmt.Errorf("%w: the pull request shares no history with %s", errConflict, base)
+		case len(conflict.Paths) == 0:
+			return "", fmt.Errorf("%w: the pull request does not merge into %s", errConflict, base)
+		}
+		return "", fmt.Errorf("%w: %s and the pull request conflict in %s", errConflict, base, strings.Join(conflict.Paths, ", "))
+	}
+	if err != nil {
+		return "", fmt.Errorf("merge the pull request into %s: %w", base, err)
+	}
+	mode, err := e.prMode(ctx, m, mg.Commit)
+	if err != nil {
+		return "", err
+	}
+	if mode == PRHead {
+		return head, e.recordMerge(ctx, c, "", "")
+	}
+	return mg.Commit, e.recordMerge(ctx, c, mg.Base, mg.Commit)
+}
+
+// prMode is the pull-requests setting of commit's .harmonia-ci.toml.
+func (e *Evaluator) prMode(ctx context.Context, m *gitrepo.Mirror, commit string) (string, error) {
+	raw, _, err := m.ReadFile(ctx, commit, SettingsFile)
+	if err != nil {
+		return "", err
+	}
+	s, err := ParseSettings(raw, true, e.cfg.Timeout)
+	if err != nil {
+		return "", err
+	}
+	return s.PullRequests, nil
+}
+
+// recordMerge records what this run evaluates: the base's tip and the merge ("": the head).
+func (e *Evaluator) recordMerge(ctx context.Context, c claim, base, merge string) error {
+	tag, err := e.pool.Exec(ctx, sqlSetMerge, c.id, c.node, c.attempt, base, merge)
+	if err != nil {
+		return fmt.Errorf("record the merge: %w", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return errStale
+	}
+	return nil
+}
+
+// conflict ends a pull request's evaluation whose head does not merge into its base: cancelled,
+// with msg, and nothing evaluated.
+func (e *Evaluator) conflict(ctx context.Context, c claim, msg string) error {
+	return pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, sqlConflictEval, c.id, c.node, c.attempt, msg)
+		if err != nil {
+			return err
+		}
+		if tag.RowsAffected() == 0 {
+			return errStale
+		}
+		if err := rollback(ctx, tx, []int64{c.id}); err != nil {
+			return err
+		}
+		return notifyEvaluation(ctx, tx, c.id, StatusCancelled)
+	})
 }
 
 // plan reads the in-tree settings and decides what to evaluate: commit of the copy of m at

@@ -13,9 +13,10 @@ const (
 	outcomeTimeout   = "timeout"   // failed: over its eval-timeout
 	outcomeCancelled = "cancelled" // cancelled, superseded or reaped while it ran: no longer ours
 	outcomeReleased  = "released"  // handed back to the queue at shutdown or drain
+	outcomeConflict  = "conflict"  // a pull request that conflicts with its base: not evaluated
 )
 
-var evalOutcomes = []string{outcomeSucceeded, outcomeFailed, outcomeTimeout, outcomeCancelled, outcomeReleased}
+var evalOutcomes = []string{outcomeSucceeded, outcomeFailed, outcomeTimeout, outcomeCancelled, outcomeReleased, outcomeConflict}
 
 // EvalDurationBuckets are the buckets of harmonia_ci_evaluation_duration_seconds: 0.5 s to
 // about 2.5 h.
@@ -35,7 +36,7 @@ func newEvalMetrics(reg prometheus.Registerer) *evalMetrics {
 	}
 	finished := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "harmonia_ci_evaluations_finished_total",
-		Help: "Evaluation runs this node's evaluator ended, by outcome: succeeded, failed, timeout (failed over its time limit), cancelled (cancelled, superseded or reaped while it ran), released (handed back to the queue on shutdown).",
+		Help: "Evaluation runs this node's evaluator ended, by outcome: succeeded, failed, timeout (failed over its time limit), cancelled (cancelled, superseded or reaped while it ran), released (handed back to the queue on shutdown), conflict (a pull request that conflicts with its base, not evaluated).",
 	}, []string{"outcome"})
 	duration := prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "harmonia_ci_evaluation_duration_seconds",

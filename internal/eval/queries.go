@@ -7,7 +7,7 @@ const (
 	evalColumns = `e.id, e.project_id, p.name, e.flake_url, e.commit_sha, e.branch, COALESCE(e.tree_hash, ''),
        e.status, COALESCE(e.skipped_reason, ''), e.reuses_eval_id, COALESCE(e.claimed_by, ''), e.attempt,
        COALESCE(e.error, ''), e.created_at, e.started_at, e.finished_at, COALESCE(e.pr_number, 0),
-       COALESCE(e.pr_author, ''), e.nix_version`
+       COALESCE(e.pr_author, ''), e.nix_version, e.pr_base, e.base_commit, e.merge_commit`
 
 	sqlEvalByID = `SELECT ` + evalColumns + ` FROM evaluations e JOIN projects p ON p.id = e.project_id WHERE e.id = $1`
 
@@ -24,16 +24,16 @@ ORDER BY e.id DESC LIMIT 1`
 
 	// $1 project, $2 flake url, $3 commit, $4 branch, $5 tree hash ('' = NULL)
 	sqlInsertQueued = `
-INSERT INTO evaluations (project_id, flake_url, commit_sha, branch, tree_hash, pr_number, pr_author)
-VALUES ($1, $2, $3, $4, NULLIF($5, ''), NULLIF($6, 0), NULLIF($7, ''))
+INSERT INTO evaluations (project_id, flake_url, commit_sha, branch, tree_hash, pr_number, pr_author, pr_base)
+VALUES ($1, $2, $3, $4, NULLIF($5, ''), NULLIF($6, 0), NULLIF($7, ''), $8)
 ON CONFLICT (project_id, commit_sha, branch) DO NOTHING
 RETURNING id`
 
 	// $6 pr_number, $7 pr_author, $8 the evaluation reused
 	sqlInsertSkipped = `
-INSERT INTO evaluations (project_id, flake_url, commit_sha, branch, tree_hash, pr_number, pr_author,
+INSERT INTO evaluations (project_id, flake_url, commit_sha, branch, tree_hash, pr_number, pr_author, pr_base,
                          status, skipped_reason, reuses_eval_id, finished_at)
-VALUES ($1, $2, $3, $4, NULLIF($5, ''), NULLIF($6, 0), NULLIF($7, ''), 'skipped', 'tree_hash_hit', $8, now())
+VALUES ($1, $2, $3, $4, NULLIF($5, ''), NULLIF($6, 0), NULLIF($7, ''), $9, 'skipped', 'tree_hash_hit', $8, now())
 ON CONFLICT (project_id, commit_sha, branch) DO NOTHING
 RETURNING id`
 
@@ -70,7 +70,8 @@ RETURNING id`
 	// attempt. $1 id.
 	sqlReevaluate = `
 UPDATE evaluations SET status = 'queued', claimed_by = NULL, claimed_at = NULL, started_at = NULL,
-    finished_at = NULL, error = NULL, skipped_reason = NULL, reuses_eval_id = NULL, report_final = false
+    finished_at = NULL, error = NULL, skipped_reason = NULL, reuses_eval_id = NULL, report_final = false,
+    base_commit = '', merge_commit = ''
 WHERE id = $1 AND status IN ('succeeded', 'failed', 'cancelled', 'skipped')
 RETURNING project_id, branch`
 
@@ -140,7 +141,7 @@ RETURNING e.id, e.attempt`
 	sqlDeleteAttrs = `DELETE FROM eval_attrs WHERE eval_id = ANY($1)`
 
 	sqlRepoOfEval = `
-SELECT e.project_id, r.clone_url, e.commit_sha, e.branch FROM evaluations e
+SELECT e.project_id, r.clone_url, e.commit_sha, e.branch, COALESCE(e.pr_number, 0), e.pr_base FROM evaluations e
 JOIN projects p ON p.id = e.project_id JOIN repositories r ON r.id = p.repo_id
 WHERE e.id = $1`
 
@@ -202,6 +203,21 @@ UPDATE evaluations SET status = 'succeeded', finished_at = now()
 WHERE id = $1 AND claimed_by = $2 AND attempt = $3 AND status = 'running'`
 
 	// $4 error
+	// What a pull request's evaluation evaluates: the base's tip and the merge ('' and '': the
+	// head). $1 id, $2 node, $3 attempt, $4 base commit, $5 merge commit.
+	sqlSetMerge = `
+UPDATE evaluations SET base_commit = $4, merge_commit = $5
+WHERE id = $1 AND claimed_by = $2 AND attempt = $3 AND status = 'running'`
+
+	// A pull request that conflicts with its base is not evaluated: cancelled, saying why.
+	sqlConflictEval = `
+UPDATE evaluations SET status = 'cancelled', finished_at = now(), error = $4
+WHERE id = $1 AND claimed_by = $2 AND attempt = $3 AND status = 'running'`
+
+	// Whether evaluation $3 is the newest of its project's ($1) branch $2.
+	sqlNewestOfBranch = `
+SELECT NOT EXISTS (SELECT 1 FROM evaluations WHERE project_id = $1 AND branch = $2 AND id > $3)`
+
 	sqlFailEval = `
 UPDATE evaluations SET status = 'failed', finished_at = now(), error = $4
 WHERE id = $1 AND claimed_by = $2 AND attempt = $3 AND status = 'running'`

@@ -57,6 +57,11 @@ type Evaluation struct {
 	PRNumber      int        `json:"pr_number,omitempty"`
 	PRAuthor      string     `json:"pr_author,omitempty"`
 	NixVersion    string     `json:"nix_version,omitempty"` // the Nix that evaluated it (last)
+	// A pull request's base branch; the base's tip its last run merged Commit into (or found
+	// conflicting), and the merge it evaluated ("": Commit itself).
+	PRBase      string `json:"pr_base,omitempty"`
+	BaseCommit  string `json:"base_commit,omitempty"`
+	MergeCommit string `json:"merge_commit,omitempty"`
 }
 
 // Finished reports whether the evaluation will not change any more.
@@ -68,7 +73,7 @@ func scanEval(row pgx.CollectableRow) (Evaluation, error) {
 	var e Evaluation
 	err := row.Scan(&e.ID, &e.ProjectID, &e.Project, &e.FlakeURL, &e.Commit, &e.Branch, &e.TreeHash,
 		&e.Status, &e.SkippedReason, &e.ReusesEvalID, &e.ClaimedBy, &e.Attempt, &e.Error, &e.CreatedAt,
-		&e.StartedAt, &e.FinishedAt, &e.PRNumber, &e.PRAuthor, &e.NixVersion)
+		&e.StartedAt, &e.FinishedAt, &e.PRNumber, &e.PRAuthor, &e.NixVersion, &e.PRBase, &e.BaseCommit, &e.MergeCommit)
 	return e, err
 }
 
@@ -165,6 +170,9 @@ type RequestParams struct {
 	// A pull request's evaluation: its number and author (0 and "" for a branch).
 	PRNumber int
 	PRAuthor string
+	// PRBase is a pull request's base branch, as the forge names it: the head is evaluated
+	// merged into it (unless the merge's settings say otherwise). "": the head as it is.
+	PRBase string
 	// Delivery, if set, is the webhook delivery asking: recorded in the same transaction, and
 	// a delivery recorded before makes Request fail with ErrDuplicateDelivery.
 	Delivery *Delivery
@@ -246,7 +254,11 @@ func request(ctx context.Context, pool *pgxpool.Pool, p RequestParams) (Evaluati
 		}
 		if len(existing) > 0 {
 			e = existing[0]
-			if p.Delivery != nil && wasSuperseded(e) && Supersedes(p.Branch) {
+			again, err := againstNewBase(ctx, tx, p, e)
+			if err != nil {
+				return err
+			}
+			if again || (p.Delivery != nil && wasSuperseded(e) && Supersedes(p.Branch)) {
 				// The forge says the branch points at this commit again (a revert, a
 				// force-push back): evaluate it again rather than leave it cancelled.
 				if err := requeueSuperseded(ctx, tx, e); err != nil {
@@ -267,12 +279,12 @@ func request(ctx context.Context, pool *pgxpool.Pool, p RequestParams) (Evaluati
 			}
 		}
 		if reuse != 0 {
-			err = tx.QueryRow(ctx, sqlInsertSkipped, p.ProjectID, p.FlakeURL, p.Commit, p.Branch, p.TreeHash, p.PRNumber, p.PRAuthor, reuse).Scan(&id)
+			err = tx.QueryRow(ctx, sqlInsertSkipped, p.ProjectID, p.FlakeURL, p.Commit, p.Branch, p.TreeHash, p.PRNumber, p.PRAuthor, reuse, p.PRBase).Scan(&id)
 			if err == nil {
 				_, err = tx.Exec(ctx, sqlCopyAttrs, id, reuse)
 			}
 		} else {
-			err = tx.QueryRow(ctx, sqlInsertQueued, p.ProjectID, p.FlakeURL, p.Commit, p.Branch, p.TreeHash, p.PRNumber, p.PRAuthor).Scan(&id)
+			err = tx.QueryRow(ctx, sqlInsertQueued, p.ProjectID, p.FlakeURL, p.Commit, p.Branch, p.TreeHash, p.PRNumber, p.PRAuthor, p.PRBase).Scan(&id)
 		}
 		if err != nil {
 			return err
@@ -305,6 +317,21 @@ func request(ctx context.Context, pool *pgxpool.Pool, p RequestParams) (Evaluati
 		return Evaluation{}, false, err
 	}
 	return e, created, nil
+}
+
+// againstNewBase reports whether a pull request event for a head evaluated before should
+// evaluate it again: its last run merged it into (or found it conflicting with) the base as it
+// was then, and the base may have moved since. Only the newest evaluation of the pull request
+// is, so an event for an older head never displaces a newer one.
+func againstNewBase(ctx context.Context, tx pgx.Tx, p RequestParams, e Evaluation) (bool, error) {
+	if p.Delivery == nil || p.PRNumber == 0 || !e.Finished() || e.BaseCommit == "" {
+		return false, nil
+	}
+	var newest bool
+	if err := tx.QueryRow(ctx, sqlNewestOfBranch, e.ProjectID, e.Branch, e.ID).Scan(&newest); err != nil {
+		return false, fmt.Errorf("newest evaluation of %s: %w", e.Branch, err)
+	}
+	return newest, nil
 }
 
 func recordDeliveryEval(ctx context.Context, tx pgx.Tx, d *Delivery, id int64) error {

@@ -20,19 +20,31 @@ type Settings struct {
 	EvalTimeout time.Duration
 	AllowIFD    bool
 	Retention   time.Duration // how long the garbage collector keeps the evaluation; 0: the server's default
+	// PullRequests is what a pull request's evaluation evaluates: PRMerged or PRHead.
+	PullRequests string
 }
 
+// What a pull request's evaluation evaluates (pull-requests in .harmonia-ci.toml).
+const (
+	// PRMerged: the head merged into the base, what merging it would make the base.
+	PRMerged = "merged"
+	// PRHead: the head as it is.
+	PRHead = "head"
+)
+
 type settingsFile struct {
-	Attrs       *[]string `toml:"attrs"`
-	EvalTimeout *string   `toml:"eval-timeout"`
-	AllowIFD    *bool     `toml:"allow-ifd"`
-	Retention   *string   `toml:"retention"`
+	Attrs        *[]string `toml:"attrs"`
+	EvalTimeout  *string   `toml:"eval-timeout"`
+	AllowIFD     *bool     `toml:"allow-ifd"`
+	Retention    *string   `toml:"retention"`
+	PullRequests *string   `toml:"pull-requests"`
 }
 
 // ParseSettings reads .harmonia-ci.toml. Defaults: attrs ["checks"] for flakes, the whole
-// attribute set otherwise (flake false: nil Attrs); allow-ifd true; eval-timeout the server's.
+// attribute set otherwise (flake false: nil Attrs); allow-ifd true; eval-timeout the server's;
+// pull-requests "merged".
 func ParseSettings(b []byte, flake bool, defaultTimeout time.Duration) (Settings, error) {
-	s := Settings{EvalTimeout: defaultTimeout, AllowIFD: true}
+	s := Settings{EvalTimeout: defaultTimeout, AllowIFD: true, PullRequests: PRMerged}
 	if flake {
 		s.Attrs = []string{"checks"}
 	}
@@ -46,7 +58,7 @@ func ParseSettings(b []byte, flake bool, defaultTimeout time.Duration) (Settings
 		for i, k := range un {
 			keys[i] = k.String()
 		}
-		return s, fmt.Errorf("%s: unknown keys %s (known: attrs, eval-timeout, allow-ifd, retention)", SettingsFile, strings.Join(keys, ", "))
+		return s, fmt.Errorf("%s: unknown keys %s (known: attrs, eval-timeout, allow-ifd, retention, pull-requests)", SettingsFile, strings.Join(keys, ", "))
 	}
 	if f.Attrs != nil {
 		if len(*f.Attrs) == 0 {
@@ -78,6 +90,13 @@ func ParseSettings(b []byte, flake bool, defaultTimeout time.Duration) (Settings
 			return s, fmt.Errorf("%s: retention: %s is under the minimum of 1h", SettingsFile, *f.Retention)
 		}
 		s.Retention = d
+	}
+	if f.PullRequests != nil {
+		if *f.PullRequests != PRMerged && *f.PullRequests != PRHead {
+			return s, fmt.Errorf("%s: pull-requests: want %q (the head merged into the base) or %q (the head alone), got %q",
+				SettingsFile, PRMerged, PRHead, *f.PullRequests)
+		}
+		s.PullRequests = *f.PullRequests
 	}
 	return s, nil
 }

@@ -16,10 +16,12 @@ func TestParseSettings(t *testing.T) {
 		want    Settings
 		wantErr string
 	}{
-		{name: "flake defaults", flake: true, want: Settings{Attrs: []string{"checks"}, EvalTimeout: time.Hour, AllowIFD: true}},
-		{name: "file defaults", want: Settings{EvalTimeout: time.Hour, AllowIFD: true}},
-		{name: "all keys", file: "attrs = [\"checks\", 'packages.\"x.y\"']\neval-timeout = \"30m\"\nallow-ifd = false\nretention = \"30d\"\n",
-			want: Settings{Attrs: []string{"checks", `packages."x.y"`}, EvalTimeout: 30 * time.Minute, AllowIFD: false, Retention: 30 * 24 * time.Hour}},
+		{name: "flake defaults", flake: true, want: Settings{Attrs: []string{"checks"}, EvalTimeout: time.Hour, AllowIFD: true, PullRequests: PRMerged}},
+		{name: "file defaults", want: Settings{EvalTimeout: time.Hour, AllowIFD: true, PullRequests: PRMerged}},
+		{name: "all keys", file: "attrs = [\"checks\", 'packages.\"x.y\"']\neval-timeout = \"30m\"\nallow-ifd = false\nretention = \"30d\"\npull-requests = \"head\"\n",
+			want: Settings{Attrs: []string{"checks", `packages."x.y"`}, EvalTimeout: 30 * time.Minute, AllowIFD: false, Retention: 30 * 24 * time.Hour, PullRequests: PRHead}},
+		{name: "pull requests merged", file: "pull-requests = \"merged\"\n", want: Settings{EvalTimeout: time.Hour, AllowIFD: true, PullRequests: PRMerged}},
+		{name: "bad pull requests", file: "pull-requests = \"base\"\n", wantErr: `pull-requests: want "merged" (the head merged into the base) or "head" (the head alone), got "base"`},
 		{name: "unknown key", file: "atrs = [\"x\"]\n", wantErr: "unknown keys atrs"},
 		{name: "bad timeout", file: "eval-timeout = \"soon\"\n", wantErr: `eval-timeout: want a positive duration such as "30m", got "soon"`},
 		{name: "negative timeout", file: "eval-timeout = \"-1m\"\n", wantErr: "eval-timeout"},
@@ -43,7 +45,7 @@ func TestParseSettings(t *testing.T) {
 				t.Fatal(err)
 			}
 			if !slices.Equal(got.Attrs, tt.want.Attrs) || got.EvalTimeout != tt.want.EvalTimeout ||
-				got.AllowIFD != tt.want.AllowIFD || got.Retention != tt.want.Retention {
+				got.AllowIFD != tt.want.AllowIFD || got.Retention != tt.want.Retention || got.PullRequests != tt.want.PullRequests {
 				t.Errorf("got %+v, want %+v", got, tt.want)
 			}
 		})
@@ -108,7 +110,7 @@ func TestReadmeShowsSettings(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the README's example: %v", err)
 	}
-	if len(s.Attrs) == 0 || s.EvalTimeout == time.Hour || s.AllowIFD || s.Retention == 0 {
+	if len(s.Attrs) == 0 || s.EvalTimeout == time.Hour || s.AllowIFD || s.Retention == 0 || s.PullRequests != PRHead {
 		t.Errorf("the README's example does not set every key: %+v", s)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"time"
 )
 
 // Forge types, as [[forges]] type spells them.
@@ -40,13 +41,14 @@ type Forge interface {
 
 	// ListRepositories returns every repository the forge credentials can see (all pages).
 	ListRepositories(ctx context.Context) ([]Repository, error)
-	// IsCollaborator reports whether login may push to repo (collaborator, member or owner).
-	IsCollaborator(ctx context.Context, repo Repo, login string) (bool, error)
 	// Permission is login's access to repo: PermissionNone, Read, Write or Admin (a user the
-	// forge does not know has none). The web UI asks it before a user may act or see.
+	// forge does not know has none). Whether a user is trusted is WriteAccess, built on it.
 	Permission(ctx context.Context, repo Repo, login string) (Permission, error)
 	// PullRequest returns a pull request as it is now (its current head).
 	PullRequest(ctx context.Context, repo Repo, number int) (PullRequest, error)
+	// PullRequestCommits lists a pull request's commits as the forge has them now, oldest
+	// first (GitHub lists at most 250).
+	PullRequestCommits(ctx context.Context, repo Repo, number int) ([]Commit, error)
 	// BranchHead returns the commit a branch points at now.
 	BranchHead(ctx context.Context, repo Repo, branch string) (string, error)
 	// ReportStatus sets a commit status (one context) on sha.
@@ -93,6 +95,13 @@ type PullRequest struct {
 	// Fork is true when the head lives in another repository.
 	Fork  bool
 	State string // "open", "closed"
+}
+
+// Commit is a commit of a pull request. Time is its committer date, which whoever made the
+// commit chose: it orders a pull request's commits against a comment, nothing more.
+type Commit struct {
+	SHA  string
+	Time time.Time
 }
 
 // State is a commit status state, the same words on Gitea and GitHub.
@@ -156,7 +165,9 @@ type Event struct {
 	// PullRequest (EventPullRequest; EventComment: Number, and the rest as of the comment if the
 	// forge sends it, as Gitea does; GitHub does not).
 	PullRequest PullRequest
-	// Comment (EventComment): its author and body.
-	Commenter string
-	Body      string
+	// Comment (EventComment): its author, body, and when the forge says it was written (zero
+	// if the delivery does not say).
+	Commenter   string
+	Body        string
+	CommentedAt time.Time
 }

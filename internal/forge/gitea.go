@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 	"unicode/utf8"
 )
 
@@ -130,8 +131,9 @@ func (g *Gitea) ParseWebhook(h http.Header, body []byte) (Event, error) {
 			PullRequest json.RawMessage `json:"pull_request"`
 		} `json:"issue"`
 		Comment *struct {
-			Body string    `json:"body"`
-			User giteaUser `json:"user"`
+			Body      string    `json:"body"`
+			User      giteaUser `json:"user"`
+			CreatedAt time.Time `json:"created_at"`
 		} `json:"comment"`
 	}
 	if err := json.Unmarshal(body, &p); err != nil {
@@ -189,7 +191,7 @@ func (g *Gitea) ParseWebhook(h http.Header, body []byte) (Event, error) {
 				ev.PullRequest = pr
 			}
 		}
-		ev.Commenter, ev.Body = p.Comment.User.Login, p.Comment.Body
+		ev.Commenter, ev.Body, ev.CommentedAt = p.Comment.User.Login, p.Comment.Body, p.Comment.CreatedAt
 	}
 	return ev, nil
 }
@@ -234,25 +236,6 @@ func (g *Gitea) ListRepositories(ctx context.Context) ([]Repository, error) {
 	return out, nil
 }
 
-// IsCollaborator asks for login's permission on the repository: write or admin (owners and
-// organisation members with write access included).
-func (g *Gitea) IsCollaborator(ctx context.Context, repo Repo, login string) (bool, error) {
-	if err := ValidateLogin(login); err != nil {
-		return false, err
-	}
-	var perm struct {
-		Permission string `json:"permission"`
-	}
-	_, err := g.api.do(ctx, http.MethodGet, g.api.url(g.repoPath(repo, "collaborators", login, "permission"), nil), nil, &perm)
-	if errors.Is(err, ErrNotFound) {
-		return false, nil
-	}
-	if err != nil {
-		return false, fmt.Errorf("permission of %s on %s: %w", login, repo.FullName(), err)
-	}
-	return perm.Permission == "write" || perm.Permission == "admin" || perm.Permission == "owner", nil
-}
-
 // Permission asks GET /repos/{o}/{r}/collaborators/{u}/permission (the CI account must be an
 // admin of the repository); a user Gitea does not know has none.
 func (g *Gitea) Permission(ctx context.Context, repo Repo, login string) (Permission, error) {
@@ -284,6 +267,43 @@ func (g *Gitea) PullRequest(ctx context.Context, repo Repo, number int) (PullReq
 		return PullRequest{}, fmt.Errorf("pull request %s#%d: %w", repo.FullName(), number, err)
 	}
 	return pr, nil
+}
+
+// giteaMaxPRCommitPages bounds the listing of a pull request's commits (50 a page).
+const giteaMaxPRCommitPages = 20
+
+// PullRequestCommits lists GET /repos/{o}/{r}/pulls/{n}/commits, without the files and
+// signature checks Gitea would otherwise add to each. Gitea lists them as git log does,
+// newest first; they are returned oldest first, as the interface says.
+func (g *Gitea) PullRequestCommits(ctx context.Context, repo Repo, number int) ([]Commit, error) {
+	if err := ValidateRepo(repo); err != nil {
+		return nil, err
+	}
+	if number <= 0 {
+		return nil, fmt.Errorf("commits of %s#%d: not a pull request number", repo.FullName(), number)
+	}
+	type giteaCommit struct {
+		SHA    string `json:"sha"`
+		Commit struct {
+			Committer struct {
+				Date time.Time `json:"date"`
+			} `json:"committer"`
+		} `json:"commit"`
+	}
+	q := url.Values{"limit": {"50"}, "files": {"false"}, "verification": {"false"}}
+	raw, err := getAll[giteaCommit](ctx, g.api, g.api.url(g.repoPath(repo, "pulls", strconv.Itoa(number), "commits"), q), giteaMaxPRCommitPages)
+	if err != nil {
+		return nil, fmt.Errorf("commits of %s#%d: %w", repo.FullName(), number, err)
+	}
+	out := make([]Commit, 0, len(raw))
+	for _, c := range raw {
+		if !isSHA(c.SHA) {
+			return nil, fmt.Errorf("commits of %s#%d: commit id %q", repo.FullName(), number, c.SHA)
+		}
+		out = append(out, Commit{SHA: c.SHA, Time: c.Commit.Committer.Date})
+	}
+	slices.Reverse(out)
+	return out, nil
 }
 
 // BranchHead implements Forge.

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // giteaDelivery reads a delivery a real Gitea 1.26 sent (recorded by internal/giteatest) and
@@ -123,7 +124,7 @@ func TestGiteaParseWebhook(t *testing.T) {
 		{name: "comment on a pull request", file: "pull_request_comment", want: Event{Kind: EventComment, Type: "issue_comment",
 			Action: "created", Repository: repo, Sender: "contrib2", PullRequest: PullRequest{Number: 1, HeadSHA: head2,
 				HeadBranch: "feature", BaseBranch: "main", Author: "contrib2", Fork: true, State: "open"},
-			Commenter: "contrib2", Body: "please build"}},
+			Commenter: "contrib2", Body: "please build", CommentedAt: time.Date(2026, 11, 26, 0, 27, 50, 0, time.UTC)}},
 		{name: "comment edited", file: "pull_request_comment", edit: func(s string) string {
 			return strings.Replace(s, `"action": "created"`, `"action": "edited"`, 1)
 		}, want: Event{Kind: EventIgnored, Type: "issue_comment", Action: "edited", Repository: repo, Sender: "contrib2"}},

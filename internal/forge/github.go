@@ -198,8 +198,9 @@ func (g *GitHub) ParseWebhook(h http.Header, body []byte) (Event, error) {
 			PullRequest json.RawMessage `json:"pull_request"`
 		} `json:"issue"`
 		Comment *struct {
-			Body string     `json:"body"`
-			User githubUser `json:"user"`
+			Body      string     `json:"body"`
+			User      githubUser `json:"user"`
+			CreatedAt time.Time  `json:"created_at"`
 		} `json:"comment"`
 	}
 	if err := json.Unmarshal(body, &p); err != nil {
@@ -278,7 +279,7 @@ func (g *GitHub) ParseWebhook(h http.Header, body []byte) (Event, error) {
 		}
 		ev.Kind = EventComment
 		ev.PullRequest = PullRequest{Number: p.Issue.Number}
-		ev.Commenter, ev.Body = p.Comment.User.Login, p.Comment.Body
+		ev.Commenter, ev.Body, ev.CommentedAt = p.Comment.User.Login, p.Comment.Body, p.Comment.CreatedAt
 	}
 	return ev, nil
 }
@@ -397,25 +398,6 @@ func (g *GitHub) ListRepositories(ctx context.Context) ([]Repository, error) {
 	return out, nil
 }
 
-// IsCollaborator asks GitHub whether login is a collaborator of the repository: outside
-// collaborators, organisation members with access and owners answer 204, others 404.
-func (g *GitHub) IsCollaborator(ctx context.Context, repo Repo, login string) (bool, error) {
-	if err := ValidateRepo(repo); err != nil {
-		return false, err
-	}
-	if err := validGitHubLogin(login); err != nil {
-		return false, err
-	}
-	_, err := g.repoDo(ctx, repo, http.MethodGet, g.repoURL(repo, nil, "collaborators", login), nil, nil)
-	if errors.Is(err, ErrNotFound) {
-		return false, nil
-	}
-	if err != nil {
-		return false, fmt.Errorf("collaborator %s of %s: %w", login, repo.FullName(), err)
-	}
-	return true, nil
-}
-
 // Permission asks GET /repos/{o}/{r}/collaborators/{u}/permission as the installation; a user
 // GitHub does not know (404) has none.
 func (g *GitHub) Permission(ctx context.Context, repo Repo, login string) (Permission, error) {
@@ -427,6 +409,7 @@ func (g *GitHub) Permission(ctx context.Context, repo Repo, login string) (Permi
 	}
 	var perm struct {
 		Permission string `json:"permission"`
+		RoleName   string `json:"role_name"`
 	}
 	_, err := g.repoDo(ctx, repo, http.MethodGet, g.repoURL(repo, nil, "collaborators", login, "permission"), nil, &perm)
 	if errors.Is(err, ErrNotFound) {
@@ -435,7 +418,58 @@ func (g *GitHub) Permission(ctx context.Context, repo Repo, login string) (Permi
 	if err != nil {
 		return PermissionNone, fmt.Errorf("permission of %s on %s: %w", login, repo.FullName(), err)
 	}
+	// role_name is the precise role; a custom role's name is none of GitHub's words, and then
+	// the legacy permission (the role it is based on) decides.
+	if p := parsePermission(perm.RoleName); p != PermissionNone {
+		return p, nil
+	}
 	return parsePermission(perm.Permission), nil
+}
+
+// githubMaxPRCommitPages bounds the listing of a pull request's commits: GitHub lists at most
+// 250 (3 pages of 100).
+const githubMaxPRCommitPages = 3
+
+// PullRequestCommits lists GET /repos/{o}/{r}/pulls/{n}/commits.
+func (g *GitHub) PullRequestCommits(ctx context.Context, repo Repo, number int) ([]Commit, error) {
+	if err := ValidateRepo(repo); err != nil {
+		return nil, err
+	}
+	if number <= 0 {
+		return nil, fmt.Errorf("commits of %s#%d: not a pull request number", repo.FullName(), number)
+	}
+	id, err := g.installationFor(ctx, repo)
+	if err != nil {
+		return nil, err
+	}
+	do := func(ctx context.Context, method, rawURL string, body, out any) (http.Header, error) {
+		return g.installationDo(ctx, id, method, rawURL, body, out)
+	}
+	type githubCommit struct {
+		SHA    string `json:"sha"`
+		Commit struct {
+			Committer struct {
+				Date time.Time `json:"date"`
+			} `json:"committer"`
+		} `json:"commit"`
+	}
+	var out []Commit
+	u := g.repoURL(repo, url.Values{"per_page": {"100"}}, "pulls", strconv.Itoa(number), "commits")
+	err = githubPages(ctx, g, do, u, githubMaxPRCommitPages, func(page []githubCommit) bool {
+		for _, c := range page {
+			out = append(out, Commit{SHA: c.SHA, Time: c.Commit.Committer.Date})
+		}
+		return true
+	})
+	if err != nil {
+		return nil, fmt.Errorf("commits of %s#%d: %w", repo.FullName(), number, err)
+	}
+	for _, c := range out {
+		if !isSHA(c.SHA) {
+			return nil, fmt.Errorf("commits of %s#%d: commit id %q", repo.FullName(), number, c.SHA)
+		}
+	}
+	return out, nil
 }
 
 // PullRequest implements Forge.

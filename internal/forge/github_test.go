@@ -370,7 +370,7 @@ func TestGitHubParseWebhook(t *testing.T) {
 
 		{"comment on a pull request", "issue_comment", comment("created", true),
 			Event{Kind: EventComment, Type: "issue_comment", Action: "created", Repository: repo, Sender: "bob",
-				PullRequest: PullRequest{Number: 5}, Commenter: "bob", Body: "/ci run"}, false},
+				PullRequest: PullRequest{Number: 5}, Commenter: "bob", Body: "/ci run", CommentedAt: githubtest.PRCreatedAt}, false},
 		{"comment on an issue", "issue_comment", comment("created", false), Event{Kind: EventIgnored, Type: "issue_comment", Action: "created", Repository: repo, Sender: "bob"}, false},
 		{"comment edited", "issue_comment", comment("edited", true), Event{Kind: EventIgnored, Type: "issue_comment", Action: "edited", Repository: repo, Sender: "bob"}, false},
 		{"comment without repository", "issue_comment", without(comment("created", true), "repository"), Event{}, true},
@@ -509,41 +509,67 @@ func TestGitHubLatestStatusPages(t *testing.T) {
 	}
 }
 
-func TestGitHubCollaborator(t *testing.T) {
+// Trust is write access: GitHub answers the collaborator endpoint 204 for read and triage
+// users too (and for organisation members through the base permission), so WriteAccess must
+// ask for the role.
+func TestGitHubWriteAccess(t *testing.T) {
 	t.Parallel()
 	b := setupGitHub(t)
 	b.srv.AddCollaborator("octo/one", "alice")
+	for login, role := range map[string]string{"root": "admin", "maint": "maintain", "triager": "triage", "reader": "read", "gone": "none"} {
+		b.srv.SetPermission("octo/one", login, role)
+	}
 	ctx := context.Background()
 	repo := Repo{Owner: "octo", Name: "one", InstallationID: 7}
 	for _, c := range []struct {
-		login   string
-		want    bool
-		wantErr bool
+		login        string
+		collaborator bool // what GET .../collaborators/{u} says: any access
+		want         bool
+		wantErr      bool
 	}{
-		{"alice", true, false},
-		{"Alice", true, false},
-		{"bob", false, false},
-		{"octo", true, false}, // the owner
-		{"dependabot[bot]", false, false},
-		{"alice_acme", false, false}, // an Enterprise managed user
-		{"../../admin", false, true},
-		{"-bob", false, true},
-		{"bo--b", false, true},
-		{"a%2Fb", false, true},
-		{strings.Repeat("a", 40), false, true},
-		{"", false, true},
+		{"alice", true, true, false},
+		{"Alice", true, true, false},
+		{"root", true, true, false},
+		{"maint", true, true, false},
+		{"octo", true, true, false}, // the owner
+		{"triager", true, false, false},
+		{"reader", true, false, false},
+		{"gone", false, false, false},
+		{"bob", false, false, false},
+		{"dependabot[bot]", false, false, false},
+		{"alice_acme", false, false, false}, // an Enterprise managed user
+		{"../../admin", false, false, true},
+		{"-bob", false, false, true},
+		{"bo--b", false, false, true},
+		{"a%2Fb", false, false, true},
+		{strings.Repeat("a", 40), false, false, true},
+		{"", false, false, true},
 	} {
-		got, err := b.gh.IsCollaborator(ctx, repo, c.login)
+		got, err := WriteAccess(ctx, b.gh, repo, c.login)
 		if got != c.want || (err != nil) != c.wantErr {
-			t.Errorf("IsCollaborator(%q) = %v, %v; want %v, error %v", c.login, got, err, c.want, c.wantErr)
+			t.Errorf("WriteAccess(%q) = %v, %v; want %v, error %v", c.login, got, err, c.want, c.wantErr)
+		}
+		if c.wantErr {
+			continue
+		}
+		// The stand-in answers the collaborator endpoint as GitHub does: the old check
+		// (204 means trusted) would have trusted read and triage users.
+		code := http.StatusNoContent
+		if _, err := b.gh.repoDo(ctx, repo, http.MethodGet, b.gh.repoURL(repo, nil, "collaborators", c.login), nil, nil); errors.Is(err, ErrNotFound) {
+			code = http.StatusNotFound
+		} else if err != nil {
+			t.Fatalf("GET collaborators/%s: %v", c.login, err)
+		}
+		if want := map[bool]int{true: http.StatusNoContent, false: http.StatusNotFound}[c.collaborator]; code != want {
+			t.Errorf("GET collaborators/%s = %d, want %d", c.login, code, want)
 		}
 	}
 	for _, p := range b.sent() {
-		if strings.Contains(p, "admin") || strings.Contains(p, "%25") {
+		if strings.Contains(p, "admin/") || strings.Contains(p, "%25") {
 			t.Errorf("an invalid login reached GitHub: %s", p)
 		}
 	}
-	if _, err := b.gh.IsCollaborator(ctx, Repo{Owner: "..", Name: "one", InstallationID: 7}, "alice"); err == nil {
+	if _, err := WriteAccess(ctx, b.gh, Repo{Owner: "..", Name: "one", InstallationID: 7}, "alice"); err == nil {
 		t.Error("invalid owner: no error")
 	}
 }
@@ -729,5 +755,35 @@ func TestValidGitHubLogin(t *testing.T) {
 		if err := validGitHubLogin(login); (err == nil) != ok {
 			t.Errorf("validGitHubLogin(%q) = %v, want ok %v", login, err, ok)
 		}
+	}
+}
+
+func TestGitHubPullRequestCommits(t *testing.T) {
+	t.Parallel()
+	b := setupGitHub(t)
+	var commits []githubtest.Commit
+	for i := range 120 {
+		commits = append(commits, githubtest.Commit{SHA: fmt.Sprintf("%040x", i+1), Date: githubtest.PRCreatedAt.Add(time.Duration(i) * time.Minute)})
+	}
+	b.srv.SetPullRequest("octo/one", githubtest.PR{Number: 4, User: "alice", HeadSHA: commits[119].SHA, HeadRef: "f", Commits: commits})
+	ctx := context.Background()
+	repo := Repo{Owner: "octo", Name: "one", InstallationID: 7}
+	got, err := b.gh.PullRequestCommits(ctx, repo, 4)
+	if err != nil || len(got) != len(commits) {
+		t.Fatalf("PullRequestCommits = %d commits, %v; want %d", len(got), err, len(commits))
+	}
+	for i, c := range got {
+		if c.SHA != commits[i].SHA || !c.Time.Equal(commits[i].Date) {
+			t.Fatalf("commit %d = %+v, want %+v (oldest first)", i, c, commits[i])
+		}
+	}
+	if n := b.count("GET /repos/octo/one/pulls/4/commits"); n != 2 {
+		t.Errorf("%d pages read, want 2", n)
+	}
+	if _, err := b.gh.PullRequestCommits(ctx, repo, 5); !errors.Is(err, ErrNotFound) {
+		t.Errorf("commits of a missing pull request: %v, want ErrNotFound", err)
+	}
+	if _, err := b.gh.PullRequestCommits(ctx, repo, 0); err == nil {
+		t.Error("pull request 0: no error")
 	}
 }

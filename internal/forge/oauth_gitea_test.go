@@ -8,6 +8,8 @@ import (
 	"net/http/cookiejar"
 	"net/url"
 	"regexp"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -84,6 +86,53 @@ func TestGiteaOAuthAndPermissionForReal(t *testing.T) {
 		if err != nil || got != c.want {
 			t.Errorf("Permission(%s, %s) = %q, %v; want %q", c.repo.FullName(), c.login, got, err, c.want)
 		}
+		// The trust check: write access, not being a collaborator of any kind.
+		trusted, err := WriteAccess(ctx, g, Repo{Owner: c.repo.Owner, Name: c.repo.Name}, c.login)
+		if err != nil || trusted != c.want.CanWrite() {
+			t.Errorf("WriteAccess(%s, %s) = %v, %v; want %v", c.repo.FullName(), c.login, trusted, err, c.want.CanWrite())
+		}
+	}
+	if err := srv.AddCollaborator(ctx, app, "carol", "read"); err != nil {
+		t.Fatal(err)
+	}
+	if trusted, err := WriteAccess(ctx, g, Repo{Owner: app.Owner, Name: app.Name}, "carol"); err != nil || trusted {
+		t.Errorf("WriteAccess of a read collaborator = %v, %v; want false", trusted, err)
+	}
+
+	// A pull request's commits, oldest first, with their committer dates.
+	if _, err := srv.Push(ctx, app, users["alice"], "main", map[string]string{"README": "app\n"}, "init", false); err != nil {
+		t.Fatal(err)
+	}
+	fork, err := srv.Fork(ctx, app, users["carol"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pushed []string
+	for i := range 3 {
+		// On the fork's main, which has app's history: a pull request needs a merge base.
+		sha, err := srv.Push(ctx, fork, users["carol"], "main", map[string]string{"f": strconv.Itoa(i)}, "change", false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pushed = append(pushed, sha)
+	}
+	n, err := srv.CreatePullRequest(ctx, users["carol"], app, "main", fork, "main", "a change")
+	if err != nil {
+		t.Fatal(err)
+	}
+	commits, err := g.PullRequestCommits(ctx, Repo{Owner: app.Owner, Name: app.Name}, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, c := range commits {
+		got = append(got, c.SHA)
+		if c.Time.IsZero() || time.Since(c.Time) > time.Hour {
+			t.Errorf("commit %s dated %v, want about now", c.SHA, c.Time)
+		}
+	}
+	if !slices.Equal(got, pushed) {
+		t.Errorf("PullRequestCommits = %v, want %v (oldest first)", got, pushed)
 	}
 
 	// An OAuth2 application, and bob logging in with it.

@@ -856,6 +856,17 @@ func repoPath(r Repo) string {
 	return "/repos/" + url.PathEscape(r.Owner) + "/" + url.PathEscape(r.Name)
 }
 
+// CreateBranch makes branch in repo at the head of from, as user: a pull request's branch that
+// shares the base's history, which Push's new branches do not.
+func (s *Server) CreateBranch(ctx context.Context, repo Repo, user User, branch, from string) error {
+	err := s.Do(ctx, user.Token, http.MethodPost, repoPath(repo)+"/branches",
+		map[string]string{"new_branch_name": branch, "old_ref_name": "refs/heads/" + from}, nil)
+	if err != nil {
+		return fmt.Errorf("create branch %s of %s: %w", branch, repo.FullName(), err)
+	}
+	return nil
+}
+
 // AddCollaborator gives login permission ("read", "write" or "admin") on repo.
 func (s *Server) AddCollaborator(ctx context.Context, repo Repo, login, permission string) error {
 	err := s.Do(ctx, s.AdminToken, http.MethodPut, repoPath(repo)+"/collaborators/"+url.PathEscape(login),

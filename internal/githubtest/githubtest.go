@@ -8,8 +8,10 @@
 //     installation access tokens (POST /app/installations/{id}/access_tokens) that then
 //     authenticate repository calls, scoped to the installation's repositories;
 //   - GET /app/installations, GET /repos/{o}/{r}/installation, GET /installation/repositories;
-//   - collaborators (and their permission), pull requests, branches and commit statuses of
-//     those repositories;
+//   - per-user permission levels (admin, maintain, write, triage, read) answered as GitHub
+//     answers them: GET /repos/{o}/{r}/collaborators/{u} is 204 for any access, read and triage
+//     included, and .../permission names the level; pull requests (and their commits),
+//     branches and commit statuses of those repositories;
 //   - the user login flow: /login/oauth/authorize, /login/oauth/access_token and GET /user
 //     (oauth.go), for a user the test chooses with OAuthAs;
 //   - secondary and primary rate-limit answers on demand (RateLimitNext, PrimaryRateLimitNext);
@@ -73,7 +75,21 @@ type PR struct {
 	// HeadRepoDeleted makes head.repo null, as GitHub shows a pull request whose fork is gone.
 	HeadRepoDeleted bool
 	BaseRef         string // the base repository's default branch if empty
+	// Commits are the pull request's commits, oldest first, as GET .../pulls/{n}/commits
+	// lists them; empty means HeadSHA alone, committed at PRCreatedAt.
+	Commits []Commit
 }
+
+// Commit is a commit of a pull request. Date is its committer date: what git records, which
+// the pusher chooses, not when it was pushed (GitHub keeps no push times).
+type Commit struct {
+	SHA  string
+	Date time.Time
+}
+
+// PRCreatedAt is when every pull request of the stand-in was opened, and the committer date of
+// a pull request's head when the test gives no commits.
+var PRCreatedAt = time.Date(2024, 1, 2, 3, 4, 5, 0, time.UTC)
 
 // Status is a commit status as it was created.
 type Status struct {
@@ -128,12 +144,11 @@ type token struct {
 
 type repoState struct {
 	Repo
-	installation  int64
-	collaborators map[string]bool // lower-case logins
-	pulls         map[int]PR
-	branches      map[string]string
-	statuses      map[string][]Status // by sha
-	permissions   map[string]string   // lower-case login → explicit permission (SetPermission)
+	installation int64
+	pulls        map[int]PR
+	branches     map[string]string
+	statuses     map[string][]Status // by sha
+	permissions  map[string]string   // lower-case login → role (AddCollaborator, SetPermission)
 }
 
 // rateLimit is one queued rate-limit answer: secondary (retryAfter) or primary (reset).
@@ -219,7 +234,7 @@ func (s *Server) AddInstallation(id int64, repos ...Repo) {
 		if old := s.repos[k]; old != nil {
 			panic(fmt.Sprintf("githubtest: repository %s added twice", r.FullName))
 		}
-		s.repos[k] = &repoState{Repo: r, installation: id, collaborators: map[string]bool{},
+		s.repos[k] = &repoState{Repo: r, installation: id, permissions: map[string]string{},
 			pulls: map[int]PR{}, branches: map[string]string{}, statuses: map[string][]Status{}}
 		inst.repos = append(inst.repos, k)
 	}
@@ -245,11 +260,10 @@ func (s *Server) repo(fullName string) *repoState {
 	return r
 }
 
-// AddCollaborator gives login push access to the repository.
+// AddCollaborator gives login push access to the repository (GitHub's "write" role); see
+// SetPermission for the other roles.
 func (s *Server) AddCollaborator(fullName, login string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.repo(fullName).collaborators[strings.ToLower(login)] = true
+	s.SetPermission(fullName, login, "write")
 }
 
 // SetPullRequest creates or replaces a pull request of the repository.
@@ -332,6 +346,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("GET /installation/repositories", s.installation(s.listRepositories))
 	mux.HandleFunc("GET /repos/{owner}/{repo}/collaborators/{user}", s.inRepo(s.collaborator))
 	mux.HandleFunc("GET /repos/{owner}/{repo}/pulls/{number}", s.inRepo(s.pull))
+	mux.HandleFunc("GET /repos/{owner}/{repo}/pulls/{number}/commits", s.inRepo(s.pullCommits))
 	mux.HandleFunc("GET /repos/{owner}/{repo}/branches/{branch...}", s.inRepo(s.branch))
 	mux.HandleFunc("POST /repos/{owner}/{repo}/statuses/{sha}", s.inRepo(s.createStatus))
 	mux.HandleFunc("GET /repos/{owner}/{repo}/commits/{ref}/statuses", s.inRepo(s.listStatuses))
@@ -596,10 +611,13 @@ func (s *Server) listRepositories(w http.ResponseWriter, r *http.Request, inst i
 	writeJSON(w, http.StatusOK, map[string]any{"total_count": len(names), "repository_selection": "selected", "repositories": out})
 }
 
+// collaborator answers as GitHub does: 204 for anyone with any access to the repository
+// (read and triage too, as organisation members get through the base permission), 404 for
+// others. It says nothing about write access; .../permission does.
 func (s *Server) collaborator(w http.ResponseWriter, r *http.Request, repo *repoState) {
 	login := strings.ToLower(r.PathValue("user"))
 	owner, _, _ := strings.Cut(strings.ToLower(repo.FullName), "/")
-	if repo.collaborators[login] || login == owner {
+	if perm, ok := repo.permissions[login]; (ok && perm != "none") || login == owner {
 		w.WriteHeader(http.StatusNoContent)
 		return
 	}
@@ -614,6 +632,58 @@ func (s *Server) pull(w http.ResponseWriter, r *http.Request, repo *repoState) {
 		return
 	}
 	writeJSON(w, http.StatusOK, PullRequestJSON(repo.Repo, pr))
+}
+
+// pullCommitsMax is how many commits GitHub lists of a pull request at most.
+const pullCommitsMax = 250
+
+func (s *Server) pullCommits(w http.ResponseWriter, r *http.Request, repo *repoState) {
+	n, err := strconv.Atoi(r.PathValue("number"))
+	pr, ok := repo.pulls[n]
+	if err != nil || !ok {
+		notFound(w)
+		return
+	}
+	commits := pr.Commits
+	if len(commits) == 0 {
+		commits = []Commit{{SHA: pr.HeadSHA, Date: PRCreatedAt}}
+	}
+	commits = commits[:min(len(commits), pullCommitsMax)]
+	lo, hi := s.paginate(w, r, len(commits))
+	out := []map[string]any{}
+	for i, c := range commits[lo:hi] {
+		out = append(out, commitJSON(repo.FullName, c, commits[:lo+i]))
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// commitJSON is a commit as GitHub lists it, its parent the one before it.
+func commitJSON(fullName string, c Commit, before []Commit) map[string]any {
+	api := "https://api.github.com/repos/" + fullName
+	parents := []map[string]any{}
+	if len(before) > 0 {
+		p := before[len(before)-1].SHA
+		parents = append(parents, map[string]any{"sha": p, "url": api + "/commits/" + p})
+	}
+	who := map[string]any{"name": "Octo Cat", "email": "octocat@example.com", "date": c.Date.UTC().Format(time.RFC3339)}
+	return map[string]any{
+		"sha":     c.SHA,
+		"node_id": "C_" + c.SHA[:min(len(c.SHA), 12)],
+		"commit": map[string]any{
+			"author":        who,
+			"committer":     who,
+			"message":       "change",
+			"tree":          map[string]any{"sha": strings.Repeat("e", 40), "url": api + "/git/trees/" + strings.Repeat("e", 40)},
+			"url":           api + "/git/commits/" + c.SHA,
+			"comment_count": 0,
+		},
+		"url":          api + "/commits/" + c.SHA,
+		"html_url":     "https://github.com/" + fullName + "/commit/" + c.SHA,
+		"comments_url": api + "/commits/" + c.SHA + "/comments",
+		"author":       nil,
+		"committer":    nil,
+		"parents":      parents,
+	}
 }
 
 func (s *Server) branch(w http.ResponseWriter, r *http.Request, repo *repoState) {

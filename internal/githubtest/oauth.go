@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/url"
 	"strings"
@@ -38,18 +39,19 @@ func (s *Server) OAuthAs(login string) {
 	s.oauthLogin = login
 }
 
-// SetPermission sets login's permission on the repository as GET
-// /repos/{o}/{r}/collaborators/{u}/permission reports it: "admin", "maintain", "write",
-// "triage", "read" or "none". Without it collaborators have write, the owner admin, and
-// everyone else read on a public repository and none on a private one.
+// SetPermission gives login a role on the repository: "admin", "maintain", "write", "triage",
+// "read" (a collaborator, or an organisation member through the base permission) or "none".
+// Users without one: the owner is admin, everyone else has read on a public repository and
+// none on a private one, and is no collaborator.
 func (s *Server) SetPermission(fullName, login, permission string) {
+	switch permission {
+	case "admin", "maintain", "write", "triage", "read", "none":
+	default:
+		panic(fmt.Sprintf("githubtest: permission %q is not a GitHub role", permission))
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	r := s.repo(fullName)
-	if r.permissions == nil {
-		r.permissions = map[string]string{}
-	}
-	r.permissions[strings.ToLower(login)] = permission
+	s.repo(fullName).permissions[strings.ToLower(login)] = permission
 }
 
 // UserTokens is how many user access tokens were issued.
@@ -187,8 +189,6 @@ func (s *Server) permission(w http.ResponseWriter, r *http.Request, repo *repoSt
 	case ok:
 	case key == owner:
 		perm = "admin"
-	case repo.collaborators[key]:
-		perm = "write"
 	case repo.Private:
 		perm = "none"
 	default:

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/google/uuid"
 )
@@ -168,7 +169,7 @@ func PullRequestJSON(base Repo, pr PR) map[string]any {
 		"author_association": "CONTRIBUTOR",
 		"merged":             false,
 		"mergeable":          nil,
-		"commits":            1,
+		"commits":            max(len(pr.Commits), 1),
 	}
 }
 
@@ -265,11 +266,17 @@ type Comment struct {
 	Commenter     string
 	Body          string
 	Installation  int64
+	// CreatedAt is when the comment was written (comment.created_at); PRCreatedAt if zero.
+	CreatedAt time.Time
 }
 
 // CommentPayload is the body of an issue_comment delivery.
 func CommentPayload(c Comment) map[string]any {
 	n := strconv.Itoa(c.Number)
+	created := PRCreatedAt.Format(time.RFC3339)
+	if !c.CreatedAt.IsZero() {
+		created = c.CreatedAt.UTC().Format(time.RFC3339)
+	}
 	issue := map[string]any{
 		"url":                "https://api.github.com/repos/" + c.Repo.FullName + "/issues/" + n,
 		"html_url":           "https://github.com/" + c.Repo.FullName + "/issues/" + n,
@@ -300,8 +307,8 @@ func CommentPayload(c Comment) map[string]any {
 			"html_url":           issue["html_url"].(string) + "#issuecomment-1",
 			"user":               userJSON(c.Commenter),
 			"body":               c.Body,
-			"created_at":         "2024-01-02T03:04:05Z",
-			"updated_at":         "2024-01-02T03:04:05Z",
+			"created_at":         created,
+			"updated_at":         created,
 			"author_association": "CONTRIBUTOR",
 		},
 		"repository": RepoJSON(c.Repo),

@@ -61,7 +61,8 @@ func (m *Mirror) Fetch(ctx context.Context) error {
 	}
 	// Fetching from m.URL rather than the remote recorded at clone time makes a changed project
 	// URL take effect without recreating the mirror.
-	if _, err := run(ctx, nil, m.Dir, "fetch", "--prune", "--quiet", "--", m.URL, "+refs/*:refs/*"); err != nil {
+	// The negative refspec keeps harmonia-ci's own refs out of both the fetch and the prune.
+	if _, err := run(ctx, nil, m.Dir, "fetch", "--prune", "--quiet", "--", m.URL, "+refs/*:refs/*", "^"+LocalRefPrefix+"*"); err != nil {
 		return fmt.Errorf("fetch %s: %w", redact(m.URL), err)
 	}
 	return nil

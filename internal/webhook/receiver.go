@@ -1,6 +1,7 @@
 // Package webhook receives forge webhook deliveries at POST /webhook/{forge}: it verifies
 // their signature before anything else, finds the enabled project, decides whether a pull
-// request may be evaluated (asking the forge about its author), and queues the evaluation.
+// request may be evaluated (trust.go: who is trusted, and which commit an approval
+// approves), and queues the evaluation.
 // The polling fallback hands new branch heads to the same Dispatch.
 package webhook
 
@@ -25,10 +26,6 @@ import (
 
 // DefaultMaxBody bounds a delivery's body when Config.MaxBody is 0: GitHub's own cap (25 MB).
 const DefaultMaxBody = 25 << 20
-
-// RunCommand is the pull request comment by which a collaborator has a pull request
-// evaluated, on a line of its own.
-const RunCommand = "/ci run"
 
 // Config configures a Receiver.
 type Config struct {
@@ -152,32 +149,32 @@ func (r *Receiver) Dispatch(ctx context.Context, f forge.Forge, ev forge.Event) 
 		}
 		pr := ev.PullRequest
 		if p.PRTrust == project.PRTrustCollaborators {
-			trusted, err := f.IsCollaborator(ctx, repo, pr.Author)
+			trusted, err := r.trusted(ctx, f, repo, ev.Sender)
 			if err != nil {
-				return Outcome{}, forgeUnavailable("check the pull request's author", err)
+				return Outcome{}, forgeUnavailable("check the sender's access", err)
 			}
 			if !trusted {
-				return ok("pull request #%d by %s waits for a collaborator's %q", pr.Number, pr.Author, RunCommand), nil
+				return ok("%s", waitsForApproval(ev)), nil
 			}
 		}
 		return r.request(ctx, p, f, ev, prParams(pr))
 	case forge.EventComment:
-		if !hasRunCommand(ev.Body) {
+		arg, isRun := runCommand(ev.Body)
+		if !isRun {
 			return ok("comment without %q", RunCommand), nil
 		}
 		if reason := prRefused(p); reason != "" {
 			return ok("%s", reason), nil
 		}
-		trusted, err := f.IsCollaborator(ctx, repo, ev.Commenter)
+		trusted, err := r.trusted(ctx, f, repo, ev.Commenter)
 		if err != nil {
 			return Outcome{}, forgeUnavailable("check the commenter", err)
 		}
 		if !trusted {
 			return ok("%q by %s ignored: not a collaborator", RunCommand, ev.Commenter), nil
 		}
-		// The head as of the approval: a push after it needs another approval. A forge that
-		// sends the pull request with the comment says what it was then; otherwise it is asked
-		// now, as close to the comment as this frontend gets.
+		// The author and state come from the delivery if the forge sends the pull request with
+		// the comment (Gitea), else from the forge now (GitHub); the head is approvedHead's.
 		pr := ev.PullRequest
 		if pr.HeadSHA == "" {
 			if pr, err = f.PullRequest(ctx, repo, ev.PullRequest.Number); err != nil {
@@ -187,6 +184,14 @@ func (r *Receiver) Dispatch(ctx context.Context, f forge.Forge, ev forge.Event) 
 		if pr.State != "" && pr.State != "open" {
 			return ok("pull request #%d is %s", pr.Number, pr.State), nil
 		}
+		head, reason, err := approvedHead(ctx, f, repo, ev, arg)
+		if err != nil {
+			return Outcome{}, forgeUnavailable("list the pull request's commits", err)
+		}
+		if reason != "" {
+			return ok("%s", reason), nil
+		}
+		pr.HeadSHA = head
 		return r.request(ctx, p, f, ev, prParams(pr))
 	}
 	return ok("ignored %s event", ev.Type), nil
@@ -204,7 +209,8 @@ func prRefused(p project.Project) string {
 func PRBranch(n int) string { return fmt.Sprintf("pull/%d", n) }
 
 func prParams(pr forge.PullRequest) eval.RequestParams {
-	return eval.RequestParams{Commit: pr.HeadSHA, Branch: PRBranch(pr.Number), PRNumber: pr.Number, PRAuthor: pr.Author}
+	return eval.RequestParams{Commit: pr.HeadSHA, Branch: PRBranch(pr.Number), PRNumber: pr.Number, PRAuthor: pr.Author,
+		PRBase: pr.BaseBranch}
 }
 
 func (r *Receiver) request(ctx context.Context, p project.Project, f forge.Forge, ev forge.Event, rp eval.RequestParams) (Outcome, error) {
@@ -226,15 +232,6 @@ func (r *Receiver) request(ctx context.Context, p project.Project, f forge.Forge
 		msg = "evaluation exists"
 	}
 	return Outcome{Code: http.StatusAccepted, Message: msg, EvalID: e.ID, result: resultAccepted}, nil
-}
-
-func hasRunCommand(body string) bool {
-	for line := range strings.Lines(body) {
-		if strings.TrimSpace(line) == RunCommand {
-			return true
-		}
-	}
-	return false
 }
 
 func forgeUnavailable(what string, err error) error {

@@ -470,7 +470,7 @@ func TestForgeUnavailable(t *testing.T) {
 	}{
 		{"pull request author", "pull_request",
 			pullRequest("opened", githubtest.PR{Number: 4, User: "alice", HeadSHA: sha(4), HeadRef: "f"}),
-			"could not check the pull request's author with the forge; deliver again later"},
+			"could not check the sender's access with the forge; deliver again later"},
 		{"commenter", "issue_comment", comment(4, "alice", webhook.RunCommand),
 			"could not check the commenter with the forge; deliver again later"},
 	} {

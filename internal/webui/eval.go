@@ -85,12 +85,15 @@ type EvalHeader struct {
 	SkippedReason, Error   string
 	PRNumber               int
 	PRAuthor               string
-	CreatedAt              time.Time
-	StartedAt, FinishedAt  *time.Time
-	ReusesEvalID           *int64
-	CommitURL              string  // the commit's page on the forge; "" when unknown
-	Evaluator              *string // the node that evaluated it last
-	NixVersion             string  // the Nix it evaluated with; "" when unknown
+	// A pull request's base branch, the base's tip its last run merged into (or that
+	// conflicted), and the merge it evaluated ("": the head).
+	PRBase, BaseCommit, MergeCommit string
+	CreatedAt                       time.Time
+	StartedAt, FinishedAt           *time.Time
+	ReusesEvalID                    *int64
+	CommitURL                       string  // the commit's page on the forge; "" when unknown
+	Evaluator                       *string // the node that evaluated it last
+	NixVersion                      string  // the Nix it evaluated with; "" when unknown
 }
 
 // Finished reports whether the evaluation itself is over (its builds may still run).
@@ -221,7 +224,8 @@ func (u *UI) evalHeader(ctx context.Context, id int64, project string) (EvalHead
 	var e EvalHeader
 	err := u.cfg.Pool.QueryRow(ctx, sqlEvalHeader, id, project).Scan(&e.ID, &e.ProjectID, &e.Project, &e.Forge,
 		&e.Owner, &e.Repo, &e.FullName, &e.Commit, &e.Branch, &e.Status, &e.SkippedReason, &e.Error, &e.PRNumber,
-		&e.PRAuthor, &e.CreatedAt, &e.StartedAt, &e.FinishedAt, &e.ReusesEvalID, &e.Evaluator, &e.NixVersion)
+		&e.PRAuthor, &e.PRBase, &e.BaseCommit, &e.MergeCommit, &e.CreatedAt, &e.StartedAt, &e.FinishedAt, &e.ReusesEvalID,
+		&e.Evaluator, &e.NixVersion)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return e, notFound("project %s has no evaluation %d", project, id)
 	}

@@ -446,3 +446,30 @@ func TestEvalPagesRegister(t *testing.T) {
 		t.Errorf("GET /ci/proj/eval/1 of no project: %d, want 404", code)
 	}
 }
+
+// A pull request's evaluation says what it evaluated: the merge into its base, the conflict,
+// or the head alone.
+func TestEvalPageShowsMerge(t *testing.T) {
+	t.Parallel()
+	base, merge := strings.Repeat("b", 40), strings.Repeat("c", 40)
+	for _, tt := range []struct {
+		name, base, merge, want string
+	}{
+		{"merged", base, merge, "merged into main at <span class=\"mono\" title=\"" + base + "\">bbbbbbbbbbbb</span>"},
+		{"conflict", base, "", "not: it conflicts with main"},
+		{"head", "", "", "the head alone"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			fx := newEvalFixture(t)
+			e := fx.newEval(fx.project)
+			fx.exec(`UPDATE evaluations SET pr_number = 4, pr_base = 'main', base_commit = $2, merge_commit = $3 WHERE id = $1`, e, tt.base, tt.merge)
+			body := fx.get(fmt.Sprintf("/ci/proj/eval/%d", e), http.StatusOK)
+			if !strings.Contains(body, tt.want) {
+				t.Errorf("the page does not say %q:\n%s", tt.want, body)
+			}
+			if tt.merge != "" && !strings.Contains(body, "cccccccccccc") {
+				t.Error("the page does not name the merge")
+			}
+		})
+	}
+}

@@ -19,8 +19,9 @@ import (
 // Who may act (permission rules of the design, §4 "Actions"):
 //   - the admin token (scripts) and the [auth] admins ("forge:login") may do anything;
 //   - on an evaluation of a pull request, its author (logged in with the repository's forge);
-//   - on any evaluation of a repository, users the forge says may push to it (write or admin),
-//     asked of the forge and remembered for PermissionTTL;
+//   - on any evaluation of a repository, users the forge gives write access to it
+//     (forge.WriteAccess, the check webhooks make too), asked of the forge and remembered for
+//     PermissionTTL;
 //   - a build job is shared by every live evaluation interested in it: jobaccess.go says what
 //     each user may do to it; a job no live evaluation needs belongs to the evaluations whose
 //     attributes include it (directly or in their closure) and to the project it was queued
@@ -88,12 +89,12 @@ func (u *UI) mayAct(ctx context.Context, a actor, targets []target) (bool, error
 			continue
 		}
 		asked[key] = true
-		p, err := u.permission(ctx, t, a.login)
+		w, err := u.writeAccess(ctx, t, a.login)
 		if err != nil {
 			firstErr = cmpErr(firstErr, err)
 			continue
 		}
-		if p.CanWrite() {
+		if w {
 			return true, nil
 		}
 	}
@@ -107,21 +108,55 @@ func cmpErr(a, b error) error {
 	return b
 }
 
-// permission is login's permission on t's repository, from the cache or the forge.
-func (u *UI) permission(ctx context.Context, t target, login string) (forge.Permission, error) {
+// targetRepo is t's forge and repository; false for a forge no longer configured (nobody to
+// ask) or a name that is not owner/name.
+func (u *UI) targetRepo(t target) (forge.Forge, forge.Repo, bool) {
 	f, ok := u.cfg.Forges[t.Forge]
 	if !ok {
-		return forge.PermissionNone, nil // a forge no longer configured: nobody to ask
+		return nil, forge.Repo{}, false
 	}
 	owner, name, ok := strings.Cut(t.FullName, "/")
 	if !ok {
+		return nil, forge.Repo{}, false
+	}
+	return f, forge.Repo{Owner: owner, Name: name, InstallationID: t.Installation}, true
+}
+
+// permission is login's permission on t's repository, from the cache or the forge.
+func (u *UI) permission(ctx context.Context, t target, login string) (forge.Permission, error) {
+	f, repo, ok := u.targetRepo(t)
+	if !ok {
 		return forge.PermissionNone, nil
 	}
-	p, err := u.auth.perms.get(ctx, f, forge.Repo{Owner: owner, Name: name, InstallationID: t.Installation}, login)
+	p, err := u.auth.perms.get(ctx, f, repo, login)
 	if err != nil {
 		return forge.PermissionNone, forgeUnavailable(err)
 	}
 	return p, nil
+}
+
+// writeAccess reports whether login may act on t's repository: forge.WriteAccess, the check
+// webhooks make of pull request senders and approvers, asked through the cache.
+func (u *UI) writeAccess(ctx context.Context, t target, login string) (bool, error) {
+	f, repo, ok := u.targetRepo(t)
+	if !ok {
+		return false, nil
+	}
+	w, err := forge.WriteAccess(ctx, cachedPermissions{u.auth.perms, f}, repo, login)
+	if err != nil {
+		return false, forgeUnavailable(err)
+	}
+	return w, nil
+}
+
+// cachedPermissions answers a forge's Permission from the cache.
+type cachedPermissions struct {
+	cache *permCache
+	forge forge.Forge
+}
+
+func (c cachedPermissions) Permission(ctx context.Context, repo forge.Repo, login string) (forge.Permission, error) {
+	return c.cache.get(ctx, c.forge, repo, login)
 }
 
 // canSee reports whether the request's user may see a repository: a public one everyone; a

@@ -286,6 +286,7 @@ const (
 	sqlEvalHeader = `
 SELECT e.id, p.id, p.name, r.forge, r.owner, r.name, r.full_name, e.commit_sha, e.branch, e.status,
        COALESCE(e.skipped_reason, ''), COALESCE(e.error, ''), COALESCE(e.pr_number, 0), COALESCE(e.pr_author, ''),
+       e.pr_base, e.base_commit, e.merge_commit,
        e.created_at, e.started_at, e.finished_at, e.reuses_eval_id, e.claimed_by, e.nix_version
 FROM evaluations e
 JOIN projects p ON p.id = e.project_id
