@@ -58,12 +58,17 @@ WHERE a.eval_id = $1 AND a.attr = 'long'`, victimEval).Scan(&longID, &s)
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The branch shares main's history, as a real pull request's does: it is evaluated merged.
+	if err := u.gitea.CreateBranch(ctx, fork, bob, "feature", "main"); err != nil {
+		t.Fatal(err)
+	}
 	head := u.push(bob, fork, "feature", map[string]string{"ci.nix": shLib(salt) +
 		` { stolen = ` + long + `; own = sh "own" [] "/bin/sleep 60"; }`}, false)
 	pr, err := u.gitea.CreatePullRequest(ctx, bob, u.repo, "main", fork, "feature", "a change")
 	if err != nil {
 		t.Fatal(err)
 	}
+	u.waitLog("front-1", fmt.Sprintf("pull request #%d by %s waits for a collaborator", pr, bob.Login), 1)
 	if err := u.gitea.Comment(ctx, u.repo, u.owner, pr, "/ci run"); err != nil {
 		t.Fatal(err)
 	}
