@@ -178,7 +178,7 @@ func TestFailedBuild(t *testing.T) {
 		h.waitStatus(drvs["user"], "dep-failed")
 		if attempt == 1 {
 			// Nothing is fixed: the rebuild fails the same way.
-			if n, err := queue.Rebuild(h.ctx(), h.pool, bad.ID); err != nil || n != 2 {
+			if n, err := queue.Rebuild(h.ctx(), h.pool, bad.ID, queue.PriorityBoost); err != nil || n != 2 {
 				t.Fatalf("Rebuild = %d, %v; want the job and its dependent reset", n, err)
 			}
 		}

@@ -68,9 +68,9 @@ func newJobCmd(g *globalFlags) *cobra.Command {
 	}
 	show.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	rebuild := jobAction(g, "rebuild ID",
-		"Queue a failed, dep-failed or cancelled job again at priority 100, with its dep-failed dependents",
+		"Queue a failed, dep-failed or cancelled job again at priority 100 (an operator's boost), with its dep-failed dependents",
 		func(ctx context.Context, pool *pgxpool.Pool, id int64) (string, error) {
-			n, err := queue.Rebuild(ctx, pool, id)
+			n, err := queue.Rebuild(ctx, pool, id, queue.PriorityBoost)
 			if err != nil {
 				return "", err
 			}

@@ -18,14 +18,18 @@ WITH attrs AS (
     SELECT count(*)::int AS attrs, count(*) FILTER (WHERE error IS NOT NULL)::int AS errors
     FROM eval_attrs WHERE eval_id = $1
 ), drvs AS (
-    SELECT DISTINCT drv_path FROM eval_attrs WHERE eval_id = $1 AND drv_path IS NOT NULL
+    -- A derivation whose attributes were all detached from its job (a user cancelled it for
+    -- this evaluation while others still need it) counts as cancelled, whatever the job does.
+    SELECT drv_path, bool_and(detached_at IS NOT NULL) AS detached
+    FROM eval_attrs WHERE eval_id = $1 AND drv_path IS NOT NULL GROUP BY drv_path
 )
 SELECT attrs.attrs, attrs.errors, count(d.drv_path)::int,
-       count(d.drv_path) FILTER (WHERE j.id IS NULL OR j.status = 'succeeded')::int,
-       count(*) FILTER (WHERE j.status IN ('failed', 'dep-failed'))::int,
-       count(*) FILTER (WHERE j.status = 'cancelled')::int,
-       count(*) FILTER (WHERE j.status IN ('pending', 'building', 'uploading'))::int,
-       COALESCE(min(j.id) FILTER (WHERE j.status = 'failed'), min(j.id) FILTER (WHERE j.status = 'dep-failed'), 0)
+       count(d.drv_path) FILTER (WHERE NOT d.detached AND (j.id IS NULL OR j.status = 'succeeded'))::int,
+       count(*) FILTER (WHERE NOT d.detached AND j.status IN ('failed', 'dep-failed'))::int,
+       count(*) FILTER (WHERE d.detached OR j.status = 'cancelled')::int,
+       count(*) FILTER (WHERE NOT d.detached AND j.status IN ('pending', 'building', 'uploading'))::int,
+       COALESCE(min(j.id) FILTER (WHERE NOT d.detached AND j.status = 'failed'),
+                min(j.id) FILTER (WHERE NOT d.detached AND j.status = 'dep-failed'), 0)
 FROM attrs LEFT JOIN drvs d ON true LEFT JOIN build_jobs j ON j.drv_path = d.drv_path
 GROUP BY attrs.attrs, attrs.errors`
 

@@ -224,14 +224,22 @@ func TestRolesAllow(t *testing.T) {
 	}())
 
 	// The frontend rebuilds b (c comes back too) and cancels x's rebuild.
-	n, err := queue.Rebuild(ctx, c.as["f1"], claims["b"].JobID)
+	n, err := queue.Rebuild(ctx, c.as["f1"], claims["b"].JobID, queue.PriorityBoost)
 	must("rebuild as f1", err)
 	if n != 2 {
 		t.Fatalf("rebuild reset %d jobs, want 2", n)
 	}
-	_, err = queue.Rebuild(ctx, c.as["f1"], claims["x"].JobID)
+	_, err = queue.Rebuild(ctx, c.as["f1"], claims["x"].JobID, queue.PriorityBoost)
 	must("rebuild x as f1", err)
 	must("cancel as f1", queue.Cancel(ctx, c.as["f1"], claims["x"].JobID))
+	// ... and a user's cancel, which detaches or cancels under the job-need lock.
+	_, err = queue.Rebuild(ctx, c.as["f1"], claims["x"].JobID, queue.PriorityNormal)
+	must("rebuild x at normal priority as f1", err)
+	interested, _, err := queue.InterestedEvals(ctx, c.as["f1"], claims["x"].JobID)
+	must("evaluations interested in x as f1", err)
+	if res, err := queue.CancelFor(ctx, c.as["f1"], claims["x"].JobID, interested); err != nil || !res.Cancelled {
+		t.Fatalf("cancel for a user as f1: %+v, %v", res, err)
+	}
 	must("drain request as f1", cluster.RequestDrain(ctx, c.as["f1"], "c1"))
 
 	// A restarted builder gives back what its previous process held (OnReregister).

@@ -94,7 +94,8 @@ RETURNING id`
 	// the lock's 32-bit key; two projects sharing a key only wait for each other).
 	sqlRequestLock = `SELECT pg_advisory_xact_lock($1, ($2::bigint % 2147483647)::int)`
 
-	// Pending jobs in the closure of evaluations $1 that no live evaluation needs are cancelled.
+	// Pending jobs in the closure of evaluations $1 that no live evaluation needs are cancelled
+	// (a detached attribute needs nothing).
 	// "Needed" is searched from the pending jobs upwards: any derivation that depends on a
 	// pending job is in "up", a live evaluation's attribute in "up" needs every pending job
 	// below it, and the walk down from such attributes stays inside "up".
@@ -114,7 +115,7 @@ WITH RECURSIVE cand(drv_path) AS (
     SELECT drv_path FROM up
 ), needed(drv_path) AS (
     SELECT ea.drv_path FROM eval_attrs ea JOIN evaluations e ON e.id = ea.eval_id
-    WHERE ea.drv_path IN (SELECT drv_path FROM up_set)
+    WHERE ea.drv_path IN (SELECT drv_path FROM up_set) AND ea.detached_at IS NULL
       AND e.status IN ('queued', 'running', 'succeeded', 'skipped') AND NOT (e.id = ANY($1))
   UNION
     SELECT di.input_drv FROM derivation_inputs di JOIN needed n ON di.referrer = n.drv_path

@@ -86,7 +86,7 @@ func TestPermanentFailurePropagatesAndRebuildRestores(t *testing.T) {
 				t.Fatalf("claimed %v while everything left depends on a failed job", qt.Names(got))
 			}
 
-			n, err := queue.Rebuild(ctx, pool, a[0].ID)
+			n, err := queue.Rebuild(ctx, pool, a[0].ID, queue.PriorityBoost)
 			if err != nil || n != 1+len(tc.depFailed) {
 				t.Fatalf("Rebuild = %d, %v; want %d jobs reset", n, err, 1+len(tc.depFailed))
 			}
@@ -102,7 +102,7 @@ func TestPermanentFailurePropagatesAndRebuildRestores(t *testing.T) {
 					t.Fatalf("after rebuild a dependent got priority %d: %v", j.Priority, j)
 				}
 			}
-			if n, err := queue.Rebuild(ctx, pool, a[0].ID); err != nil || n != 0 {
+			if n, err := queue.Rebuild(ctx, pool, a[0].ID, queue.PriorityBoost); err != nil || n != 0 {
 				t.Fatalf("Rebuild of a pending job = %d, %v; want 0 reset", n, err)
 			}
 
@@ -410,7 +410,7 @@ func TestFailureRecordsMessageAndLog(t *testing.T) {
 		t.Fatalf("after a permanent failure: %+v", info)
 	}
 
-	if _, err := queue.Rebuild(ctx, pool, j.ID); err != nil {
+	if _, err := queue.Rebuild(ctx, pool, j.ID, queue.PriorityBoost); err != nil {
 		t.Fatal(err)
 	}
 	if info, _ = queue.GetJob(ctx, pool, j.ID); info.ErrorMessage != "" || info.Status != "pending" || info.Priority != 100 {

@@ -145,7 +145,7 @@ func TestClaimPriorityFirst(t *testing.T) {
 				qt.Enqueue(t, pool, &hog, qt.Drv(fmt.Sprintf("hog-%d", i), sys))
 			}
 			if tc.rebuild {
-				if n, err := queue.Rebuild(ctx, pool, qt.Job(t, pool, "urgent").ID); err != nil || n != 1 {
+				if n, err := queue.Rebuild(ctx, pool, qt.Job(t, pool, "urgent").ID, queue.PriorityBoost); err != nil || n != 1 {
 					t.Fatalf("Rebuild = %d, %v", n, err)
 				}
 			} else {

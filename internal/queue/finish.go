@@ -189,14 +189,23 @@ func cancel(ctx context.Context, pool *pgxpool.Pool, sql, what string, args ...a
 	return nil
 }
 
-// Rebuild resets a failed (or dep-failed, or cancelled) job to pending at priority 100 with fresh
-// retries, and its dep-failed dependents to pending; readiness keeps them waiting for their
-// inputs. It returns how many jobs were reset; 0 means the job was not in a failed state.
-func Rebuild(ctx context.Context, pool *pgxpool.Pool, jobID int64) (int, error) {
+// Priorities of rebuilt jobs. A boost puts a job ahead of every project's fair share, so only an
+// admin (the admin token, an [auth] admin, the CLI on the database) may ask for one; everyone
+// else's rebuild gets the priority every job is queued with.
+const (
+	PriorityNormal = 0
+	PriorityBoost  = 100
+)
+
+// Rebuild resets a failed (or dep-failed, or cancelled) job to pending at priority (PriorityNormal
+// or PriorityBoost) with fresh retries, and its dep-failed dependents to pending; readiness keeps
+// them waiting for their inputs. It returns how many jobs were reset; 0 means the job was not in a
+// failed state.
+func Rebuild(ctx context.Context, pool *pgxpool.Pool, jobID int64, priority int) (int, error) {
 	var n int
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		var systems []string
-		if err := tx.QueryRow(ctx, sqlRebuild, jobID).Scan(&n, &systems); err != nil {
+		if err := tx.QueryRow(ctx, sqlRebuild, jobID, priority).Scan(&n, &systems); err != nil {
 			return err
 		}
 		for _, s := range systems {

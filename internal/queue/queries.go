@@ -170,6 +170,42 @@ UPDATE build_jobs SET status = 'cancelled', finished_at = now()
 WHERE id = $1 AND status IN ('pending', 'building', 'uploading')
 RETURNING id, drv_path`
 
+	// The job-need lock (class cluster.LockClass, object 3) that the evaluator's ingest and the
+	// cancelling of unneeded jobs take too: while a cancel holds it, no evaluation becomes
+	// interested in a job or stops being.
+	sqlNeedLock = `SELECT pg_advisory_xact_lock($1, 3)`
+
+	// A job a user cancels, if unfinished, locked against finishes until the cancel commits.
+	// $1 job id.
+	sqlJobLockForCancel = `
+SELECT drv_path FROM build_jobs WHERE id = $1 AND status IN ('pending', 'building', 'uploading')
+FOR UPDATE`
+
+	// The live evaluations interested in job $1 (see migration 0021): an attribute not detached
+	// whose derivation is the job's or depends on it. At most $2.
+	sqlInterestedEvals = `
+WITH RECURSIVE up(drv_path) AS (
+    SELECT drv_path FROM build_jobs WHERE id = $1
+  UNION
+    SELECT di.referrer FROM derivation_inputs di JOIN up ON di.input_drv = up.drv_path
+)
+SELECT DISTINCT a.eval_id FROM up
+JOIN eval_attrs a ON a.drv_path = up.drv_path AND a.detached_at IS NULL
+JOIN evaluations e ON e.id = a.eval_id AND e.status IN ('queued', 'running', 'succeeded', 'skipped')
+ORDER BY a.eval_id LIMIT $2`
+
+	// Evaluations $2 give up their interest in job $1: each of their attributes whose derivation
+	// is the job's or depends on it is detached. Returns the evaluations.
+	sqlDetachInterest = `
+WITH RECURSIVE up(drv_path) AS (
+    SELECT drv_path FROM build_jobs WHERE id = $1
+  UNION
+    SELECT di.referrer FROM derivation_inputs di JOIN up ON di.input_drv = up.drv_path
+)
+UPDATE eval_attrs a SET detached_at = now()
+WHERE a.eval_id = ANY($2) AND a.detached_at IS NULL AND a.drv_path IN (SELECT drv_path FROM up)
+RETURNING a.eval_id`
+
 	// $1 project ids, $2 seconds.
 	sqlProjectsCharge = `
 UPDATE projects p SET consumed_seconds = p.consumed_seconds + t.secs
@@ -197,12 +233,12 @@ WITH RECURSIVE to_fail AS (
 SELECT count(pg_notify('build_jobs', json_build_object('drv_path', drv_path, 'status', 'dep-failed')::text))
 FROM marked`
 
-	// Seed 001 rebuild: a failed job back to pending at priority 100, with fresh retries, and its
+	// Seed 001 rebuild: a failed job back to pending at priority $2, with fresh retries, and its
 	// dep-failed dependents back to pending; readiness keeps them waiting for their inputs.
 	// $1 job id. Returns the number of jobs reset (0: the job was not failed).
 	sqlRebuild = `
 WITH RECURSIVE root AS (
-    UPDATE build_jobs SET status = 'pending', priority = 100, retry_count = 0,
+    UPDATE build_jobs SET status = 'pending', priority = $2, retry_count = 0,
         claimed_by = NULL, claimed_at = NULL, started_at = NULL, finished_at = NULL, exit_code = NULL,
         error_message = NULL
     WHERE id = $1 AND status IN ('failed', 'dep-failed', 'cancelled')

@@ -82,7 +82,9 @@ func (u *UI) act(r *http.Request, kind string, id int64, run actionFunc) (actor,
 	ctx := r.Context()
 	check := u.mayActOnEval
 	if kind == "build" {
-		check = u.mayActOnBuild
+		// What a user may do to a job depends on the action (jobaccess.go): each build action
+		// checks it itself.
+		check = u.mayActOnJob
 	}
 	ok, err := check(ctx, who, id)
 	switch {
@@ -172,9 +174,16 @@ func (u *UI) backURL(ctx context.Context, kind string, id int64) string {
 }
 
 // rebuildBuild is POST /api/builds/{id}/rebuild: a failed, dep-failed or cancelled job back to
-// pending at priority 100, with its dep-failed dependents.
-func (u *UI) rebuildBuild(ctx context.Context, id int64, _ actor) (string, error) {
-	n, err := queue.Rebuild(ctx, u.cfg.Pool, id)
+// pending, with its dep-failed dependents; at a boosted priority if an admin asks.
+func (u *UI) rebuildBuild(ctx context.Context, id int64, who actor) (string, error) {
+	acc, err := u.jobAccessOf(ctx, who, id)
+	if err != nil {
+		return "", err
+	}
+	if !acc.all {
+		return "", errShared
+	}
+	n, err := queue.Rebuild(ctx, u.cfg.Pool, id, rebuildPriority(who))
 	if err != nil {
 		return "", err
 	}
@@ -184,16 +193,35 @@ func (u *UI) rebuildBuild(ctx context.Context, id int64, _ actor) (string, error
 	return plural(n, "build", "builds") + " queued again", nil
 }
 
-// cancelBuild is POST /api/builds/{id}/cancel: a pending or running job cancelled.
-func (u *UI) cancelBuild(ctx context.Context, id int64, _ actor) (string, error) {
-	err := queue.Cancel(ctx, u.cfg.Pool, id)
-	if errors.Is(err, queue.ErrStale) {
-		return "", web.Errorf(http.StatusConflict, "build %d has already finished", id)
-	}
+// cancelBuild is POST /api/builds/{id}/cancel: a pending or running job cancelled, or, if
+// evaluations the user may not act on need it too, the user's evaluations detached from it.
+func (u *UI) cancelBuild(ctx context.Context, id int64, who actor) (string, error) {
+	acc, err := u.jobAccessOf(ctx, who, id)
 	if err != nil {
 		return "", err
 	}
-	return fmt.Sprintf("build %d cancelled", id), nil
+	var res queue.CancelResult
+	switch {
+	case who.admin:
+		err = queue.Cancel(ctx, u.cfg.Pool, id)
+		res.Cancelled = true
+	case acc.any():
+		res, err = queue.CancelFor(ctx, u.cfg.Pool, id, acc.own)
+	default:
+		return "", errNoPermission
+	}
+	switch {
+	case errors.Is(err, queue.ErrStale):
+		return "", web.Errorf(http.StatusConflict, "build %d has already finished", id)
+	case errors.Is(err, queue.ErrNotInterested):
+		return "", errNoPermission
+	case err != nil:
+		return "", err
+	case res.Cancelled:
+		return fmt.Sprintf("build %d cancelled", id), nil
+	}
+	return fmt.Sprintf("build %d goes on for the other evaluations that need it; detached from it: %s",
+		id, plural(len(res.Detached), "evaluation", "evaluations")), nil
 }
 
 // sqlEvalFailed lists the jobs an evaluation's failed attributes are failed by: the failed
@@ -214,9 +242,10 @@ SELECT j.id FROM down JOIN build_jobs j ON j.drv_path = down.drv_path
 GROUP BY j.id ORDER BY min(down.depth), j.id`
 
 // rebuildFailed is POST /api/evals/{id}/rebuild-failed: every job its failed attributes are
-// failed by back to pending at priority 100 with fresh retries (queue.Rebuild each, top-down,
-// so each still counts as failed when its turn comes and gets the priority).
-func (u *UI) rebuildFailed(ctx context.Context, id int64, _ actor) (string, error) {
+// failed by back to pending with fresh retries (queue.Rebuild each, top-down, so each still
+// counts as failed when its turn comes and gets the priority), except, for a user who is not an
+// admin, the jobs evaluations they may not act on need too.
+func (u *UI) rebuildFailed(ctx context.Context, id int64, who actor) (string, error) {
 	rows, err := u.cfg.Pool.Query(ctx, sqlEvalFailed, id)
 	if err != nil {
 		return "", err
@@ -233,16 +262,32 @@ func (u *UI) rebuildFailed(ctx context.Context, id int64, _ actor) (string, erro
 	if err := rows.Err(); err != nil {
 		return "", err
 	}
-	total := 0
+	total, shared := 0, 0
 	for _, j := range ids {
-		n, err := queue.Rebuild(ctx, u.cfg.Pool, j)
+		if !who.admin {
+			acc, err := u.jobAccessOf(ctx, who, j)
+			if err != nil {
+				return "", err
+			}
+			if !acc.all {
+				shared++
+				continue
+			}
+		}
+		n, err := queue.Rebuild(ctx, u.cfg.Pool, j, rebuildPriority(who))
 		if err != nil {
 			return "", err
 		}
 		total += n
 	}
-	if total == 0 {
+	switch {
+	case total == 0 && shared > 0:
+		return "", errShared
+	case total == 0:
 		return "", web.Errorf(http.StatusConflict, "evaluation %d has no failed builds", id)
+	case shared > 0:
+		return fmt.Sprintf("%s queued again; not rebuilt, as evaluations you may not act on need them too: %s",
+			plural(total, "build", "builds"), plural(shared, "build", "builds")), nil
 	}
 	return plural(total, "build", "builds") + " queued again", nil
 }

@@ -280,8 +280,9 @@ func TestRebuildFailed(t *testing.T) {
 		status   string
 		priority int64
 	}{
-		"root": {rootJob, "pending", 100}, "mid": {midJob, "pending", 100}, "top": {topJob, "pending", 100},
-		"other": {otherJob, "pending", 100}, "fine": {fineJob, "succeeded", 0}, "stray": {strayJob, "cancelled", 0},
+		// A writer's rebuild is at the normal priority: a boost is an admin's.
+		"root": {rootJob, "pending", 0}, "mid": {midJob, "pending", 0}, "top": {topJob, "pending", 0},
+		"other": {otherJob, "pending", 0}, "fine": {fineJob, "succeeded", 0}, "stray": {strayJob, "cancelled", 0},
 	} {
 		s, p := fx.jobStatus(c.id), fx.id(`SELECT priority FROM build_jobs WHERE id = $1`, c.id)
 		if s != c.status || p != c.priority {

@@ -131,7 +131,7 @@ func (v Viewer) MayActOnEval(id int64) bool {
 
 // MayActOnBuild reports whether the viewer may rebuild or cancel build job id.
 func (v Viewer) MayActOnBuild(id int64) bool {
-	return v.mayAct("build", id, v.u.mayActOnBuild)
+	return v.mayAct("build", id, v.u.mayActOnJob)
 }
 
 func (v Viewer) mayAct(kind string, id int64, check func(context.Context, actor, int64) (bool, error)) bool {

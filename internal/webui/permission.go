@@ -22,9 +22,10 @@ import (
 //   - on any evaluation of a repository, users the forge gives write access to it
 //     (forge.WriteAccess, the check webhooks make too), asked of the forge and remembered for
 //     PermissionTTL;
-//   - a build job belongs to every evaluation whose attributes include it (directly or in
-//     their closure) and to the project it was queued for: whoever may act on one of those
-//     may act on the job;
+//   - a build job is shared by every live evaluation interested in it: jobaccess.go says what
+//     each user may do to it; a job no live evaluation needs belongs to the evaluations whose
+//     attributes include it (directly or in their closure) and to the project it was queued
+//     for, and whoever may act on one of those may act on it (mayActOnBuild);
 //   - projects added by URL (forge 'git') have no forge to ask: admins only.
 //
 // Who may see: public repositories everyone; private ones users with read access (and

@@ -294,13 +294,14 @@ JOIN repositories r ON r.id = p.repo_id
 WHERE e.id = $1 AND p.name = $2`
 
 	// An evaluation's attributes per tab: all, failed (to evaluate or to build), building,
-	// pending, succeeded (built or cached). $1 evaluation id.
+	// pending, succeeded (built or cached). A detached attribute (a user cancelled its job for
+	// this evaluation while others still need it) is cancelled, in no tab but all. $1 evaluation id.
 	sqlEvalTabCounts = `
 SELECT count(*)::int,
-       count(*) FILTER (WHERE ea.drv_path IS NULL OR j.status IN ('failed', 'dep-failed'))::int,
-       count(*) FILTER (WHERE j.status IN ('building', 'uploading'))::int,
-       count(*) FILTER (WHERE j.status = 'pending')::int,
-       count(*) FILTER (WHERE ea.drv_path IS NOT NULL AND (j.id IS NULL OR j.status = 'succeeded'))::int
+       count(*) FILTER (WHERE ea.drv_path IS NULL OR (ea.detached_at IS NULL AND j.status IN ('failed', 'dep-failed')))::int,
+       count(*) FILTER (WHERE ea.detached_at IS NULL AND j.status IN ('building', 'uploading'))::int,
+       count(*) FILTER (WHERE ea.detached_at IS NULL AND j.status = 'pending')::int,
+       count(*) FILTER (WHERE ea.drv_path IS NOT NULL AND ea.detached_at IS NULL AND (j.id IS NULL OR j.status = 'succeeded'))::int
 FROM eval_attrs ea
 LEFT JOIN build_jobs j ON j.drv_path = ea.drv_path
 WHERE ea.eval_id = $1`
@@ -314,7 +315,8 @@ WHERE ea.eval_id = $1`
 	// are (derivation, depth) pairs, so a diamond of dependencies costs depth × jobs at most.
 	sqlEvalAttrRows = `
 SELECT ea.id, p.name, ea.attr, COALESCE(ea.drv_path, ''), COALESCE(ea.error, ''), COALESCE(j.id, 0),
-       CASE WHEN ea.drv_path IS NULL THEN 'eval error' WHEN j.id IS NULL THEN 'cached' ELSE j.status END,
+       CASE WHEN ea.drv_path IS NULL THEN 'eval error' WHEN ea.detached_at IS NOT NULL THEN 'cancelled'
+            WHEN j.id IS NULL THEN 'cached' ELSE j.status END,
        COALESCE(j.claimed_by, ''), j.started_at, j.finished_at,
        COALESCE(cause.id, 0), COALESCE(cause.name, '')
 FROM eval_attrs ea
@@ -343,10 +345,10 @@ LEFT JOIN LATERAL (
 ) cause ON true
 WHERE ea.eval_id = $1
   AND CASE $2::text
-      WHEN 'failed' THEN ea.drv_path IS NULL OR j.status IN ('failed', 'dep-failed')
-      WHEN 'building' THEN j.status IN ('building', 'uploading')
-      WHEN 'pending' THEN j.status = 'pending'
-      WHEN 'succeeded' THEN ea.drv_path IS NOT NULL AND (j.id IS NULL OR j.status = 'succeeded')
+      WHEN 'failed' THEN ea.drv_path IS NULL OR (ea.detached_at IS NULL AND j.status IN ('failed', 'dep-failed'))
+      WHEN 'building' THEN ea.detached_at IS NULL AND j.status IN ('building', 'uploading')
+      WHEN 'pending' THEN ea.detached_at IS NULL AND j.status = 'pending'
+      WHEN 'succeeded' THEN ea.drv_path IS NOT NULL AND ea.detached_at IS NULL AND (j.id IS NULL OR j.status = 'succeeded')
       ELSE true END
   AND ($3::text IS NULL OR ea.attr > $3)
   AND ($4::text[] IS NULL OR ea.drv_path = ANY($4))
@@ -471,4 +473,19 @@ LIMIT $3`
 	// One repository. $1 repository id.
 	sqlSettingsRepo = settingsColumns + `
 WHERE r.id = $1`
+)
+
+// Job ownership (jobaccess.go).
+const (
+	// The repositories of evaluations $1, with their pull requests' authors.
+	sqlEvalsTargets = `
+SELECT e.id, r.forge, r.full_name, COALESCE(r.installation_id, 0), r.is_private,
+       CASE WHEN e.pr_number IS NOT NULL THEN COALESCE(e.pr_author, '') ELSE '' END
+FROM evaluations e
+JOIN projects p ON p.id = e.project_id
+JOIN repositories r ON r.id = p.repo_id
+WHERE e.id = ANY($1)
+ORDER BY e.id`
+
+	sqlJobExists = `SELECT true FROM build_jobs WHERE id = $1`
 )
