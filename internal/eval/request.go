@@ -162,9 +162,11 @@ type RequestParams struct {
 	Commit    string // full sha
 	Branch    string
 	TreeHash  string // "" when unknown: no dedup
-	// A pull request's evaluation: its number and author (0 and "" for a branch).
-	PRNumber int
-	PRAuthor string
+	// A pull request's evaluation: its number and author (0 and "" for a branch), and the
+	// author's forge user id (0 if the forge did not say), which is what authorship compares.
+	PRNumber   int
+	PRAuthor   string
+	PRAuthorID int64
 	// Delivery, if set, is the webhook delivery asking: recorded in the same transaction, and
 	// a delivery recorded before makes Request fail with ErrDuplicateDelivery.
 	Delivery *Delivery
@@ -267,12 +269,12 @@ func request(ctx context.Context, pool *pgxpool.Pool, p RequestParams) (Evaluati
 			}
 		}
 		if reuse != 0 {
-			err = tx.QueryRow(ctx, sqlInsertSkipped, p.ProjectID, p.FlakeURL, p.Commit, p.Branch, p.TreeHash, p.PRNumber, p.PRAuthor, reuse).Scan(&id)
+			err = tx.QueryRow(ctx, sqlInsertSkipped, p.ProjectID, p.FlakeURL, p.Commit, p.Branch, p.TreeHash, p.PRNumber, p.PRAuthor, reuse, p.PRAuthorID).Scan(&id)
 			if err == nil {
 				_, err = tx.Exec(ctx, sqlCopyAttrs, id, reuse)
 			}
 		} else {
-			err = tx.QueryRow(ctx, sqlInsertQueued, p.ProjectID, p.FlakeURL, p.Commit, p.Branch, p.TreeHash, p.PRNumber, p.PRAuthor).Scan(&id)
+			err = tx.QueryRow(ctx, sqlInsertQueued, p.ProjectID, p.FlakeURL, p.Commit, p.Branch, p.TreeHash, p.PRNumber, p.PRAuthor, p.PRAuthorID).Scan(&id)
 		}
 		if err != nil {
 			return err

@@ -204,7 +204,7 @@ func prRefused(p project.Project) string {
 func PRBranch(n int) string { return fmt.Sprintf("pull/%d", n) }
 
 func prParams(pr forge.PullRequest) eval.RequestParams {
-	return eval.RequestParams{Commit: pr.HeadSHA, Branch: PRBranch(pr.Number), PRNumber: pr.Number, PRAuthor: pr.Author}
+	return eval.RequestParams{Commit: pr.HeadSHA, Branch: PRBranch(pr.Number), PRNumber: pr.Number, PRAuthor: pr.Author, PRAuthorID: pr.AuthorID}
 }
 
 func (r *Receiver) request(ctx context.Context, p project.Project, f forge.Forge, ev forge.Event, rp eval.RequestParams) (Outcome, error) {

@@ -471,3 +471,15 @@ LIMIT $3`
 	sqlSettingsRepo = settingsColumns + `
 WHERE r.id = $1`
 )
+
+// The [auth] admins' bindings to forge user ids (admins.go).
+const (
+	// $1: every configured "forge:login" (lower-case login); the others' bindings go.
+	sqlAdminUnbindOthers = `DELETE FROM admin_logins WHERE forge || ':' || login <> ALL($1::text[])`
+
+	sqlAdminBound = `SELECT user_id FROM admin_logins WHERE forge = $1 AND login = $2`
+
+	sqlAdminBind = `
+INSERT INTO admin_logins (forge, login, user_id) VALUES ($1, $2, $3)
+ON CONFLICT (forge, login) DO NOTHING`
+)
