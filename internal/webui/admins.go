@@ -186,3 +186,53 @@ func (a *admins) resolve(ctx context.Context, e *adminEntry) (int64, error) {
 	}
 	return bound, nil
 }
+
+// logins remembers which forge user id has a login, for PermissionTTL: the forges' permission
+// APIs take a login, and a session's login (its user's when they logged in) may since have
+// been renamed and taken by someone else, whose permissions are not the session's.
+type logins struct {
+	ttl time.Duration
+	now func() time.Time
+
+	mu      sync.Mutex
+	entries map[loginKey]loginEntry
+}
+
+type loginKey struct{ forge, login string }
+
+type loginEntry struct {
+	id      int64
+	expires time.Time
+}
+
+func newLogins(ttl time.Duration) *logins {
+	return &logins{ttl: ttl, now: time.Now, entries: map[loginKey]loginEntry{}}
+}
+
+// is reports whether login on f belongs to the user userID now. Errors are not remembered.
+func (l *logins) is(ctx context.Context, f forge.Forge, login string, userID int64) (bool, error) {
+	if userID <= 0 {
+		return false, nil
+	}
+	k := loginKey{f.Name(), strings.ToLower(login)}
+	l.mu.Lock()
+	e, ok := l.entries[k]
+	l.mu.Unlock()
+	if !ok || !l.now().Before(e.expires) {
+		id, err := f.UserID(ctx, login)
+		if errors.Is(err, forge.ErrNotFound) {
+			id, err = 0, nil
+		}
+		if err != nil {
+			return false, err
+		}
+		e = loginEntry{id: id, expires: l.now().Add(l.ttl)}
+		l.mu.Lock()
+		if len(l.entries) >= permCacheMax {
+			clear(l.entries)
+		}
+		l.entries[k] = e
+		l.mu.Unlock()
+	}
+	return e.id == userID, nil
+}

@@ -40,6 +40,7 @@ type auth struct {
 	oauth    map[string]forge.OAuth
 	perms    *permCache
 	admins   *admins
+	logins   *logins // which user has a login now, for the forges' permission APIs
 	admin    web.TokenHash
 	hasAdmin bool
 }
@@ -47,7 +48,8 @@ type auth struct {
 // initAuth sets up u.auth from the Config.
 func (u *UI) initAuth() error {
 	a := &auth{oauth: map[string]forge.OAuth{}, perms: newPermCache(u.cfg.PermissionTTL),
-		admins: newAdmins(u.cfg.Pool, u.cfg.Forges, u.cfg.Admins, cmp.Or(u.cfg.PermissionTTL, DefaultPermissionTTL), u.log)}
+		admins: newAdmins(u.cfg.Pool, u.cfg.Forges, u.cfg.Admins, cmp.Or(u.cfg.PermissionTTL, DefaultPermissionTTL), u.log),
+		logins: newLogins(cmp.Or(u.cfg.PermissionTTL, DefaultPermissionTTL))}
 	if len(u.cfg.Secret) > 0 {
 		var trusted []string
 		https := false

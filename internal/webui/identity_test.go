@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/forge"
 )
@@ -187,5 +188,36 @@ func TestHostCookiesAndServerSideLogout(t *testing.T) {
 	}
 	if loggedIn(c.Value) {
 		t.Error("the session cookie copied before logout still logs in after it")
+	}
+}
+
+// The forges' permission APIs take logins. A session's login, renamed and taken by someone
+// else since the session began, does not lend the newcomer's permissions to the session.
+func TestStaleSessionLoginLendsNothing(t *testing.T) {
+	t.Parallel()
+	fx := newAuthFixture(t) // "writer" may push to octo/app
+	now := time.Now()
+	fx.u.auth.logins.now = func() time.Time { return now }
+	app := fx.project("app", "github", "octo/app", false)
+	job, _ := fx.job(app, fx.eval(app, "failed", 0, ""), "failed")
+	rebuild := func(b *browser) int {
+		t.Helper()
+		if _, err := fx.pool.Exec(fx.ctx, `UPDATE build_jobs SET status = 'failed' WHERE id = $1`, job); err != nil {
+			t.Fatal(err)
+		}
+		resp, _ := b.post(fmt.Sprintf("/api/builds/%d/rebuild", job), url.Values{"csrf": {b.csrf()}}, nil)
+		return resp.StatusCode
+	}
+	old := fx.browser().login("writer")
+	if got := rebuild(old); got != http.StatusOK {
+		t.Fatalf("the writer rebuilds: %d, want 200", got)
+	}
+	// The writer renames their account, and someone else takes "writer" (the stand-in keeps
+	// the repository's permissions by login: the newcomer has write).
+	fx.gh.RenameUser("writer", "writer2")
+	fx.gh.CreateUser("writer")
+	now = now.Add(DefaultPermissionTTL + time.Second)
+	if got := rebuild(old); got != http.StatusForbidden {
+		t.Errorf("the session begun as writer, now someone else's login: %d, want 403", got)
 	}
 }

@@ -89,7 +89,7 @@ func (u *UI) mayAct(ctx context.Context, a actor, targets []target) (bool, error
 			continue
 		}
 		asked[key] = true
-		p, err := u.permission(ctx, t, a.login)
+		p, err := u.permission(ctx, t, a.login, a.userID)
 		if err != nil {
 			firstErr = cmpErr(firstErr, err)
 			continue
@@ -108,11 +108,17 @@ func cmpErr(a, b error) error {
 	return b
 }
 
-// permission is login's permission on t's repository, from the cache or the forge.
-func (u *UI) permission(ctx context.Context, t target, login string) (forge.Permission, error) {
+// permission is the permission on t's repository of the user userID, whose login was login
+// when they logged in: none if someone else has that login now. From the cache or the forge.
+func (u *UI) permission(ctx context.Context, t target, login string, userID int64) (forge.Permission, error) {
 	f, ok := u.cfg.Forges[t.Forge]
 	if !ok {
 		return forge.PermissionNone, nil // a forge no longer configured: nobody to ask
+	}
+	if same, err := u.auth.logins.is(ctx, f, login, userID); err != nil {
+		return forge.PermissionNone, forgeUnavailable(err)
+	} else if !same {
+		return forge.PermissionNone, nil
 	}
 	owner, name, ok := strings.Cut(t.FullName, "/")
 	if !ok {
@@ -142,7 +148,7 @@ func (u *UI) canSee(r *http.Request, repoPrivate bool, forgeName, fullName strin
 	if s.Forge != forgeName || forgeName == forgeGit {
 		return false, nil
 	}
-	p, err := u.permission(r.Context(), target{Forge: forgeName, FullName: fullName}, s.Login)
+	p, err := u.permission(r.Context(), target{Forge: forgeName, FullName: fullName}, s.Login, s.UserID)
 	if err != nil {
 		return false, err
 	}
