@@ -561,9 +561,9 @@ func TestGitHubPullRequest(t *testing.T) {
 		n    int
 		want PullRequest
 	}{
-		{1, PullRequest{Number: 1, HeadSHA: ghSHA1, HeadBranch: "feature", BaseBranch: "main", Author: "alice", State: "open"}},
-		{2, PullRequest{Number: 2, HeadSHA: ghSHA2, HeadBranch: "main", BaseBranch: "dev", Author: "mallory", Fork: true, State: "open"}},
-		{3, PullRequest{Number: 3, HeadSHA: ghSHA2, HeadBranch: "x", BaseBranch: "main", Author: "eve", Fork: true, State: "closed"}},
+		{1, PullRequest{Number: 1, HeadSHA: ghSHA1, HeadBranch: "feature", BaseBranch: "main", Author: "alice", AuthorID: b.srv.UserID("alice"), State: "open"}},
+		{2, PullRequest{Number: 2, HeadSHA: ghSHA2, HeadBranch: "main", BaseBranch: "dev", Author: "mallory", AuthorID: b.srv.UserID("mallory"), Fork: true, State: "open"}},
+		{3, PullRequest{Number: 3, HeadSHA: ghSHA2, HeadBranch: "x", BaseBranch: "main", Author: "eve", AuthorID: b.srv.UserID("eve"), Fork: true, State: "closed"}},
 	} {
 		got, err := b.gh.PullRequest(ctx, repo, c.n)
 		if err != nil || got != c.want {
