@@ -397,8 +397,10 @@ func TestGiteaPushToCommitStatuses(t *testing.T) {
 	prEval, _ := c.evalOf(prHead, fmt.Sprintf("pull/%d", pr))
 	checkOnce(t, c.waitStatuses(prHead, "success", "success", 2*time.Minute))
 	var prAuthor string
-	if err := c.pool.QueryRow(ctx, `SELECT pr_author FROM evaluations WHERE id = $1`, prEval).Scan(&prAuthor); err != nil || prAuthor != bob.Login {
-		t.Errorf("pull request evaluation's author %q (%v), want %s", prAuthor, err, bob.Login)
+	var prAuthorID int64
+	if err := c.pool.QueryRow(ctx, `SELECT pr_author, COALESCE(pr_author_id, 0) FROM evaluations WHERE id = $1`, prEval).Scan(&prAuthor, &prAuthorID); err != nil ||
+		prAuthor != bob.Login || prAuthorID != bob.ID {
+		t.Errorf("pull request evaluation's author %q, id %d (%v), want %s, id %d", prAuthor, prAuthorID, err, bob.Login, bob.ID)
 	}
 	// A later push to the pull request needs a new approval.
 	newHead := c.push(bob, fork, "feature", map[string]string{"ci.nix": okNix(salt + "-pr2")}, false)

@@ -165,6 +165,9 @@ func (f *fakeForge) PullRequestCommits(context.Context, forge.Repo, int) ([]forg
 func (f *fakeForge) Permission(context.Context, forge.Repo, string) (forge.Permission, error) {
 	return forge.PermissionNone, errUnexpected
 }
+func (f *fakeForge) UserID(context.Context, string) (int64, error) {
+	return 0, errUnexpected
+}
 func (f *fakeForge) PullRequest(context.Context, forge.Repo, int) (forge.PullRequest, error) {
 	return forge.PullRequest{}, errUnexpected
 }

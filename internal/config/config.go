@@ -75,7 +75,9 @@ type AuthConfig struct {
 	// SecretFile holds the key web UI login cookies are signed with (HMAC-SHA256); every
 	// frontend needs the same one, and changing it logs everyone out.
 	SecretFile string `toml:"secret_file"`
-	// Admins may do anything in the web UI, as "forge:login" ("gitea:alice").
+	// Admins may do anything in the web UI, as "forge:login" ("gitea:alice"). Frontends bind
+	// each to the forge user id that has the login when they first resolve it, and compare
+	// ids: a renamed admin stops being one, and the login's next holder does not become one.
 	Admins []string `toml:"admins"`
 
 	// Filled by Load from the files above or from HARMONIA_ADMIN_TOKEN, HARMONIA_CLUSTER_SECRET,

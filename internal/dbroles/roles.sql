@@ -96,6 +96,9 @@ GRANT UPDATE (status, claimed_by, claimed_at, started_at) ON evaluations TO harm
 GRANT INSERT, UPDATE, DELETE ON repositories, projects, evaluations, eval_attrs,
     webhook_deliveries TO harmonia_frontend;
 GRANT INSERT ON gc_requests TO harmonia_frontend;
+-- Only frontends see the web UI's sessions and admin bindings.
+GRANT SELECT, INSERT, DELETE ON web_sessions TO harmonia_frontend;
+GRANT SELECT, INSERT, DELETE ON admin_logins TO harmonia_frontend;
 GRANT INSERT, DELETE ON maintenance_runs TO harmonia_frontend;
 -- Rebuild, cancel, the reaper, unsupported builds; blocked_inputs and ready for the readiness
 -- audit.

@@ -24,16 +24,16 @@ ORDER BY e.id DESC LIMIT 1`
 
 	// $1 project, $2 flake url, $3 commit, $4 branch, $5 tree hash ('' = NULL)
 	sqlInsertQueued = `
-INSERT INTO evaluations (project_id, flake_url, commit_sha, branch, tree_hash, pr_number, pr_author, pr_base)
-VALUES ($1, $2, $3, $4, NULLIF($5, ''), NULLIF($6, 0), NULLIF($7, ''), $8)
+INSERT INTO evaluations (project_id, flake_url, commit_sha, branch, tree_hash, pr_number, pr_author, pr_base, pr_author_id)
+VALUES ($1, $2, $3, $4, NULLIF($5, ''), NULLIF($6, 0), NULLIF($7, ''), $8, NULLIF($9::bigint, 0))
 ON CONFLICT (project_id, commit_sha, branch) DO NOTHING
 RETURNING id`
 
-	// $6 pr_number, $7 pr_author, $8 the evaluation reused
+	// $6 pr_number, $7 pr_author, $8 the evaluation reused, $9 pr_base, $10 pr_author_id
 	sqlInsertSkipped = `
 INSERT INTO evaluations (project_id, flake_url, commit_sha, branch, tree_hash, pr_number, pr_author, pr_base,
-                         status, skipped_reason, reuses_eval_id, finished_at)
-VALUES ($1, $2, $3, $4, NULLIF($5, ''), NULLIF($6, 0), NULLIF($7, ''), $9, 'skipped', 'tree_hash_hit', $8, now())
+                         pr_author_id, status, skipped_reason, reuses_eval_id, finished_at)
+VALUES ($1, $2, $3, $4, NULLIF($5, ''), NULLIF($6, 0), NULLIF($7, ''), $9, NULLIF($10::bigint, 0), 'skipped', 'tree_hash_hit', $8, now())
 ON CONFLICT (project_id, commit_sha, branch) DO NOTHING
 RETURNING id`
 

@@ -168,9 +168,11 @@ type RequestParams struct {
 	Commit    string // full sha
 	Branch    string
 	TreeHash  string // "" when unknown: no dedup
-	// A pull request's evaluation: its number and author (0 and "" for a branch).
-	PRNumber int
-	PRAuthor string
+	// A pull request's evaluation: its number and author (0 and "" for a branch), and the
+	// author's forge user id (0 if the forge did not say), which is what authorship compares.
+	PRNumber   int
+	PRAuthor   string
+	PRAuthorID int64
 	// PRBase is a pull request's base branch, as the forge names it: the head is evaluated
 	// merged into it (unless the merge's settings say otherwise). "": the head as it is.
 	PRBase string
@@ -304,12 +306,12 @@ func request(ctx context.Context, pool *pgxpool.Pool, p RequestParams) (Evaluati
 			}
 		}
 		if reuse != 0 {
-			err = tx.QueryRow(ctx, sqlInsertSkipped, p.ProjectID, p.FlakeURL, p.Commit, p.Branch, p.TreeHash, p.PRNumber, p.PRAuthor, reuse, p.PRBase).Scan(&id)
+			err = tx.QueryRow(ctx, sqlInsertSkipped, p.ProjectID, p.FlakeURL, p.Commit, p.Branch, p.TreeHash, p.PRNumber, p.PRAuthor, reuse, p.PRBase, p.PRAuthorID).Scan(&id)
 			if err == nil {
 				_, err = tx.Exec(ctx, sqlCopyAttrs, id, reuse)
 			}
 		} else {
-			err = tx.QueryRow(ctx, sqlInsertQueued, p.ProjectID, p.FlakeURL, p.Commit, p.Branch, p.TreeHash, p.PRNumber, p.PRAuthor, p.PRBase).Scan(&id)
+			err = tx.QueryRow(ctx, sqlInsertQueued, p.ProjectID, p.FlakeURL, p.Commit, p.Branch, p.TreeHash, p.PRNumber, p.PRAuthor, p.PRBase, p.PRAuthorID).Scan(&id)
 		}
 		if err != nil {
 			return err

@@ -53,6 +53,10 @@ type Forge interface {
 	// Permission is login's access to repo: PermissionNone, Read, Write or Admin (a user the
 	// forge does not know has none). Whether a user is trusted is WriteAccess, built on it.
 	Permission(ctx context.Context, repo Repo, login string) (Permission, error)
+	// UserID is the forge's numeric id of the user who has login now; an error wrapping
+	// ErrNotFound if nobody has it. Logins can be renamed and then taken by someone else:
+	// compare users by this id, never by login.
+	UserID(ctx context.Context, login string) (int64, error)
 	// PullRequest returns a pull request as it is now (its current head).
 	PullRequest(ctx context.Context, repo Repo, number int) (PullRequest, error)
 	// PullRequestCommits lists a pull request's commits as the forge has them now, oldest
@@ -106,6 +110,9 @@ type PullRequest struct {
 	HeadBranch string
 	BaseBranch string
 	Author     string // login
+	// AuthorID is the author's numeric user id (the payload's user.id); 0 when the forge
+	// did not say.
+	AuthorID int64
 	// Fork is true when the head lives in another repository.
 	Fork  bool
 	State string // "open", "closed"
@@ -116,6 +123,13 @@ type PullRequest struct {
 type Commit struct {
 	SHA  string
 	Time time.Time
+}
+
+// User is a forge account: its numeric id, which never changes, and its login, which the user
+// can rename (and someone else can then take).
+type User struct {
+	ID    int64
+	Login string
 }
 
 // State is a commit status state, the same words on Gitea and GitHub.
@@ -167,8 +181,10 @@ type Event struct {
 	Action string
 	// Repository is the repository the event happened in (absent for installation events).
 	Repository Repository
-	// Sender is the login of who caused the event.
-	Sender string
+	// Sender is the login of who caused the event, SenderID its numeric user id (0 when the
+	// forge did not say).
+	Sender   string
+	SenderID int64
 
 	// Push: the branch (without refs/heads/) and the commit it now points at, and that
 	// commit's tree if the forge says (GitHub's head_commit.tree_id; "" otherwise).

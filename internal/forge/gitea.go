@@ -86,6 +86,7 @@ func (g *Gitea) WebhookVerifier(h http.Header, repoID int64) (*Verifier, error) 
 
 // giteaUser is a user as Gitea's JSON shows it.
 type giteaUser struct {
+	ID    int64  `json:"id"`
 	Login string `json:"login"`
 }
 
@@ -126,7 +127,7 @@ type giteaPR struct {
 
 func (p giteaPR) pullRequest() (PullRequest, error) {
 	pr := PullRequest{Number: p.Number, HeadSHA: p.Head.Sha, HeadBranch: p.Head.Ref,
-		BaseBranch: p.Base.Ref, Author: p.User.Login, State: p.State}
+		BaseBranch: p.Base.Ref, Author: p.User.Login, AuthorID: max(p.User.ID, 0), State: p.State}
 	pr.Fork = p.Head.Repo == nil || p.Base.Repo == nil || p.Head.Repo.FullName != p.Base.Repo.FullName
 	return pr, pr.validate()
 }
@@ -156,7 +157,7 @@ func (g *Gitea) ParseWebhook(h http.Header, body []byte) (Event, error) {
 	if err := json.Unmarshal(body, &p); err != nil {
 		return ev, fmt.Errorf("gitea %s delivery: %w", ev.Type, err)
 	}
-	ev.Action, ev.Sender = p.Action, p.Sender.Login
+	ev.Action, ev.Sender, ev.SenderID = p.Action, p.Sender.Login, max(p.Sender.ID, 0)
 	if p.Repository == nil {
 		if ev.Type == "push" || ev.Type == "pull_request" || ev.Type == "issue_comment" {
 			return ev, fmt.Errorf("gitea %s delivery: no repository", ev.Type)

@@ -127,34 +127,34 @@ func TestGiteaParseWebhook(t *testing.T) {
 		want    Event
 		wantErr bool
 	}{
-		{name: "push", file: "push", want: Event{Kind: EventPush, Type: "push", Repository: repo, Sender: "owner1",
+		{name: "push", file: "push", want: Event{Kind: EventPush, Type: "push", Repository: repo, Sender: "owner1", SenderID: 2,
 			Branch: "main", After: "7b68be0087a1a5d2e161d91bd9e9dfc23b26e09a"}},
 		{name: "tag push", file: "push", edit: func(s string) string { return strings.Replace(s, "refs/heads/main", "refs/tags/v1", 1) },
-			want: Event{Kind: EventIgnored, Type: "push", Repository: repo, Sender: "owner1"}},
+			want: Event{Kind: EventIgnored, Type: "push", Repository: repo, Sender: "owner1", SenderID: 2}},
 		{name: "branch deleted", file: "push", edit: func(s string) string {
 			return strings.Replace(s, `"after": "7b68be0087a1a5d2e161d91bd9e9dfc23b26e09a"`, `"after": "0000000000000000000000000000000000000000"`, 1)
-		}, want: Event{Kind: EventIgnored, Type: "push", Repository: repo, Sender: "owner1"}},
+		}, want: Event{Kind: EventIgnored, Type: "push", Repository: repo, Sender: "owner1", SenderID: 2}},
 		{name: "pull request opened", file: "pull_request", want: Event{Kind: EventPullRequest, Type: "pull_request", Action: "opened",
-			Repository: repo, Sender: "contrib2", PullRequest: PullRequest{Number: 1, HeadSHA: head1, HeadBranch: "feature",
-				BaseBranch: "main", Author: "contrib2", Fork: true, State: "open"}}},
+			Repository: repo, Sender: "contrib2", SenderID: 3, PullRequest: PullRequest{Number: 1, HeadSHA: head1, HeadBranch: "feature",
+				BaseBranch: "main", Author: "contrib2", AuthorID: 3, Fork: true, State: "open"}}},
 		{name: "pull request pushed to", file: "pull_request_synchronized", want: Event{Kind: EventPullRequest, Type: "pull_request",
-			Action: "synchronized", Repository: repo, Sender: "contrib2", PullRequest: PullRequest{Number: 1, HeadSHA: head2,
-				HeadBranch: "feature", BaseBranch: "main", Author: "contrib2", Fork: true, State: "open"}}},
+			Action: "synchronized", Repository: repo, Sender: "contrib2", SenderID: 3, PullRequest: PullRequest{Number: 1, HeadSHA: head2,
+				HeadBranch: "feature", BaseBranch: "main", Author: "contrib2", AuthorID: 3, Fork: true, State: "open"}}},
 		{name: "pull request closed", file: "pull_request", edit: func(s string) string {
 			return strings.Replace(s, `"action": "opened"`, `"action": "closed"`, 1)
-		}, want: Event{Kind: EventIgnored, Type: "pull_request", Action: "closed", Repository: repo, Sender: "contrib2"}},
+		}, want: Event{Kind: EventIgnored, Type: "pull_request", Action: "closed", Repository: repo, Sender: "contrib2", SenderID: 3}},
 		// The pull request as it was when the comment was made comes with it.
 		{name: "comment on a pull request", file: "pull_request_comment", want: Event{Kind: EventComment, Type: "issue_comment",
-			Action: "created", Repository: repo, Sender: "contrib2", PullRequest: PullRequest{Number: 1, HeadSHA: head2,
-				HeadBranch: "feature", BaseBranch: "main", Author: "contrib2", Fork: true, State: "open"},
+			Action: "created", Repository: repo, Sender: "contrib2", SenderID: 3, PullRequest: PullRequest{Number: 1, HeadSHA: head2,
+				HeadBranch: "feature", BaseBranch: "main", Author: "contrib2", AuthorID: 3, Fork: true, State: "open"},
 			Commenter: "contrib2", Body: "please build", CommentedAt: time.Date(2026, 11, 26, 0, 27, 50, 0, time.UTC)}},
 		{name: "comment edited", file: "pull_request_comment", edit: func(s string) string {
 			return strings.Replace(s, `"action": "created"`, `"action": "edited"`, 1)
-		}, want: Event{Kind: EventIgnored, Type: "issue_comment", Action: "edited", Repository: repo, Sender: "contrib2"}},
+		}, want: Event{Kind: EventIgnored, Type: "issue_comment", Action: "edited", Repository: repo, Sender: "contrib2", SenderID: 3}},
 		{name: "comment on an issue", file: "pull_request_comment", edit: func(s string) string {
 			s = strings.Replace(s, `"is_pull": true`, `"is_pull": false`, 1)
 			return strings.Replace(s, `"pull_request": {`, `"pull_request_x": {`, 1)
-		}, want: Event{Kind: EventIgnored, Type: "issue_comment", Action: "created", Repository: repo, Sender: "contrib2"}},
+		}, want: Event{Kind: EventIgnored, Type: "issue_comment", Action: "created", Repository: repo, Sender: "contrib2", SenderID: 3}},
 		{name: "malformed", file: "push", edit: func(s string) string { return s[:len(s)/2] }, wantErr: true},
 		{name: "bad commit id", file: "push", edit: func(s string) string {
 			return strings.Replace(s, `"after": "7b68be0087a1a5d2e161d91bd9e9dfc23b26e09a"`, `"after": "--upload-pack=x"`, 1)

@@ -143,6 +143,7 @@ func (g *GitHub) WebhookVerifier(h http.Header, repoID int64) (*Verifier, error)
 // githubUser is a user (or organisation) as GitHub's JSON shows it; push payloads name the
 // repository owner with "name" as well.
 type githubUser struct {
+	ID    int64  `json:"id"`
 	Login string `json:"login"`
 	Name  string `json:"name"`
 }
@@ -184,7 +185,7 @@ type githubPR struct {
 
 func (p githubPR) pullRequest() (PullRequest, error) {
 	pr := PullRequest{Number: p.Number, HeadSHA: p.Head.SHA, HeadBranch: p.Head.Ref,
-		BaseBranch: p.Base.Ref, Author: p.User.Login, State: p.State}
+		BaseBranch: p.Base.Ref, Author: p.User.Login, AuthorID: max(p.User.ID, 0), State: p.State}
 	pr.Fork = p.Head.Repo == nil || p.Base.Repo == nil ||
 		!strings.EqualFold(p.Head.Repo.FullName, p.Base.Repo.FullName)
 	return pr, pr.validate()
@@ -222,7 +223,7 @@ func (g *GitHub) ParseWebhook(h http.Header, body []byte) (Event, error) {
 	if err := json.Unmarshal(body, &p); err != nil {
 		return ev, fmt.Errorf("github %s delivery: %w", ev.Type, err)
 	}
-	ev.Action, ev.Sender = p.Action, p.Sender.Login
+	ev.Action, ev.Sender, ev.SenderID = p.Action, p.Sender.Login, max(p.Sender.ID, 0)
 	var installation int64
 	if p.Installation != nil {
 		installation = p.Installation.ID

@@ -310,6 +310,7 @@ func TestGitHubVerifyWebhook(t *testing.T) {
 func TestGitHubParseWebhook(t *testing.T) {
 	t.Parallel()
 	b := setupGitHub(t)
+	id := b.srv.UserID
 	repo := Repository{Repo: Repo{Owner: "octo", Name: "one", InstallationID: 7}, CloneURL: "https://github.com/octo/one.git", DefaultBranch: "main"}
 	sameRepoPR := githubtest.PR{Number: 5, User: "alice", HeadSHA: ghSHA2, HeadRef: "feature/x"}
 	forkPR := githubtest.PR{Number: 6, User: "mallory", HeadSHA: ghSHA2, HeadRef: "main", HeadRepo: "mallory/one"}
@@ -339,19 +340,19 @@ func TestGitHubParseWebhook(t *testing.T) {
 		wantErr bool
 	}{
 		{"push", "push", push(func(*githubtest.Push) {}),
-			Event{Kind: EventPush, Type: "push", Repository: repo, Sender: "alice", Branch: "main", After: ghSHA2, Tree: strings.Repeat("a", 40)}, false},
+			Event{Kind: EventPush, Type: "push", Repository: repo, Sender: "alice", SenderID: id("alice"), Branch: "main", After: ghSHA2, Tree: strings.Repeat("a", 40)}, false},
 		{"push to a branch with a slash", "push", push(func(p *githubtest.Push) { p.Ref = "refs/heads/release/1.0" }),
-			Event{Kind: EventPush, Type: "push", Repository: repo, Sender: "alice", Branch: "release/1.0", After: ghSHA2, Tree: strings.Repeat("a", 40)}, false},
+			Event{Kind: EventPush, Type: "push", Repository: repo, Sender: "alice", SenderID: id("alice"), Branch: "release/1.0", After: ghSHA2, Tree: strings.Repeat("a", 40)}, false},
 		{"new branch", "push", push(func(p *githubtest.Push) { p.Before = "" }),
-			Event{Kind: EventPush, Type: "push", Repository: repo, Sender: "alice", Branch: "main", After: ghSHA2, Tree: strings.Repeat("a", 40)}, false},
+			Event{Kind: EventPush, Type: "push", Repository: repo, Sender: "alice", SenderID: id("alice"), Branch: "main", After: ghSHA2, Tree: strings.Repeat("a", 40)}, false},
 		{"owner by name only", "push", withRepo(withRepo(push(func(*githubtest.Push) {}), "full_name", ""), "owner", map[string]any{"name": "octo"}),
-			Event{Kind: EventPush, Type: "push", Repository: repo, Sender: "alice", Branch: "main", After: ghSHA2, Tree: strings.Repeat("a", 40)}, false},
+			Event{Kind: EventPush, Type: "push", Repository: repo, Sender: "alice", SenderID: id("alice"), Branch: "main", After: ghSHA2, Tree: strings.Repeat("a", 40)}, false},
 		{"tag", "push", push(func(p *githubtest.Push) { p.Ref = "refs/tags/v1" }),
-			Event{Kind: EventIgnored, Type: "push", Repository: repo, Sender: "alice"}, false},
+			Event{Kind: EventIgnored, Type: "push", Repository: repo, Sender: "alice", SenderID: id("alice")}, false},
 		{"deleted branch", "push", push(func(p *githubtest.Push) { p.After, p.Deleted = ghZero, true }),
-			Event{Kind: EventIgnored, Type: "push", Repository: repo, Sender: "alice"}, false},
+			Event{Kind: EventIgnored, Type: "push", Repository: repo, Sender: "alice", SenderID: id("alice")}, false},
 		{"zero after", "push", push(func(p *githubtest.Push) { p.After = ghZero }),
-			Event{Kind: EventIgnored, Type: "push", Repository: repo, Sender: "alice"}, false},
+			Event{Kind: EventIgnored, Type: "push", Repository: repo, Sender: "alice", SenderID: id("alice")}, false},
 		{"short after", "push", push(func(p *githubtest.Push) { p.After = "abc123" }), Event{}, true},
 		{"bad branch", "push", push(func(p *githubtest.Push) { p.Ref = "refs/heads/a..b" }), Event{}, true},
 		{"push without repository", "push", without(push(func(*githubtest.Push) {}), "repository"), Event{}, true},
@@ -359,29 +360,29 @@ func TestGitHubParseWebhook(t *testing.T) {
 		{"no clone url", "push", withRepo(push(func(*githubtest.Push) {}), "clone_url", ""), Event{}, true},
 
 		{"pull request opened", "pull_request", pr("opened", sameRepoPR),
-			Event{Kind: EventPullRequest, Type: "pull_request", Action: "opened", Repository: repo, Sender: "alice",
-				PullRequest: PullRequest{Number: 5, HeadSHA: ghSHA2, HeadBranch: "feature/x", BaseBranch: "main", Author: "alice", State: "open"}}, false},
+			Event{Kind: EventPullRequest, Type: "pull_request", Action: "opened", Repository: repo, Sender: "alice", SenderID: id("alice"),
+				PullRequest: PullRequest{Number: 5, HeadSHA: ghSHA2, HeadBranch: "feature/x", BaseBranch: "main", Author: "alice", AuthorID: id("alice"), State: "open"}}, false},
 		{"fork pull request synchronized", "pull_request", pr("synchronize", forkPR),
-			Event{Kind: EventPullRequest, Type: "pull_request", Action: "synchronize", Repository: repo, Sender: "mallory",
-				PullRequest: PullRequest{Number: 6, HeadSHA: ghSHA2, HeadBranch: "main", BaseBranch: "main", Author: "mallory", Fork: true, State: "open"}}, false},
+			Event{Kind: EventPullRequest, Type: "pull_request", Action: "synchronize", Repository: repo, Sender: "mallory", SenderID: id("mallory"),
+				PullRequest: PullRequest{Number: 6, HeadSHA: ghSHA2, HeadBranch: "main", BaseBranch: "main", Author: "mallory", AuthorID: id("mallory"), Fork: true, State: "open"}}, false},
 		{"reopened from a deleted fork", "pull_request", pr("reopened", githubtest.PR{Number: 6, User: "mallory", HeadSHA: ghSHA2, HeadRef: "main", HeadRepoDeleted: true}),
-			Event{Kind: EventPullRequest, Type: "pull_request", Action: "reopened", Repository: repo, Sender: "mallory",
-				PullRequest: PullRequest{Number: 6, HeadSHA: ghSHA2, HeadBranch: "main", BaseBranch: "main", Author: "mallory", Fork: true, State: "open"}}, false},
-		{"pull request closed", "pull_request", pr("closed", sameRepoPR), Event{Kind: EventIgnored, Type: "pull_request", Action: "closed", Repository: repo, Sender: "alice"}, false},
-		{"pull request labeled", "pull_request", pr("labeled", sameRepoPR), Event{Kind: EventIgnored, Type: "pull_request", Action: "labeled", Repository: repo, Sender: "alice"}, false},
-		{"pull request edited", "pull_request", pr("edited", sameRepoPR), Event{Kind: EventIgnored, Type: "pull_request", Action: "edited", Repository: repo, Sender: "alice"}, false},
+			Event{Kind: EventPullRequest, Type: "pull_request", Action: "reopened", Repository: repo, Sender: "mallory", SenderID: id("mallory"),
+				PullRequest: PullRequest{Number: 6, HeadSHA: ghSHA2, HeadBranch: "main", BaseBranch: "main", Author: "mallory", AuthorID: id("mallory"), Fork: true, State: "open"}}, false},
+		{"pull request closed", "pull_request", pr("closed", sameRepoPR), Event{Kind: EventIgnored, Type: "pull_request", Action: "closed", Repository: repo, Sender: "alice", SenderID: id("alice")}, false},
+		{"pull request labeled", "pull_request", pr("labeled", sameRepoPR), Event{Kind: EventIgnored, Type: "pull_request", Action: "labeled", Repository: repo, Sender: "alice", SenderID: id("alice")}, false},
+		{"pull request edited", "pull_request", pr("edited", sameRepoPR), Event{Kind: EventIgnored, Type: "pull_request", Action: "edited", Repository: repo, Sender: "alice", SenderID: id("alice")}, false},
 		{"pull request bad head", "pull_request", pr("opened", githubtest.PR{Number: 5, User: "alice", HeadSHA: "nope", HeadRef: "x"}), Event{}, true},
 		{"pull request missing", "pull_request", without(pr("opened", sameRepoPR), "pull_request"), Event{}, true},
 
 		{"comment on a pull request", "issue_comment", comment("created", true),
-			Event{Kind: EventComment, Type: "issue_comment", Action: "created", Repository: repo, Sender: "bob",
+			Event{Kind: EventComment, Type: "issue_comment", Action: "created", Repository: repo, Sender: "bob", SenderID: id("bob"),
 				PullRequest: PullRequest{Number: 5}, Commenter: "bob", Body: "/ci run", CommentedAt: githubtest.PRCreatedAt}, false},
-		{"comment on an issue", "issue_comment", comment("created", false), Event{Kind: EventIgnored, Type: "issue_comment", Action: "created", Repository: repo, Sender: "bob"}, false},
-		{"comment edited", "issue_comment", comment("edited", true), Event{Kind: EventIgnored, Type: "issue_comment", Action: "edited", Repository: repo, Sender: "bob"}, false},
+		{"comment on an issue", "issue_comment", comment("created", false), Event{Kind: EventIgnored, Type: "issue_comment", Action: "created", Repository: repo, Sender: "bob", SenderID: id("bob")}, false},
+		{"comment edited", "issue_comment", comment("edited", true), Event{Kind: EventIgnored, Type: "issue_comment", Action: "edited", Repository: repo, Sender: "bob", SenderID: id("bob")}, false},
 		{"comment without repository", "issue_comment", without(comment("created", true), "repository"), Event{}, true},
 
 		{"installation", "installation", githubtest.InstallationPayload("created", 8, "alice", githubtest.Repo{FullName: "alice/dots"}),
-			Event{Kind: EventInstallation, Type: "installation", Action: "created", Sender: "alice"}, false},
+			Event{Kind: EventInstallation, Type: "installation", Action: "created", Sender: "alice", SenderID: id("alice")}, false},
 		{"installation repositories", "installation_repositories", map[string]any{"action": "added", "installation": map[string]any{"id": 8},
 			"repositories_added": []any{map[string]any{"full_name": "alice/new"}}, "repositories_removed": []any{}, "sender": map[string]any{"login": "alice"}},
 			Event{Kind: EventInstallation, Type: "installation_repositories", Action: "added", Sender: "alice"}, false},
@@ -594,9 +595,9 @@ func TestGitHubPullRequest(t *testing.T) {
 		n    int
 		want PullRequest
 	}{
-		{1, PullRequest{Number: 1, HeadSHA: ghSHA1, HeadBranch: "feature", BaseBranch: "main", Author: "alice", State: "open"}},
-		{2, PullRequest{Number: 2, HeadSHA: ghSHA2, HeadBranch: "main", BaseBranch: "dev", Author: "mallory", Fork: true, State: "open"}},
-		{3, PullRequest{Number: 3, HeadSHA: ghSHA2, HeadBranch: "x", BaseBranch: "main", Author: "eve", Fork: true, State: "closed"}},
+		{1, PullRequest{Number: 1, HeadSHA: ghSHA1, HeadBranch: "feature", BaseBranch: "main", Author: "alice", AuthorID: b.srv.UserID("alice"), State: "open"}},
+		{2, PullRequest{Number: 2, HeadSHA: ghSHA2, HeadBranch: "main", BaseBranch: "dev", Author: "mallory", AuthorID: b.srv.UserID("mallory"), Fork: true, State: "open"}},
+		{3, PullRequest{Number: 3, HeadSHA: ghSHA2, HeadBranch: "x", BaseBranch: "main", Author: "eve", AuthorID: b.srv.UserID("eve"), Fork: true, State: "closed"}},
 	} {
 		got, err := b.gh.PullRequest(ctx, repo, c.n)
 		if err != nil || got != c.want {

@@ -17,15 +17,15 @@ import (
 
 // OAuth is a forge's user login: the OAuth2 authorization code flow, written with net/http
 // (three calls; golang.org/x/oauth2 is not a dependency). harmonia-ci uses the access token once,
-// to learn who logged in, and keeps nothing but the login.
+// to learn who logged in, and keeps nothing but the user's id and login.
 type OAuth interface {
 	// AuthorizeURL is the forge page that asks the user to let harmonia-ci know who they are,
 	// and then sends them to redirectURL with a code and state.
 	AuthorizeURL(state, redirectURL string) string
 	// Exchange trades the code the forge sent to redirectURL for an access token.
 	Exchange(ctx context.Context, code, redirectURL string) (accessToken string, err error)
-	// User is the login of the token's user.
-	User(ctx context.Context, token string) (login string, err error)
+	// User is the token's user: its numeric id (what harmonia-ci compares) and its login.
+	User(ctx context.Context, token string) (User, error)
 }
 
 // OAuthConfig configures a forge's OAuth client.
@@ -162,7 +162,7 @@ func (c *oauthClient) Exchange(ctx context.Context, code, redirectURL string) (s
 }
 
 // User implements OAuth: GET {api}/user with the user's token.
-func (c *oauthClient) User(ctx context.Context, token string) (string, error) {
+func (c *oauthClient) User(ctx context.Context, token string) (User, error) {
 	a := *c.api
 	a.auth = func(_ context.Context, req *http.Request) error {
 		req.Header.Set("Authorization", "Bearer "+token)
@@ -170,15 +170,19 @@ func (c *oauthClient) User(ctx context.Context, token string) (string, error) {
 	}
 	a.sleep = func(context.Context, time.Duration) error { return errors.New("rate limited") } // a login does not wait
 	var u struct {
+		ID    int64  `json:"id"`
 		Login string `json:"login"`
 	}
 	if _, err := a.do(ctx, http.MethodGet, a.url("/user", nil), nil, &u); err != nil {
-		return "", fmt.Errorf("oauth user: %w", err)
+		return User{}, fmt.Errorf("oauth user: %w", err)
 	}
 	if err := c.validLogin(u.Login); err != nil {
-		return "", fmt.Errorf("oauth user: %w", err)
+		return User{}, fmt.Errorf("oauth user: %w", err)
 	}
-	return u.Login, nil
+	if u.ID <= 0 {
+		return User{}, fmt.Errorf("oauth user %s: id %d", u.Login, u.ID)
+	}
+	return User{ID: u.ID, Login: u.Login}, nil
 }
 
 // OAuthFromConfig builds the OAuth clients of the [[forges]] that have oauth_client_id, by

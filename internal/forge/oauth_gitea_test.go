@@ -202,8 +202,8 @@ func TestGiteaOAuthAndPermissionForReal(t *testing.T) {
 		t.Fatalf("Exchange: %v", err)
 	}
 	login, err := o.User(ctx, token)
-	if err != nil || login != "bob" {
-		t.Fatalf("User = %q, %v; want bob", login, err)
+	if err != nil || login != (User{ID: users["bob"].ID, Login: "bob"}) {
+		t.Fatalf("User = %+v, %v; want bob, id %d", login, err, users["bob"].ID)
 	}
 	if _, err := o.Exchange(ctx, loc.Query().Get("code"), redirect); err == nil {
 		t.Error("Gitea exchanged a code twice")

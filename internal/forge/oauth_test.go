@@ -69,8 +69,8 @@ func TestGitHubOAuthFlow(t *testing.T) {
 		t.Fatalf("Exchange: %v", err)
 	}
 	login, err := o.User(ctx, tok)
-	if err != nil || login != "octocat" {
-		t.Fatalf("User = %q, %v; want octocat", login, err)
+	if err != nil || login.Login != "octocat" || login.ID <= 0 {
+		t.Fatalf("User = %+v, %v; want octocat", login, err)
 	}
 	// A code is good once.
 	if _, err := o.Exchange(ctx, q.Get("code"), redirect); err == nil || !strings.Contains(err.Error(), "bad_verification_code") {
@@ -148,8 +148,8 @@ func TestGiteaOAuthWireFormat(t *testing.T) {
 	if _, err := o.Exchange(ctx, "bad", "http://ci/cb"); err == nil || !strings.Contains(err.Error(), "invalid_grant") {
 		t.Errorf("Exchange of a bad code: %v, want invalid_grant", err)
 	}
-	if login, err := o.User(ctx, tok); err != nil || login != "alice" {
-		t.Errorf("User = %q, %v", login, err)
+	if login, err := o.User(ctx, tok); err != nil || login != (User{ID: 3, Login: "alice"}) {
+		t.Errorf("User = %+v, %v", login, err)
 	}
 }
 

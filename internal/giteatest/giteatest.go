@@ -84,6 +84,8 @@ type Server struct {
 
 // User is a Gitea account.
 type User struct {
+	// ID is Gitea's numeric user id; it stays when the user is renamed.
+	ID       int64
 	Login    string
 	Password string
 	// Token is a personal access token with every scope.
@@ -683,10 +685,14 @@ func getAll[T any](ctx context.Context, s *Server, token, path string) ([]T, err
 // scope.
 func (s *Server) CreateUser(ctx context.Context, login string) (User, error) {
 	u := User{Login: login, Password: "pw-" + randomString(16)}
+	var created struct {
+		ID int64 `json:"id"`
+	}
 	err := s.Do(ctx, s.AdminToken, http.MethodPost, "/admin/users", map[string]any{
-		"username": login, "email": login + "@example.invalid", "password": u.Password,
+		"username": login, "email": login + "-" + randomString(6) + "@example.invalid", "password": u.Password,
 		"must_change_password": false, "send_notify": false,
-	}, nil)
+	}, &created)
+	u.ID = created.ID
 	if err != nil {
 		return User{}, fmt.Errorf("create user %s: %w", login, err)
 	}
@@ -714,6 +720,19 @@ func (s *Server) CreateUser(ctx context.Context, login string) (User, error) {
 		return User{}, fmt.Errorf("create token for %s: no token in %s", login, b)
 	}
 	u.Token = tok.SHA1
+	return u, nil
+}
+
+// RenameUser renames the account u as its owner could (the site administrator does it here):
+// its id stays, and its old login is free for anyone to take. The returned User has the new
+// login.
+func (s *Server) RenameUser(ctx context.Context, u User, newLogin string) (User, error) {
+	err := s.Do(ctx, s.AdminToken, http.MethodPost, "/admin/users/"+url.PathEscape(u.Login)+"/rename",
+		map[string]any{"new_username": newLogin}, nil)
+	if err != nil {
+		return User{}, fmt.Errorf("rename user %s to %s: %w", u.Login, newLogin, err)
+	}
+	u.Login = newLogin
 	return u, nil
 }
 

@@ -129,6 +129,7 @@ type Server struct {
 	oauthLogin    string                // who approves the next authorizations
 	codes         map[string]*oauthCode // authorization codes not exchanged yet
 	userTokens    map[string]string     // user access token → login
+	userIDs       map[string]int64      // lower-case login → id, where it differs from numericID (users.go)
 }
 
 type installation struct {

@@ -65,6 +65,7 @@ func (s *Server) oauthRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("GET /login/oauth/authorize", s.authorize)
 	mux.HandleFunc("POST /login/oauth/access_token", s.accessToken)
 	mux.HandleFunc("GET /user", s.user)
+	mux.HandleFunc("GET /users/{login}", s.installation(s.userByLogin))
 	mux.HandleFunc("GET /repos/{owner}/{repo}/collaborators/{user}/permission", s.inRepo(s.permission))
 }
 
@@ -173,7 +174,7 @@ func (s *Server) user(w http.ResponseWriter, r *http.Request) {
 	case !ok:
 		writeError(w, http.StatusUnauthorized, "Bad credentials", docsURL)
 	default:
-		u := userJSON(login)
+		u := s.userJSON(login)
 		u["name"] = nil
 		u["created_at"] = "2020-01-02T03:04:05Z"
 		writeJSON(w, http.StatusOK, u)

@@ -1,14 +1,19 @@
-// Package session is the web UI's login state: a cookie that says who is logged in, signed with
-// HMAC-SHA256 under the [auth] secret, and the CSRF token derived from it. There is no session
-// table: a cookie is valid until it expires or the secret changes, so rotating the secret logs
-// everyone out.
+// Package session is the web UI's login state: a sessions table (web_sessions) with one row
+// per login, a cookie that names the row, signed with HMAC-SHA256 under the [auth] secret, and
+// the CSRF token derived from the cookie. A cookie is valid while its signature checks and its
+// row exists and has not expired: logging out deletes the row, so a copied cookie stops working
+// then, and rotating the secret logs everyone out.
 //
-// A cookie value is base64url(JSON {forge, login, expires}) "." base64url(mac), where mac is
-// HMAC-SHA256(secret, purpose NUL payload); the purpose keeps a value signed for one use (the
-// OAuth state cookie) from being accepted for another (the session).
+// Who is logged in is the forge's numeric user id (Session.UserID), never the login: a login
+// can be renamed and then taken by someone else.
+//
+// A cookie value is base64url(JSON {id, forge, uid, login, expires}) "." base64url(mac), where
+// mac is HMAC-SHA256(secret, purpose NUL payload); the purpose keeps a value signed for one use
+// (the OAuth state cookie) from being accepted for another (the session).
 package session
 
 import (
+	"context"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
@@ -21,14 +26,22 @@ import (
 	"net/http"
 	"strings"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// Cookie names.
-const (
-	// CookieName holds the session. It is not __Host- prefixed: that prefix demands Secure,
-	// and a UI on http://localhost must work too.
-	CookieName = "harmonia_session"
-)
+// CookieName holds the session where the UI is served over plain HTTP (a UI tried out on
+// http://localhost); over HTTPS the cookie is HostCookieName.
+const CookieName = "harmonia_session"
+
+// HostPrefix is the prefix of every cookie name where the UI is served over HTTPS: the browser
+// then accepts the cookie only with Secure, Path=/ and no Domain, so no sibling host or plain
+// HTTP page can set or shadow it.
+const HostPrefix = "__Host-"
+
+// HostCookieName is CookieName over HTTPS.
+const HostCookieName = HostPrefix + CookieName
 
 // Lifetime is how long a login lasts.
 const Lifetime = 24 * time.Hour
@@ -54,35 +67,73 @@ var ErrInvalid = errors.New("invalid or expired signed value")
 
 // Session is who is logged in.
 type Session struct {
-	Forge   string    `json:"forge"` // the [[forges]] name the login came from
+	// ID names the session's row; random per login, so two logins of one user differ (and so
+	// do their CSRF tokens).
+	ID    string `json:"id"`
+	Forge string `json:"forge"` // the [[forges]] name the login came from
+	// UserID is the forge's numeric id of the user: what permissions compare.
+	UserID int64 `json:"uid"`
+	// Login is the user's login when they logged in: for display, and for the forge's
+	// permission API, which takes logins.
 	Login   string    `json:"login"`
 	Expires time.Time `json:"expires"`
-	// Nonce is random per login, so two logins of one user in one second still differ (and
-	// so do their CSRF tokens).
-	Nonce string `json:"nonce,omitempty"`
 }
 
-// Manager signs and checks cookies with one secret.
+// DB is what the Manager needs of the database: *pgxpool.Pool and pgx.Tx satisfy it.
+type DB interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Config configures a Manager.
+type Config struct {
+	// Secret signs the cookies: at least MinSecret bytes.
+	Secret []byte
+	// DB holds the sessions (web_sessions).
+	DB DB
+	// TrustedOrigins are origins besides the request's own host that may POST (the public URL
+	// behind a proxy that rewrites Host), as "https://ci.example.com".
+	TrustedOrigins []string
+	// HTTPS says the UI is served over HTTPS (frontend.public_url is https): every cookie is
+	// then Secure, Path=/ and named with HostPrefix.
+	HTTPS bool
+}
+
+// Manager signs and checks cookies with one secret, and keeps the sessions in the database.
 type Manager struct {
 	secret  []byte
+	db      DB
+	https   bool
 	now     func() time.Time
 	origins *http.CrossOriginProtection
 }
 
-// New returns a Manager for secret (at least MinSecret bytes). trustedOrigins are origins
-// besides the request's own host that may POST (the public URL behind a proxy that rewrites
-// Host), as "https://ci.example.com".
-func New(secret []byte, trustedOrigins ...string) (*Manager, error) {
-	if len(secret) < MinSecret {
-		return nil, fmt.Errorf("session secret: %d bytes, want at least %d", len(secret), MinSecret)
+// New returns a Manager for cfg.
+func New(cfg Config) (*Manager, error) {
+	if len(cfg.Secret) < MinSecret {
+		return nil, fmt.Errorf("session secret: %d bytes, want at least %d", len(cfg.Secret), MinSecret)
+	}
+	if cfg.DB == nil {
+		return nil, errors.New("session: no database")
 	}
 	cop := http.NewCrossOriginProtection()
-	for _, o := range trustedOrigins {
+	for _, o := range cfg.TrustedOrigins {
 		if err := cop.AddTrustedOrigin(o); err != nil {
 			return nil, fmt.Errorf("session: trusted origin: %w", err)
 		}
 	}
-	return &Manager{secret: append([]byte(nil), secret...), now: time.Now, origins: cop}, nil
+	return &Manager{secret: append([]byte(nil), cfg.Secret...), db: cfg.DB, https: cfg.HTTPS, now: time.Now, origins: cop}, nil
+}
+
+// HTTPS reports whether cookies are __Host- prefixed (Config.HTTPS).
+func (m *Manager) HTTPS() bool { return m.https }
+
+// Name is the name a cookie called base has: HostPrefix+base over HTTPS, base otherwise.
+func (m *Manager) Name(base string) string {
+	if m.https {
+		return HostPrefix + base
+	}
+	return base
 }
 
 func (m *Manager) mac(purpose string, payload []byte) []byte {
@@ -131,52 +182,86 @@ func (m *Manager) Encode(s Session) (string, error) {
 	return m.Sign(purposeSession, s)
 }
 
-// Decode checks a cookie value: ErrInvalid if it is malformed, not signed with this secret,
-// incomplete or expired.
+// Decode checks a cookie value's signature and contents, not its row: ErrInvalid if it is
+// malformed, not signed with this secret, incomplete or expired.
 func (m *Manager) Decode(value string) (Session, error) {
 	var s Session
 	if err := m.Verify(purposeSession, value, &s); err != nil {
 		return Session{}, err
 	}
-	if s.Forge == "" || s.Login == "" || !m.now().Before(s.Expires) {
+	if s.ID == "" || s.Forge == "" || s.UserID <= 0 || s.Login == "" || !m.now().Before(s.Expires) {
 		return Session{}, ErrInvalid
 	}
 	return s, nil
 }
 
-// Login sets the session cookie for login on forge, valid for Lifetime.
-func (m *Manager) Login(w http.ResponseWriter, r *http.Request, forge, login string) (Session, error) {
-	s := Session{Forge: forge, Login: login, Expires: m.now().Add(Lifetime), Nonce: Random(12)}
+// Login records a session for the forge's user (its id, and its login for display), valid
+// for Lifetime, and sets its cookie. Expired sessions are deleted on the way.
+func (m *Manager) Login(ctx context.Context, w http.ResponseWriter, r *http.Request, forge string, userID int64, login string) (Session, error) {
+	if forge == "" || userID <= 0 || login == "" {
+		return Session{}, fmt.Errorf("login: forge %q, user %d, login %q: incomplete", forge, userID, login)
+	}
+	s := Session{ID: Random(24), Forge: forge, UserID: userID, Login: login}
+	if err := m.db.QueryRow(ctx, sqlSessionCreate, s.ID, forge, userID, login, Lifetime.Seconds()).Scan(&s.Expires); err != nil {
+		return Session{}, fmt.Errorf("login: record the session: %w", err)
+	}
 	v, err := m.Encode(s)
 	if err != nil {
 		return Session{}, err
 	}
-	http.SetCookie(w, m.Cookie(r, CookieName, v, s.Expires))
+	http.SetCookie(w, m.Cookie(r, m.Name(CookieName), v, s.Expires))
 	return s, nil
 }
 
-// Logout clears the session cookie.
-func (m *Manager) Logout(w http.ResponseWriter, r *http.Request) {
-	c := m.Cookie(r, CookieName, "", time.Time{})
+// Logout deletes the request's session, if it has a valid one (a copied cookie is refused
+// from then on), and clears the cookie.
+func (m *Manager) Logout(ctx context.Context, w http.ResponseWriter, r *http.Request) error {
+	c := m.Cookie(r, m.Name(CookieName), "", time.Time{})
 	c.MaxAge = -1
 	http.SetCookie(w, c)
+	s, ok := m.cookieSession(r)
+	if !ok {
+		return nil
+	}
+	if _, err := m.db.Exec(ctx, sqlSessionDelete, s.ID); err != nil {
+		return fmt.Errorf("logout: delete the session: %w", err)
+	}
+	return nil
 }
 
-// Get returns the request's session; ok is false when there is none or it is invalid.
-func (m *Manager) Get(r *http.Request) (s Session, ok bool) {
-	c, err := r.Cookie(CookieName)
+// cookieSession is the request's session cookie, decoded but not checked against its row.
+func (m *Manager) cookieSession(r *http.Request) (Session, bool) {
+	c, err := r.Cookie(m.Name(CookieName))
 	if err != nil {
 		return Session{}, false
 	}
-	s, err = m.Decode(c.Value)
+	s, err := m.Decode(c.Value)
 	return s, err == nil
 }
 
+// Get returns the request's session; ok is false when there is none, it is invalid, or its row
+// is gone (logged out, expired). err is a database failure (ok is false then too).
+func (m *Manager) Get(r *http.Request) (s Session, ok bool, err error) {
+	s, ok = m.cookieSession(r)
+	if !ok {
+		return Session{}, false, nil
+	}
+	var live bool
+	err = m.db.QueryRow(r.Context(), sqlSessionLive, s.ID, s.Forge, s.UserID).Scan(&live)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Session{}, false, nil
+	}
+	if err != nil {
+		return Session{}, false, fmt.Errorf("session: %w", err)
+	}
+	return s, live, nil
+}
+
 // Cookie is a cookie with the attributes every cookie of the UI has: Path /, HttpOnly,
-// SameSite=Lax, and Secure unless the request came over plain HTTP to a loopback host.
-// Path / and not /ci/: the actions are POSTs to /api/....
+// SameSite=Lax, and Secure over HTTPS or unless the request came over plain HTTP to a loopback
+// host. Path / and not /ci/: the actions are POSTs to /api/.... name is the full name (Name).
 func (m *Manager) Cookie(r *http.Request, name, value string, expires time.Time) *http.Cookie {
-	c := &http.Cookie{Name: name, Value: value, Path: "/", HttpOnly: true, SameSite: http.SameSiteLaxMode, Secure: Secure(r)}
+	c := &http.Cookie{Name: name, Value: value, Path: "/", HttpOnly: true, SameSite: http.SameSiteLaxMode, Secure: m.https || Secure(r)}
 	if !expires.IsZero() {
 		c.Expires = expires
 		c.MaxAge = max(int(expires.Sub(m.now()).Seconds()), 1)
@@ -216,7 +301,7 @@ func firstValue(s string) string {
 }
 
 // CSRFToken is the CSRF token of a session cookie value: HMAC(secret, "csrf" NUL value). It
-// changes with every login and needs no storage.
+// changes with every login and needs no storage of its own.
 func (m *Manager) CSRFToken(cookieValue string) string {
 	if cookieValue == "" {
 		return ""
@@ -225,8 +310,9 @@ func (m *Manager) CSRFToken(cookieValue string) string {
 }
 
 // RequestCSRFToken is the CSRF token of the request's session cookie, "" without a valid one.
+// It checks the cookie, not its row: callers check the session with Get first.
 func (m *Manager) RequestCSRFToken(r *http.Request) string {
-	c, err := r.Cookie(CookieName)
+	c, err := r.Cookie(m.Name(CookieName))
 	if err != nil {
 		return ""
 	}

@@ -9,7 +9,11 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/harmonia-ci/harmonia-ci/internal/dbtest"
 )
+
+func TestMain(m *testing.M) { dbtest.Main(m) }
 
 var (
 	secret      = []byte("0123456789abcdef0123456789abcdef")
@@ -18,17 +22,128 @@ var (
 
 func newManager(t *testing.T, s []byte, origins ...string) *Manager {
 	t.Helper()
-	m, err := New(s, origins...)
+	m, err := New(Config{Secret: s, DB: dbtest.NewPool(t), TrustedOrigins: origins})
 	if err != nil {
 		t.Fatal(err)
 	}
 	return m
 }
 
-func TestNewRefusesShortSecret(t *testing.T) {
+func TestNewRefuses(t *testing.T) {
 	t.Parallel()
-	if _, err := New([]byte("short")); err == nil {
-		t.Fatal("New accepted a 5-byte secret")
+	if _, err := New(Config{Secret: []byte("short"), DB: dbtest.NewPool(t)}); err == nil {
+		t.Error("New accepted a 5-byte secret")
+	}
+	if _, err := New(Config{Secret: secret}); err == nil {
+		t.Error("New accepted no database")
+	}
+}
+
+// login logs alice (gitea user 7) in over req and returns her session and cookie.
+func login(t *testing.T, m *Manager, req *http.Request) (Session, *http.Cookie) {
+	t.Helper()
+	w := httptest.NewRecorder()
+	s, err := m.Login(t.Context(), w, req, "gitea", 7, "alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs := w.Result().Cookies()
+	if len(cs) != 1 {
+		t.Fatalf("%d cookies set, want 1", len(cs))
+	}
+	return s, cs[0]
+}
+
+// get is m.Get of a request carrying c.
+func get(t *testing.T, m *Manager, c *http.Cookie) (Session, bool) {
+	t.Helper()
+	r := httptest.NewRequestWithContext(t.Context(), "GET", "http://ci.example.com/ci/", nil)
+	r.AddCookie(c)
+	s, ok, err := m.Get(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, ok
+}
+
+// A cookie copied before logout (from another browser, a proxy's log, a stolen laptop's
+// profile) is refused after it: logout deletes the session's row.
+func TestCopiedCookieRefusedAfterLogout(t *testing.T) {
+	t.Parallel()
+	m := newManager(t, secret)
+	_, copied := login(t, m, httptest.NewRequest("GET", "http://ci.example.com/", nil))
+	_, other := login(t, m, httptest.NewRequest("GET", "http://ci.example.com/", nil)) // alice elsewhere
+	if _, ok := get(t, m, copied); !ok {
+		t.Fatal("a fresh session is refused")
+	}
+	w := httptest.NewRecorder()
+	r := httptest.NewRequestWithContext(t.Context(), "POST", "http://ci.example.com/ci/logout", nil)
+	r.AddCookie(copied)
+	if err := m.Logout(t.Context(), w, r); err != nil {
+		t.Fatal(err)
+	}
+	if c := w.Result().Cookies(); len(c) != 1 || c[0].Name != CookieName || c[0].MaxAge >= 0 || c[0].Value != "" {
+		t.Errorf("logout cookies %+v, want %s cleared", c, CookieName)
+	}
+	if s, ok := get(t, m, copied); ok {
+		t.Errorf("the copied cookie still works after logout: %+v", s)
+	}
+	// Logging out ends that session only: alice's login elsewhere stays.
+	if _, ok := get(t, m, other); !ok {
+		t.Error("logout ended another session of the same user")
+	}
+}
+
+// Where the UI is served over HTTPS every cookie is __Host- prefixed: Secure, Path=/, no
+// Domain, whatever the request looks like; the unprefixed name is not read.
+func TestHostPrefixedCookies(t *testing.T) {
+	t.Parallel()
+	m, err := New(Config{Secret: secret, DB: dbtest.NewPool(t), HTTPS: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A plain-HTTP loopback request (a health check, a proxy that does not say) still gets
+	// a Secure cookie.
+	_, c := login(t, m, httptest.NewRequest("GET", "http://127.0.0.1:8080/ci/", nil))
+	if c.Name != HostCookieName || !c.Secure || c.Path != "/" || c.Domain != "" || !c.HttpOnly {
+		t.Errorf("cookie %s: Secure %v Path %q Domain %q HttpOnly %v; want %s, Secure, /, no Domain",
+			c.Name, c.Secure, c.Path, c.Domain, c.HttpOnly, HostCookieName)
+	}
+	if got := m.Name("harmonia_oauth"); got != "__Host-harmonia_oauth" {
+		t.Errorf("Name(harmonia_oauth) = %q", got)
+	}
+	if _, ok := get(t, m, c); !ok {
+		t.Error("the __Host- cookie is refused")
+	}
+	plain := *c
+	plain.Name = CookieName
+	if s, ok := get(t, m, &plain); ok {
+		t.Errorf("the unprefixed cookie name is read over HTTPS: %+v", s)
+	}
+	w := httptest.NewRecorder()
+	r := httptest.NewRequestWithContext(t.Context(), "POST", "https://ci.example.com/ci/logout", nil)
+	r.AddCookie(c)
+	if err := m.Logout(t.Context(), w, r); err != nil {
+		t.Fatal(err)
+	}
+	if cs := w.Result().Cookies(); len(cs) != 1 || cs[0].Name != HostCookieName || !cs[0].Secure || cs[0].Path != "/" {
+		t.Errorf("logout cookies %+v, want %s cleared, Secure, Path /", cs, HostCookieName)
+	}
+	if _, ok := get(t, m, c); ok {
+		t.Error("the __Host- cookie works after logout")
+	}
+}
+
+// A session's row expires with the database's clock, whatever the cookie says.
+func TestExpiredRowRefused(t *testing.T) {
+	t.Parallel()
+	m := newManager(t, secret)
+	s, c := login(t, m, httptest.NewRequest("GET", "http://ci.example.com/", nil))
+	if _, err := m.db.Exec(t.Context(), `UPDATE web_sessions SET expires_at = now() - interval '1 second' WHERE id = $1`, s.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := get(t, m, c); ok {
+		t.Error("a session whose row expired is accepted")
 	}
 }
 
@@ -37,7 +152,7 @@ func TestEncodeDecode(t *testing.T) {
 	m := newManager(t, secret)
 	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 	m.now = func() time.Time { return now }
-	want := Session{Forge: "gitea", Login: "alice", Expires: now.Add(Lifetime)}
+	want := Session{ID: "x", Forge: "gitea", UserID: 7, Login: "alice", Expires: now.Add(Lifetime)}
 	v, err := m.Encode(want)
 	if err != nil {
 		t.Fatal(err)
@@ -46,7 +161,7 @@ func TestEncodeDecode(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Decode(Encode(s)): %v", err)
 	}
-	if got.Forge != want.Forge || got.Login != want.Login || !got.Expires.Equal(want.Expires) {
+	if got.ID != want.ID || got.Forge != want.Forge || got.UserID != want.UserID || got.Login != want.Login || !got.Expires.Equal(want.Expires) {
 		t.Errorf("Decode = %+v, want %+v", got, want)
 	}
 }
@@ -56,7 +171,7 @@ func TestDecodeRefuses(t *testing.T) {
 	m := newManager(t, secret)
 	now := time.Now()
 	m.now = func() time.Time { return now }
-	good, err := m.Encode(Session{Forge: "gitea", Login: "alice", Expires: now.Add(time.Hour)})
+	good, err := m.Encode(Session{ID: "x", Forge: "gitea", UserID: 7, Login: "alice", Expires: now.Add(time.Hour)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,11 +180,13 @@ func TestDecodeRefuses(t *testing.T) {
 	forged := base64.RawURLEncoding.EncodeToString([]byte(strings.Replace(string(raw), "alice", "admin", 1)))
 	macBytes, _ := base64.RawURLEncoding.DecodeString(mac)
 	macBytes[0] ^= 1
-	expired, _ := m.Encode(Session{Forge: "gitea", Login: "alice", Expires: now.Add(-time.Second)})
-	rotated, _ := newManager(t, otherSecret).Encode(Session{Forge: "gitea", Login: "alice", Expires: now.Add(time.Hour)})
-	noLogin, _ := m.Encode(Session{Forge: "gitea", Expires: now.Add(time.Hour)})
+	expired, _ := m.Encode(Session{ID: "x", Forge: "gitea", UserID: 7, Login: "alice", Expires: now.Add(-time.Second)})
+	rotated, _ := newManager(t, otherSecret).Encode(Session{ID: "x", Forge: "gitea", UserID: 7, Login: "alice", Expires: now.Add(time.Hour)})
+	noLogin, _ := m.Encode(Session{ID: "x", Forge: "gitea", UserID: 7, Expires: now.Add(time.Hour)})
+	noUser, _ := m.Encode(Session{ID: "x", Forge: "gitea", Login: "alice", Expires: now.Add(time.Hour)})
+	noID, _ := m.Encode(Session{Forge: "gitea", UserID: 7, Login: "alice", Expires: now.Add(time.Hour)})
 	// A value signed for another purpose (the OAuth state cookie) is not a session.
-	otherPurpose, _ := m.Sign("oauth-state", Session{Forge: "gitea", Login: "alice", Expires: now.Add(time.Hour)})
+	otherPurpose, _ := m.Sign("oauth-state", Session{ID: "x", Forge: "gitea", UserID: 7, Login: "alice", Expires: now.Add(time.Hour)})
 	for name, v := range map[string]string{
 		"tampered payload":  forged + "." + mac,
 		"tampered mac":      payload + "." + base64.RawURLEncoding.EncodeToString(macBytes),
@@ -80,6 +197,8 @@ func TestDecodeRefuses(t *testing.T) {
 		"expired":           expired,
 		"rotated secret":    rotated,
 		"incomplete":        noLogin,
+		"no user id":        noUser,
+		"no session id":     noID,
 		"other purpose":     otherPurpose,
 		"mac of other user": forged + "." + mac,
 	} {
@@ -118,16 +237,7 @@ func TestCookieAttributes(t *testing.T) {
 		}, true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			w := httptest.NewRecorder()
-			s, err := m.Login(w, tt.req(), "gitea", "alice")
-			if err != nil {
-				t.Fatal(err)
-			}
-			cs := w.Result().Cookies()
-			if len(cs) != 1 {
-				t.Fatalf("%d cookies set, want 1", len(cs))
-			}
-			c := cs[0]
+			s, c := login(t, m, tt.req())
 			if c.Name != CookieName || c.Path != "/" || !c.HttpOnly || c.SameSite != http.SameSiteLaxMode || c.Secure != tt.secure {
 				t.Errorf("cookie %s: Path %q HttpOnly %v SameSite %v Secure %v; want /, true, Lax, %v",
 					c.Name, c.Path, c.HttpOnly, c.SameSite, c.Secure, tt.secure)
@@ -138,10 +248,8 @@ func TestCookieAttributes(t *testing.T) {
 			if c.MaxAge < int((Lifetime - time.Minute).Seconds()) {
 				t.Errorf("Max-Age %d, want about %d", c.MaxAge, int(Lifetime.Seconds()))
 			}
-			r := httptest.NewRequest("GET", "/ci/", nil)
-			r.AddCookie(c)
-			got, ok := m.Get(r)
-			if !ok || got.Login != "alice" || got.Forge != "gitea" {
+			got, ok := get(t, m, c)
+			if !ok || got.Login != "alice" || got.Forge != "gitea" || got.UserID != 7 {
 				t.Errorf("Get = %+v, %v", got, ok)
 			}
 		})
@@ -152,7 +260,9 @@ func TestLogoutClearsCookie(t *testing.T) {
 	t.Parallel()
 	m := newManager(t, secret)
 	w := httptest.NewRecorder()
-	m.Logout(w, httptest.NewRequest("POST", "http://localhost/ci/logout", nil))
+	if err := m.Logout(t.Context(), w, httptest.NewRequest("POST", "http://localhost/ci/logout", nil)); err != nil {
+		t.Fatal(err)
+	}
 	c := w.Result().Cookies()
 	if len(c) != 1 || c[0].Name != CookieName || c[0].MaxAge >= 0 || c[0].Value != "" {
 		t.Fatalf("logout cookies %+v, want %s cleared", c, CookieName)
@@ -162,10 +272,7 @@ func TestLogoutClearsCookie(t *testing.T) {
 // post builds a logged-in form POST with the given CSRF token (none if empty) and headers.
 func post(t *testing.T, m *Manager, token string, header map[string]string) *http.Request {
 	t.Helper()
-	w := httptest.NewRecorder()
-	if _, err := m.Login(w, httptest.NewRequest("GET", "http://ci.example.com/", nil), "gitea", "alice"); err != nil {
-		t.Fatal(err)
-	}
+	_, c := login(t, m, httptest.NewRequest("GET", "http://ci.example.com/", nil))
 	form := url.Values{}
 	if token != "" {
 		form.Set(CSRFField, token)
@@ -175,7 +282,7 @@ func post(t *testing.T, m *Manager, token string, header map[string]string) *htt
 	for k, v := range header {
 		r.Header.Set(k, v)
 	}
-	r.AddCookie(w.Result().Cookies()[0])
+	r.AddCookie(c)
 	return r
 }
 

@@ -369,7 +369,7 @@ func PRBranch(n int) string { return fmt.Sprintf("pull/%d", n) }
 
 func prParams(pr forge.PullRequest) eval.RequestParams {
 	return eval.RequestParams{Commit: pr.HeadSHA, Branch: PRBranch(pr.Number), PRNumber: pr.Number, PRAuthor: pr.Author,
-		PRBase: pr.BaseBranch}
+		PRAuthorID: pr.AuthorID, PRBase: pr.BaseBranch}
 }
 
 func (r *Receiver) request(ctx context.Context, p project.Project, f forge.Forge, ev forge.Event, rp eval.RequestParams) (Outcome, error) {

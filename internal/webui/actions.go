@@ -113,7 +113,7 @@ func (u *UI) authenticate(r *http.Request) (actor, error) {
 	if err := u.auth.sessions.CheckCSRF(r); err != nil {
 		return actor{}, &web.HTTPError{Code: http.StatusForbidden, Msg: "cross-site request refused: reload the page and try again", Err: err}
 	}
-	return actor{admin: u.isAdmin(s.Forge, s.Login), forge: s.Forge, login: s.Login}, nil
+	return actor{admin: u.isAdmin(r.Context(), s.Forge, s.UserID), forge: s.Forge, login: s.Login, userID: s.UserID}, nil
 }
 
 // fail answers an action's error: the HTML error page for a browser's form post (or the login

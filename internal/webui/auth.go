@@ -1,6 +1,7 @@
 package webui
 
 import (
+	"cmp"
 	"context"
 	"crypto/subtle"
 	"fmt"
@@ -19,9 +20,11 @@ import (
 
 // Login with the forge: GET /ci/login (choose a forge), GET /ci/login/{forge} (off to the
 // forge with a random state in a short-lived signed cookie), GET /ci/oauth/{forge}/callback
-// (check the state, trade the code for a token, read the login, set the session cookie, go
-// back where the user came from), POST /ci/logout. Without [auth] secret_file there is no
-// login, and only the admin token can act.
+// (check the state, trade the code for a token, read the user's id and login, record the
+// session and set its cookie, go back where the user came from), POST /ci/logout (the session
+// deleted: its cookie, wherever copied, is refused from then on). Without [auth] secret_file
+// there is no login, and only the admin token can act. Where the UI is served over HTTPS
+// (frontend.public_url https) every cookie is __Host- prefixed, Secure and Path=/.
 
 const (
 	// stateCookie holds the OAuth state while the user is at the forge.
@@ -30,25 +33,31 @@ const (
 	stateTTL     = 10 * time.Minute
 )
 
-// auth is the UI's login state: the cookie signer, the forges users log in with and the
-// permission cache.
+// auth is the UI's login state: the sessions, the forges users log in with, the [auth] admins
+// and the permission cache.
 type auth struct {
 	sessions *session.Manager // nil: no login
 	oauth    map[string]forge.OAuth
 	perms    *permCache
+	admins   *admins
+	logins   *logins // which user has a login now, for the forges' permission APIs
 	admin    web.TokenHash
 	hasAdmin bool
 }
 
 // initAuth sets up u.auth from the Config.
 func (u *UI) initAuth() error {
-	a := &auth{oauth: map[string]forge.OAuth{}, perms: newPermCache(u.cfg.PermissionTTL)}
+	a := &auth{oauth: map[string]forge.OAuth{}, perms: newPermCache(u.cfg.PermissionTTL),
+		admins: newAdmins(u.cfg.Pool, u.cfg.Forges, u.cfg.Admins, cmp.Or(u.cfg.PermissionTTL, DefaultPermissionTTL), u.log),
+		logins: newLogins(cmp.Or(u.cfg.PermissionTTL, DefaultPermissionTTL))}
 	if len(u.cfg.Secret) > 0 {
 		var trusted []string
+		https := false
 		if pu, err := url.Parse(u.cfg.PublicURL); err == nil && pu.Host != "" {
 			trusted = append(trusted, pu.Scheme+"://"+pu.Host)
+			https = pu.Scheme == "https"
 		}
-		m, err := session.New(u.cfg.Secret, trusted...)
+		m, err := session.New(session.Config{Secret: u.cfg.Secret, DB: u.cfg.Pool, TrustedOrigins: trusted, HTTPS: https})
 		if err != nil {
 			return fmt.Errorf("web UI login: %w", err)
 		}
@@ -75,12 +84,16 @@ func (u *UI) registerAuth(mux *http.ServeMux) {
 	u.registerActions(mux)
 }
 
-// session is the request's valid session, if any.
+// session is the request's valid session, if any. A database failure counts as none.
 func (u *UI) session(r *http.Request) (session.Session, bool) {
 	if u.auth == nil || u.auth.sessions == nil {
 		return session.Session{}, false
 	}
-	return u.auth.sessions.Get(r)
+	s, ok, err := u.auth.sessions.Get(r)
+	if err != nil {
+		u.log.Warn("session check failed: treated as logged out", "error", err)
+	}
+	return s, ok
 }
 
 // Viewer is who looks at a page, for the header and the action buttons.
@@ -110,13 +123,13 @@ func (u *UI) viewer(r *http.Request) Viewer {
 			v.LoginURL += "?" + url.Values{"next": {next}}.Encode()
 		}
 	}
-	s, ok := u.auth.sessions.Get(r)
+	s, ok := u.session(r)
 	if !ok {
 		return v
 	}
 	v.LoggedIn, v.Forge, v.Login = true, s.Forge, s.Login
 	v.CSRF = u.auth.sessions.RequestCSRFToken(r)
-	v.actor = actor{admin: u.isAdmin(s.Forge, s.Login), forge: s.Forge, login: s.Login}
+	v.actor = actor{admin: u.isAdmin(r.Context(), s.Forge, s.UserID), forge: s.Forge, login: s.Login, userID: s.UserID}
 	return v
 }
 
@@ -206,9 +219,7 @@ func (u *UI) loginStart(w http.ResponseWriter, r *http.Request) (string, Page, e
 	if err != nil {
 		return "", Page{}, err
 	}
-	c := m.Cookie(r, stateCookie, v, st.Expires)
-	c.Path = "/ci/oauth/"
-	http.SetCookie(w, c)
+	http.SetCookie(w, u.stateCookie(r, v, st.Expires))
 	w.Header().Set("Cache-Control", "no-store")
 	http.Redirect(w, r, o.AuthorizeURL(st.State, u.callbackURL(r, name)), http.StatusFound)
 	return "", Page{}, nil
@@ -229,8 +240,8 @@ func (u *UI) loginCallback(w http.ResponseWriter, r *http.Request) (string, Page
 	}
 	m := u.auth.sessions
 	// The state cookie is single-use: clear it whatever happens next.
-	clearState := m.Cookie(r, stateCookie, "", time.Time{})
-	clearState.Path, clearState.MaxAge = "/ci/oauth/", -1
+	clearState := u.stateCookie(r, "", time.Time{})
+	clearState.MaxAge = -1
 	http.SetCookie(w, clearState)
 
 	q := r.URL.Query()
@@ -239,7 +250,7 @@ func (u *UI) loginCallback(w http.ResponseWriter, r *http.Request) (string, Page
 			Err: fmt.Errorf("oauth error %.60q", e)}
 	}
 	var st oauthState
-	c, err := r.Cookie(stateCookie)
+	c, err := r.Cookie(m.Name(stateCookie))
 	if err != nil || m.Verify(statePurpose, c.Value, &st) != nil || !time.Now().Before(st.Expires) {
 		return "", Page{}, web.Errorf(http.StatusBadRequest, "the login has expired or was started elsewhere: log in again")
 	}
@@ -255,14 +266,14 @@ func (u *UI) loginCallback(w http.ResponseWriter, r *http.Request) (string, Page
 	if err != nil {
 		return "", Page{}, &web.HTTPError{Code: http.StatusBadGateway, Msg: "the forge refused the login", Err: err}
 	}
-	login, err := o.User(r.Context(), token)
+	user, err := o.User(r.Context(), token)
 	if err != nil {
 		return "", Page{}, &web.HTTPError{Code: http.StatusBadGateway, Msg: "the forge did not say who you are", Err: err}
 	}
-	if _, err := m.Login(w, r, name, login); err != nil {
+	if _, err := m.Login(r.Context(), w, r, name, user.ID, user.Login); err != nil {
 		return "", Page{}, err
 	}
-	u.log.Info("login", "forge", name, "login", login)
+	u.log.Info("login", "forge", name, "login", user.Login, "user_id", user.ID)
 	next := st.Next
 	if next == "" {
 		next = "/ci/"
@@ -282,13 +293,27 @@ func (u *UI) logout(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if u.auth.sessions != nil {
-		u.auth.sessions.Logout(w, r)
+		if err := u.auth.sessions.Logout(r.Context(), w, r); err != nil {
+			u.fail(w, r, err, "/ci/")
+			return
+		}
 	}
 	if !browserForm(r) {
 		web.WriteJSON(w, http.StatusOK, map[string]string{"message": "logged out"})
 		return
 	}
 	http.Redirect(w, r, "/ci/", http.StatusSeeOther)
+}
+
+// stateCookie is the OAuth state cookie: only the callback needs it, so its path is
+// /ci/oauth/, except where __Host- cookies must have Path=/.
+func (u *UI) stateCookie(r *http.Request, value string, expires time.Time) *http.Cookie {
+	m := u.auth.sessions
+	c := m.Cookie(r, m.Name(stateCookie), value, expires)
+	if !m.HTTPS() {
+		c.Path = "/ci/oauth/"
+	}
+	return c
 }
 
 // localNext returns next if it is a path of the UI ("/ci/..."), "" otherwise: the login must

@@ -100,14 +100,19 @@ VALUES ($1, $2, $3, $4, $5, $6, CASE WHEN $1 = 'github' THEN 7 END) RETURNING id
 	return fx.id(`INSERT INTO projects (repo_id, name) VALUES ($1, $2) RETURNING id`, r, name)
 }
 
-// eval inserts an evaluation; pr 0 is a branch evaluation.
+// eval inserts an evaluation; pr 0 is a branch evaluation. A pull request's author is
+// recorded with the id the stand-in GitHub gives the login now, as a webhook would.
 func (fx *authFixture) eval(project int64, status string, pr int, author string) int64 {
 	fx.t.Helper()
+	var authorID int64
+	if author != "" {
+		authorID = fx.gh.UserID(author)
+	}
 	return fx.id(`INSERT INTO evaluations (project_id, flake_url, commit_sha, branch, status, pr_number, pr_author,
-    started_at, finished_at)
-VALUES ($1, 'git+https://x/app.git', $2, $3, $4, NULLIF($5, 0), NULLIF($6, ''), now(),
+    pr_author_id, started_at, finished_at)
+VALUES ($1, 'git+https://x/app.git', $2, $3, $4, NULLIF($5, 0), NULLIF($6, ''), NULLIF($7::bigint, 0), now(),
         CASE WHEN $4 IN ('succeeded', 'failed', 'cancelled') THEN now() END) RETURNING id`,
-		project, authTestCommit, fmt.Sprintf("branch-%d-%d", pr, fx.drvs), status, pr, author)
+		project, authTestCommit, fmt.Sprintf("branch-%d-%d", pr, fx.drvs), status, pr, author, authorID)
 }
 
 // job inserts a derivation, its build job in status (for project) and, if evalID is not 0, an
@@ -418,11 +423,11 @@ func TestTamperedSessionIsLoggedOut(t *testing.T) {
 		}
 	}
 	payload, mac, _ := strings.Cut(value, ".")
-	other, err := session.New([]byte("another secret, rotated 32 bytes"))
+	other, err := session.New(session.Config{Secret: []byte("another secret, rotated 32 bytes"), DB: fx.pool})
 	if err != nil {
 		t.Fatal(err)
 	}
-	rotated, _ := other.Encode(session.Session{Forge: "github", Login: "boss", Expires: time.Now().Add(time.Hour)})
+	rotated, _ := other.Encode(session.Session{ID: "x", Forge: "github", UserID: fx.gh.UserID("boss"), Login: "boss", Expires: time.Now().Add(time.Hour)})
 	for name, v := range map[string]string{
 		"tampered payload": flipFirst(payload) + "." + mac,
 		"tampered mac":     payload + "." + flipFirst(mac),

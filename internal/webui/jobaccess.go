@@ -77,7 +77,7 @@ func (u *UI) jobAccessOf(ctx context.Context, a actor, id int64) (jobAccess, err
 	}
 	evals, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (evalTarget, error) {
 		var e evalTarget
-		err := row.Scan(&e.id, &e.t.Forge, &e.t.FullName, &e.t.Installation, &e.t.Private, &e.t.PRAuthor)
+		err := row.Scan(&e.id, &e.t.Forge, &e.t.FullName, &e.t.Installation, &e.t.Private, &e.t.PRAuthorID)
 		return e, err
 	})
 	if err != nil {

@@ -17,8 +17,10 @@ import (
 )
 
 // Who may act (permission rules of the design, §4 "Actions"):
-//   - the admin token (scripts) and the [auth] admins ("forge:login") may do anything;
-//   - on an evaluation of a pull request, its author (logged in with the repository's forge);
+//   - the admin token (scripts) and the [auth] admins ("forge:login", resolved to forge user
+//     ids in admins.go) may do anything;
+//   - on an evaluation of a pull request, its author (logged in with the repository's forge),
+//     matched by forge user id, never by login (a login can be renamed and taken);
 //   - on any evaluation of a repository, users the forge gives write access to it
 //     (forge.WriteAccess, the check webhooks make too), asked of the forge and remembered for
 //     PermissionTTL;
@@ -42,6 +44,9 @@ type actor struct {
 	token        bool // the admin token: anything, and no CSRF token needed
 	admin        bool // the token or an [auth] admin
 	forge, login string
+	// userID is the forge's numeric id of the user: who they are. login is only for the
+	// forge's permission API and logs.
+	userID int64
 }
 
 func (a actor) String() string {
@@ -51,21 +56,18 @@ func (a actor) String() string {
 	return a.forge + ":" + a.login
 }
 
-// target is a repository an action touches, with the pull request author when it is an
-// evaluation of a pull request.
+// target is a repository an action touches, with the pull request author's forge user id
+// when it is an evaluation of a pull request (0: none, or not recorded).
 type target struct {
 	Forge, FullName string
 	Installation    int64
 	Private         bool
-	PRAuthor        string
+	PRAuthorID      int64
 }
 
-// isAdmin reports whether forge:login is one of the [auth] admins.
-func (u *UI) isAdmin(forgeName, login string) bool {
-	return slices.ContainsFunc(u.cfg.Admins, func(a string) bool {
-		f, l, _ := strings.Cut(a, ":")
-		return f == forgeName && strings.EqualFold(l, login)
-	})
+// isAdmin reports whether the forge's user userID is one of the [auth] admins.
+func (u *UI) isAdmin(ctx context.Context, forgeName string, userID int64) bool {
+	return u.auth.admins.is(ctx, forgeName, userID)
 }
 
 // mayAct reports whether a may act on something that belongs to targets.
@@ -77,7 +79,7 @@ func (u *UI) mayAct(ctx context.Context, a actor, targets []target) (bool, error
 		return false, nil
 	}
 	for _, t := range targets {
-		if t.Forge == a.forge && t.PRAuthor != "" && strings.EqualFold(t.PRAuthor, a.login) {
+		if t.Forge == a.forge && a.userID > 0 && t.PRAuthorID == a.userID {
 			return true, nil
 		}
 	}
@@ -89,7 +91,7 @@ func (u *UI) mayAct(ctx context.Context, a actor, targets []target) (bool, error
 			continue
 		}
 		asked[key] = true
-		w, err := u.writeAccess(ctx, t, a.login)
+		w, err := u.writeAccess(ctx, t, a.login, a.userID)
 		if err != nil {
 			firstErr = cmpErr(firstErr, err)
 			continue
@@ -122,11 +124,25 @@ func (u *UI) targetRepo(t target) (forge.Forge, forge.Repo, bool) {
 	return f, forge.Repo{Owner: owner, Name: name, InstallationID: t.Installation}, true
 }
 
-// permission is login's permission on t's repository, from the cache or the forge.
-func (u *UI) permission(ctx context.Context, t target, login string) (forge.Permission, error) {
+// stillTheirs reports whether login still belongs to the user userID, who had it when they
+// logged in: a login renamed and taken by someone else lends its new holder's access to nobody.
+func (u *UI) stillTheirs(ctx context.Context, f forge.Forge, login string, userID int64) (bool, error) {
+	same, err := u.auth.logins.is(ctx, f, login, userID)
+	if err != nil {
+		return false, forgeUnavailable(err)
+	}
+	return same, nil
+}
+
+// permission is the permission on t's repository of the user userID, whose login was login
+// when they logged in: none if someone else has that login now. From the cache or the forge.
+func (u *UI) permission(ctx context.Context, t target, login string, userID int64) (forge.Permission, error) {
 	f, repo, ok := u.targetRepo(t)
 	if !ok {
 		return forge.PermissionNone, nil
+	}
+	if same, err := u.stillTheirs(ctx, f, login, userID); err != nil || !same {
+		return forge.PermissionNone, err
 	}
 	p, err := u.auth.perms.get(ctx, f, repo, login)
 	if err != nil {
@@ -135,12 +151,16 @@ func (u *UI) permission(ctx context.Context, t target, login string) (forge.Perm
 	return p, nil
 }
 
-// writeAccess reports whether login may act on t's repository: forge.WriteAccess, the check
-// webhooks make of pull request senders and approvers, asked through the cache.
-func (u *UI) writeAccess(ctx context.Context, t target, login string) (bool, error) {
+// writeAccess reports whether the user userID (login when they logged in) may act on t's
+// repository: forge.WriteAccess, the check webhooks make of pull request senders and
+// approvers, asked through the cache.
+func (u *UI) writeAccess(ctx context.Context, t target, login string, userID int64) (bool, error) {
 	f, repo, ok := u.targetRepo(t)
 	if !ok {
 		return false, nil
+	}
+	if same, err := u.stillTheirs(ctx, f, login, userID); err != nil || !same {
+		return false, err
 	}
 	w, err := forge.WriteAccess(ctx, cachedPermissions{u.auth.perms, f}, repo, login)
 	if err != nil {
@@ -170,13 +190,13 @@ func (u *UI) canSee(r *http.Request, repoPrivate bool, forgeName, fullName strin
 	if !ok {
 		return false, nil
 	}
-	if u.isAdmin(s.Forge, s.Login) {
+	if u.isAdmin(r.Context(), s.Forge, s.UserID) {
 		return true, nil
 	}
 	if s.Forge != forgeName || forgeName == forgeGit {
 		return false, nil
 	}
-	p, err := u.permission(r.Context(), target{Forge: forgeName, FullName: fullName}, s.Login)
+	p, err := u.permission(r.Context(), target{Forge: forgeName, FullName: fullName}, s.Login, s.UserID)
 	if err != nil {
 		return false, err
 	}
@@ -200,10 +220,10 @@ func (u *UI) projectVisible(r *http.Request, name string) (bool, error) {
 
 // SQL of the permission checks.
 const (
-	// The repository of an evaluation, and its pull request's author.
+	// The repository of an evaluation, and its pull request's author's forge user id.
 	sqlEvalTarget = `
 SELECT r.forge, r.full_name, COALESCE(r.installation_id, 0), r.is_private,
-       CASE WHEN e.pr_number IS NOT NULL THEN COALESCE(e.pr_author, '') ELSE '' END
+       CASE WHEN e.pr_number IS NOT NULL THEN COALESCE(e.pr_author_id, 0) ELSE 0 END
 FROM evaluations e
 JOIN projects p ON p.id = e.project_id
 JOIN repositories r ON r.id = p.repo_id
@@ -214,18 +234,18 @@ WHERE e.id = $1`
 	// neither.
 	sqlBuildTargets = `
 WITH j AS (SELECT id, drv_path, project_id FROM build_jobs WHERE id = $1)
-SELECT r.forge, r.full_name, COALESCE(r.installation_id, 0), r.is_private, ''
+SELECT r.forge, r.full_name, COALESCE(r.installation_id, 0), r.is_private, 0::bigint
 FROM j JOIN projects p ON p.id = j.project_id JOIN repositories r ON r.id = p.repo_id
 UNION
 SELECT r.forge, r.full_name, COALESCE(r.installation_id, 0), r.is_private,
-       CASE WHEN e.pr_number IS NOT NULL THEN COALESCE(e.pr_author, '') ELSE '' END
+       CASE WHEN e.pr_number IS NOT NULL THEN COALESCE(e.pr_author_id, 0) ELSE 0 END
 FROM j
 JOIN eval_attrs a ON a.drv_path = j.drv_path
 JOIN evaluations e ON e.id = a.eval_id
 JOIN projects p ON p.id = e.project_id
 JOIN repositories r ON r.id = p.repo_id
 UNION
-SELECT NULL, '', 0, false, '' FROM j`
+SELECT NULL, '', 0, false, 0::bigint FROM j`
 
 	// The repositories of the evaluations whose attributes need the job's derivation through
 	// their closure (the job is a dependency), at most 200.
@@ -236,7 +256,7 @@ WITH RECURSIVE up(drv_path) AS (
     SELECT di.referrer FROM derivation_inputs di JOIN up ON di.input_drv = up.drv_path
 )
 SELECT DISTINCT r.forge, r.full_name, COALESCE(r.installation_id, 0), r.is_private,
-       CASE WHEN e.pr_number IS NOT NULL THEN COALESCE(e.pr_author, '') ELSE '' END
+       CASE WHEN e.pr_number IS NOT NULL THEN COALESCE(e.pr_author_id, 0) ELSE 0 END
 FROM up
 JOIN eval_attrs a ON a.drv_path = up.drv_path
 JOIN evaluations e ON e.id = a.eval_id
@@ -249,7 +269,7 @@ func scanTargets(rows pgx.Rows) ([]target, error) {
 	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (target, error) {
 		var t target
 		var f *string
-		err := row.Scan(&f, &t.FullName, &t.Installation, &t.Private, &t.PRAuthor)
+		err := row.Scan(&f, &t.FullName, &t.Installation, &t.Private, &t.PRAuthorID)
 		if f != nil {
 			t.Forge = *f
 		}

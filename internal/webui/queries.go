@@ -480,7 +480,7 @@ const (
 	// The repositories of evaluations $1, with their pull requests' authors.
 	sqlEvalsTargets = `
 SELECT e.id, r.forge, r.full_name, COALESCE(r.installation_id, 0), r.is_private,
-       CASE WHEN e.pr_number IS NOT NULL THEN COALESCE(e.pr_author, '') ELSE '' END
+       CASE WHEN e.pr_number IS NOT NULL THEN COALESCE(e.pr_author_id, 0) ELSE 0 END
 FROM evaluations e
 JOIN projects p ON p.id = e.project_id
 JOIN repositories r ON r.id = p.repo_id
@@ -488,4 +488,16 @@ WHERE e.id = ANY($1)
 ORDER BY e.id`
 
 	sqlJobExists = `SELECT true FROM build_jobs WHERE id = $1`
+)
+
+// The [auth] admins' bindings to forge user ids (admins.go).
+const (
+	// $1: every configured "forge:login" (lower-case login); the others' bindings go.
+	sqlAdminUnbindOthers = `DELETE FROM admin_logins WHERE forge || ':' || login <> ALL($1::text[])`
+
+	sqlAdminBound = `SELECT user_id FROM admin_logins WHERE forge = $1 AND login = $2`
+
+	sqlAdminBind = `
+INSERT INTO admin_logins (forge, login, user_id) VALUES ($1, $2, $3)
+ON CONFLICT (forge, login) DO NOTHING`
 )

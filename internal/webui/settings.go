@@ -66,7 +66,7 @@ var errNotAdmin = web.Errorf(http.StatusForbidden, "only admins may see and chan
 // to the login for a logged-out browser (when a forge offers login), else a 403.
 func (u *UI) requireAdmin(w http.ResponseWriter, r *http.Request) (ok bool, err error) {
 	if s, in := u.session(r); in {
-		if u.isAdmin(s.Forge, s.Login) {
+		if u.isAdmin(r.Context(), s.Forge, s.UserID) {
 			return true, nil
 		}
 		return false, errNotAdmin

@@ -50,7 +50,8 @@ type Config struct {
 	// Secret signs the login cookies ([auth] secret_file); nil turns login off, and then only
 	// the admin token can act.
 	Secret []byte
-	// Admins may do anything, as "forge:login" ([auth] admins).
+	// Admins may do anything, as "forge:login" ([auth] admins), each bound to a forge user id
+	// (admins.go).
 	Admins []string
 	// AdminToken lets scripts act (Authorization: Bearer); "" turns that off.
 	AdminToken string
