@@ -42,7 +42,7 @@ $$;
 
 -- ===== Start from nothing =====
 
--- The claim runs as the owner (migration 0017): only builders may call it.
+-- The claim runs as the owner (migration 0016): only builders may call it.
 REVOKE ALL ON FUNCTION claim_jobs(TEXT[], TEXT[], TEXT, INT, INT)
     FROM PUBLIC, harmonia_node, harmonia_frontend, harmonia_evaluator, harmonia_signer, harmonia_cache,
          harmonia_builder;
@@ -289,7 +289,7 @@ CREATE POLICY harmonia_frontend_all ON eval_attrs FOR ALL TO harmonia_frontend U
 
 -- derivations, derivation_outputs, derivation_inputs: an evaluator writes them only in an
 -- ingest transaction that names an evaluation it holds and is running (ingest_project,
--- migration 0017), and outputs and inputs only of derivations that transaction inserted: none
+-- migration 0016), and outputs and inputs only of derivations that transaction inserted: none
 -- added to a derivation recorded before, which other evaluations' jobs and the signer's checks
 -- rely on. A row identical to one already there is let through: an ingest that lost the race to
 -- insert a shared derivation conflicts on it and writes nothing (ON CONFLICT DO NOTHING).

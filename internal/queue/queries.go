@@ -181,7 +181,7 @@ RETURNING id, drv_path`
 SELECT drv_path FROM build_jobs WHERE id = $1 AND status IN ('pending', 'building', 'uploading')
 FOR UPDATE`
 
-	// The live evaluations interested in job $1 (see migration 0021): an attribute not detached
+	// The live evaluations interested in job $1 (see migration 0019): an attribute not detached
 	// whose derivation is the job's or depends on it. At most $2.
 	sqlInterestedEvals = `
 WITH RECURSIVE up(drv_path) AS (
