@@ -23,7 +23,7 @@ import (
 // The victim's hook, registered before at the forge-wide URL with the forge's secret, is
 // re-registered by enabling; Gitea's own deliveries then pass, and a replayed body or a late
 // push of an older commit does nothing.
-func TestAttackWebhookSignedForAnotherRepository(t *testing.T) {
+func TestWebhookSignedForAnotherRepository(t *testing.T) {
 	ctx := context.Background()
 	var mine giteatest.Repo // the attacker's repository
 	c := newForgeCluster(t, forgeOptions{prepare: func(g *giteatest.Server, owner giteatest.User) (string, []string) {
@@ -194,7 +194,7 @@ func (f *floodBody) Read(p []byte) (int, error) {
 // 200 deliveries of 24 MB each with bad signatures, all at once: the frontend reads and hashes
 // them as they stream, keeping a small window of each in memory, so its peak RSS grows by far
 // less than one body per delivery.
-func TestAttackWebhookFloodMemoryBounded(t *testing.T) {
+func TestWebhookFloodMemoryBounded(t *testing.T) {
 	const (
 		n    = 200
 		size = 24_000_000
