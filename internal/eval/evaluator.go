@@ -658,19 +658,7 @@ func (e *Evaluator) recordMerge(ctx context.Context, c claim, base, merge string
 // conflict ends a pull request's evaluation whose head does not merge into its base: cancelled,
 // with msg, and nothing evaluated.
 func (e *Evaluator) conflict(ctx context.Context, c claim, msg string) error {
-	return pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, sqlConflictEval, c.id, c.node, c.attempt, msg)
-		if err != nil {
-			return err
-		}
-		if tag.RowsAffected() == 0 {
-			return errStale
-		}
-		if err := rollback(ctx, tx, []int64{c.id}); err != nil {
-			return err
-		}
-		return notifyEvaluation(ctx, tx, c.id, StatusCancelled)
-	})
+	return e.end(ctx, c, sqlConflictEval, StatusCancelled, msg)
 }
 
 // plan reads the in-tree settings and decides what to evaluate: commit of the copy of m at
@@ -781,8 +769,14 @@ func (e *Evaluator) finish(ctx context.Context, c claim, sql, status string) err
 // fail rolls an evaluation back: its jobs that nothing else needs are cancelled, its
 // attributes deleted, and it is marked failed with the error.
 func (e *Evaluator) fail(ctx context.Context, c claim, msg string) error {
+	return e.end(ctx, c, sqlFailEval, "failed", msg)
+}
+
+// end rolls back an evaluation the claim c holds and records it as status with msg (query, one
+// of sqlFailEval and sqlConflictEval, guarded by the claim), in one transaction.
+func (e *Evaluator) end(ctx context.Context, c claim, query, status, msg string) error {
 	return pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, sqlFailEval, c.id, c.node, c.attempt, msg)
+		tag, err := tx.Exec(ctx, query, c.id, c.node, c.attempt, msg)
 		if err != nil {
 			return err
 		}
@@ -792,7 +786,7 @@ func (e *Evaluator) fail(ctx context.Context, c claim, msg string) error {
 		if err := rollback(ctx, tx, []int64{c.id}); err != nil {
 			return err
 		}
-		return notifyEvaluation(ctx, tx, c.id, "failed")
+		return notifyEvaluation(ctx, tx, c.id, status)
 	})
 }
 
