@@ -180,8 +180,8 @@ type RequestParams struct {
 	// a delivery recorded before makes Request fail with ErrDuplicateDelivery.
 	Delivery *Delivery
 	// IsHead, if set, asks the forge whether Commit is still the branch's head. It is called,
-	// under the project's request lock, when the branch (one that supersedes) has an
-	// evaluation of another commit: a commit the branch has moved on from (a late or replayed
+	// with no transaction open, when the branch (one that supersedes) has an evaluation of
+	// another commit: a commit the branch has moved on from (a late or replayed
 	// delivery) is not evaluated (ErrNotHead), so it can neither supersede the newer
 	// evaluation nor bring back its own superseded one.
 	IsHead func(ctx context.Context) (bool, error)
@@ -204,9 +204,21 @@ var ErrDuplicateDelivery = errors.New("webhook delivery already received")
 // evaluation supersedes older unfinished ones of its branch (see Supersedes). created is false
 // when the evaluation already existed.
 func Request(ctx context.Context, pool *pgxpool.Pool, p RequestParams) (e Evaluation, created bool, err error) {
+	var head *bool // the forge's answer to p.IsHead, asked outside any transaction
 	err = retryConflicts(ctx, func() error {
-		e, created, err = request(ctx, pool, p)
-		return err
+		for {
+			e, created, err = request(ctx, pool, p, head)
+			if !errors.Is(err, errAskHead) {
+				return err
+			}
+			// The transaction needed the branch's head and was rolled back: the forge is asked
+			// with no transaction open and no lock held, and the request made again.
+			h, err := isHead(ctx, p)
+			if err != nil {
+				return err
+			}
+			head = &h
+		}
 	})
 	if err != nil {
 		return Evaluation{}, false, fmt.Errorf("request evaluation of %s on %s: %w", p.Commit, p.Branch, err)
@@ -235,7 +247,22 @@ func retryConflicts(ctx context.Context, f func() error) error {
 	}
 }
 
-func request(ctx context.Context, pool *pgxpool.Pool, p RequestParams) (Evaluation, bool, error) {
+// errAskHead rolls back a request that needs the forge's answer to RequestParams.IsHead
+// before it can decide: Request asks and makes it again.
+var errAskHead = errors.New("the branch's head is needed")
+
+// request makes one request in one transaction; head is the forge's answer to p.IsHead if
+// asked already (nil: not yet).
+func request(ctx context.Context, pool *pgxpool.Pool, p RequestParams, head *bool) (Evaluation, bool, error) {
+	isHead := func() (bool, error) {
+		switch {
+		case p.IsHead == nil:
+			return true, nil
+		case head == nil:
+			return false, errAskHead
+		}
+		return *head, nil
+	}
 	var id int64
 	var e Evaluation
 	created := false
@@ -274,7 +301,7 @@ func request(ctx context.Context, pool *pgxpool.Pool, p RequestParams) (Evaluati
 				// The forge says the branch points at this commit again (a revert, a
 				// force-push back): evaluate it again rather than leave it cancelled, unless the
 				// branch has moved on since (the delivery is late, or replayed).
-				if head, err := isHead(ctx, p); err != nil || !head {
+				if head, err := isHead(); err != nil || !head {
 					return cmp.Or(err, ErrNotHead)
 				}
 				if err := requeueSuperseded(ctx, tx, e); err != nil {
@@ -293,7 +320,7 @@ func request(ctx context.Context, pool *pgxpool.Pool, p RequestParams) (Evaluati
 				return fmt.Errorf("evaluations of the branch: %w", err)
 			}
 			if other {
-				if head, err := isHead(ctx, p); err != nil || !head {
+				if head, err := isHead(); err != nil || !head {
 					return cmp.Or(err, ErrNotHead)
 				}
 			}
@@ -405,7 +432,8 @@ func requeueSuperseded(ctx context.Context, tx pgx.Tx, e Evaluation) error {
 	return notifyEvaluation(ctx, tx, e.ID, StatusQueued)
 }
 
-// isHead asks p.IsHead, if set; without one the commit is taken to be the head.
+// isHead asks p.IsHead, if set, with no transaction open; without one the commit is taken to
+// be the head.
 func isHead(ctx context.Context, p RequestParams) (bool, error) {
 	if p.IsHead == nil {
 		return true, nil
