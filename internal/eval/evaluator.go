@@ -16,10 +16,10 @@ import (
 
 	"github.com/harmonia-ci/harmonia-ci/internal/clock"
 	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
-	"github.com/harmonia-ci/harmonia-ci/internal/gc"
 	"github.com/harmonia-ci/harmonia-ci/internal/gitrepo"
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
 	"github.com/harmonia-ci/harmonia-ci/internal/notify"
+	"github.com/harmonia-ci/harmonia-ci/internal/publication"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 	"github.com/harmonia-ci/harmonia-ci/internal/startstop"
 	"github.com/harmonia-ci/harmonia-ci/internal/upstream"
@@ -565,7 +565,7 @@ func (e *Evaluator) ingest(ctx context.Context, in *ingester, batches <-chan []A
 				// From the first lookup of what the database and the cache hold to the commit of
 				// the rows that make it live, the garbage collector's sweep waits.
 				var err error
-				if release, err = gc.HoldPublication(ctx, e.pool); err != nil {
+				if release, err = publication.Hold(ctx, e.pool); err != nil {
 					return err
 				}
 			}

@@ -84,7 +84,7 @@ type batch struct {
 
 // prepare reads the closure of a batch of attributes down to what the database or an earlier
 // prepared batch has, decides which new derivations need a job, and publishes the new .drv
-// files and sources. The caller holds the publication lock (gc.HoldPublication) from the first
+// files and sources. The caller holds the publication lock (publication.Hold) from the first
 // prepare until the commit of its rows.
 func (in *ingester) prepare(ctx context.Context, attrs []Attr) (batch, error) {
 	attrs, err := in.verify(ctx, attrs)

@@ -8,7 +8,7 @@
 // references, the runtime closure of each; every other object older than the grace period is
 // deleted. The .drv objects kept in the database (blob.Derivations) are listed, marked and
 // deleted with the rest. Writers that trust what the cache holds take the publication lock
-// (HoldPublication) and the sweep rechecks under it before it deletes, so a collection racing an
+// (publication.Hold) and the sweep rechecks under it before it deletes, so a collection racing an
 // evaluation that publishes the same paths loses nothing.
 package gc
 
@@ -26,14 +26,14 @@ import (
 
 	"github.com/harmonia-ci/harmonia-ci/internal/blob"
 	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
+	"github.com/harmonia-ci/harmonia-ci/internal/publication"
 )
 
 const (
 	defaultWorkers = 32
 	// roundSize bounds the deletions made under one hold of the publication lock, so that
 	// evaluators and the signer wait at most one round.
-	roundSize          = 10_000
-	lockReleaseTimeout = 10 * time.Second
+	roundSize = 10_000
 )
 
 // Config configures a Collector.
@@ -194,8 +194,8 @@ var errDryRun = errors.New("dry run: rolled back")
 // and expires old logs and webhook deliveries, in tx.
 func (c *Collector) databaseStep(ctx context.Context, tx pgx.Tx, rep *Report) error {
 	// Evaluators wait while this runs: none is between its cache lookups and its commit.
-	if _, err := tx.Exec(ctx, sqlPublishXactLock, cluster.LockClass); err != nil {
-		return fmt.Errorf("take the publication lock: %w", err)
+	if err := publication.HoldExclusiveTx(ctx, tx); err != nil {
+		return err
 	}
 	if _, err := tx.Exec(ctx, sqlNeedLock, cluster.LockClass); err != nil {
 		return fmt.Errorf("take the job-need lock: %w", err)
@@ -327,7 +327,7 @@ func (c *Collector) candidates(objects []object, live *liveSet, t0 time.Time) []
 func (c *Collector) sweep(ctx context.Context, rep *Report, valid func() bool) error {
 	// The start time, read once every writer that held the lock has committed: anything the
 	// mark's query misses was created after it.
-	release, err := holdExclusive(ctx, c.pool)
+	release, err := publication.HoldExclusive(ctx, c.pool)
 	if err != nil {
 		return err
 	}
@@ -368,7 +368,7 @@ func (c *Collector) sweep(ctx context.Context, rep *Report, valid func() bool) e
 // round rechecks what was published since t0 and deletes the candidates still not live, all
 // under the publication lock.
 func (c *Collector) round(ctx context.Context, rep *Report, live *liveSet, t0 time.Time, cands []object) error {
-	release, err := holdExclusive(ctx, c.pool)
+	release, err := publication.HoldExclusive(ctx, c.pool)
 	if err != nil {
 		return err
 	}

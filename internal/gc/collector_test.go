@@ -22,6 +22,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/dbtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/gc"
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
+	"github.com/harmonia-ci/harmonia-ci/internal/publication"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 	"github.com/harmonia-ci/harmonia-ci/internal/waittest"
 )
@@ -414,7 +415,7 @@ func TestCollectRacingAnEvaluation(t *testing.T) {
 				// An evaluation of the old commit takes the publication lock, finds the old
 				// paths in the cache, and commits the rows that need them (the database step
 				// deleted the old ones).
-				release, err := gc.HoldPublication(ctx, w.pool)
+				release, err := publication.Hold(ctx, w.pool)
 				w.must(err)
 				defer release()
 				var n int
@@ -457,7 +458,7 @@ func TestCollectWaitsForAPublisher(t *testing.T) {
 	w := newWorld(t, backends[0].open(t))
 	s := w.twoEvaluations()
 	w.waitOld()
-	release, err := gc.HoldPublication(w.ctx, w.pool)
+	release, err := publication.Hold(w.ctx, w.pool)
 	w.must(err)
 	done := make(chan error, 1)
 	go func() {

@@ -1,19 +1,9 @@
 package gc
 
-// The publication lock (class cluster.LockClass, object 5) orders the sweep against every writer
-// that trusts what the cache holds: an evaluator holds it shared from its cache lookups to the
-// commit of the rows that make those objects live, the signer from its existence checks to the
-// narinfos it writes; the sweep takes it exclusively to read its start time and again to
-// recheck and delete. Whoever comes second sees the other's work.
 const (
-	publishLockObj        = 5
-	sqlPublishLockShared  = `SELECT pg_advisory_lock_shared($1, 5)`
-	sqlPublishUnlockShard = `SELECT pg_advisory_unlock_shared($1, 5)`
-	sqlPublishLock        = `SELECT pg_advisory_lock($1, 5)`
-	sqlPublishUnlock      = `SELECT pg_advisory_unlock($1, 5)`
-	sqlPublishXactLock    = `SELECT pg_advisory_xact_lock($1, 5)`
-	// The job-need lock (object 3): evaluations commit their attributes and cancel unneeded
-	// jobs under it, so no job is deleted as unneeded while an evaluation commits a need.
+	// The job-need lock (class cluster.LockClass, object 3): evaluations commit their
+	// attributes and cancel unneeded jobs under it, so no job is deleted as unneeded while an
+	// evaluation commits a need.
 	sqlNeedLock = `SELECT pg_advisory_xact_lock($1, 3)`
 
 	sqlNow = `SELECT now()`

@@ -17,9 +17,9 @@ import (
 
 	"github.com/harmonia-ci/harmonia-ci/internal/blob"
 	"github.com/harmonia-ci/harmonia-ci/internal/config"
-	"github.com/harmonia-ci/harmonia-ci/internal/gc"
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
 	"github.com/harmonia-ci/harmonia-ci/internal/nodetoken"
+	"github.com/harmonia-ci/harmonia-ci/internal/publication"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 	"github.com/harmonia-ci/harmonia-ci/internal/web"
 )
@@ -272,12 +272,12 @@ func (s *Server) handleBuildComplete(ctx context.Context, id nodetoken.Identity,
 	// From the checks that trust what the cache holds (references, uploads) to the narinfos and
 	// hashes that make it live, the garbage collector's sweep waits. The claim is read in the
 	// same round trip, and everything the handler asks of the database runs on the lock's
-	// connection (see gc.Publication).
+	// connection (see publication.Lock).
 	var f jobFacts
 	b := &pgx.Batch{}
 	queueJobFacts(b, id, req.Job, &f)
-	pub, err := gc.HoldPublicationWith(ctx, s.pool, b)
-	if errors.Is(err, gc.ErrPublicationLock) {
+	pub, err := publication.HoldWith(ctx, s.pool, b)
+	if errors.Is(err, publication.ErrLock) {
 		return nil, unavailable("database unavailable", err)
 	}
 	if err != nil {
