@@ -37,7 +37,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/nodetoken"
 	"github.com/harmonia-ci/harmonia-ci/internal/proctest"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
-	"github.com/harmonia-ci/harmonia-ci/internal/signer"
+	"github.com/harmonia-ci/harmonia-ci/internal/signerapi"
 )
 
 // The attacks of the issue "Trust zones that hold", replayed against real clusters with nothing
@@ -471,7 +471,7 @@ func (c *attackCluster) outputOf(drv string) string {
 
 // fabricatedOutput is what a compromised builder uploads for path: any content it likes (a
 // NAR of a file holding content), consistent with its own hashes.
-func fabricatedOutput(t *testing.T, path, content string) (signer.Output, []byte) {
+func fabricatedOutput(t *testing.T, path, content string) (signerapi.Output, []byte) {
 	t.Helper()
 	file := filepath.Join(t.TempDir(), "out")
 	if err := os.WriteFile(file, []byte(content), 0o644); err != nil {
@@ -482,7 +482,7 @@ func fabricatedOutput(t *testing.T, path, content string) (signer.Output, []byte
 	if err != nil {
 		t.Fatal(err)
 	}
-	return signer.Output{StorePath: path, NarHash: s.NarHash, NarSize: s.NarSize, FileHash: s.FileHash,
+	return signerapi.Output{StorePath: path, NarHash: s.NarHash, NarSize: s.NarSize, FileHash: s.FileHash,
 		FileSize: s.FileSize, References: []string{}}, buf.Bytes()
 }
 
@@ -518,16 +518,16 @@ func (c *attackCluster) claim(id, system string) queue.Job {
 }
 
 // logSlot asks for the upload of log text under the job claim with token and PUTs it.
-func (c *attackCluster) uploadLog(token string, claim signer.JobClaim, drv, text string) *signer.Upload {
+func (c *attackCluster) uploadLog(token string, claim signerapi.JobClaim, drv, text string) *signerapi.Upload {
 	c.t.Helper()
 	z := zstdBytes(c.t, []byte(text))
 	sum := sha256.Sum256(z)
-	code, body := c.post(token, "/api/upload-slots", signer.UploadSlotsRequest{Job: &claim, Outputs: []signer.Output{},
-		Log: &signer.LogUpload{Key: "log/" + filepath.Base(drv), Size: int64(len(z)), SHA256: hex.EncodeToString(sum[:])}})
+	code, body := c.post(token, "/api/upload-slots", signerapi.UploadSlotsRequest{Job: &claim, Outputs: []signerapi.Output{},
+		Log: &signerapi.LogUpload{Key: "log/" + filepath.Base(drv), Size: int64(len(z)), SHA256: hex.EncodeToString(sum[:])}})
 	if code != http.StatusOK {
 		c.t.Fatalf("log slot of job %d: %d %s", claim.ID, code, body)
 	}
-	var resp signer.UploadSlotsResponse
+	var resp signerapi.UploadSlotsResponse
 	if err := json.Unmarshal([]byte(body), &resp); err != nil || resp.Log == nil {
 		c.t.Fatalf("log slot of job %d: %v %s", claim.ID, err, body)
 	}
@@ -575,16 +575,16 @@ in { a = foreign "a"; b = foreign "b"; c = foreign "c"; }
 		t.Fatalf("evaluation %d: want a third job pending besides %s and %s: %+v", e.ID, jobA.DrvPath, jobB.DrvPath, e.Attrs)
 	}
 	jobC := c.job(drvC)
-	claimA := signer.JobClaim{ID: jobA.ID, Attempt: jobA.Attempt}
-	claimB := signer.JobClaim{ID: jobB.ID, Attempt: jobB.Attempt}
+	claimA := signerapi.JobClaim{ID: jobA.ID, Attempt: jobA.Attempt}
+	claimB := signerapi.JobClaim{ID: jobB.ID, Attempt: jobB.Attempt}
 	outA, outB, outC := c.outputOf(jobA.DrvPath), c.outputOf(jobB.DrvPath), c.outputOf(drvC)
 	forged := forgedStorePath(t, "evil")
 
 	// What evil-1 may legitimately do first: upload a NAR for its own job's output (any content:
 	// the signer cannot tell) and its log; victim-1 uploads its log. All before the snapshot.
 	oA, narA := fabricatedOutput(t, outA, "evil-1 was here "+salt)
-	code, body := c.post(evil, "/api/upload-slots", signer.UploadSlotsRequest{Job: &claimA, Outputs: []signer.Output{oA}})
-	var slots signer.UploadSlotsResponse
+	code, body := c.post(evil, "/api/upload-slots", signerapi.UploadSlotsRequest{Job: &claimA, Outputs: []signerapi.Output{oA}})
+	var slots signerapi.UploadSlotsResponse
 	if code != http.StatusOK || json.Unmarshal([]byte(body), &slots) != nil || len(slots.Outputs) != 1 || slots.Outputs[0].Upload == nil {
 		t.Fatalf("upload-slots for evil-1's own job: %d %s", code, body)
 	}
@@ -598,16 +598,16 @@ in { a = foreign "a"; b = foreign "b"; c = foreign "c"; }
 	if _, ok := before[narKeyA]; !ok {
 		t.Fatalf("evil-1's NAR %s is not in the cache store: %v", narKeyA, slices.Sorted(maps.Keys(before)))
 	}
-	withPath := func(o signer.Output, p string) signer.Output { o.StorePath = p; return o }
-	withRefs := func(o signer.Output, refs ...string) signer.Output { o.References = refs; return o }
-	withDeriver := func(o signer.Output, d string) signer.Output { o.Deriver = d; return o }
-	complete := func(claim signer.JobClaim, logKey string, outs ...signer.Output) signer.BuildCompleteRequest {
-		return signer.BuildCompleteRequest{Job: claim, Outputs: outs, LogKey: logKey}
+	withPath := func(o signerapi.Output, p string) signerapi.Output { o.StorePath = p; return o }
+	withRefs := func(o signerapi.Output, refs ...string) signerapi.Output { o.References = refs; return o }
+	withDeriver := func(o signerapi.Output, d string) signerapi.Output { o.Deriver = d; return o }
+	complete := func(claim signerapi.JobClaim, logKey string, outs ...signerapi.Output) signerapi.BuildCompleteRequest {
+		return signerapi.BuildCompleteRequest{Job: claim, Outputs: outs, LogKey: logKey}
 	}
-	logSlot := func(claim *signer.JobClaim, key string) signer.UploadSlotsRequest {
+	logSlot := func(claim *signerapi.JobClaim, key string) signerapi.UploadSlotsRequest {
 		sum := sha256.Sum256([]byte("log"))
-		return signer.UploadSlotsRequest{Job: claim, Outputs: []signer.Output{},
-			Log: &signer.LogUpload{Key: key, Size: 3, SHA256: hex.EncodeToString(sum[:])}}
+		return signerapi.UploadSlotsRequest{Job: claim, Outputs: []signerapi.Output{},
+			Log: &signerapi.LogUpload{Key: key, Size: 3, SHA256: hex.EncodeToString(sum[:])}}
 	}
 	oldOutput := map[string]any{"store_path": forged, "nar_hash": oA.NarHash, "nar_size": oA.NarSize,
 		"file_hash": oA.FileHash, "file_size": oA.FileSize, "references": []string{forged, outB}}
@@ -644,18 +644,18 @@ in { a = foreign "a"; b = foreign "b"; c = foreign "c"; }
 		{"job A's output referring to a forged path", evil, "/api/build-complete",
 			complete(claimA, "", withRefs(oA, forged)), http.StatusBadRequest, "references"},
 		{"upload-slots under job A for job B's output", evil, "/api/upload-slots",
-			signer.UploadSlotsRequest{Job: &claimA, Outputs: []signer.Output{withPath(oA, outB)}}, http.StatusBadRequest, "is not an output of"},
+			signerapi.UploadSlotsRequest{Job: &claimA, Outputs: []signerapi.Output{withPath(oA, outB)}}, http.StatusBadRequest, "is not an output of"},
 		// Another builder's claim, a pending job, a claim's next attempt.
 		{"job B (victim-1's) completed by evil-1", evil, "/api/build-complete",
 			complete(claimB, "", withPath(oA, outB)), http.StatusConflict, ""},
 		{"upload-slots under job B (victim-1's)", evil, "/api/upload-slots",
-			signer.UploadSlotsRequest{Job: &claimB, Outputs: []signer.Output{withPath(oA, outB)}}, http.StatusConflict, ""},
+			signerapi.UploadSlotsRequest{Job: &claimB, Outputs: []signerapi.Output{withPath(oA, outB)}}, http.StatusConflict, ""},
 		{"pending job C completed", evil, "/api/build-complete",
-			complete(signer.JobClaim{ID: jobC.ID, Attempt: jobC.Attempt}, "", withPath(oA, outC)), http.StatusConflict, ""},
+			complete(signerapi.JobClaim{ID: jobC.ID, Attempt: jobC.Attempt}, "", withPath(oA, outC)), http.StatusConflict, ""},
 		{"pending job C completed as its next attempt", evil, "/api/build-complete",
-			complete(signer.JobClaim{ID: jobC.ID, Attempt: jobC.Attempt + 1}, "", withPath(oA, outC)), http.StatusConflict, ""},
+			complete(signerapi.JobClaim{ID: jobC.ID, Attempt: jobC.Attempt + 1}, "", withPath(oA, outC)), http.StatusConflict, ""},
 		{"job A completed under an attempt evil-1 does not hold", evil, "/api/build-complete",
-			complete(signer.JobClaim{ID: jobA.ID, Attempt: jobA.Attempt + 1}, "", oA), http.StatusConflict, ""},
+			complete(signerapi.JobClaim{ID: jobA.ID, Attempt: jobA.Attempt + 1}, "", oA), http.StatusConflict, ""},
 		// Another job's log: B's (uploaded by victim-1), or any other key.
 		{"job A completed with job B's log", evil, "/api/build-complete",
 			complete(claimA, "log/"+filepath.Base(jobB.DrvPath), oA), http.StatusBadRequest, "log_key"},
@@ -678,7 +678,7 @@ in { a = foreign "a"; b = foreign "b"; c = foreign "c"; }
 			logSlot(nil, "log/"+filepath.Base(jobB.DrvPath)), http.StatusBadRequest, ""},
 		// A builder's token is no evaluator's, and no token stretches to another node or role.
 		{"publish with a builder's token", evil, "/api/publish",
-			signer.PublishRequest{Eval: signer.EvalClaim{ID: 1, Attempt: 1}, Sources: []signer.Output{withPath(oA, forged)}}, http.StatusForbidden, ""},
+			signerapi.PublishRequest{Eval: signerapi.EvalClaim{ID: 1, Attempt: 1}, Sources: []signerapi.Output{withPath(oA, forged)}}, http.StatusForbidden, ""},
 		{"evil-1's mac on victim-1's name", "hci1:victim-1:builder:" + mac, "/api/build-complete",
 			complete(claimB, "", withPath(oA, outB)), http.StatusUnauthorized, ""},
 		{"evil-1's mac with the signer role added", "hci1:evil-1:builder,signer:" + mac, "/api/build-complete",
@@ -714,7 +714,7 @@ in { a = foreign "a"; b = foreign "b"; c = foreign "c"; }
 	forgedLog := zstdBytes(t, []byte("a forged log "+salt))
 	logB := "log/" + filepath.Base(jobB.DrvPath)
 	soon := time.Now().Add(10 * time.Minute)
-	repoint := func(u *signer.Upload, key string) string {
+	repoint := func(u *signerapi.Upload, key string) string {
 		p, err := url.Parse(u.URL)
 		if err != nil {
 			t.Fatal(err)

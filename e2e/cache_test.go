@@ -24,7 +24,8 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
 	"github.com/harmonia-ci/harmonia-ci/internal/proctest"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
-	"github.com/harmonia-ci/harmonia-ci/internal/signer"
+	"github.com/harmonia-ci/harmonia-ci/internal/signerapi"
+	"github.com/harmonia-ci/harmonia-ci/internal/signerclient"
 )
 
 // TestPublishAndSubstitute is the binary cache end to end, on each blob store: real Nix builds a
@@ -48,7 +49,7 @@ func testPublishAndSubstitute(t *testing.T, backend string) {
 	f.startSigners(cfg, env, dir, "signer-1")
 	cacheURL := f.endpoint("signer-1")
 	// A DAG real Nix builds: a; b <- a; c <- a, b. The marker makes every run's paths new.
-	d, client := f.queueDAG(dir, signer.ClientConfig{GiveUpAfter: 30 * time.Second})
+	d, client := f.queueDAG(dir, signerclient.Config{GiveUpAfter: 30 * time.Second})
 	ctx := context.Background()
 
 	// The evaluator's part first: the .drv closure, published under the evaluation it holds.
@@ -64,9 +65,9 @@ func testPublishAndSubstitute(t *testing.T, backend string) {
 		logZst := zstdBytes(t, []byte(logText))
 		sum := sha256.Sum256(logZst)
 		logKey := "log/" + filepath.Base(job.DrvPath)
-		claim := signer.JobClaim{ID: job.ID, Attempt: job.Attempt}
-		slots, err := client.UploadSlots(ctx, signer.UploadSlotsRequest{Job: &claim, Outputs: []signer.Output{o},
-			Log: &signer.LogUpload{Key: logKey, Size: int64(len(logZst)), SHA256: hex.EncodeToString(sum[:])}})
+		claim := signerapi.JobClaim{ID: job.ID, Attempt: job.Attempt}
+		slots, err := client.UploadSlots(ctx, signerapi.UploadSlotsRequest{Job: &claim, Outputs: []signerapi.Output{o},
+			Log: &signerapi.LogUpload{Key: logKey, Size: int64(len(logZst)), SHA256: hex.EncodeToString(sum[:])}})
 		if err != nil {
 			t.Fatalf("upload-slots for %s: %v", name, err)
 		}
@@ -75,7 +76,7 @@ func testPublishAndSubstitute(t *testing.T, backend string) {
 		}
 		put(t, slots.Outputs[0].Upload, nar)
 		put(t, slots.Log, logZst)
-		if _, err := client.BuildComplete(ctx, signer.BuildCompleteRequest{Job: claim, Outputs: []signer.Output{o}, LogKey: logKey}); err != nil {
+		if _, err := client.BuildComplete(ctx, signerapi.BuildCompleteRequest{Job: claim, Outputs: []signerapi.Output{o}, LogKey: logKey}); err != nil {
 			t.Fatalf("build-complete for %s: %v", name, err)
 		}
 		var status string
@@ -221,14 +222,14 @@ func (d dag) derivation(t *testing.T, name string) queue.Derivation {
 }
 
 // publishable compresses a store path as a builder would and describes it for the signer.
-func publishable(t *testing.T, path, deriver string) (signer.Output, []byte) {
+func publishable(t *testing.T, path, deriver string) (signerapi.Output, []byte) {
 	t.Helper()
 	var buf bytes.Buffer
 	sizes, err := nix.CompressNAR(context.Background(), path, &buf)
 	if err != nil {
 		t.Fatal(err)
 	}
-	o := signer.Output{StorePath: path, NarHash: sizes.NarHash, NarSize: sizes.NarSize, FileHash: sizes.FileHash,
+	o := signerapi.Output{StorePath: path, NarHash: sizes.NarHash, NarSize: sizes.NarSize, FileHash: sizes.FileHash,
 		FileSize: sizes.FileSize, References: strings.Fields(nixOut(t, "nix-store", "-q", "--references", path))}
 	if deriver != "" {
 		o.Deriver = filepath.Base(deriver)
@@ -236,7 +237,7 @@ func publishable(t *testing.T, path, deriver string) (signer.Output, []byte) {
 	return o, buf.Bytes()
 }
 
-func put(t *testing.T, u *signer.Upload, body []byte) {
+func put(t *testing.T, u *signerapi.Upload, body []byte) {
 	t.Helper()
 	req, err := http.NewRequest(u.Method, u.URL, bytes.NewReader(body))
 	if err != nil {
@@ -291,7 +292,7 @@ func TestSignerFailover(t *testing.T) {
 	cfg, env, pub := signerConfig(t, dir, "e2e-failover-1", "s3")
 	f := newFixture(t, "")
 	f.startSigners(cfg, env, dir, "signer-1", "signer-2")
-	d, client := f.queueDAG(dir, signer.ClientConfig{GiveUpAfter: 30 * time.Second, MinBackoff: 50 * time.Millisecond, MaxBackoff: time.Second})
+	d, client := f.queueDAG(dir, signerclient.Config{GiveUpAfter: 30 * time.Second, MinBackoff: 50 * time.Millisecond, MaxBackoff: time.Second})
 	f.publishDAG(d)
 	ctx := context.Background()
 
@@ -303,15 +304,15 @@ func TestSignerFailover(t *testing.T) {
 		}
 		job := f.claimNext(d)
 		o, nar := publishable(t, d.outputs[d.nameOf(job.DrvPath)], job.DrvPath)
-		claim := signer.JobClaim{ID: job.ID, Attempt: job.Attempt}
-		slots, err := client.UploadSlots(ctx, signer.UploadSlotsRequest{Job: &claim, Outputs: []signer.Output{o}})
+		claim := signerapi.JobClaim{ID: job.ID, Attempt: job.Attempt}
+		slots, err := client.UploadSlots(ctx, signerapi.UploadSlotsRequest{Job: &claim, Outputs: []signerapi.Output{o}})
 		if err != nil {
 			t.Fatalf("upload-slots (step %d): %v", i, err)
 		}
 		if slots.Outputs[0].Upload != nil {
 			put(t, slots.Outputs[0].Upload, nar)
 		}
-		if _, err := client.BuildComplete(ctx, signer.BuildCompleteRequest{Job: claim, Outputs: []signer.Output{o}}); err != nil {
+		if _, err := client.BuildComplete(ctx, signerapi.BuildCompleteRequest{Job: claim, Outputs: []signerapi.Output{o}}); err != nil {
 			t.Fatalf("build-complete (step %d): %v", i, err)
 		}
 	}
@@ -367,7 +368,7 @@ func (f *fixture) startSigners(cfg string, env []string, stateDir string, ids ..
 
 // queueDAG builds the DAG with real Nix, enqueues its three jobs, registers builder-1 to claim
 // them, and returns the DAG and a signer client such as a builder uses.
-func (f *fixture) queueDAG(dir string, client signer.ClientConfig) (dag, *signer.Client) {
+func (f *fixture) queueDAG(dir string, client signerclient.Config) (dag, *signerclient.Client) {
 	t := f.t
 	t.Helper()
 	d := buildDAG(t, dir)
@@ -385,7 +386,7 @@ func (f *fixture) queueDAG(dir string, client signer.ClientConfig) (dag, *signer
 		t.Fatal(err)
 	}
 	client.Token = nodeToken(t, "builder-1", "builder")
-	return d, signer.NewClient(client, f.pool, slog.New(slog.DiscardHandler))
+	return d, signerclient.New(client, f.pool, slog.New(slog.DiscardHandler))
 }
 
 // publishDAG publishes d's .drv closure through a signer, under an evaluation evaluator-1 holds,
@@ -393,17 +394,17 @@ func (f *fixture) queueDAG(dir string, client signer.ClientConfig) (dag, *signer
 func (f *fixture) publishDAG(d dag) {
 	t := f.t
 	t.Helper()
-	evalClient := signer.NewClient(signer.ClientConfig{Token: nodeToken(t, "evaluator-1", "evaluator"), GiveUpAfter: 30 * time.Second},
+	evalClient := signerclient.New(signerclient.Config{Token: nodeToken(t, "evaluator-1", "evaluator"), GiveUpAfter: 30 * time.Second},
 		f.pool, slog.New(slog.DiscardHandler))
-	var drvs []signer.DerivationText
+	var drvs []signerapi.DerivationText
 	for _, name := range []string{"a", "b", "c"} { // inputs first
 		text, err := os.ReadFile(d.drvs[name])
 		if err != nil {
 			t.Fatal(err)
 		}
-		drvs = append(drvs, signer.DerivationText{StorePath: d.drvs[name], Text: string(text)})
+		drvs = append(drvs, signerapi.DerivationText{StorePath: d.drvs[name], Text: string(text)})
 	}
-	if _, err := evalClient.Publish(context.Background(), signer.PublishRequest{Eval: f.runningEvaluation("evaluator-1"), Derivations: drvs}); err != nil {
+	if _, err := evalClient.Publish(context.Background(), signerapi.PublishRequest{Eval: f.runningEvaluation("evaluator-1"), Derivations: drvs}); err != nil {
 		t.Fatalf("publish .drv closure: %v", err)
 	}
 }
@@ -420,7 +421,7 @@ func (f *fixture) claimNext(d dag) queue.Job {
 
 // runningEvaluation records an evaluation (of a project of its own) that node holds, running,
 // as an evaluator that claimed it; it returns the claim.
-func (f *fixture) runningEvaluation(node string) signer.EvalClaim {
+func (f *fixture) runningEvaluation(node string) signerapi.EvalClaim {
 	f.t.Helper()
 	ctx := context.Background()
 	var id int64
@@ -434,5 +435,5 @@ RETURNING id`, "evaluated-by-"+node, node).Scan(&id)
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	return signer.EvalClaim{ID: id, Attempt: 1}
+	return signerapi.EvalClaim{ID: id, Attempt: 1}
 }

@@ -24,7 +24,8 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
 	"github.com/harmonia-ci/harmonia-ci/internal/notify"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
-	"github.com/harmonia-ci/harmonia-ci/internal/signer"
+	"github.com/harmonia-ci/harmonia-ci/internal/signerapi"
+	"github.com/harmonia-ci/harmonia-ci/internal/signerclient"
 	"github.com/harmonia-ci/harmonia-ci/internal/startstop"
 	"github.com/harmonia-ci/harmonia-ci/internal/upload"
 )
@@ -53,7 +54,7 @@ type Config struct {
 	// (cluster.heartbeat.dead_threshold). Default 2m.
 	DeadThreshold time.Duration
 	// Signer uploads and completes builds. Required.
-	Signer *signer.Client
+	Signer *signerclient.Client
 	// Notifier, if set, delivers cancellations at once instead of at the next check.
 	Notifier *notify.Notifier
 	// RetryPause is the pause before a transient failure is recorded, doubled with each retry
@@ -443,7 +444,7 @@ func (b *Builder) handle(ctx context.Context, job queue.Job, logger *slog.Logger
 		defer prepared.Close()
 		_, err := pub.SendBuild(ctx, jobClaim(job), prepared, &upload.Log{Key: logKey, Data: logData})
 		if err != nil {
-			var se *signer.StatusError
+			var se *signerclient.StatusError
 			if errors.As(err, &se) && se.Code == 409 {
 				return queue.Result{Abandoned: true, Finally: finally}
 			}
@@ -528,8 +529,8 @@ func (b *Builder) backOff(ctx context.Context, job queue.Job, logger *slog.Logge
 	}
 }
 
-func jobClaim(job queue.Job) signer.JobClaim {
-	return signer.JobClaim{ID: job.ID, Attempt: job.Attempt}
+func jobClaim(job queue.Job) signerapi.JobClaim {
+	return signerapi.JobClaim{ID: job.ID, Attempt: job.Attempt}
 }
 
 // verify checks that drv's output paths are the ones its text and its inputs' hashes give,

@@ -28,7 +28,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
 	"github.com/harmonia-ci/harmonia-ci/internal/nixtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/project"
-	"github.com/harmonia-ci/harmonia-ci/internal/signer"
+	"github.com/harmonia-ci/harmonia-ci/internal/signerclient"
 	"github.com/harmonia-ci/harmonia-ci/internal/signertest"
 	"github.com/harmonia-ci/harmonia-ci/internal/upload"
 	"github.com/harmonia-ci/harmonia-ci/internal/waittest"
@@ -51,8 +51,8 @@ type harness struct {
 	cacheURL   string
 	publicKey  string // the signer's key, in trusted-public-keys form
 	cluster    *signertest.Cluster
-	client     *signer.Client // authenticates as node "ev-test" (cache lookups)
-	triggerDir string         // Trigger's mirrors, apart from the evaluators' state directories
+	client     *signerclient.Client // authenticates as node "ev-test" (cache lookups)
+	triggerDir string               // Trigger's mirrors, apart from the evaluators' state directories
 }
 
 func newHarness(t *testing.T) *harness {

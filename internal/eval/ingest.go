@@ -17,7 +17,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
-	"github.com/harmonia-ci/harmonia-ci/internal/signer"
+	"github.com/harmonia-ci/harmonia-ci/internal/signerapi"
 	"github.com/harmonia-ci/harmonia-ci/internal/upload"
 	"github.com/harmonia-ci/harmonia-ci/internal/upstream"
 )
@@ -32,7 +32,7 @@ type CacheLookup interface {
 
 // Publisher puts an evaluation's .drv files (inputs first) and sources into the cache.
 type Publisher interface {
-	PublishEval(ctx context.Context, eval signer.EvalClaim, drvs []string, sources []upload.Path) (upload.Response, error)
+	PublishEval(ctx context.Context, eval signerapi.EvalClaim, drvs []string, sources []upload.Path) (upload.Response, error)
 }
 
 // ingester turns batches of attributes into rows: the derivation closure (layer 1), the
@@ -548,7 +548,7 @@ func (in *ingester) publish(ctx context.Context, newDrvs []string, fresh map[str
 	if len(drvs)+len(sources) == 0 {
 		return nil
 	}
-	claim := signer.EvalClaim{ID: in.evalID, Attempt: in.attempt}
+	claim := signerapi.EvalClaim{ID: in.evalID, Attempt: in.attempt}
 	if _, err := in.publisher.PublishEval(ctx, claim, drvs, sources); err != nil {
 		for _, p := range drvs {
 			delete(in.published, p)

@@ -25,6 +25,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 	qt "github.com/harmonia-ci/harmonia-ci/internal/queuetest"
 	"github.com/harmonia-ci/harmonia-ci/internal/signer"
+	"github.com/harmonia-ci/harmonia-ci/internal/signerclient"
 	"github.com/harmonia-ci/harmonia-ci/internal/webhook"
 )
 
@@ -53,7 +54,7 @@ func exported(t *testing.T) map[string]bool {
 	}, nil, qt.Logger(), clock.Real{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := build.New(build.Config{NodeID: "n", Signer: &signer.Client{}, Registerer: r}, nil, qt.Logger(), clock.Real{}); err != nil {
+	if _, err := build.New(build.Config{NodeID: "n", Signer: &signerclient.Client{}, Registerer: r}, nil, qt.Logger(), clock.Real{}); err != nil {
 		t.Fatal(err)
 	}
 	queue.MaintenanceTasks(queue.MaintenanceConfig{Registerer: r}, qt.Logger())

@@ -21,6 +21,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/notify"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 	"github.com/harmonia-ci/harmonia-ci/internal/signer"
+	"github.com/harmonia-ci/harmonia-ci/internal/signerclient"
 	"github.com/harmonia-ci/harmonia-ci/internal/startstop"
 	"github.com/harmonia-ci/harmonia-ci/internal/upload"
 	"github.com/harmonia-ci/harmonia-ci/internal/upstream"
@@ -147,9 +148,9 @@ func (n *node) roleWorkers(notifier *notify.Notifier, announcer *queue.Announcer
 	if cfg.Auth.ClusterSecret != "" && !cfg.HasRole(config.RoleSigner) {
 		n.logger.Warn("this node holds the cluster secret but is no signer: it can act as any node; give it only its node token (harmonia-ci node-token)")
 	}
-	var client *signer.Client
+	var client *signerclient.Client
 	if token != "" {
-		client = signer.NewClient(signer.ClientConfig{Token: token, DeadThreshold: cfg.Cluster.Heartbeat.DeadThreshold.Duration}, n.pool, n.logger)
+		client = signerclient.New(signerclient.Config{Token: token, DeadThreshold: cfg.Cluster.Heartbeat.DeadThreshold.Duration}, n.pool, n.logger)
 	}
 	if cfg.HasRole(config.RoleBuilder) {
 		if token == "" {

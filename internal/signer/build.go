@@ -21,6 +21,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/nodetoken"
 	"github.com/harmonia-ci/harmonia-ci/internal/publication"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
+	"github.com/harmonia-ci/harmonia-ci/internal/signerapi"
 	"github.com/harmonia-ci/harmonia-ci/internal/web"
 )
 
@@ -48,7 +49,7 @@ func staleClaim(c queue.Claim) error {
 }
 
 // jobFacts answers 409 unless node id holds claim on a job that is building or uploading.
-func (s *Server) jobFacts(ctx context.Context, id nodetoken.Identity, claim JobClaim) (jobFacts, error) {
+func (s *Server) jobFacts(ctx context.Context, id nodetoken.Identity, claim signerapi.JobClaim) (jobFacts, error) {
 	var f jobFacts
 	b := &pgx.Batch{}
 	queueJobFacts(b, id, claim, &f)
@@ -57,7 +58,7 @@ func (s *Server) jobFacts(ctx context.Context, id nodetoken.Identity, claim JobC
 }
 
 // queueJobFacts queues the query of jobFacts; checkJobFacts tells what its answer means.
-func queueJobFacts(b *pgx.Batch, id nodetoken.Identity, claim JobClaim, f *jobFacts) {
+func queueJobFacts(b *pgx.Batch, id nodetoken.Identity, claim signerapi.JobClaim, f *jobFacts) {
 	f.claim = queue.Claim{JobID: claim.ID, NodeID: id.NodeID, Attempt: claim.Attempt}
 	b.Queue(sqlJobFacts, claim.ID, id.NodeID, claim.Attempt).QueryRow(func(row pgx.Row) error {
 		var inDrvs []string
@@ -182,7 +183,7 @@ func checkJobOutputs(f jobFacts, outs []output, complete bool) error {
 }
 
 func (s *Server) handleUploadSlots(ctx context.Context, id nodetoken.Identity, body io.Reader) (any, error) {
-	var req UploadSlotsRequest
+	var req signerapi.UploadSlotsRequest
 	if err := decode(body, &req); err != nil {
 		return nil, err
 	}
@@ -190,7 +191,7 @@ func (s *Server) handleUploadSlots(ctx context.Context, id nodetoken.Identity, b
 	if err != nil {
 		return nil, err
 	}
-	var resp UploadSlotsResponse
+	var resp signerapi.UploadSlotsResponse
 	switch {
 	case req.Job != nil && req.Eval == nil:
 		if !id.Has(config.RoleBuilder) {
@@ -239,7 +240,7 @@ func (s *Server) handleUploadSlots(ctx context.Context, id nodetoken.Identity, b
 }
 
 // logSlot presigns the upload of the job's log, at the one key its claim may write.
-func (s *Server) logSlot(ctx context.Context, f jobFacts, l LogUpload) (*Upload, error) {
+func (s *Server) logSlot(ctx context.Context, f jobFacts, l signerapi.LogUpload) (*signerapi.Upload, error) {
 	if l.Key != f.logKey() {
 		return nil, badRequest("log.key: %q, but the job's log is %s", l.Key, f.logKey())
 	}
@@ -258,7 +259,7 @@ func (s *Server) logSlot(ctx context.Context, f jobFacts, l LogUpload) (*Upload,
 }
 
 func (s *Server) handleBuildComplete(ctx context.Context, id nodetoken.Identity, body io.Reader) (any, error) {
-	var req BuildCompleteRequest
+	var req signerapi.BuildCompleteRequest
 	if err := decode(body, &req); err != nil {
 		return nil, err
 	}
@@ -366,7 +367,7 @@ func succeed(ctx context.Context, conn *pgx.Conn, f jobFacts, logKey string, can
 }
 
 // checkEvalClaim answers 409 unless node id holds claim on a running evaluation.
-func (s *Server) checkEvalClaim(ctx context.Context, id nodetoken.Identity, claim EvalClaim) error {
+func (s *Server) checkEvalClaim(ctx context.Context, id nodetoken.Identity, claim signerapi.EvalClaim) error {
 	var ok bool
 	if err := s.pool.QueryRow(ctx, sqlCheckEvalClaim, claim.ID, id.NodeID, claim.Attempt).Scan(&ok); err != nil {
 		return internal("checking the claim failed", err)

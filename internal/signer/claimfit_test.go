@@ -15,6 +15,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 	"github.com/harmonia-ci/harmonia-ci/internal/queuetest"
+	"github.com/harmonia-ci/harmonia-ci/internal/signerapi"
 )
 
 // TestBuildCompleteRefusesPickedJobs is a builder that picks its work: logged in as its own
@@ -70,7 +71,7 @@ WHERE id = $1`, id, node)
 				path string
 				body any
 			}{
-				{"/api/upload-slots", UploadSlotsRequest{Job: jobClaim(j), Outputs: []Output{out.out}}},
+				{"/api/upload-slots", signerapi.UploadSlotsRequest{Job: jobClaim(j), Outputs: []signerapi.Output{out.out}}},
 				{"/api/build-complete", complete(j, "", out)},
 			} {
 				code, body := e.post(t, r.path, tok, r.body, nil)

@@ -10,6 +10,8 @@ import (
 
 	"github.com/harmonia-ci/harmonia-ci/internal/downtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/queuetest"
+	"github.com/harmonia-ci/harmonia-ci/internal/signerapi"
+	"github.com/harmonia-ci/harmonia-ci/internal/signerclient"
 )
 
 func registerSigner(t *testing.T, e *env, id, endpoint string) {
@@ -37,8 +39,8 @@ func TestClientFailover(t *testing.T) {
 
 	tok := e.builder(t, "builder-1")
 	j := e.enqueueAndClaim(t, "builder-1", fixture("client", nil))
-	slots := UploadSlotsRequest{Job: jobClaim(j), Outputs: []Output{built(t, outPath("client"), "client").out}}
-	c := NewClient(ClientConfig{Token: tok, GiveUpAfter: 10 * time.Second, MinBackoff: 50 * time.Millisecond},
+	slots := signerapi.UploadSlotsRequest{Job: jobClaim(j), Outputs: []signerapi.Output{built(t, outPath("client"), "client").out}}
+	c := signerclient.New(signerclient.Config{Token: tok, GiveUpAfter: 10 * time.Second, MinBackoff: 50 * time.Millisecond},
 		e.pool, queuetest.TestLogger(t))
 	// Several calls, so every rotation of the round robin is exercised.
 	for i := range 3 {
@@ -58,21 +60,21 @@ func TestClientFailover(t *testing.T) {
 	bad := slots.Outputs[0]
 	bad.NarSize = 0
 	before := unavailableHits.Load()
-	_, err := c.BuildComplete(ctx(t), BuildCompleteRequest{Job: *jobClaim(j), Outputs: []Output{bad}})
-	var se *StatusError
-	if !errors.As(err, &se) || se.Code != http.StatusBadRequest || se.Msg == "" || errors.Is(err, ErrUnavailable) {
+	_, err := c.BuildComplete(ctx(t), signerapi.BuildCompleteRequest{Job: *jobClaim(j), Outputs: []signerapi.Output{bad}})
+	var se *signerclient.StatusError
+	if !errors.As(err, &se) || se.Code != http.StatusBadRequest || se.Msg == "" || errors.Is(err, signerclient.ErrUnavailable) {
 		t.Fatalf("invalid request: %v, want a 400 StatusError", err)
 	}
 	if unavailableHits.Load()-before > 1 {
 		t.Fatal("a 4xx was retried")
 	}
-	wrong := NewClient(ClientConfig{Token: "wrong", GiveUpAfter: 10 * time.Second}, e.pool, nil)
+	wrong := signerclient.New(signerclient.Config{Token: "wrong", GiveUpAfter: 10 * time.Second}, e.pool, nil)
 	if _, err := wrong.UploadSlots(ctx(t), slots); !errors.As(err, &se) || se.Code != http.StatusUnauthorized {
 		t.Fatalf("wrong token: %v, want 401", err)
 	}
 	// A stale claim is a 409, final too.
 	stale := slots
-	stale.Job = &JobClaim{ID: j.ID, Attempt: j.Attempt + 1}
+	stale.Job = &signerapi.JobClaim{ID: j.ID, Attempt: j.Attempt + 1}
 	if _, err := c.UploadSlots(ctx(t), stale); !errors.As(err, &se) || se.Code != http.StatusConflict {
 		t.Fatalf("stale claim: %v, want 409", err)
 	}
@@ -80,13 +82,13 @@ func TestClientFailover(t *testing.T) {
 	// All down: ErrUnavailable after GiveUpAfter, with a growing backoff between rounds.
 	queuetest.Exec(t, e.pool, `UPDATE nodes SET endpoint = $1 WHERE id = 's3-real'`, downtest.URL(t))
 	const giveUp = 1500 * time.Millisecond
-	down := NewClient(ClientConfig{Token: tok, GiveUpAfter: giveUp, MinBackoff: 100 * time.Millisecond, MaxBackoff: 2 * time.Second},
+	down := signerclient.New(signerclient.Config{Token: tok, GiveUpAfter: giveUp, MinBackoff: 100 * time.Millisecond, MaxBackoff: 2 * time.Second},
 		e.pool, queuetest.Logger())
 	before = unavailableHits.Load()
 	start := time.Now()
 	_, err = down.UploadSlots(ctx(t), slots)
 	elapsed := time.Since(start)
-	if !errors.Is(err, ErrUnavailable) {
+	if !errors.Is(err, signerclient.ErrUnavailable) {
 		t.Fatalf("all signers down: %v, want ErrUnavailable", err)
 	}
 	if elapsed < giveUp || elapsed > giveUp+3*time.Second {
@@ -101,8 +103,8 @@ func TestClientFailover(t *testing.T) {
 
 	// No signer registered at all is unavailable too, not a hang.
 	queuetest.Exec(t, e.pool, `DELETE FROM nodes WHERE 'signer' = ANY(roles)`)
-	none := NewClient(ClientConfig{Token: tok, GiveUpAfter: 300 * time.Millisecond, MinBackoff: 50 * time.Millisecond}, e.pool, nil)
-	if _, err := none.UploadSlots(ctx(t), slots); !errors.Is(err, ErrUnavailable) {
+	none := signerclient.New(signerclient.Config{Token: tok, GiveUpAfter: 300 * time.Millisecond, MinBackoff: 50 * time.Millisecond}, e.pool, nil)
+	if _, err := none.UploadSlots(ctx(t), slots); !errors.Is(err, signerclient.ErrUnavailable) {
 		t.Fatalf("no signers: %v, want ErrUnavailable", err)
 	}
 }

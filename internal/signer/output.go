@@ -15,6 +15,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/blob"
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
 	"github.com/harmonia-ci/harmonia-ci/internal/nodetoken"
+	"github.com/harmonia-ci/harmonia-ci/internal/signerapi"
 )
 
 // output is a validated Output.
@@ -50,7 +51,7 @@ func fullPath(p string) (string, error) {
 	return sp.String(), err
 }
 
-func parseOutputs(field string, outs []Output) ([]output, error) {
+func parseOutputs(field string, outs []signerapi.Output) ([]output, error) {
 	res := make([]output, len(outs))
 	seen := map[string]bool{}
 	for i, o := range outs {
@@ -67,7 +68,7 @@ func parseOutputs(field string, outs []Output) ([]output, error) {
 	return res, nil
 }
 
-func parseOutput(o Output) (output, error) {
+func parseOutput(o signerapi.Output) (output, error) {
 	var p output
 	var err error
 	if p.path, err = nix.ParseStorePath(o.StorePath); err != nil {
@@ -139,10 +140,10 @@ func (s *Server) checkUploaded(ctx context.Context, field string, outs []output)
 }
 
 // slots presigns the NAR uploads the store lacks.
-func (s *Server) slots(ctx context.Context, outs []output) ([]OutputSlot, error) {
-	res := make([]OutputSlot, len(outs))
+func (s *Server) slots(ctx context.Context, outs []output) ([]signerapi.OutputSlot, error) {
+	res := make([]signerapi.OutputSlot, len(outs))
 	err := eachOutput(ctx, outs, func(ctx context.Context, i int, o output) error {
-		slot := OutputSlot{StorePath: o.path.String()}
+		slot := signerapi.OutputSlot{StorePath: o.path.String()}
 		have, err := s.head(ctx, o.narKey, o.fileSize)
 		if err != nil {
 			return err
@@ -160,12 +161,12 @@ func (s *Server) slots(ctx context.Context, outs []output) ([]OutputSlot, error)
 	return res, err
 }
 
-func (s *Server) presign(ctx context.Context, key string, size int64, sum []byte) (*Upload, error) {
+func (s *Server) presign(ctx context.Context, key string, size int64, sum []byte) (*signerapi.Upload, error) {
 	u, err := s.cfg.Store.PresignPut(ctx, key, size, sum, blob.ContentTypeFor(key), s.cfg.URLExpiry)
 	if err != nil {
 		return nil, internal("presigning failed", err)
 	}
-	return &Upload{URL: u.URL, Method: u.Method, Headers: u.Headers, Expires: u.Expires}, nil
+	return &signerapi.Upload{URL: u.URL, Method: u.Method, Headers: u.Headers, Expires: u.Expires}, nil
 }
 
 // syncKeysMax is the most objects syncObjects makes durable one by one; past it one flush of
@@ -227,8 +228,8 @@ type canonical struct {
 }
 
 // publishAll writes the narinfos of outs (their NARs are in the store), then makes them durable.
-func (s *Server) publishAll(ctx context.Context, outs []output) ([]canonical, PublishResponse, error) {
-	var resp PublishResponse
+func (s *Server) publishAll(ctx context.Context, outs []output) ([]canonical, signerapi.PublishResponse, error) {
+	var resp signerapi.PublishResponse
 	canon := make([]canonical, len(outs))
 	results := make([]publishResult, len(outs))
 	err := eachOutput(ctx, outs, func(ctx context.Context, i int, o output) error {
@@ -348,12 +349,12 @@ func queueRecordHashes(b *pgx.Batch, drvPath string, cs []canonical) {
 }
 
 func (s *Server) handleCacheLookup(ctx context.Context, _ nodetoken.Identity, body io.Reader) (any, error) {
-	var req CacheLookupRequest
+	var req signerapi.CacheLookupRequest
 	if err := decode(body, &req); err != nil {
 		return nil, err
 	}
-	if len(req.StorePaths) > MaxLookup {
-		return nil, badRequest("store_paths: at most %d per request, got %d", MaxLookup, len(req.StorePaths))
+	if len(req.StorePaths) > signerapi.MaxLookup {
+		return nil, badRequest("store_paths: at most %d per request, got %d", signerapi.MaxLookup, len(req.StorePaths))
 	}
 	keys := make([]string, len(req.StorePaths))
 	for i, p := range req.StorePaths {
@@ -376,7 +377,7 @@ func (s *Server) handleCacheLookup(ctx context.Context, _ nodetoken.Identity, bo
 	if err := g.Wait(); err != nil {
 		return nil, err
 	}
-	resp := CacheLookupResponse{Present: []string{}}
+	resp := signerapi.CacheLookupResponse{Present: []string{}}
 	for i, p := range req.StorePaths {
 		if present[i] {
 			resp.Present = append(resp.Present, p)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/harmonia-ci/harmonia-ci/internal/dbtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
+	"github.com/harmonia-ci/harmonia-ci/internal/signerapi"
 )
 
 // More concurrent build-completes than the signer's pool has connections all succeed: a
@@ -40,7 +41,7 @@ func TestBuildCompletesOutnumberThePool(t *testing.T) {
 		name := fmt.Sprint("many-", i)
 		j := e.enqueueAndClaim(t, "builder-1", fixture(name, nil))
 		o := built(t, outPath(name), name)
-		e.upload(t, tok, UploadSlotsRequest{Job: jobClaim(j)}, nil, o)
+		e.upload(t, tok, signerapi.UploadSlotsRequest{Job: jobClaim(j)}, nil, o)
 		body, err := json.Marshal(complete(j, "", o))
 		if err != nil {
 			t.Fatal(err)
@@ -68,8 +69,8 @@ func TestBuildCompletesOutnumberThePool(t *testing.T) {
 			}
 			defer res.Body.Close()
 			raw, _ := io.ReadAll(res.Body)
-			var resp BuildCompleteResponse
-			if res.StatusCode != http.StatusOK || json.Unmarshal(raw, &resp) != nil || resp != (BuildCompleteResponse{Written: 1}) {
+			var resp signerapi.BuildCompleteResponse
+			if res.StatusCode != http.StatusOK || json.Unmarshal(raw, &resp) != nil || resp != (signerapi.BuildCompleteResponse{Written: 1}) {
 				answers[i] = fmt.Sprintf("%d %s", res.StatusCode, bytes.TrimSpace(raw))
 				return
 			}

@@ -13,13 +13,14 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/blob"
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
 	"github.com/harmonia-ci/harmonia-ci/internal/nodetoken"
+	"github.com/harmonia-ci/harmonia-ci/internal/signerapi"
 )
 
 // handlePublish publishes an evaluation's .drv files and sources. Nothing here is taken on
 // trust: a .drv's store path is recomputed from its text, a source's from the NAR read back from
 // the store, and every reference must be in this request or in the cache already.
 func (s *Server) handlePublish(ctx context.Context, id nodetoken.Identity, body io.Reader) (any, error) {
-	var req PublishRequest
+	var req signerapi.PublishRequest
 	if err := decode(body, &req); err != nil {
 		return nil, err
 	}
@@ -63,7 +64,7 @@ func (s *Server) handlePublish(ctx context.Context, id nodetoken.Identity, body 
 		return nil, err
 	}
 	// Sources first: the .drv narinfos refer to them.
-	var total PublishResponse
+	var total signerapi.PublishResponse
 	if len(srcs) > 0 {
 		if err := s.sync(ctx); err != nil {
 			return nil, err
@@ -87,8 +88,8 @@ func (s *Server) handlePublish(ctx context.Context, id nodetoken.Identity, body 
 // database (blob.Derivations), in one statement: a few KiB each, thousands per evaluation, where
 // two blob objects per .drv cost more than Nix's whole evaluation. A .drv stored already is left
 // as it is: its store path follows from its text.
-func (s *Server) publishDerivations(ctx context.Context, drvs []output, texts [][]byte, hashes [][32]byte) (PublishResponse, error) {
-	var resp PublishResponse
+func (s *Server) publishDerivations(ctx context.Context, drvs []output, texts [][]byte, hashes [][32]byte) (signerapi.PublishResponse, error) {
+	var resp signerapi.PublishResponse
 	if len(drvs) == 0 {
 		return resp, nil
 	}
@@ -187,7 +188,7 @@ func (s *Server) verifyDerivations(ctx context.Context, drvs []output, parsed []
 // derivationOutput checks that a .drv's store path is the one its text has, and that the text is
 // as Nix writes it, and returns it as an output, with its text and parse. Its NAR is served
 // uncompressed from the database (blob.DrvNARKey).
-func derivationOutput(d DerivationText) (output, []byte, *nix.Derivation, error) {
+func derivationOutput(d signerapi.DerivationText) (output, []byte, *nix.Derivation, error) {
 	var o output
 	sp, err := nix.ParseStorePath(d.StorePath)
 	if err != nil {

@@ -19,6 +19,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/blob"
 	"github.com/harmonia-ci/harmonia-ci/internal/cache"
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
+	"github.com/harmonia-ci/harmonia-ci/internal/signerapi"
 	"github.com/harmonia-ci/harmonia-ci/internal/substitute"
 )
 
@@ -57,7 +58,7 @@ func drvText(name string, inputDrvs []string, srcs []string) string {
 }
 
 // derivation is the .drv file of drvText at its true store path.
-func derivation(t *testing.T, name string, inputDrvs []string, srcs []string) DerivationText {
+func derivation(t *testing.T, name string, inputDrvs []string, srcs []string) signerapi.DerivationText {
 	t.Helper()
 	text := drvText(name, inputDrvs, srcs)
 	path, _, err := nix.DerivationPath(name+".drv", []byte(text))
@@ -65,12 +66,12 @@ func derivation(t *testing.T, name string, inputDrvs []string, srcs []string) De
 		t.Fatalf("derivation %s: %v\n%s", name, err, text)
 	}
 	testDrvs.Store(path, text)
-	return DerivationText{StorePath: path, Text: text}
+	return signerapi.DerivationText{StorePath: path, Text: text}
 }
 
 // checkDrvNarInfo asserts that the cache serves d as Nix would have it: signed, content-addressed
 // as text, referring to its inputs, with the NAR of its text.
-func (e *env) checkDrvNarInfo(t *testing.T, d DerivationText) {
+func (e *env) checkDrvNarInfo(t *testing.T, d signerapi.DerivationText) {
 	t.Helper()
 	ni, ok := e.narInfo(t, d.StorePath)
 	if !ok {
@@ -110,19 +111,19 @@ func publishFlow(t *testing.T, e *env) {
 	app := derivation(t, "app", []string{lib.StorePath}, []string{flat.path()})
 	sources := []object{src, script, flat}
 
-	slots := e.upload(t, tok, UploadSlotsRequest{Eval: &ev}, nil, sources...)
+	slots := e.upload(t, tok, signerapi.UploadSlotsRequest{Eval: &ev}, nil, sources...)
 	for _, s := range slots.Outputs {
 		if s.Skipped {
 			t.Fatalf("%s skipped before it was uploaded", s.StorePath)
 		}
 	}
-	req := PublishRequest{Eval: ev, Derivations: []DerivationText{lib, app}}
+	req := signerapi.PublishRequest{Eval: ev, Derivations: []signerapi.DerivationText{lib, app}}
 	for _, s := range sources {
 		req.Sources = append(req.Sources, s.out)
 	}
-	var resp PublishResponse
+	var resp signerapi.PublishResponse
 	e.mustPost(t, "/api/publish", tok, req, &resp)
-	if resp != (PublishResponse{Written: 5}) {
+	if resp != (signerapi.PublishResponse{Written: 5}) {
 		t.Fatalf("publish answered %+v, want 5 written", resp)
 	}
 	e.checkNarInfo(t, src, nil, "", "fixed:r:sha256:")
@@ -132,22 +133,22 @@ func publishFlow(t *testing.T, e *env) {
 	e.checkDrvNarInfo(t, app)
 
 	// Again (a retried evaluation): nothing to upload, every narinfo skipped.
-	var again UploadSlotsResponse
-	e.mustPost(t, "/api/upload-slots", tok, UploadSlotsRequest{Eval: &ev, Outputs: req.Sources}, &again)
+	var again signerapi.UploadSlotsResponse
+	e.mustPost(t, "/api/upload-slots", tok, signerapi.UploadSlotsRequest{Eval: &ev, Outputs: req.Sources}, &again)
 	for _, s := range again.Outputs {
 		if !s.Skipped || s.Upload != nil {
 			t.Fatalf("%s not skipped after its upload: %+v", s.StorePath, s)
 		}
 	}
 	e.mustPost(t, "/api/publish", tok, req, &resp)
-	if resp != (PublishResponse{Skipped: 5}) {
+	if resp != (signerapi.PublishResponse{Skipped: 5}) {
 		t.Fatalf("repeated publish answered %+v, want 5 skipped", resp)
 	}
 
 	// A later batch may refer to what the cache has already.
 	tests := derivation(t, "tests", []string{app.StorePath}, []string{script.path()})
-	e.mustPost(t, "/api/publish", tok, PublishRequest{Eval: ev, Derivations: []DerivationText{tests}}, &resp)
-	if resp != (PublishResponse{Written: 1}) {
+	e.mustPost(t, "/api/publish", tok, signerapi.PublishRequest{Eval: ev, Derivations: []signerapi.DerivationText{tests}}, &resp)
+	if resp != (signerapi.PublishResponse{Written: 1}) {
 		t.Fatalf("publish of a .drv referring to the cache answered %+v", resp)
 	}
 	e.checkDrvNarInfo(t, tests)
@@ -157,7 +158,7 @@ func publishFlow(t *testing.T, e *env) {
 	missing := source(t, "not-published", "never uploaded")
 	orphan := derivation(t, "orphan", []string{app.StorePath}, []string{missing.path()})
 	before := e.state(t)
-	code, body := e.post(t, "/api/publish", tok, PublishRequest{Eval: ev, Derivations: []DerivationText{orphan}}, nil)
+	code, body := e.post(t, "/api/publish", tok, signerapi.PublishRequest{Eval: ev, Derivations: []signerapi.DerivationText{orphan}}, nil)
 	if code != http.StatusBadRequest || !strings.Contains(body, "neither published with it nor in the cache") {
 		t.Fatalf("publish of a .drv referring to an unpublished source: %d %s, want 400", code, body)
 	}
@@ -180,7 +181,7 @@ func publishFlow(t *testing.T, e *env) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	code, body = e.post(t, "/api/publish", tok, PublishRequest{Eval: ev, Derivations: []DerivationText{{StorePath: poisonPath, Text: string(poisonText)}}}, nil)
+	code, body = e.post(t, "/api/publish", tok, signerapi.PublishRequest{Eval: ev, Derivations: []signerapi.DerivationText{{StorePath: poisonPath, Text: string(poisonText)}}}, nil)
 	if code != http.StatusBadRequest || !strings.Contains(body, "output paths are not the ones its text gives") {
 		t.Fatalf("publish of a .drv claiming another derivation's output: %d %s, want 400", code, body)
 	}
@@ -196,8 +197,8 @@ func publishFlow(t *testing.T, e *env) {
 		path string
 		body any
 	}{
-		{"/api/publish", PublishRequest{Eval: ev, Derivations: []DerivationText{late}}},
-		{"/api/upload-slots", UploadSlotsRequest{Eval: &ev, Outputs: []Output{missing.out}}},
+		{"/api/publish", signerapi.PublishRequest{Eval: ev, Derivations: []signerapi.DerivationText{late}}},
+		{"/api/upload-slots", signerapi.UploadSlotsRequest{Eval: &ev, Outputs: []signerapi.Output{missing.out}}},
 	} {
 		if code, body := e.post(t, c.path, tok, c.body, nil); code != http.StatusConflict || !strings.Contains(body, "is not running for node eval-1") {
 			t.Fatalf("%s under a finished evaluation: %d %s, want 409", c.path, code, body)
@@ -235,17 +236,17 @@ in mk "top" [ (mk "dep" [ ]) ]`)
 			if len(closure) != 2 {
 				t.Fatalf("closure of %s: %v, want 2 .drv files", top, closure)
 			}
-			var drvs []DerivationText // requisites come inputs first
+			var drvs []signerapi.DerivationText // requisites come inputs first
 			for _, p := range closure {
 				text, err := os.ReadFile(filepath.Join(built, p))
 				if err != nil {
 					t.Fatal(err)
 				}
-				drvs = append(drvs, DerivationText{StorePath: p, Text: string(text)})
+				drvs = append(drvs, signerapi.DerivationText{StorePath: p, Text: string(text)})
 			}
-			var resp PublishResponse
-			e.mustPost(t, "/api/publish", e.evaluator(t, "eval-1"), PublishRequest{Eval: e.evaluation(t, "eval-1"), Derivations: drvs}, &resp)
-			if resp != (PublishResponse{Written: 2}) {
+			var resp signerapi.PublishResponse
+			e.mustPost(t, "/api/publish", e.evaluator(t, "eval-1"), signerapi.PublishRequest{Eval: e.evaluation(t, "eval-1"), Derivations: drvs}, &resp)
+			if resp != (signerapi.PublishResponse{Written: 2}) {
 				t.Fatalf("publish answered %+v, want 2 written", resp)
 			}
 			if objects := e.state(t).objects; len(objects) != 0 {

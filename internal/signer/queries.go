@@ -1,14 +1,8 @@
 package signer
 
-// All SQL of the signer and its client.
+// All SQL of the signer (its client's is in package signerclient).
 
 const (
-	// The live signers a client may call; $1 the dead threshold in seconds.
-	sqlSigners = `
-SELECT endpoint FROM nodes
-WHERE 'signer' = ANY(capabilities) AND last_seen > now() - make_interval(secs => $1) AND status <> 'dead'
-ORDER BY id`
-
 	// $1 job id, $2 node, $3 attempt: the claimed job's derivation, its output names and paths
 	// ('' for a floating content-addressed one), its inputs (the selected outputs of its input
 	// derivations and its input sources), the .drv the signer stored for it (NULL if none), and

@@ -19,6 +19,9 @@
 //
 // A narinfo is written once: the first writer wins and a non-reproducible rebuild is logged
 // and counted as a conflict.
+//
+// The wire format is package signerapi; builders and evaluators call signers through package
+// signerclient, so they never import this package.
 package signer
 
 import (
@@ -41,11 +44,9 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
 	"github.com/harmonia-ci/harmonia-ci/internal/nodetoken"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
+	"github.com/harmonia-ci/harmonia-ci/internal/signerapi"
 	"github.com/harmonia-ci/harmonia-ci/internal/web"
 )
-
-// MaxRequestBody bounds a request body; a larger one is answered 413.
-const MaxRequestBody = 16 << 20
 
 // DefaultURLExpiry is how long a presigned upload URL stays valid by default.
 const DefaultURLExpiry = 15 * time.Minute
@@ -156,7 +157,7 @@ func (s *Server) handle(endpoint, role string, h handler) http.Handler {
 		if role != "" && !id.Has(role) {
 			return forbidden(id, role)
 		}
-		res, err := h(r.Context(), id, http.MaxBytesReader(w, r.Body, MaxRequestBody))
+		res, err := h(r.Context(), id, http.MaxBytesReader(w, r.Body, signerapi.MaxRequestBody))
 		if err != nil {
 			return err
 		}

@@ -32,6 +32,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/nodetoken"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 	"github.com/harmonia-ci/harmonia-ci/internal/queuetest"
+	"github.com/harmonia-ci/harmonia-ci/internal/signerapi"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m, blobtest.Cleanup) }
@@ -197,7 +198,7 @@ func (e *env) mustPost(t *testing.T, path, token string, body, out any) {
 // object is a store object a test makes up: what a request says about it and its compressed
 // NAR.
 type object struct {
-	out  Output
+	out  signerapi.Output
 	file []byte // the .nar.zst
 }
 
@@ -260,7 +261,7 @@ func newObject(path string, sz nix.Sizes, file []byte, refs ...string) object {
 	if refs == nil {
 		refs = []string{}
 	}
-	return object{out: Output{StorePath: path, NarHash: sz.NarHash, NarSize: sz.NarSize,
+	return object{out: signerapi.Output{StorePath: path, NarHash: sz.NarHash, NarSize: sz.NarSize,
 		FileHash: sz.FileHash, FileSize: sz.FileSize, References: refs}, file: file}
 }
 
@@ -334,7 +335,7 @@ func (e *env) putObject(t *testing.T, key string, data []byte) {
 }
 
 // put PUTs body to a presigned upload.
-func put(t *testing.T, u *Upload, body []byte) {
+func put(t *testing.T, u *signerapi.Upload, body []byte) {
 	t.Helper()
 	req, err := http.NewRequestWithContext(ctx(t), u.Method, u.URL, bytes.NewReader(body))
 	if err != nil {
@@ -456,39 +457,41 @@ func (e *env) enqueueAndClaim(t *testing.T, node string, d queuetest.NixDrv) que
 var projects atomic.Int64
 
 // evaluation inserts a running evaluation claimed by node (attempt 1) and returns its claim.
-func (e *env) evaluation(t *testing.T, node string) EvalClaim {
+func (e *env) evaluation(t *testing.T, node string) signerapi.EvalClaim {
 	t.Helper()
 	project := queuetest.NewProject(t, e.pool, fmt.Sprint("project-", projects.Add(1)), 100)
 	id := queuetest.QueryInt(t, e.pool, `
 INSERT INTO evaluations (project_id, flake_url, commit_sha, branch, status, claimed_by, claimed_at, started_at, attempt)
 VALUES ($1, 'git+file:///src', md5(random()::text), 'main', 'running', $2, now(), now(), 1) RETURNING id`, project, node)
-	return EvalClaim{ID: id, Attempt: 1}
+	return signerapi.EvalClaim{ID: id, Attempt: 1}
 }
 
-func jobClaim(j queue.Job) *JobClaim { return &JobClaim{ID: j.ID, Attempt: j.Attempt} }
+func jobClaim(j queue.Job) *signerapi.JobClaim {
+	return &signerapi.JobClaim{ID: j.ID, Attempt: j.Attempt}
+}
 
-func complete(j queue.Job, log string, outs ...object) BuildCompleteRequest {
-	req := BuildCompleteRequest{Job: *jobClaim(j), LogKey: log, Outputs: []Output{}}
+func complete(j queue.Job, log string, outs ...object) signerapi.BuildCompleteRequest {
+	req := signerapi.BuildCompleteRequest{Job: *jobClaim(j), LogKey: log, Outputs: []signerapi.Output{}}
 	for _, o := range outs {
 		req.Outputs = append(req.Outputs, o.out)
 	}
 	return req
 }
 
-func logUpload(key string, body []byte) *LogUpload {
+func logUpload(key string, body []byte) *signerapi.LogUpload {
 	sum := sha256.Sum256(body)
-	return &LogUpload{Key: key, Size: int64(len(body)), SHA256: hex.EncodeToString(sum[:])}
+	return &signerapi.LogUpload{Key: key, Size: int64(len(body)), SHA256: hex.EncodeToString(sum[:])}
 }
 
 // upload asks for slots under req's claim (Outputs are filled from objs) and PUTs every file,
 // and the log, that is not skipped.
-func (e *env) upload(t *testing.T, token string, req UploadSlotsRequest, logBody []byte, objs ...object) UploadSlotsResponse {
+func (e *env) upload(t *testing.T, token string, req signerapi.UploadSlotsRequest, logBody []byte, objs ...object) signerapi.UploadSlotsResponse {
 	t.Helper()
-	req.Outputs = []Output{}
+	req.Outputs = []signerapi.Output{}
 	for _, o := range objs {
 		req.Outputs = append(req.Outputs, o.out)
 	}
-	var resp UploadSlotsResponse
+	var resp signerapi.UploadSlotsResponse
 	e.mustPost(t, "/api/upload-slots", token, req, &resp)
 	if len(resp.Outputs) != len(objs) {
 		t.Fatalf("upload-slots answered %d outputs, want %d", len(resp.Outputs), len(objs))
@@ -681,10 +684,10 @@ func happyPath(t *testing.T, e *env) {
 	// dep: its output refers to the runtime library, an input source of dep.
 	dj := e.claim(t, "builder-1", "dep")
 	dep := built(t, outPath("dep"), "dep", runtime.path())
-	e.upload(t, tok, UploadSlotsRequest{Job: jobClaim(dj), Log: logUpload(logKey("dep"), []byte("dep log"))}, []byte("dep log"), dep)
-	var resp BuildCompleteResponse
+	e.upload(t, tok, signerapi.UploadSlotsRequest{Job: jobClaim(dj), Log: logUpload(logKey("dep"), []byte("dep log"))}, []byte("dep log"), dep)
+	var resp signerapi.BuildCompleteResponse
 	e.mustPost(t, "/api/build-complete", tok, complete(dj, logKey("dep"), dep), &resp)
-	if resp != (BuildCompleteResponse{Written: 1}) {
+	if resp != (signerapi.BuildCompleteResponse{Written: 1}) {
 		t.Fatalf("build-complete of dep answered %+v", resp)
 	}
 
@@ -693,12 +696,12 @@ func happyPath(t *testing.T, e *env) {
 	hello := built(t, outPath("hello"), "#!/bin/sh\necho hello\n",
 		dep.path(), runtime.path(), outPath("hello"))
 	logBody := []byte("building hello\ndone\n")
-	slots := e.upload(t, tok, UploadSlotsRequest{Job: jobClaim(hj), Log: logUpload(logKey("hello"), logBody)}, logBody, hello)
+	slots := e.upload(t, tok, signerapi.UploadSlotsRequest{Job: jobClaim(hj), Log: logUpload(logKey("hello"), logBody)}, logBody, hello)
 	if slots.Outputs[0].Skipped {
 		t.Fatal("the first upload-slots skipped the output")
 	}
 	e.mustPost(t, "/api/build-complete", tok, complete(hj, logKey("hello"), hello), &resp)
-	if resp != (BuildCompleteResponse{Written: 1}) {
+	if resp != (signerapi.BuildCompleteResponse{Written: 1}) {
 		t.Fatalf("build-complete of hello answered %+v", resp)
 	}
 
@@ -730,8 +733,8 @@ func happyPath(t *testing.T, e *env) {
 
 	// A retry finds the file in place and hands out no URL; the job is finished, so the claim
 	// is gone.
-	var again UploadSlotsResponse
-	code, body := e.post(t, "/api/upload-slots", tok, UploadSlotsRequest{Job: jobClaim(hj), Outputs: []Output{hello.out}}, &again)
+	var again signerapi.UploadSlotsResponse
+	code, body := e.post(t, "/api/upload-slots", tok, signerapi.UploadSlotsRequest{Job: jobClaim(hj), Outputs: []signerapi.Output{hello.out}}, &again)
 	if code != http.StatusConflict {
 		t.Fatalf("upload-slots of a finished job: %d %s, want 409", code, body)
 	}
@@ -746,10 +749,10 @@ func happyPath(t *testing.T, e *env) {
 			fetched.Out("out"), other.Out("out"), tarball.path())
 	}
 	fj := e.enqueueAndClaim(t, "builder-1", fetched)
-	e.upload(t, tok, UploadSlotsRequest{Job: jobClaim(fj)}, nil, tarball)
+	e.upload(t, tok, signerapi.UploadSlotsRequest{Job: jobClaim(fj)}, nil, tarball)
 	e.mustPost(t, "/api/build-complete", tok, complete(fj, "", tarball), &resp)
 	oj := e.enqueueAndClaim(t, "builder-1", other)
-	e.mustPost(t, "/api/upload-slots", tok, UploadSlotsRequest{Job: jobClaim(oj), Outputs: []Output{tarball.out}}, &again)
+	e.mustPost(t, "/api/upload-slots", tok, signerapi.UploadSlotsRequest{Job: jobClaim(oj), Outputs: []signerapi.Output{tarball.out}}, &again)
 	if !again.Outputs[0].Skipped || again.Outputs[0].Upload != nil {
 		t.Fatalf("second upload-slots: %+v, want skipped without URL", again.Outputs[0])
 	}
@@ -780,7 +783,7 @@ func TestNotUploadedAndStaleClaim(t *testing.T) {
 	e.unchanged(t, before, "build-complete before the upload")
 
 	// A log that was never uploaded is refused too.
-	e.upload(t, tok, UploadSlotsRequest{Job: jobClaim(j)}, nil, b)
+	e.upload(t, tok, signerapi.UploadSlotsRequest{Job: jobClaim(j)}, nil, b)
 	before = e.state(t)
 	code, body = e.post(t, "/api/build-complete", tok, complete(j, logKey("late"), b), nil)
 	if code != http.StatusBadRequest || !strings.Contains(body, "log_key") {
@@ -805,7 +808,7 @@ func TestNotUploadedAndStaleClaim(t *testing.T) {
 		if code != http.StatusConflict || !strings.Contains(body, "is not in building/uploading for node") {
 			t.Fatalf("%s: %d %s, want 409", c.name, code, body)
 		}
-		code, body = e.post(t, "/api/upload-slots", c.token, UploadSlotsRequest{Job: jobClaim(c.job), Outputs: []Output{b.out}}, nil)
+		code, body = e.post(t, "/api/upload-slots", c.token, signerapi.UploadSlotsRequest{Job: jobClaim(c.job), Outputs: []signerapi.Output{b.out}}, nil)
 		if code != http.StatusConflict {
 			t.Fatalf("%s: upload-slots %d %s, want 409", c.name, code, body)
 		}
@@ -851,22 +854,22 @@ func TestFirstWriterWins(t *testing.T) {
 	first := built(t, out, "first build")
 	second := built(t, out, "second, different build")
 
-	e.upload(t, tok, UploadSlotsRequest{Job: jobClaim(jobs["one"])}, nil, first)
-	var r BuildCompleteResponse
+	e.upload(t, tok, signerapi.UploadSlotsRequest{Job: jobClaim(jobs["one"])}, nil, first)
+	var r signerapi.BuildCompleteResponse
 	e.mustPost(t, "/api/build-complete", tok, complete(jobs["one"], "", first), &r)
-	if r != (BuildCompleteResponse{Written: 1}) {
+	if r != (signerapi.BuildCompleteResponse{Written: 1}) {
 		t.Fatalf("first build-complete answered %+v", r)
 	}
 	narinfo, _ := e.read(t, hashPart(t, out)+".narinfo")
 
-	e.upload(t, tok, UploadSlotsRequest{Job: jobClaim(jobs["two"])}, nil, second)
+	e.upload(t, tok, signerapi.UploadSlotsRequest{Job: jobClaim(jobs["two"])}, nil, second)
 	e.mustPost(t, "/api/build-complete", tok, complete(jobs["two"], "", second), &r)
-	if r != (BuildCompleteResponse{Conflicts: 1}) {
+	if r != (signerapi.BuildCompleteResponse{Conflicts: 1}) {
 		t.Fatalf("second build-complete answered %+v, want one conflict", r)
 	}
 	// The identical result again is skipped.
 	e.mustPost(t, "/api/build-complete", tok, complete(jobs["three"], "", first), &r)
-	if r != (BuildCompleteResponse{Skipped: 1}) {
+	if r != (signerapi.BuildCompleteResponse{Skipped: 1}) {
 		t.Fatalf("third build-complete answered %+v, want one skipped", r)
 	}
 
@@ -913,11 +916,13 @@ func TestValidation(t *testing.T) {
 	tok := e.token(t, "builder-1", config.RoleBuilder)
 	etok := e.token(t, "eval-1", config.RoleEvaluator)
 	good := built(t, outPath("v"), "v").out
-	mod := func(f func(o *Output)) Output { o := good; f(&o); return o }
-	slots := func(outs ...Output) UploadSlotsRequest { return UploadSlotsRequest{Job: jobClaim(j), Outputs: outs} }
-	withLog := func(l LogUpload) UploadSlotsRequest { r := slots(good); r.Log = &l; return r }
-	bc := func(outs ...Output) BuildCompleteRequest {
-		return BuildCompleteRequest{Job: *jobClaim(j), Outputs: outs}
+	mod := func(f func(o *signerapi.Output)) signerapi.Output { o := good; f(&o); return o }
+	slots := func(outs ...signerapi.Output) signerapi.UploadSlotsRequest {
+		return signerapi.UploadSlotsRequest{Job: jobClaim(j), Outputs: outs}
+	}
+	withLog := func(l signerapi.LogUpload) signerapi.UploadSlotsRequest { r := slots(good); r.Log = &l; return r }
+	bc := func(outs ...signerapi.Output) signerapi.BuildCompleteRequest {
+		return signerapi.BuildCompleteRequest{Job: *jobClaim(j), Outputs: outs}
 	}
 	zeros := strings.Repeat("0", 64)
 	for _, c := range []struct {
@@ -927,31 +932,31 @@ func TestValidation(t *testing.T) {
 		body  any
 		want  string
 	}{
-		{"neither claim", "/api/upload-slots", tok, UploadSlotsRequest{Outputs: []Output{good}}, "exactly one of job and eval"},
+		{"neither claim", "/api/upload-slots", tok, signerapi.UploadSlotsRequest{Outputs: []signerapi.Output{good}}, "exactly one of job and eval"},
 		{"both claims", "/api/upload-slots", e.token(t, "builder-1", config.RoleBuilder, config.RoleEvaluator),
-			UploadSlotsRequest{Job: jobClaim(j), Eval: &ev, Outputs: []Output{good}}, "exactly one of job and eval"},
+			signerapi.UploadSlotsRequest{Job: jobClaim(j), Eval: &ev, Outputs: []signerapi.Output{good}}, "exactly one of job and eval"},
 		{"nothing", "/api/upload-slots", tok, slots(), "outputs: nothing to upload"},
-		{"eval nothing", "/api/upload-slots", etok, UploadSlotsRequest{Eval: &ev}, "outputs: nothing to upload"},
-		{"eval log", "/api/upload-slots", etok, UploadSlotsRequest{Eval: &ev, Outputs: []Output{good}, Log: logUpload(logKey("v"), nil)}, "log: only a build"},
-		{"store path", "/api/upload-slots", tok, slots(good, mod(func(o *Output) { o.StorePath = "/tmp/x" })), "outputs[1].store_path"},
+		{"eval nothing", "/api/upload-slots", etok, signerapi.UploadSlotsRequest{Eval: &ev}, "outputs: nothing to upload"},
+		{"eval log", "/api/upload-slots", etok, signerapi.UploadSlotsRequest{Eval: &ev, Outputs: []signerapi.Output{good}, Log: logUpload(logKey("v"), nil)}, "log: only a build"},
+		{"store path", "/api/upload-slots", tok, slots(good, mod(func(o *signerapi.Output) { o.StorePath = "/tmp/x" })), "outputs[1].store_path"},
 		{"twice", "/api/upload-slots", tok, slots(good, good), "outputs[1]: " + good.StorePath + " is listed twice"},
-		{"nar hash", "/api/upload-slots", tok, slots(mod(func(o *Output) { o.NarHash = "sha256:abc" })), "outputs[0].nar_hash"},
-		{"file hash", "/api/upload-slots", tok, slots(mod(func(o *Output) { o.FileHash = "md5:x" })), "outputs[0].file_hash"},
-		{"nar size", "/api/upload-slots", tok, slots(mod(func(o *Output) { o.NarSize = 0 })), "outputs[0].nar_size"},
-		{"file size", "/api/upload-slots", tok, slots(mod(func(o *Output) { o.FileSize = -1 })), "outputs[0].file_size"},
-		{"reference", "/api/build-complete", tok, bc(mod(func(o *Output) { o.References = []string{"nope"} })), "outputs[0].references[0]"},
-		{"deriver", "/api/build-complete", tok, bc(mod(func(o *Output) { o.Deriver = "../x" })), "outputs[0].deriver"},
+		{"nar hash", "/api/upload-slots", tok, slots(mod(func(o *signerapi.Output) { o.NarHash = "sha256:abc" })), "outputs[0].nar_hash"},
+		{"file hash", "/api/upload-slots", tok, slots(mod(func(o *signerapi.Output) { o.FileHash = "md5:x" })), "outputs[0].file_hash"},
+		{"nar size", "/api/upload-slots", tok, slots(mod(func(o *signerapi.Output) { o.NarSize = 0 })), "outputs[0].nar_size"},
+		{"file size", "/api/upload-slots", tok, slots(mod(func(o *signerapi.Output) { o.FileSize = -1 })), "outputs[0].file_size"},
+		{"reference", "/api/build-complete", tok, bc(mod(func(o *signerapi.Output) { o.References = []string{"nope"} })), "outputs[0].references[0]"},
+		{"deriver", "/api/build-complete", tok, bc(mod(func(o *signerapi.Output) { o.Deriver = "../x" })), "outputs[0].deriver"},
 		{"no outputs", "/api/build-complete", tok, bc(), "outputs: at least one output"},
-		{"log prefix", "/api/upload-slots", tok, withLog(LogUpload{Key: "nar/x", Size: 1, SHA256: zeros}), "log.key"},
-		{"log traversal", "/api/upload-slots", tok, withLog(LogUpload{Key: "log/../" + queuetest.Hash("v") + ".narinfo", Size: 1, SHA256: zeros}), "log.key"},
-		{"log sha", "/api/upload-slots", tok, withLog(LogUpload{Key: logKey("v"), Size: 1, SHA256: "zz"}), "log.sha256"},
-		{"log size", "/api/upload-slots", tok, withLog(LogUpload{Key: logKey("v"), Size: -1, SHA256: zeros}), "log.size"},
-		{"log key of build-complete", "/api/build-complete", tok, BuildCompleteRequest{Job: *jobClaim(j), Outputs: []Output{good}, LogKey: "nar/x"}, "log_key"},
+		{"log prefix", "/api/upload-slots", tok, withLog(signerapi.LogUpload{Key: "nar/x", Size: 1, SHA256: zeros}), "log.key"},
+		{"log traversal", "/api/upload-slots", tok, withLog(signerapi.LogUpload{Key: "log/../" + queuetest.Hash("v") + ".narinfo", Size: 1, SHA256: zeros}), "log.key"},
+		{"log sha", "/api/upload-slots", tok, withLog(signerapi.LogUpload{Key: logKey("v"), Size: 1, SHA256: "zz"}), "log.sha256"},
+		{"log size", "/api/upload-slots", tok, withLog(signerapi.LogUpload{Key: logKey("v"), Size: -1, SHA256: zeros}), "log.size"},
+		{"log key of build-complete", "/api/build-complete", tok, signerapi.BuildCompleteRequest{Job: *jobClaim(j), Outputs: []signerapi.Output{good}, LogKey: "nar/x"}, "log_key"},
 		{"not json", "/api/upload-slots", tok, []byte("just a string"), "invalid JSON"},
-		{"publish nothing", "/api/publish", etok, PublishRequest{Eval: ev}, "nothing to publish"},
-		{"publish drv name", "/api/publish", etok, PublishRequest{Eval: ev, Derivations: []DerivationText{{StorePath: fakePath("x", "x"), Text: "Derive()"}}}, "derivations[0]"},
-		{"publish drv text", "/api/publish", etok, PublishRequest{Eval: ev, Derivations: []DerivationText{{StorePath: fakePath("x", "x.drv"), Text: "not ATerm"}}}, "derivations[0]"},
-		{"lookup path", "/api/cache-lookup", tok, CacheLookupRequest{StorePaths: []string{"/nix/store/short"}}, "store_paths[0]"},
+		{"publish nothing", "/api/publish", etok, signerapi.PublishRequest{Eval: ev}, "nothing to publish"},
+		{"publish drv name", "/api/publish", etok, signerapi.PublishRequest{Eval: ev, Derivations: []signerapi.DerivationText{{StorePath: fakePath("x", "x"), Text: "Derive()"}}}, "derivations[0]"},
+		{"publish drv text", "/api/publish", etok, signerapi.PublishRequest{Eval: ev, Derivations: []signerapi.DerivationText{{StorePath: fakePath("x", "x.drv"), Text: "not ATerm"}}}, "derivations[0]"},
+		{"lookup path", "/api/cache-lookup", tok, signerapi.CacheLookupRequest{StorePaths: []string{"/nix/store/short"}}, "store_paths[0]"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			before := e.state(t)
@@ -963,7 +968,7 @@ func TestValidation(t *testing.T) {
 		})
 	}
 	// An oversized body is refused with 413.
-	huge := slots(mod(func(o *Output) { o.Deriver = strings.Repeat("x", MaxRequestBody) }))
+	huge := slots(mod(func(o *signerapi.Output) { o.Deriver = strings.Repeat("x", signerapi.MaxRequestBody) }))
 	if code, _ := e.post(t, "/api/upload-slots", tok, huge, nil); code != http.StatusRequestEntityTooLarge {
 		t.Errorf("oversized body: %d, want 413", code)
 	}
@@ -979,7 +984,7 @@ func TestLogOnlySlots(t *testing.T) {
 	e := newEnv(t, false)
 	j := e.enqueueAndClaim(t, "builder-1", fixture("failed", nil))
 	body := []byte("error: build failed\n")
-	resp := e.upload(t, e.builder(t, "builder-1"), UploadSlotsRequest{Job: jobClaim(j), Log: logUpload(logKey("failed"), body)}, body)
+	resp := e.upload(t, e.builder(t, "builder-1"), signerapi.UploadSlotsRequest{Job: jobClaim(j), Log: logUpload(logKey("failed"), body)}, body)
 	if resp.Log == nil || len(resp.Outputs) != 0 {
 		t.Fatalf("log-only upload-slots answered %+v", resp)
 	}
@@ -1002,7 +1007,7 @@ func TestAllOutputs(t *testing.T) {
 	tok := e.builder(t, "builder-1")
 	out := built(t, d.Out("out"), "out")
 	dev := built(t, d.Out("dev"), "dev", out.path())
-	e.upload(t, tok, UploadSlotsRequest{Job: jobClaim(j)}, nil, out, dev)
+	e.upload(t, tok, signerapi.UploadSlotsRequest{Job: jobClaim(j)}, nil, out, dev)
 
 	for _, c := range []struct {
 		name string
@@ -1021,9 +1026,9 @@ func TestAllOutputs(t *testing.T) {
 		}
 		e.unchanged(t, before, c.name)
 	}
-	var resp BuildCompleteResponse
+	var resp signerapi.BuildCompleteResponse
 	e.mustPost(t, "/api/build-complete", tok, complete(j, "", dev, out), &resp)
-	if resp != (BuildCompleteResponse{Written: 2}) {
+	if resp != (signerapi.BuildCompleteResponse{Written: 2}) {
 		t.Fatalf("build-complete answered %+v", resp)
 	}
 	// dev refers to out, an output of the same build.

@@ -8,6 +8,7 @@ import (
 
 	"github.com/harmonia-ci/harmonia-ci/internal/config"
 	"github.com/harmonia-ci/harmonia-ci/internal/nodetoken"
+	"github.com/harmonia-ci/harmonia-ci/internal/signerapi"
 )
 
 // The tests in this file are the attacks of the issue "Trust zones that hold". Before it, every
@@ -24,11 +25,11 @@ func TestAuth(t *testing.T) {
 	j := e.enqueueAndClaim(t, "builder-1", fixture("auth", nil))
 	o := built(t, outPath("auth"), "auth")
 	builder := e.builder(t, "builder-1")
-	e.upload(t, builder, UploadSlotsRequest{Job: jobClaim(j)}, nil, o)
+	e.upload(t, builder, signerapi.UploadSlotsRequest{Job: jobClaim(j)}, nil, o)
 	ev := e.evaluation(t, "eval-1")
 	evaluator := e.evaluator(t, "eval-1")
 	src := source(t, "auth-src", "auth")
-	e.upload(t, evaluator, UploadSlotsRequest{Eval: &ev}, nil, src)
+	e.upload(t, evaluator, signerapi.UploadSlotsRequest{Eval: &ev}, nil, src)
 
 	other, err := nodetoken.NewKey("another-cluster-secret-0123456789")
 	if err != nil {
@@ -58,12 +59,12 @@ func TestAuth(t *testing.T) {
 		// wrongRole are tokens of the right node that lack the request's role.
 		wrongRole []string
 	}{
-		{"cache-lookup", "/api/cache-lookup", builder, CacheLookupRequest{StorePaths: []string{o.path()}}, nil},
-		{"upload-slots of a job", "/api/upload-slots", builder, UploadSlotsRequest{Job: jobClaim(j), Outputs: []Output{o.out}},
+		{"cache-lookup", "/api/cache-lookup", builder, signerapi.CacheLookupRequest{StorePaths: []string{o.path()}}, nil},
+		{"upload-slots of a job", "/api/upload-slots", builder, signerapi.UploadSlotsRequest{Job: jobClaim(j), Outputs: []signerapi.Output{o.out}},
 			[]string{e.token(t, "builder-1", config.RoleEvaluator), e.token(t, "builder-1", config.RoleCache)}},
-		{"upload-slots of an evaluation", "/api/upload-slots", evaluator, UploadSlotsRequest{Eval: &ev, Outputs: []Output{src.out}},
+		{"upload-slots of an evaluation", "/api/upload-slots", evaluator, signerapi.UploadSlotsRequest{Eval: &ev, Outputs: []signerapi.Output{src.out}},
 			[]string{e.token(t, "eval-1", config.RoleBuilder)}},
-		{"publish", "/api/publish", evaluator, PublishRequest{Eval: ev, Sources: []Output{src.out}},
+		{"publish", "/api/publish", evaluator, signerapi.PublishRequest{Eval: ev, Sources: []signerapi.Output{src.out}},
 			[]string{e.token(t, "eval-1", config.RoleBuilder), e.token(t, "eval-1", config.RoleSigner, config.RoleCache)}},
 		{"build-complete", "/api/build-complete", builder, complete(j, "", o),
 			[]string{e.token(t, "builder-1", config.RoleEvaluator), e.token(t, "builder-1", config.RoleFrontend)}},
@@ -93,8 +94,8 @@ func TestAuth(t *testing.T) {
 		t.Fatalf("the job is %s after its build-complete, want succeeded", s)
 	}
 	// Any valid token may look the cache up, a cache node's too.
-	var found CacheLookupResponse
-	e.mustPost(t, "/api/cache-lookup", e.token(t, "cache-1", config.RoleCache), CacheLookupRequest{StorePaths: []string{o.path(), src.path()}}, &found)
+	var found signerapi.CacheLookupResponse
+	e.mustPost(t, "/api/cache-lookup", e.token(t, "cache-1", config.RoleCache), signerapi.CacheLookupRequest{StorePaths: []string{o.path(), src.path()}}, &found)
 	if len(found.Present) != 2 {
 		t.Fatalf("cache-lookup found %v, want both paths", found.Present)
 	}
@@ -120,8 +121,8 @@ func TestTrustZones(t *testing.T) {
 	aRefs := []string{aSrc.path(), upLib.path(), outPath("a")}
 	oa := built(t, outPath("a"), "a", aRefs...)
 	ob := built(t, outPath("b"), "b")
-	e.upload(t, aTok, UploadSlotsRequest{Job: jobClaim(ja), Log: logUpload(logKey("a"), []byte("a log"))}, []byte("a log"), oa)
-	e.upload(t, bTok, UploadSlotsRequest{Job: jobClaim(jb), Log: logUpload(logKey("b"), []byte("b log"))}, []byte("b log"), ob)
+	e.upload(t, aTok, signerapi.UploadSlotsRequest{Job: jobClaim(ja), Log: logUpload(logKey("a"), []byte("a log"))}, []byte("a log"), oa)
+	e.upload(t, bTok, signerapi.UploadSlotsRequest{Job: jobClaim(jb), Log: logUpload(logKey("b"), []byte("b log"))}, []byte("b log"), ob)
 
 	ev := e.evaluation(t, "eval-e")
 	eTok := e.evaluator(t, "eval-e")
@@ -132,7 +133,7 @@ func TestTrustZones(t *testing.T) {
 	lie := source(t, "claimed", "what the path and the NAR hash promise")
 	x := source(t, "claimed", "what was uploaded instead")
 	lie.out.FileHash, lie.out.FileSize, lie.file = x.out.FileHash, x.out.FileSize, x.file
-	e.upload(t, eTok, UploadSlotsRequest{Eval: &ev}, nil, honest, trojan, lie)
+	e.upload(t, eTok, signerapi.UploadSlotsRequest{Eval: &ev}, nil, honest, trojan, lie)
 
 	// A made-up .drv claimed under job a's .drv path, and under a path of its own name.
 	fake := drvText("a", nil, []string{unrelated.path()})
@@ -142,8 +143,8 @@ func TestTrustZones(t *testing.T) {
 	// The old protocol's build-complete named the node in its body.
 	oldStyle, err := json.Marshal(map[string]any{
 		"job_id": jb.ID, "node_id": "builder-b", "attempt": jb.Attempt,
-		"job":     JobClaim{ID: jb.ID, Attempt: jb.Attempt},
-		"outputs": []Output{ob.out},
+		"job":     signerapi.JobClaim{ID: jb.ID, Attempt: jb.Attempt},
+		"outputs": []signerapi.Output{ob.out},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -172,7 +173,7 @@ func TestTrustZones(t *testing.T) {
 		{"only another job's output", "sign b's output path under a's claim",
 			"/api/build-complete", aTok, complete(ja, "", ob), 400, "is not an output of"},
 		{"slots for another job's output", "upload for b's output under a's claim",
-			"/api/upload-slots", aTok, UploadSlotsRequest{Job: jobClaim(ja), Outputs: []Output{ob.out}}, 400, "is not an output of"},
+			"/api/upload-slots", aTok, signerapi.UploadSlotsRequest{Job: jobClaim(ja), Outputs: []signerapi.Output{ob.out}}, 400, "is not an output of"},
 
 		// b. Another node's claim.
 		{"another node's job", "complete b, claimed by builder-b, with builder-a's token",
@@ -180,23 +181,23 @@ func TestTrustZones(t *testing.T) {
 		{"another node named in the body", "the old protocol: name builder-b in the body to act for its claim",
 			"/api/build-complete", aTok, oldStyle, 409, "for node builder-a"},
 		{"slots of another node's job", "upload under b's claim with builder-a's token",
-			"/api/upload-slots", aTok, UploadSlotsRequest{Job: jobClaim(jb), Outputs: []Output{ob.out}}, 409, "for node builder-a"},
+			"/api/upload-slots", aTok, signerapi.UploadSlotsRequest{Job: jobClaim(jb), Outputs: []signerapi.Output{ob.out}}, 409, "for node builder-a"},
 
 		// c. Publishing.
 		{"builder publishes", "a builder signs .drv files and sources",
-			"/api/publish", aTok, PublishRequest{Eval: ev, Sources: []Output{honest.out}}, 403, "may not act as evaluator"},
+			"/api/publish", aTok, signerapi.PublishRequest{Eval: ev, Sources: []signerapi.Output{honest.out}}, 403, "may not act as evaluator"},
 		{"another node's evaluation", "publish under an evaluation another evaluator holds",
-			"/api/publish", e.evaluator(t, "eval-x"), PublishRequest{Eval: ev, Sources: []Output{honest.out}}, 409, "is not running for node eval-x"},
+			"/api/publish", e.evaluator(t, "eval-x"), signerapi.PublishRequest{Eval: ev, Sources: []signerapi.Output{honest.out}}, 409, "is not running for node eval-x"},
 		{"forged .drv path", "sign a made-up .drv under job a's .drv path, so builders fetch and build it",
-			"/api/publish", eTok, PublishRequest{Eval: ev, Derivations: []DerivationText{{StorePath: drvPath("a"), Text: fake}}}, 400, "is not the store path of this text"},
+			"/api/publish", eTok, signerapi.PublishRequest{Eval: ev, Derivations: []signerapi.DerivationText{{StorePath: drvPath("a"), Text: fake}}}, 400, "is not the store path of this text"},
 		{"forged .drv path of a real name", "sign a made-up .drv under another .drv's true path",
-			"/api/publish", eTok, PublishRequest{Eval: ev, Derivations: []DerivationText{forged}}, 400, "is not the store path of this text"},
+			"/api/publish", eTok, signerapi.PublishRequest{Eval: ev, Derivations: []signerapi.DerivationText{forged}}, 400, "is not the store path of this text"},
 		{"input-addressed path as a source", "sign a trojan as job a's output, before or instead of its build",
-			"/api/publish", eTok, PublishRequest{Eval: ev, Sources: []Output{trojan.out}}, 400, "is not the content address of its NAR"},
+			"/api/publish", eTok, signerapi.PublishRequest{Eval: ev, Sources: []signerapi.Output{trojan.out}}, 400, "is not the content address of its NAR"},
 		{"source NAR not the declared one", "sign a NAR hash the uploaded NAR does not have",
-			"/api/publish", eTok, PublishRequest{Eval: ev, Sources: []Output{lie.out}}, 400, "the uploaded NAR is not the declared one"},
+			"/api/publish", eTok, signerapi.PublishRequest{Eval: ev, Sources: []signerapi.Output{lie.out}}, 400, "the uploaded NAR is not the declared one"},
 		{"source with a deriver", "sign a source as the output of some derivation",
-			"/api/publish", eTok, PublishRequest{Eval: ev, Sources: []Output{honest.with(nil, drvBase("a")).out}}, 400, "a source has no deriver"},
+			"/api/publish", eTok, signerapi.PublishRequest{Eval: ev, Sources: []signerapi.Output{honest.with(nil, drvBase("a")).out}}, 400, "a source has no deriver"},
 
 		// d. References.
 		{"reference to an unrelated cached path", "make clients of a's output fetch a path its inputs could not give it",
@@ -210,13 +211,13 @@ func TestTrustZones(t *testing.T) {
 		{"deriver of another job", "sign a's output as b's",
 			"/api/build-complete", aTok, complete(ja, "", oa.with(aRefs, drvBase("b"))), 400, "outputs[0].deriver"},
 		{"deriver in slots", "the same at upload-slots",
-			"/api/upload-slots", aTok, UploadSlotsRequest{Job: jobClaim(ja), Outputs: []Output{oa.with(aRefs, drvBase("b")).out}}, 400, "outputs[0].deriver"},
+			"/api/upload-slots", aTok, signerapi.UploadSlotsRequest{Job: jobClaim(ja), Outputs: []signerapi.Output{oa.with(aRefs, drvBase("b")).out}}, 400, "outputs[0].deriver"},
 
 		// f. Logs.
 		{"log of another job", "overwrite b's log under a's claim",
-			"/api/upload-slots", aTok, UploadSlotsRequest{Job: jobClaim(ja), Log: logUpload(logKey("b"), []byte("lies"))}, 400, "log.key"},
+			"/api/upload-slots", aTok, signerapi.UploadSlotsRequest{Job: jobClaim(ja), Log: logUpload(logKey("b"), []byte("lies"))}, 400, "log.key"},
 		{"log of a job I do not hold", "overwrite b's log under b's claim, held by builder-b",
-			"/api/upload-slots", aTok, UploadSlotsRequest{Job: jobClaim(jb), Log: logUpload(logKey("b"), []byte("lies"))}, 409, "for node builder-a"},
+			"/api/upload-slots", aTok, signerapi.UploadSlotsRequest{Job: jobClaim(jb), Log: logUpload(logKey("b"), []byte("lies"))}, 409, "for node builder-a"},
 		{"build-complete with another job's log", "make a's log_url point at b's log",
 			"/api/build-complete", aTok, complete(ja, logKey("b"), oa), 400, "log_key"},
 
@@ -238,10 +239,10 @@ func TestTrustZones(t *testing.T) {
 
 	// Every refusal above was the attack's: the honest requests of the same world go through.
 	// a's output refers to its source (in the cache), to the upstream's library and to itself.
-	var resp BuildCompleteResponse
+	var resp signerapi.BuildCompleteResponse
 	e.mustPost(t, "/api/build-complete", aTok, complete(ja, logKey("a"), oa), &resp)
 	e.mustPost(t, "/api/build-complete", bTok, complete(jb, "", ob), &resp)
-	e.mustPost(t, "/api/publish", eTok, PublishRequest{Eval: ev, Sources: []Output{honest.out}}, &resp)
+	e.mustPost(t, "/api/publish", eTok, signerapi.PublishRequest{Eval: ev, Sources: []signerapi.Output{honest.out}}, &resp)
 	e.checkNarInfo(t, oa, aRefs, drvBase("a"), "")
 	e.checkNarInfo(t, ob, nil, drvBase("b"), "")
 	e.checkNarInfo(t, honest, nil, "", "fixed:r:sha256:")

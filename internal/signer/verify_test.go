@@ -10,6 +10,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/nixtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 	"github.com/harmonia-ci/harmonia-ci/internal/queuetest"
+	"github.com/harmonia-ci/harmonia-ci/internal/signerapi"
 )
 
 // TestForgedJobRefused is the poisoning attack past the evaluator: a job whose derivation rows
@@ -51,7 +52,7 @@ func TestForgedJobRefused(t *testing.T) {
 				path string
 				body any
 			}{
-				{"/api/upload-slots", UploadSlotsRequest{Job: jobClaim(fj), Outputs: []Output{poison.out}}},
+				{"/api/upload-slots", signerapi.UploadSlotsRequest{Job: jobClaim(fj), Outputs: []signerapi.Output{poison.out}}},
 				{"/api/build-complete", complete(fj, "", poison)},
 			} {
 				code, body := e.post(t, r.path, tok, r.body, nil)
@@ -68,7 +69,7 @@ func TestForgedJobRefused(t *testing.T) {
 			vj := e.enqueueAndClaim(t, "builder-2", victim)
 			vtok := e.builder(t, "builder-2")
 			genuine := built(t, victim.Out("out"), "echo victim")
-			e.upload(t, vtok, UploadSlotsRequest{Job: jobClaim(vj)}, nil, genuine)
+			e.upload(t, vtok, signerapi.UploadSlotsRequest{Job: jobClaim(vj)}, nil, genuine)
 			e.mustPost(t, "/api/build-complete", vtok, complete(vj, "", genuine), nil)
 			e.checkNarInfo(t, genuine, nil, drvBase("victim"), "")
 			var forgedHash *string

@@ -27,6 +27,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/nodetoken"
 	"github.com/harmonia-ci/harmonia-ci/internal/queuetest"
 	"github.com/harmonia-ci/harmonia-ci/internal/signer"
+	"github.com/harmonia-ci/harmonia-ci/internal/signerclient"
 )
 
 // Secret is the cluster secret of every Cluster.
@@ -119,9 +120,9 @@ func (c *Cluster) Token(t testing.TB, id string, roles ...string) string {
 
 // Client returns a signer client that authenticates as node id in roles (default: builder and
 // evaluator), with short backoffs.
-func (c *Cluster) Client(t testing.TB, id string, roles ...string) *signer.Client {
+func (c *Cluster) Client(t testing.TB, id string, roles ...string) *signerclient.Client {
 	t.Helper()
-	return signer.NewClient(signer.ClientConfig{Token: c.Token(t, id, roles...), GiveUpAfter: 20 * time.Second,
+	return signerclient.New(signerclient.Config{Token: c.Token(t, id, roles...), GiveUpAfter: 20 * time.Second,
 		MinBackoff: 50 * time.Millisecond, MaxBackoff: time.Second}, c.pool, c.logger)
 }
 

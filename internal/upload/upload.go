@@ -23,7 +23,8 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
-	"github.com/harmonia-ci/harmonia-ci/internal/signer"
+	"github.com/harmonia-ci/harmonia-ci/internal/signerapi"
+	"github.com/harmonia-ci/harmonia-ci/internal/signerclient"
 )
 
 // Path is one store path to publish.
@@ -42,7 +43,7 @@ type NARSource func(ctx context.Context, storePath string, w io.Writer) error
 // Publisher publishes store paths from one Nix store.
 type Publisher struct {
 	// Signer is the signer client.
-	Signer *signer.Client
+	Signer *signerclient.Client
 	// StoreRoot is the directory the store paths live under: "" for the system store, or a
 	// chroot store's directory.
 	StoreRoot string
@@ -66,7 +67,7 @@ const memLimit = 4 << 20
 
 // prepared is one path serialised, hashed and compressed.
 type prepared struct {
-	out  signer.Output
+	out  signerapi.Output
 	body []byte // compressed NAR, or nil when in file
 	file string
 }
@@ -79,7 +80,7 @@ func (p *prepared) open() (io.ReadCloser, error) {
 }
 
 // Response totals the signer's answers.
-type Response = signer.PublishResponse
+type Response = signerapi.PublishResponse
 
 // Log is a build log to upload with a build's outputs; it is stored zstd-compressed under Key
 // (log/<drv basename>, where the cache's /log/<drv> finds it).
@@ -99,7 +100,7 @@ type preparedLog struct {
 // and the log are uploaded, then build-complete signs the outputs and records the success with
 // the log. A failed or expired upload is retried with fresh slots; what already landed is
 // skipped by the signer.
-func (p *Publisher) PublishBuild(ctx context.Context, job signer.JobClaim, paths []Path, log *Log) (Response, error) {
+func (p *Publisher) PublishBuild(ctx context.Context, job signerapi.JobClaim, paths []Path, log *Log) (Response, error) {
 	b, err := p.PrepareBuild(ctx, paths)
 	if err != nil {
 		return Response{}, err
@@ -140,10 +141,10 @@ func (p *Publisher) PrepareBuild(ctx context.Context, paths []Path) (*PreparedBu
 
 // SendBuild uploads a prepared build and its log, then build-complete signs the outputs and
 // records the success with the log (the second half of PublishBuild).
-func (p *Publisher) SendBuild(ctx context.Context, job signer.JobClaim, b *PreparedBuild, log *Log) (Response, error) {
+func (p *Publisher) SendBuild(ctx context.Context, job signerapi.JobClaim, b *PreparedBuild, log *Log) (Response, error) {
 	start := time.Now().Add(-b.took)
 	var pl *preparedLog
-	req := signer.BuildCompleteRequest{Job: job, Outputs: make([]signer.Output, len(b.prep))}
+	req := signerapi.BuildCompleteRequest{Job: job, Outputs: make([]signerapi.Output, len(b.prep))}
 	if log != nil {
 		pl = &preparedLog{key: log.Key, body: nix.Compress(log.Data)}
 		req.LogKey = log.Key
@@ -166,7 +167,7 @@ func (p *Publisher) SendBuild(ctx context.Context, job signer.JobClaim, b *Prepa
 
 // UploadLog uploads a failed build's log alone (a successful build's log goes with its
 // outputs, see PublishBuild). The caller records log.Key with the failure.
-func (p *Publisher) UploadLog(ctx context.Context, job signer.JobClaim, log Log) error {
+func (p *Publisher) UploadLog(ctx context.Context, job signerapi.JobClaim, log Log) error {
 	pl := &preparedLog{key: log.Key, body: nix.Compress(log.Data)}
 	if err := p.uploadAll(ctx, slotClaim{job: &job}, nil, pl); err != nil {
 		return fmt.Errorf("upload log %s: %w", log.Key, err)
@@ -181,7 +182,7 @@ const maxPublishText = 4 << 20
 // inputs first (each after the .drv files it refers to), so that every request refers only to
 // what it publishes or what was published before. Sources go first, at most Batch to an
 // upload-slots and publish request, each after the sources among them it refers to.
-func (p *Publisher) PublishEval(ctx context.Context, eval signer.EvalClaim, drvs []string, sources []Path) (Response, error) {
+func (p *Publisher) PublishEval(ctx context.Context, eval signerapi.EvalClaim, drvs []string, sources []Path) (Response, error) {
 	var total Response
 	add := func(r Response) {
 		total.Written += r.Written
@@ -196,7 +197,7 @@ func (p *Publisher) PublishEval(ctx context.Context, eval signer.EvalClaim, drvs
 		}
 		add(resp)
 	}
-	req := signer.PublishRequest{Eval: eval}
+	req := signerapi.PublishRequest{Eval: eval}
 	size := 0
 	flush := func() error {
 		if len(req.Derivations) == 0 {
@@ -207,7 +208,7 @@ func (p *Publisher) PublishEval(ctx context.Context, eval signer.EvalClaim, drvs
 			return fmt.Errorf("publish: %w", err)
 		}
 		add(resp)
-		req = signer.PublishRequest{Eval: eval}
+		req = signerapi.PublishRequest{Eval: eval}
 		size = 0
 		return nil
 	}
@@ -221,14 +222,14 @@ func (p *Publisher) PublishEval(ctx context.Context, eval signer.EvalClaim, drvs
 				return total, err
 			}
 		}
-		req.Derivations = append(req.Derivations, signer.DerivationText{StorePath: d, Text: string(text)})
+		req.Derivations = append(req.Derivations, signerapi.DerivationText{StorePath: d, Text: string(text)})
 		size += len(text)
 	}
 	return total, flush()
 }
 
 // publishSources uploads sources and publishes them in one request.
-func (p *Publisher) publishSources(ctx context.Context, eval signer.EvalClaim, sources []Path) (Response, error) {
+func (p *Publisher) publishSources(ctx context.Context, eval signerapi.EvalClaim, sources []Path) (Response, error) {
 	prep, cleanup, err := p.prepareAll(ctx, sources)
 	if err != nil {
 		return Response{}, err
@@ -237,7 +238,7 @@ func (p *Publisher) publishSources(ctx context.Context, eval signer.EvalClaim, s
 	if err := p.uploadAll(ctx, slotClaim{eval: &eval}, prep, nil); err != nil {
 		return Response{}, err
 	}
-	req := signer.PublishRequest{Eval: eval, Sources: make([]signer.Output, len(prep))}
+	req := signerapi.PublishRequest{Eval: eval, Sources: make([]signerapi.Output, len(prep))}
 	for i, pr := range prep {
 		req.Sources[i] = pr.out
 	}
@@ -324,7 +325,7 @@ func (p *Publisher) observe(step string, since time.Time) {
 }
 
 func (p *Publisher) prepare(ctx context.Context, path Path, tmp string, i int) (*prepared, error) {
-	pr := &prepared{out: signer.Output{StorePath: path.StorePath, References: path.References}}
+	pr := &prepared{out: signerapi.Output{StorePath: path.StorePath, References: path.References}}
 	if path.Deriver != "" {
 		pr.out.Deriver = filepath.Base(path.Deriver)
 	}
@@ -401,8 +402,8 @@ func (l *limitedWriter) Write(b []byte) (int, error) {
 
 // slotClaim is the claim upload slots are asked under: a build's job or an evaluation.
 type slotClaim struct {
-	job  *signer.JobClaim
-	eval *signer.EvalClaim
+	job  *signerapi.JobClaim
+	eval *signerapi.EvalClaim
 }
 
 // uploadAll gets slots for part and PUTs what the store lacks, retrying failed uploads with
@@ -419,13 +420,13 @@ func (p *Publisher) uploadAll(ctx context.Context, claim slotClaim, part []*prep
 			case <-time.After(time.Duration(round) * time.Second):
 			}
 		}
-		req := signer.UploadSlotsRequest{Job: claim.job, Eval: claim.eval, Outputs: make([]signer.Output, len(todo))}
+		req := signerapi.UploadSlotsRequest{Job: claim.job, Eval: claim.eval, Outputs: make([]signerapi.Output, len(todo))}
 		for i, pr := range todo {
 			req.Outputs[i] = pr.out
 		}
 		if log != nil && !log.done {
 			sum := sha256.Sum256(log.body)
-			req.Log = &signer.LogUpload{Key: log.key, Size: int64(len(log.body)), SHA256: hex.EncodeToString(sum[:])}
+			req.Log = &signerapi.LogUpload{Key: log.key, Size: int64(len(log.body)), SHA256: hex.EncodeToString(sum[:])}
 		}
 		slots, err := p.Signer.UploadSlots(ctx, req)
 		if err != nil {
@@ -482,7 +483,7 @@ func (p *Publisher) uploadAll(ctx context.Context, claim slotClaim, part []*prep
 	return nil
 }
 
-func (p *Publisher) put(ctx context.Context, u *signer.Upload, pr *prepared) error {
+func (p *Publisher) put(ctx context.Context, u *signerapi.Upload, pr *prepared) error {
 	body, err := pr.open()
 	if err != nil {
 		return err
@@ -491,13 +492,13 @@ func (p *Publisher) put(ctx context.Context, u *signer.Upload, pr *prepared) err
 	return p.send(ctx, u, pr.out.StorePath, body, pr.out.FileSize, true)
 }
 
-func (p *Publisher) putBody(ctx context.Context, u *signer.Upload, what string, body []byte) error {
+func (p *Publisher) putBody(ctx context.Context, u *signerapi.Upload, what string, body []byte) error {
 	return p.send(ctx, u, what, bytes.NewReader(body), int64(len(body)), false)
 }
 
 // send PUTs body to u. A NAR upload that S3 refuses with 412 found the NAR there already (its
 // key is its content's hash), which is what the upload was for.
-func (p *Publisher) send(ctx context.Context, u *signer.Upload, what string, body io.Reader, size int64, nar bool) error {
+func (p *Publisher) send(ctx context.Context, u *signerapi.Upload, what string, body io.Reader, size int64, nar bool) error {
 	req, err := http.NewRequestWithContext(ctx, u.Method, u.URL, body)
 	if err != nil {
 		return fmt.Errorf("put %s: %w", what, err)

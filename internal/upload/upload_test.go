@@ -29,7 +29,8 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/nodetoken"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 	"github.com/harmonia-ci/harmonia-ci/internal/queuetest"
-	"github.com/harmonia-ci/harmonia-ci/internal/signer"
+	"github.com/harmonia-ci/harmonia-ci/internal/signerapi"
+	"github.com/harmonia-ci/harmonia-ci/internal/signerclient"
 	"github.com/harmonia-ci/harmonia-ci/internal/signertest"
 )
 
@@ -45,7 +46,7 @@ type env struct {
 	cluster  *signertest.Cluster
 	key      nix.SecretKey
 	url      string // signer and cache
-	client   *signer.Client
+	client   *signerclient.Client
 	puts     atomic.Int64 // PUTs that reached the upload server
 	failPuts atomic.Int64 // PUTs still to fail
 }
@@ -79,7 +80,7 @@ func ctx(t *testing.T) context.Context {
 // store with no references, so a recursive sha256 of its NAR gives it), with input sources
 // srcs, its .drv in the cache as an evaluation publishes it; it claims the job as the test's
 // node and returns the claim and the .drv path.
-func (e *env) fixedJob(t *testing.T, out string, srcs ...string) (signer.JobClaim, string) {
+func (e *env) fixedJob(t *testing.T, out string, srcs ...string) (signerapi.JobClaim, string) {
 	t.Helper()
 	sp, err := nix.ParseStorePath(out)
 	if err != nil {
@@ -102,23 +103,23 @@ func (e *env) fixedJob(t *testing.T, out string, srcs ...string) (signer.JobClai
 }
 
 // claim claims the one ready job, of the derivation at drv, as the test's node.
-func (e *env) claim(t *testing.T, drv string) signer.JobClaim {
+func (e *env) claim(t *testing.T, drv string) signerapi.JobClaim {
 	t.Helper()
 	jobs, err := queue.ClaimJobs(ctx(t), e.pool, queue.Claimer{NodeID: node, Systems: []string{system}}, 1)
 	if err != nil || len(jobs) != 1 || jobs[0].DrvPath != drv {
 		t.Fatalf("claim %s: %v, %v", drv, jobs, err)
 	}
-	return signer.JobClaim{ID: jobs[0].ID, Attempt: jobs[0].Attempt}
+	return signerapi.JobClaim{ID: jobs[0].ID, Attempt: jobs[0].Attempt}
 }
 
 // evaluation inserts a running evaluation claimed by the test's node and returns its claim.
-func (e *env) evaluation(t *testing.T, name string) signer.EvalClaim {
+func (e *env) evaluation(t *testing.T, name string) signerapi.EvalClaim {
 	t.Helper()
 	project := queuetest.NewProject(t, e.pool, name, 100)
 	id := queuetest.QueryInt(t, e.pool, `
 INSERT INTO evaluations (project_id, flake_url, commit_sha, branch, status, claimed_by, claimed_at, started_at, attempt)
 VALUES ($1, 'git+file:///src', 'c0ffee', 'main', 'running', $2, now(), now(), 3) RETURNING id`, project, node)
-	return signer.EvalClaim{ID: id, Attempt: 3}
+	return signerapi.EvalClaim{ID: id, Attempt: 3}
 }
 
 func (e *env) jobRow(t *testing.T, id int64) (status, logURL string) {
@@ -324,7 +325,7 @@ in { a = job "a"; b = job "b"; }`, small, bigSrc, tag, system, hex.EncodeToStrin
 // buildJob claims the job of b's derivation drvs[i], its .drv closure in the cache and its input
 // source paths[0] too (an evaluator published them). It returns the outputs to publish,
 // paths[1:], with the job's .drv as deriver as the builder passes it.
-func (e *env) buildJob(t *testing.T, b built, i int) (signer.JobClaim, string, []Path) {
+func (e *env) buildJob(t *testing.T, b built, i int) (signerapi.JobClaim, string, []Path) {
 	t.Helper()
 	drv := b.drvs[i]
 	seed := []signertest.SeedPath{{StorePath: b.paths[0].StorePath, References: b.paths[0].References}}
@@ -496,7 +497,7 @@ func TestPublishBuildAndSubstitute(t *testing.T) {
 	}
 
 	// A finished job's claim publishes nothing more.
-	var se *signer.StatusError
+	var se *signerclient.StatusError
 	if _, err := e.publisher().PublishBuild(ctx(t), claim, outs, nil); !errors.As(err, &se) || se.Code != http.StatusConflict {
 		t.Fatalf("publish under a finished claim = %v, want a 409", err)
 	}
@@ -626,7 +627,7 @@ func TestPublishEval(t *testing.T) {
 	// Another attempt's claim (the evaluation was reclaimed) publishes nothing.
 	stale := claim
 	stale.Attempt--
-	var se *signer.StatusError
+	var se *signerclient.StatusError
 	if _, err := e.publisher().PublishEval(ctx(t), stale, drvs, sources); !errors.As(err, &se) || se.Code != http.StatusConflict {
 		t.Fatalf("publish under a stale claim = %v, want a 409", err)
 	}
@@ -710,8 +711,8 @@ func TestCacheLookup(t *testing.T) {
 	}
 
 	// At most MaxLookup paths: a request with one more is refused as a whole.
-	many := make([]string, 0, signer.MaxLookup+1)
-	for i := range signer.MaxLookup {
+	many := make([]string, 0, signerapi.MaxLookup+1)
+	for i := range signerapi.MaxLookup {
 		many = append(many, "/nix/store/"+queuetest.Hash(fmt.Sprint("many-", i))+"-many")
 	}
 	many[0] = published[0].StorePath
@@ -719,9 +720,9 @@ func TestCacheLookup(t *testing.T) {
 		t.Fatalf("CacheLookup of MaxLookup paths = %v, %v; want just %s", got, err, many[0])
 	}
 	many = append(many, absent)
-	var se *signer.StatusError
+	var se *signerclient.StatusError
 	if _, err := e.client.CacheLookup(ctx(t), many); !errors.As(err, &se) || se.Code != http.StatusBadRequest ||
-		!strings.Contains(se.Msg, fmt.Sprint(signer.MaxLookup)) {
+		!strings.Contains(se.Msg, fmt.Sprint(signerapi.MaxLookup)) {
 		t.Fatalf("CacheLookup of %d paths = %v, want a 400 naming the limit", len(many), err)
 	}
 	if _, err := e.client.CacheLookup(ctx(t), []string{"/nix/store/not-a-store-path"}); !errors.As(err, &se) || se.Code != http.StatusBadRequest {
@@ -740,7 +741,7 @@ func TestCacheLookup(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	body, _ := json.Marshal(signer.CacheLookupRequest{StorePaths: []string{published[0].StorePath}})
+	body, _ := json.Marshal(signerapi.CacheLookupRequest{StorePaths: []string{published[0].StorePath}})
 	for _, auth := range []string{"", "Bearer wrong-token", "Bearer " + signertest.Secret, "Bearer " + foreign} {
 		req, err := http.NewRequestWithContext(ctx(t), http.MethodPost, e.url+"/api/cache-lookup", bytes.NewReader(body))
 		if err != nil {
@@ -794,7 +795,7 @@ func TestPublishBuildWithLog(t *testing.T) {
 		t.Fatal("a log upload published an output")
 	}
 	// Its claim does not reach another job's log.
-	var se *signer.StatusError
+	var se *signerclient.StatusError
 	if err := e.publisher().UploadLog(ctx(t), fclaim, Log{Key: key, Data: []byte("overwritten")}); !errors.As(err, &se) || se.Code != http.StatusBadRequest {
 		t.Fatalf("upload of another job's log = %v, want a 400", err)
 	}

@@ -1,13 +1,17 @@
-package signer
+// Package signerapi owns the signer's wire format: the JSON requests and answers of its HTTP
+// API, shared by the server (package signer) and its client (package signerclient). Every
+// request carries the caller's node token (Authorization: Bearer) and the claim it acts under:
+// a builder's job claim or an evaluator's evaluation claim. The node is the token's, never the
+// body's.
+package signerapi
 
 import (
 	"net/http"
 	"time"
 )
 
-// The signer's wire format. Every request carries the caller's node token
-// (Authorization: Bearer) and the claim it acts under: a builder's job claim or an evaluator's
-// evaluation claim. The node is the token's, never the body's.
+// MaxRequestBody bounds a request body; a larger one is answered 413.
+const MaxRequestBody = 16 << 20
 
 // JobClaim is a builder's claim of a build job: the job and the attempt it claimed.
 type JobClaim struct {
@@ -118,7 +122,7 @@ type CacheLookupResponse struct {
 // MaxLookup bounds the store paths of one cache lookup.
 const MaxLookup = 1000
 
-// errorBody is the JSON of every error answer.
-type errorBody struct {
+// ErrorResponse is the JSON of every error answer.
+type ErrorResponse struct {
 	Error string `json:"error"`
 }

@@ -1,4 +1,7 @@
-package signer
+// Package signerclient is the client of the cluster's signers: it finds the live signers in the
+// nodes table, calls their HTTP API (package signerapi) with this node's token, and fails over
+// and backs off when they do not answer.
+package signerclient
 
 import (
 	"bytes"
@@ -14,11 +17,12 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/harmonia-ci/harmonia-ci/internal/signerapi"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// ErrUnavailable means no signer answered within ClientConfig.GiveUpAfter: a transient failure
+// ErrUnavailable means no signer answered within Config.GiveUpAfter: a transient failure
 // the caller may retry later.
 var ErrUnavailable = errors.New("no signer answered")
 
@@ -33,8 +37,8 @@ func (e *StatusError) Error() string {
 	return fmt.Sprintf("signer: %d %s: %s", e.Code, http.StatusText(e.Code), e.Msg)
 }
 
-// ClientConfig configures a Client.
-type ClientConfig struct {
+// Config configures a Client.
+type Config struct {
 	Token         string        // this node's token (package nodetoken)
 	DeadThreshold time.Duration // signers silent this long are not tried; default 2m (cluster.heartbeat.dead_threshold)
 	HTTP          *http.Client  // default: a client with a 2 minute timeout
@@ -46,14 +50,14 @@ type ClientConfig struct {
 // Client calls the cluster's signers: it finds them in the nodes table, tries them in turn
 // and fails over on connection errors, timeouts and 5xx answers.
 type Client struct {
-	cfg    ClientConfig
+	cfg    Config
 	pool   *pgxpool.Pool
 	logger *slog.Logger
 	next   atomic.Uint64 // round-robin start
 }
 
-// NewClient returns a client discovering signers through pool.
-func NewClient(cfg ClientConfig, pool *pgxpool.Pool, logger *slog.Logger) *Client {
+// New returns a client discovering signers through pool.
+func New(cfg Config, pool *pgxpool.Pool, logger *slog.Logger) *Client {
 	if cfg.HTTP == nil {
 		cfg.HTTP = &http.Client{Timeout: 2 * time.Minute}
 	}
@@ -79,31 +83,31 @@ func NewClient(cfg ClientConfig, pool *pgxpool.Pool, logger *slog.Logger) *Clien
 }
 
 // UploadSlots asks a signer for presigned upload URLs.
-func (c *Client) UploadSlots(ctx context.Context, req UploadSlotsRequest) (UploadSlotsResponse, error) {
-	var resp UploadSlotsResponse
+func (c *Client) UploadSlots(ctx context.Context, req signerapi.UploadSlotsRequest) (signerapi.UploadSlotsResponse, error) {
+	var resp signerapi.UploadSlotsResponse
 	err := c.call(ctx, "/api/upload-slots", req, &resp)
 	return resp, err
 }
 
 // BuildComplete asks a signer to verify, sign and publish the outputs and finish the job.
 // Retrying it on another signer is safe: a completion that did land makes the retry a 409.
-func (c *Client) BuildComplete(ctx context.Context, req BuildCompleteRequest) (BuildCompleteResponse, error) {
-	var resp BuildCompleteResponse
+func (c *Client) BuildComplete(ctx context.Context, req signerapi.BuildCompleteRequest) (signerapi.BuildCompleteResponse, error) {
+	var resp signerapi.BuildCompleteResponse
 	err := c.call(ctx, "/api/build-complete", req, &resp)
 	return resp, err
 }
 
 // Publish asks a signer to publish an evaluation's .drv files and sources. It is idempotent.
-func (c *Client) Publish(ctx context.Context, req PublishRequest) (PublishResponse, error) {
-	var resp PublishResponse
+func (c *Client) Publish(ctx context.Context, req signerapi.PublishRequest) (signerapi.PublishResponse, error) {
+	var resp signerapi.PublishResponse
 	err := c.call(ctx, "/api/publish", req, &resp)
 	return resp, err
 }
 
-// CacheLookup returns the store paths (of at most MaxLookup) whose narinfo the cache holds.
+// CacheLookup returns the store paths (of at most signerapi.MaxLookup) whose narinfo the cache holds.
 func (c *Client) CacheLookup(ctx context.Context, paths []string) ([]string, error) {
-	var resp CacheLookupResponse
-	err := c.call(ctx, "/api/cache-lookup", CacheLookupRequest{StorePaths: paths}, &resp)
+	var resp signerapi.CacheLookupResponse
+	err := c.call(ctx, "/api/cache-lookup", signerapi.CacheLookupRequest{StorePaths: paths}, &resp)
 	return resp.Present, err
 }
 
@@ -183,7 +187,7 @@ func (c *Client) try(ctx context.Context, endpoint, path string, body []byte, re
 		return false, fmt.Errorf("signer %s: %w", endpoint, err)
 	}
 	defer res.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(res.Body, MaxRequestBody*4))
+	data, err := io.ReadAll(io.LimitReader(res.Body, signerapi.MaxRequestBody*4))
 	if err != nil {
 		return false, fmt.Errorf("signer %s: read answer: %w", endpoint, err)
 	}
@@ -195,7 +199,7 @@ func (c *Client) try(ctx context.Context, endpoint, path string, body []byte, re
 		}
 		return true, nil
 	case res.StatusCode >= 400 && res.StatusCode < 500:
-		var eb errorBody
+		var eb signerapi.ErrorResponse
 		msg := strings.TrimSpace(string(data))
 		if json.Unmarshal(data, &eb) == nil && eb.Error != "" {
 			msg = eb.Error
