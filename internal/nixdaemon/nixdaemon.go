@@ -16,6 +16,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -180,15 +182,17 @@ func (d *Daemon) Pid() int {
 	}
 }
 
-// waitReady waits until the socket exists: the daemon binds and listens before it accepts, so
-// a connection from then on waits in the backlog.
+// waitReady waits until the daemon listens on the socket: from then on a connection waits in
+// the backlog until it accepts. The socket's file appears at bind, a moment before listen, when
+// a connection is still refused; so the kernel's table of listening sockets is read, rather than
+// a connection made (which the daemon would log as a client gone before its handshake).
 func (d *Daemon) waitReady(ctx context.Context, exited <-chan struct{}) error {
 	deadline := time.NewTimer(d.cfg.StartTimeout)
 	defer deadline.Stop()
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		if fi, err := os.Stat(d.socket()); err == nil && fi.Mode()&os.ModeSocket != 0 {
+		if listening(d.socket()) {
 			return nil
 		}
 		select {
@@ -239,4 +243,27 @@ func (w *logWriter) Write(p []byte) (int, error) {
 	}
 	w.logger.Log(context.Background(), level, "nix-daemon", "output", string(bytes.TrimSpace(p)))
 	return len(p), nil
+}
+
+// listening reports whether a unix socket bound at path is listening, from /proc/net/unix
+// ("Num RefCount Protocol Flags Type St Inode Path"; Flags has __SO_ACCEPTCON, 0x10000, once
+// listen was called).
+func listening(path string) bool {
+	b, err := os.ReadFile("/proc/net/unix")
+	if err != nil {
+		// No /proc: the socket's file, which appears a moment before the daemon listens.
+		fi, err := os.Stat(path)
+		return err == nil && fi.Mode()&os.ModeSocket != 0
+	}
+	for line := range strings.Lines(string(b)) {
+		f := strings.Fields(line)
+		// The path is the line's end, and may hold spaces.
+		if len(f) < 8 || !strings.HasSuffix(strings.TrimRight(line, "\n"), " "+path) {
+			continue
+		}
+		if flags, err := strconv.ParseUint(f[3], 16, 32); err == nil && flags&0x10000 != 0 {
+			return true
+		}
+	}
+	return false
 }
