@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/harmonia-ci/harmonia-ci/internal/eval"
+	"github.com/harmonia-ci/harmonia-ci/internal/evaluation"
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
 	"github.com/harmonia-ci/harmonia-ci/internal/nixtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/proctest"
@@ -94,8 +94,8 @@ func decodeJSONOutput(t *testing.T, out string, v any) {
 
 // evalJSON is `eval --json` and `eval show --json` output.
 type evalJSON struct {
-	eval.Evaluation
-	Attrs []eval.AttrResult `json:"attrs"`
+	evaluation.Evaluation
+	Attrs []evaluation.AttrResult `json:"attrs"`
 }
 
 var queuedRE = regexp.MustCompile(`(?m)^(?:queued|already requested:) evaluation (\d+) of `)
@@ -120,7 +120,7 @@ let a = mk "a" [ ]; b = mk "b" [ a ]; in { inherit a b; c = mk "c" [ a b ]; }
 
 // wantAttrs checks that attrs are exactly a, b and c, each with a .drv path and no error, and
 // returns their .drv paths.
-func wantAttrs(t *testing.T, what string, attrs []eval.AttrResult) []string {
+func wantAttrs(t *testing.T, what string, attrs []evaluation.AttrResult) []string {
 	t.Helper()
 	var names, drvs []string
 	for _, a := range attrs {
@@ -414,7 +414,7 @@ func TestEvalCLI(t *testing.T) {
 		cli.fails(tc.args, tc.want...)
 	}
 	// Nothing above queued anything or touched the finished evaluation.
-	var list []eval.Evaluation
+	var list []evaluation.Evaluation
 	cli.json(&list, "eval", "list", "--json")
 	if len(list) != 1 || list[0].ID != done.ID || list[0].Status != "succeeded" {
 		t.Fatalf("eval list --json after the refusals: %+v, want only evaluation %d, succeeded", list, done.ID)

@@ -28,6 +28,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/build"
 	"github.com/harmonia-ci/harmonia-ci/internal/config"
 	"github.com/harmonia-ci/harmonia-ci/internal/eval"
+	"github.com/harmonia-ci/harmonia-ci/internal/evaluation"
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
 	"github.com/harmonia-ci/harmonia-ci/internal/nixgen"
 	"github.com/harmonia-ci/harmonia-ci/internal/node"
@@ -761,7 +762,7 @@ func (b *e2e) round(ctx context.Context, name, salt string, round int) (roundRes
 		return rr, err
 	}
 	if err := waitFor(ctx, b.failed, func() (bool, error) {
-		e, err = eval.Get(ctx, b.pool, e.ID)
+		e, err = evaluation.Get(ctx, b.pool, e.ID)
 		return e.Finished(), err
 	}); err != nil {
 		return rr, err

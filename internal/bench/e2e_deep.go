@@ -17,6 +17,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/build"
 	"github.com/harmonia-ci/harmonia-ci/internal/config"
 	"github.com/harmonia-ci/harmonia-ci/internal/eval"
+	"github.com/harmonia-ci/harmonia-ci/internal/evaluation"
 	"github.com/harmonia-ci/harmonia-ci/internal/nixgen"
 	"github.com/harmonia-ci/harmonia-ci/internal/project"
 )
@@ -185,7 +186,7 @@ func (b *e2e) deepRun(ctx context.Context, order string, round int) (E2EDeepRun,
 	if err := rb.pool.QueryRow(ctx, `SELECT now()`).Scan(&trigger); err != nil {
 		return run, err
 	}
-	evals := make([]eval.Evaluation, len(names))
+	evals := make([]evaluation.Evaluation, len(names))
 	errs := make([]error, len(names))
 	var wg sync.WaitGroup
 	for p := range names {
@@ -201,7 +202,7 @@ func (b *e2e) deepRun(ctx context.Context, order string, round int) (E2EDeepRun,
 	for p := range evals {
 		projects[p] = evals[p].ProjectID
 		if err := waitFor(ctx, rb.failed, func() (bool, error) {
-			evals[p], err = eval.Get(ctx, rb.pool, evals[p].ID)
+			evals[p], err = evaluation.Get(ctx, rb.pool, evals[p].ID)
 			return evals[p].Finished(), err
 		}); err != nil {
 			return run, err

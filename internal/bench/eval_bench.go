@@ -17,6 +17,7 @@ import (
 
 	"github.com/harmonia-ci/harmonia-ci/internal/config"
 	"github.com/harmonia-ci/harmonia-ci/internal/eval"
+	"github.com/harmonia-ci/harmonia-ci/internal/evaluation"
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
 	"github.com/harmonia-ci/harmonia-ci/internal/nixgen"
 	"github.com/harmonia-ci/harmonia-ci/internal/node"
@@ -156,7 +157,7 @@ func Eval(ctx context.Context, o EvalOptions) (EvalReport, error) {
 			return r, err
 		}
 		if err := waitFor(ctx, nodeDone, func() (bool, error) {
-			e, err = eval.Get(ctx, pool, e.ID)
+			e, err = evaluation.Get(ctx, pool, e.ID)
 			return e.Finished(), err
 		}); err != nil {
 			return r, err

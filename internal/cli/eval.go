@@ -15,6 +15,7 @@ import (
 
 	"github.com/harmonia-ci/harmonia-ci/internal/config"
 	"github.com/harmonia-ci/harmonia-ci/internal/eval"
+	"github.com/harmonia-ci/harmonia-ci/internal/evaluation"
 )
 
 func newEvalCmd(g *globalFlags) *cobra.Command {
@@ -48,7 +49,7 @@ is queued as without --again.`,
 				}
 				verb, note := "already requested:", ""
 				switch {
-				case created && e.Status == eval.StatusSkipped:
+				case created && e.Status == evaluation.StatusSkipped:
 					verb = fmt.Sprintf("skipped (same tree as evaluation %d):", *e.ReusesEvalID)
 				case created:
 					verb = "queued"
@@ -86,16 +87,16 @@ is queued as without --again.`,
 // evalAgain re-evaluates e if it has finished; one still queued or running (or re-queued by
 // someone else meanwhile) is left to run. It returns the evaluation and what happened: verb
 // comes before "evaluation ID of …", note after it.
-func evalAgain(ctx context.Context, pool *pgxpool.Pool, e eval.Evaluation) (_ eval.Evaluation, verb, note string, err error) {
+func evalAgain(ctx context.Context, pool *pgxpool.Pool, e evaluation.Evaluation) (_ evaluation.Evaluation, verb, note string, err error) {
 	if e.Finished() {
-		again, err := eval.Reevaluate(ctx, pool, e.ID)
+		again, err := evaluation.Reevaluate(ctx, pool, e.ID)
 		if err == nil {
 			return again, "re-evaluating", wasNote(e), nil
 		}
-		if !errors.Is(err, eval.ErrNotFinished) {
+		if !errors.Is(err, evaluation.ErrNotFinished) {
 			return e, "", "", err
 		}
-		if e, err = eval.Get(ctx, pool, e.ID); err != nil {
+		if e, err = evaluation.Get(ctx, pool, e.ID); err != nil {
 			return e, "", "", err
 		}
 	}
@@ -103,7 +104,7 @@ func evalAgain(ctx context.Context, pool *pgxpool.Pool, e eval.Evaluation) (_ ev
 }
 
 // wasNote says how the evaluation prev, now run again, had ended: " (was failed: …)".
-func wasNote(prev eval.Evaluation) string {
+func wasNote(prev evaluation.Evaluation) string {
 	if prev.Error == "" {
 		return fmt.Sprintf(" (was %s)", prev.Status)
 	}
@@ -121,7 +122,7 @@ func newEvalCancel(g *globalFlags) *cobra.Command {
 				return err
 			}
 			return withDB(cmd, g, func(ctx context.Context, _ *config.Config, pool *pgxpool.Pool) error {
-				if err := eval.Cancel(ctx, pool, id, "cancelled by a user"); err != nil {
+				if err := evaluation.Cancel(ctx, pool, id, "cancelled by a user"); err != nil {
 					return err
 				}
 				fmt.Fprintf(cmd.OutOrStdout(), "cancelled evaluation %d\n", id)
@@ -147,7 +148,7 @@ func newEvalShow(g *globalFlags) *cobra.Command {
 				limit = 2 * time.Minute
 			}
 			return withDBFor(cmd, g, limit, func(ctx context.Context, _ *config.Config, pool *pgxpool.Pool) error {
-				e, err := eval.Get(ctx, pool, id)
+				e, err := evaluation.Get(ctx, pool, id)
 				if err != nil {
 					return err
 				}
@@ -182,7 +183,7 @@ func newEvalList(g *globalFlags) *cobra.Command {
 				name = args[0]
 			}
 			return withDB(cmd, g, func(ctx context.Context, _ *config.Config, pool *pgxpool.Pool) error {
-				es, err := eval.List(ctx, pool, name, limit)
+				es, err := evaluation.List(ctx, pool, name, limit)
 				if err != nil {
 					return err
 				}
@@ -205,9 +206,9 @@ func newEvalList(g *globalFlags) *cobra.Command {
 }
 
 // waitEval follows an evaluation until it finishes.
-func waitEval(ctx context.Context, pool *pgxpool.Pool, id int64) (eval.Evaluation, error) {
+func waitEval(ctx context.Context, pool *pgxpool.Pool, id int64) (evaluation.Evaluation, error) {
 	for {
-		e, err := eval.Get(ctx, pool, id)
+		e, err := evaluation.Get(ctx, pool, id)
 		if err != nil || e.Finished() {
 			return e, err
 		}
@@ -221,21 +222,21 @@ func waitEval(ctx context.Context, pool *pgxpool.Pool, id int64) (eval.Evaluatio
 
 // evalView is the JSON form of an evaluation with its attributes.
 type evalView struct {
-	eval.Evaluation
-	Attrs []eval.AttrResult `json:"attrs"`
+	evaluation.Evaluation
+	Attrs []evaluation.AttrResult `json:"attrs"`
 }
 
-func showEval(ctx context.Context, w io.Writer, pool *pgxpool.Pool, e eval.Evaluation, withAttrs, asJSON bool) error {
-	var attrs []eval.AttrResult
+func showEval(ctx context.Context, w io.Writer, pool *pgxpool.Pool, e evaluation.Evaluation, withAttrs, asJSON bool) error {
+	var attrs []evaluation.AttrResult
 	if withAttrs {
 		var err error // a skipped evaluation has a copy of the attributes it reuses
-		if attrs, err = eval.Attrs(ctx, pool, e.ID); err != nil {
+		if attrs, err = evaluation.Attrs(ctx, pool, e.ID); err != nil {
 			return err
 		}
 	}
 	if asJSON {
 		if attrs == nil {
-			attrs = []eval.AttrResult{}
+			attrs = []evaluation.AttrResult{}
 		}
 		return printJSON(w, evalView{Evaluation: e, Attrs: attrs})
 	}
@@ -266,8 +267,8 @@ func showEval(ctx context.Context, w io.Writer, pool *pgxpool.Pool, e eval.Evalu
 }
 
 // waitResult is the exit status of a command that waited: failing when the evaluation did.
-func waitResult(e eval.Evaluation) error {
-	if e.Status == eval.StatusFailed || e.Status == eval.StatusCancelled {
+func waitResult(e evaluation.Evaluation) error {
+	if e.Status == evaluation.StatusFailed || e.Status == evaluation.StatusCancelled {
 		return fmt.Errorf("evaluation %d %s", e.ID, e.Status)
 	}
 	return nil

@@ -25,6 +25,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/config"
 	"github.com/harmonia-ci/harmonia-ci/internal/db"
 	"github.com/harmonia-ci/harmonia-ci/internal/eval"
+	"github.com/harmonia-ci/harmonia-ci/internal/evaluation"
 	"github.com/harmonia-ci/harmonia-ci/internal/gitrepo"
 	"github.com/harmonia-ci/harmonia-ci/internal/node"
 	"github.com/harmonia-ci/harmonia-ci/internal/project"
@@ -169,14 +170,14 @@ func (r *runner) run(ctx context.Context, force <-chan struct{}, source, branch 
 // before is reused when it succeeded or was skipped (unchanged files are a no-op), and run
 // again when it failed or was cancelled: a user who runs again expects another try, after a
 // failure outside the project (Nix missing, a crash, a timeout) as after one inside it.
-func (r *runner) trigger(ctx context.Context, pool *pgxpool.Pool, name, commit string) (eval.Evaluation, error) {
+func (r *runner) trigger(ctx context.Context, pool *pgxpool.Pool, name, commit string) (evaluation.Evaluation, error) {
 	e, created, err := eval.Trigger(ctx, pool, eval.TriggerParams{Project: name, Commit: commit, Branch: runBranch, StateDir: r.cfg.StateDir})
-	if err != nil || created || (e.Status != eval.StatusFailed && e.Status != eval.StatusCancelled) {
+	if err != nil || created || (e.Status != evaluation.StatusFailed && e.Status != evaluation.StatusCancelled) {
 		return e, err
 	}
-	again, err := eval.Reevaluate(ctx, pool, e.ID)
-	if errors.Is(err, eval.ErrNotFinished) {
-		return eval.Get(ctx, pool, e.ID) // another run re-queued it meanwhile: follow that one
+	again, err := evaluation.Reevaluate(ctx, pool, e.ID)
+	if errors.Is(err, evaluation.ErrNotFinished) {
+		return evaluation.Get(ctx, pool, e.ID) // another run re-queued it meanwhile: follow that one
 	}
 	if err != nil {
 		return e, err

@@ -13,7 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/harmonia-ci/harmonia-ci/internal/eval"
+	"github.com/harmonia-ci/harmonia-ci/internal/evaluation"
 	"github.com/harmonia-ci/harmonia-ci/internal/signer"
 )
 
@@ -72,7 +72,7 @@ func isTerminal(w io.Writer) bool {
 }
 
 // follow shows progress until the evaluation is over and none of its jobs is pending or running.
-func (r *runner) follow(ctx context.Context, pool *pgxpool.Pool, id int64, start time.Time) (eval.Evaluation, error) {
+func (r *runner) follow(ctx context.Context, pool *pgxpool.Pool, id int64, start time.Time) (evaluation.Evaluation, error) {
 	bar := isTerminal(r.errOut)
 	var last string
 	lastPrint := time.Time{}
@@ -82,15 +82,15 @@ func (r *runner) follow(ctx context.Context, pool *pgxpool.Pool, id int64, start
 		}
 	}()
 	for {
-		e, err := eval.Get(ctx, pool, id)
+		e, err := evaluation.Get(ctx, pool, id)
 		if err != nil {
 			return e, err
 		}
-		counts, err := eval.JobCounts(ctx, pool, id)
+		counts, err := evaluation.JobCounts(ctx, pool, id)
 		if err != nil {
 			return e, err
 		}
-		attrs, err := eval.Attrs(ctx, pool, id)
+		attrs, err := evaluation.Attrs(ctx, pool, id)
 		if err != nil {
 			return e, err
 		}
@@ -123,8 +123,8 @@ func stripElapsed(line string) string {
 }
 
 // summary prints the table of attributes and where the results are, and fails when anything did.
-func (r *runner) summary(ctx context.Context, pool *pgxpool.Pool, e eval.Evaluation, elapsed time.Duration) error {
-	attrs, err := eval.Attrs(ctx, pool, e.ID)
+func (r *runner) summary(ctx context.Context, pool *pgxpool.Pool, e evaluation.Evaluation, elapsed time.Duration) error {
+	attrs, err := evaluation.Attrs(ctx, pool, e.ID)
 	if err != nil {
 		return err
 	}

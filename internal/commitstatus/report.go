@@ -8,7 +8,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
-	"github.com/harmonia-ci/harmonia-ci/internal/eval"
+	"github.com/harmonia-ci/harmonia-ci/internal/evaluation"
 	"github.com/harmonia-ci/harmonia-ci/internal/forge"
 )
 
@@ -114,9 +114,9 @@ func compute(s evalState, links Links) Report {
 	evalURL := links.Eval(s.Project, s.ID)
 	var r Report
 	switch s.Status {
-	case eval.StatusQueued, eval.StatusRunning:
+	case evaluation.StatusQueued, evaluation.StatusRunning:
 		r.Eval = Line{forge.StatePending, "queued", evalURL}
-		if s.Status == eval.StatusRunning {
+		if s.Status == evaluation.StatusRunning {
 			r.Eval.Description = "evaluating"
 		}
 		// Evaluated again (re-evaluation, a push back to this commit): the commit's old
@@ -124,22 +124,22 @@ func compute(s evalState, links Links) Report {
 		if decodeReport(s.LastStatus).Build.State != "" {
 			r.Build = Line{forge.StatePending, "waiting for the evaluation", evalURL}
 		}
-	case eval.StatusFailed:
+	case evaluation.StatusFailed:
 		r.Eval = Line{forge.StateFailure, oneLine("evaluation failed: " + strings.TrimSpace(s.Error)), evalURL}
-	case eval.StatusCancelled:
+	case evaluation.StatusCancelled:
 		why := "cancelled"
 		switch {
-		case strings.HasPrefix(s.Error, eval.ConflictPrefix):
+		case strings.HasPrefix(s.Error, evaluation.ConflictPrefix):
 			why = oneLine(s.Error) // a pull request that does not merge into its base
 		case strings.Contains(s.Error, "superseded"):
 			why = "superseded by a newer commit"
 		}
 		r.Eval = Line{forge.StateError, why, evalURL}
-	case eval.StatusSucceeded, eval.StatusSkipped:
+	case evaluation.StatusSucceeded, evaluation.StatusSkipped:
 		switch {
 		case s.AttrErrors > 0:
 			r.Eval = Line{forge.StateFailure, fmt.Sprintf("%d of %d attributes failed to evaluate", s.AttrErrors, s.Attrs), evalURL}
-		case s.Status == eval.StatusSkipped && s.ReusesEval != nil:
+		case s.Status == evaluation.StatusSkipped && s.ReusesEval != nil:
 			r.Eval = Line{forge.StateSuccess, fmt.Sprintf("same tree as evaluation %d: %s", *s.ReusesEval, plural(s.Attrs, "attribute")), evalURL}
 		default:
 			r.Eval = Line{forge.StateSuccess, "evaluated " + plural(s.Attrs, "attribute"), evalURL}

@@ -16,7 +16,7 @@ import (
 
 	"github.com/harmonia-ci/harmonia-ci/internal/clock"
 	"github.com/harmonia-ci/harmonia-ci/internal/dbtest"
-	"github.com/harmonia-ci/harmonia-ci/internal/eval"
+	"github.com/harmonia-ci/harmonia-ci/internal/evaluation"
 	"github.com/harmonia-ci/harmonia-ci/internal/forge"
 	"github.com/harmonia-ci/harmonia-ci/internal/metricstest"
 	"github.com/harmonia-ci/harmonia-ci/internal/notify"
@@ -338,11 +338,11 @@ func TestTransitionSequence(t *testing.T) {
 		want   []forge.Status
 	}{
 		{"queued", func() {}, []forge.Status{evalStatus(id, forge.StatePending, "queued")}},
-		{"running", func() { fx.setEval(id, eval.StatusRunning, "") },
+		{"running", func() { fx.setEval(id, evaluation.StatusRunning, "") },
 			[]forge.Status{evalStatus(id, forge.StatePending, "evaluating")}},
 		{"evaluated, builds pending", func() {
 			drvs = fx.addBuilds(id, 3)
-			fx.setEval(id, eval.StatusSucceeded, "")
+			fx.setEval(id, evaluation.StatusSucceeded, "")
 		}, []forge.Status{
 			evalStatus(id, forge.StateSuccess, "evaluated 3 attributes"),
 			buildStatus(id, forge.StatePending, "0/3 builds complete"),
@@ -472,7 +472,7 @@ func TestTransitionAggregate(t *testing.T) {
 			fx := newFixture(t)
 			id := fx.newEval(fx.project)
 			link := tt.setup(fx, id)
-			fx.setEval(id, eval.StatusSucceeded, "")
+			fx.setEval(id, evaluation.StatusSucceeded, "")
 			fx.transition(fx.reporter("frontend-1"), id)
 			got := decodeReport(fx.settled(id).LastStatus)
 			wantURL := testBase + "/ci/proj/eval/" + strconv.FormatInt(id, 10)
@@ -492,7 +492,7 @@ func TestTransitionAggregate(t *testing.T) {
 func progression(fx *fixture, id int64, n int) (steps []func(), statuses []forge.Status) {
 	steps = append(steps,
 		func() {},
-		func() { fx.setEval(id, eval.StatusRunning, "") },
+		func() { fx.setEval(id, evaluation.StatusRunning, "") },
 	)
 	statuses = append(statuses,
 		evalStatus(id, forge.StatePending, "queued"),
@@ -503,7 +503,7 @@ func progression(fx *fixture, id int64, n int) (steps []func(), statuses []forge
 	var drvs []string
 	steps = append(steps, func() {
 		drvs = fx.addBuilds(id, n)
-		fx.setEval(id, eval.StatusSucceeded, "")
+		fx.setEval(id, evaluation.StatusSucceeded, "")
 	})
 	for i := range n {
 		steps = append(steps, func() { fx.setJob(drvs[i], "succeeded") })
@@ -626,7 +626,7 @@ func TestRetryFailedDelivery(t *testing.T) {
 			id := fx.newEval(fx.project)
 			if tt.evaluate {
 				fx.addBuilds(id, 2)
-				fx.setEval(id, eval.StatusSucceeded, "")
+				fx.setEval(id, evaluation.StatusSucceeded, "")
 			}
 
 			fx.forge.failAfter(tt.pass, 1)
@@ -696,7 +696,7 @@ func TestTakeOverStalledDelivery(t *testing.T) {
 			a, b := fx.reporter("frontend-a"), fx.reporter("frontend-b")
 			id := fx.newEval(fx.project)
 			drvs := fx.addBuilds(id, 2)
-			fx.setEval(id, eval.StatusSucceeded, "")
+			fx.setEval(id, evaluation.StatusSucceeded, "")
 
 			entered, release := fx.forge.block(true)
 			actx, die := context.WithCancel(fx.ctx)
@@ -765,7 +765,7 @@ func TestSameFrontendRetryAndTransition(t *testing.T) {
 	a := fx.reporter("frontend-a")
 	id := fx.newEval(fx.project)
 	drvs := fx.addBuilds(id, 2)
-	fx.setEval(id, eval.StatusSucceeded, "")
+	fx.setEval(id, evaluation.StatusSucceeded, "")
 
 	fx.forge.fail(1)
 	fx.transition(a, id)
@@ -916,7 +916,7 @@ func TestRestartTakesBackOwnDelivery(t *testing.T) {
 	fx := newFixture(t)
 	id := fx.newEval(fx.project)
 	fx.addBuilds(id, 1)
-	fx.setEval(id, eval.StatusSucceeded, "")
+	fx.setEval(id, evaluation.StatusSucceeded, "")
 
 	// The first process: the forge gets the first status, then the process dies.
 	entered, _ := fx.forge.block(true)
@@ -997,7 +997,7 @@ func TestStartReportsOnNotifications(t *testing.T) {
 	}{
 		{
 			name:    "evaluation starts",
-			change:  func() { fx.setEval(id, eval.StatusRunning, "") },
+			change:  func() { fx.setEval(id, evaluation.StatusRunning, "") },
 			channel: "evaluations", payload: func() string { return fmt.Sprintf(`{"id":%d,"status":"running"}`, id) },
 			want: []forge.Status{evalStatus(id, forge.StatePending, "evaluating")},
 		},
@@ -1005,7 +1005,7 @@ func TestStartReportsOnNotifications(t *testing.T) {
 			name: "evaluation succeeds",
 			change: func() {
 				drvs = fx.addBuilds(id, 2)
-				fx.setEval(id, eval.StatusSucceeded, "")
+				fx.setEval(id, evaluation.StatusSucceeded, "")
 			},
 			channel: "evaluations", payload: func() string { return fmt.Sprintf(`{"id":%d,"status":"succeeded"}`, id) },
 			want: []forge.Status{

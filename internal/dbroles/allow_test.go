@@ -14,7 +14,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/clock"
 	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
 	"github.com/harmonia-ci/harmonia-ci/internal/db"
-	"github.com/harmonia-ci/harmonia-ci/internal/eval"
+	"github.com/harmonia-ci/harmonia-ci/internal/evaluation"
 	"github.com/harmonia-ci/harmonia-ci/internal/gc"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 	"github.com/harmonia-ci/harmonia-ci/internal/queuetest"
@@ -101,9 +101,9 @@ func TestRolesAllow(t *testing.T) {
 	}
 
 	// The frontend requests an evaluation (the webhook path) and the evaluator claims it.
-	ev, created, err := eval.Request(ctx, c.as["f1"], eval.RequestParams{
+	ev, created, err := evaluation.Request(ctx, c.as["f1"], evaluation.RequestParams{
 		ProjectID: pid, FlakeURL: "git+file:///p", Commit: "0123456789abcdef0123456789abcdef01234567", Branch: "main",
-		Delivery: &eval.Delivery{Forge: "gitea", ID: "d1"},
+		Delivery: &evaluation.Delivery{Forge: "gitea", ID: "d1"},
 	})
 	must("request evaluation as f1", err)
 	if !created {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/harmonia-ci/harmonia-ci/internal/clock"
 	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
+	"github.com/harmonia-ci/harmonia-ci/internal/evaluation"
 	"github.com/harmonia-ci/harmonia-ci/internal/gitrepo"
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
 	"github.com/harmonia-ci/harmonia-ci/internal/notify"
@@ -274,13 +275,9 @@ var (
 	errTimeout  = errors.New("evaluation timed out")
 	errGone     = errors.New("evaluation no longer ours")
 	// errConflict ends a pull request's evaluation whose head and base do not merge: it is
-	// cancelled with the error, which starts with ConflictPrefix.
+	// cancelled with the error, which starts with evaluation.ConflictPrefix.
 	errConflict = errors.New("merge conflict")
 )
-
-// ConflictPrefix starts the error of a pull request's evaluation that was not run because its
-// head does not merge cleanly into its base (errConflict's text).
-const ConflictPrefix = "merge conflict: "
 
 // evaluate runs one claimed evaluation to its end and records the outcome.
 func (e *Evaluator) evaluate(ctx context.Context, c claim) {
@@ -658,7 +655,7 @@ func (e *Evaluator) recordMerge(ctx context.Context, c claim, base, merge string
 // conflict ends a pull request's evaluation whose head does not merge into its base: cancelled,
 // with msg, and nothing evaluated.
 func (e *Evaluator) conflict(ctx context.Context, c claim, msg string) error {
-	return e.end(ctx, c, sqlConflictEval, StatusCancelled, msg)
+	return e.end(ctx, c, sqlConflictEval, evaluation.StatusCancelled, msg)
 }
 
 // plan reads the in-tree settings and decides what to evaluate: commit of the copy of m at
@@ -762,7 +759,7 @@ func (e *Evaluator) finish(ctx context.Context, c claim, sql, status string) err
 		if tag.RowsAffected() == 0 {
 			return errStale
 		}
-		return notifyEvaluation(ctx, tx, c.id, status)
+		return evaluation.Notify(ctx, tx, c.id, status)
 	})
 }
 
@@ -783,22 +780,11 @@ func (e *Evaluator) end(ctx context.Context, c claim, query, status, msg string)
 		if tag.RowsAffected() == 0 {
 			return errStale
 		}
-		if err := rollback(ctx, tx, []int64{c.id}); err != nil {
+		if err := evaluation.Rollback(ctx, tx, []int64{c.id}); err != nil {
 			return err
 		}
-		return notifyEvaluation(ctx, tx, c.id, status)
+		return evaluation.Notify(ctx, tx, c.id, status)
 	})
-}
-
-// rollback cancels the jobs only evaluations ids needed and deletes their attributes.
-func rollback(ctx context.Context, tx pgx.Tx, ids []int64) error {
-	if err := cancelUnneeded(ctx, tx, ids); err != nil {
-		return err
-	}
-	if _, err := tx.Exec(ctx, sqlDeleteAttrs, ids); err != nil {
-		return fmt.Errorf("delete attributes: %w", err)
-	}
-	return nil
 }
 
 func (e *Evaluator) release(c claim) {

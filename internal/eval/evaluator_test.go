@@ -19,6 +19,7 @@ import (
 
 	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
 	"github.com/harmonia-ci/harmonia-ci/internal/eval"
+	"github.com/harmonia-ci/harmonia-ci/internal/evaluation"
 	"github.com/harmonia-ci/harmonia-ci/internal/gitrepo"
 	"github.com/harmonia-ci/harmonia-ci/internal/metricstest"
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
@@ -55,7 +56,7 @@ in `
 		_, commit := h.newProject(p.name, map[string]string{"ci.nix": dag + p.expr})
 		e, created := h.trigger(p.name, "", commit)
 		// The evaluator, already running, may have claimed it by the time Trigger reads it back.
-		if !created || (e.Status != eval.StatusQueued && e.Status != eval.StatusRunning) {
+		if !created || (e.Status != evaluation.StatusQueued && e.Status != evaluation.StatusRunning) {
 			t.Fatalf("%s: evaluation %+v created=%v, want a new queued (or just claimed) one", p.name, e, created)
 		}
 		ids[i] = e.ID
@@ -470,16 +471,16 @@ func TestEvaluationEnds(t *testing.T) {
 			name: "cancel",
 			slow: func(h *harness, g *gate) string { return g.drv("gated", h.salt) },
 			act: func(t *testing.T, h *harness, id int64, _ int) {
-				if err := eval.Cancel(h.ctx(), h.pool, id, "cancelled by the test"); err != nil {
+				if err := evaluation.Cancel(h.ctx(), h.pool, id, "cancelled by the test"); err != nil {
 					t.Fatalf("cancel: %v", err)
 				}
 				if e := h.get(id); e.Status != "cancelled" {
 					t.Fatalf("status %s right after Cancel, want cancelled", e.Status)
 				}
-				if err := eval.Cancel(h.ctx(), h.pool, id, "again"); !errors.Is(err, eval.ErrFinished) {
+				if err := evaluation.Cancel(h.ctx(), h.pool, id, "again"); !errors.Is(err, evaluation.ErrFinished) {
 					t.Errorf("cancelling again: %v, want ErrFinished", err)
 				}
-				if err := eval.Cancel(h.ctx(), h.pool, id+1000, "nothing"); !errors.Is(err, eval.ErrNotFound) {
+				if err := evaluation.Cancel(h.ctx(), h.pool, id+1000, "nothing"); !errors.Is(err, evaluation.ErrNotFound) {
 					t.Errorf("cancelling a missing evaluation: %v, want ErrNotFound", err)
 				}
 			},
@@ -798,7 +799,7 @@ let old = builtins.any (e: e.prefix == "hci-old-node") builtins.nixPath; a = mk 
 				after.FinishedAt == nil || !after.FinishedAt.Equal(*done.FinishedAt) {
 				t.Errorf("the old evaluator changed the evaluation: %+v, was %+v", after, done)
 			}
-			if got := slices.Sorted(maps.Keys(h.attrs(e.ID))); !slices.Equal(got, []string{"a", "b"}) || !maps.EqualFunc(attrs, h.attrs(e.ID), func(x, y eval.AttrResult) bool { return x.DrvPath == y.DrvPath }) {
+			if got := slices.Sorted(maps.Keys(h.attrs(e.ID))); !slices.Equal(got, []string{"a", "b"}) || !maps.EqualFunc(attrs, h.attrs(e.ID), func(x, y evaluation.AttrResult) bool { return x.DrvPath == y.DrvPath }) {
 				t.Errorf("attributes %q after the second attempt, want a and b", got)
 			}
 			for _, id := range h.queryStrings(`SELECT id::text FROM eval_attrs WHERE eval_id = $1`, e.ID) {

@@ -25,6 +25,7 @@ import (
 
 	"github.com/harmonia-ci/harmonia-ci/internal/dbtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/eval"
+	"github.com/harmonia-ci/harmonia-ci/internal/evaluation"
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
 	"github.com/harmonia-ci/harmonia-ci/internal/nixtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/project"
@@ -161,7 +162,7 @@ func (h *harness) newProject(name string, files map[string]string) (*nixtest.Rep
 }
 
 // trigger requests the evaluation of commit on branch ("" for the defaults).
-func (h *harness) trigger(proj, branch, commit string) (eval.Evaluation, bool) {
+func (h *harness) trigger(proj, branch, commit string) (evaluation.Evaluation, bool) {
 	h.t.Helper()
 	e, created, err := eval.Trigger(h.ctx(), h.pool, eval.TriggerParams{Project: proj, Branch: branch, Commit: commit, StateDir: h.triggerDir})
 	if err != nil {
@@ -170,9 +171,9 @@ func (h *harness) trigger(proj, branch, commit string) (eval.Evaluation, bool) {
 	return e, created
 }
 
-func (h *harness) get(id int64) eval.Evaluation {
+func (h *harness) get(id int64) evaluation.Evaluation {
 	h.t.Helper()
-	e, err := eval.Get(h.ctx(), h.pool, id)
+	e, err := evaluation.Get(h.ctx(), h.pool, id)
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -181,9 +182,9 @@ func (h *harness) get(id int64) eval.Evaluation {
 
 // waitStatus waits until evaluation id has status want (polling, with a deadline) and fails
 // early if it finishes otherwise.
-func (h *harness) waitStatus(id int64, want string) eval.Evaluation {
+func (h *harness) waitStatus(id int64, want string) evaluation.Evaluation {
 	h.t.Helper()
-	var e eval.Evaluation
+	var e evaluation.Evaluation
 	waittest.For(h.t, finishTimeout, func() bool {
 		e = h.get(id)
 		if e.Finished() && e.Status != want {
@@ -194,19 +195,19 @@ func (h *harness) waitStatus(id int64, want string) eval.Evaluation {
 	return e
 }
 
-func (h *harness) waitSucceeded(id int64) eval.Evaluation {
+func (h *harness) waitSucceeded(id int64) evaluation.Evaluation {
 	h.t.Helper()
 	return h.waitStatus(id, "succeeded")
 }
 
 // attrs returns an evaluation's attributes by name.
-func (h *harness) attrs(id int64) map[string]eval.AttrResult {
+func (h *harness) attrs(id int64) map[string]evaluation.AttrResult {
 	h.t.Helper()
-	as, err := eval.Attrs(h.ctx(), h.pool, id)
+	as, err := evaluation.Attrs(h.ctx(), h.pool, id)
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	m := map[string]eval.AttrResult{}
+	m := map[string]evaluation.AttrResult{}
 	for _, a := range as {
 		m[a.Attr] = a
 	}
@@ -216,7 +217,7 @@ func (h *harness) attrs(id int64) map[string]eval.AttrResult {
 // attrNames is the sorted names of an evaluation's attributes.
 // evaluateOnce evaluates ci.nix (the harness's lib, then expr) as a new project name, waits
 // for the evaluation to succeed and returns its attributes, which must be want of them.
-func (h *harness) evaluateOnce(name, expr string, want int) map[string]eval.AttrResult {
+func (h *harness) evaluateOnce(name, expr string, want int) map[string]evaluation.AttrResult {
 	h.t.Helper()
 	_, commit := h.newProject(name, map[string]string{"ci.nix": h.lib() + expr})
 	e, _ := h.trigger(name, "", commit)

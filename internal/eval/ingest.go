@@ -14,7 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
+	"github.com/harmonia-ci/harmonia-ci/internal/evaluation"
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 	"github.com/harmonia-ci/harmonia-ci/internal/signerapi"
@@ -173,9 +173,9 @@ func (in *ingester) commit(ctx context.Context, batches []batch) error {
 		if err := in.holdClaim(ctx, tx); err != nil {
 			return err
 		}
-		// Job-need lock before the enqueue lock: cancelUnneeded takes them in this order too.
-		if _, err := tx.Exec(ctx, sqlNeedLock, cluster.LockClass); err != nil {
-			return fmt.Errorf("take job-need lock: %w", err)
+		// Job-need lock before the enqueue lock: evaluation.Rollback takes them in this order too.
+		if err := evaluation.LockJobNeed(ctx, tx); err != nil {
+			return err
 		}
 		pid := in.projectID
 		var err error

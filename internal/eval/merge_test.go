@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/eval"
+	"github.com/harmonia-ci/harmonia-ci/internal/evaluation"
 	"github.com/harmonia-ci/harmonia-ci/internal/nixtest"
 )
 
@@ -40,7 +41,7 @@ func TestPullRequestMerged(t *testing.T) {
 			errAttr: "feature", attrErr: "assert", merged: true},
 		{name: "merged-flake", head: map[string]string{"flake.nix": flake}, status: "succeeded", merged: true},
 		{name: "conflict", head: map[string]string{"value.nix": "3\n"}, status: "cancelled",
-			errWant: eval.ConflictPrefix + "main and the pull request conflict in value.nix"},
+			errWant: evaluation.ConflictPrefix + "main and the pull request conflict in value.nix"},
 		{name: "head", settings: "pull-requests = \"head\"\n", head: map[string]string{"ci.nix": fileCI}, status: "succeeded"},
 	}
 	type pr struct {
@@ -61,7 +62,7 @@ func TestPullRequestMerged(t *testing.T) {
 			files[eval.SettingsFile] = c.settings
 		}
 		base := repo.Commit("the base moves", files)
-		e, created, err := eval.Request(h.ctx(), h.pool, eval.RequestParams{ProjectID: h.queryInt(`SELECT id FROM projects WHERE name = $1`, c.name),
+		e, created, err := evaluation.Request(h.ctx(), h.pool, evaluation.RequestParams{ProjectID: h.queryInt(`SELECT id FROM projects WHERE name = $1`, c.name),
 			FlakeURL: repo.Dir, Commit: head, Branch: "pull/1", PRNumber: 1, PRBase: "main"})
 		if err != nil || !created {
 			t.Fatalf("%s: request: %v (created %v)", c.name, err, created)
@@ -105,13 +106,13 @@ func TestPullRequestMerged(t *testing.T) {
 	// a request without an event (no delivery) leaves it be.
 	p := prs["merged-red"]
 	base := p.repo.Commit("the base moves back", map[string]string{"value.nix": "1\n"})
-	params := eval.RequestParams{ProjectID: h.queryInt(`SELECT id FROM projects WHERE name = 'merged-red'`), FlakeURL: p.repo.Dir,
+	params := evaluation.RequestParams{ProjectID: h.queryInt(`SELECT id FROM projects WHERE name = 'merged-red'`), FlakeURL: p.repo.Dir,
 		Commit: p.head, Branch: "pull/1", PRNumber: 1, PRBase: "main"}
-	if _, created, err := eval.Request(h.ctx(), h.pool, params); err != nil || created {
+	if _, created, err := evaluation.Request(h.ctx(), h.pool, params); err != nil || created {
 		t.Fatalf("a request without an event: created %v (%v), want the existing evaluation", created, err)
 	}
-	params.Delivery = &eval.Delivery{Forge: "test", ID: "again-1"}
-	if _, created, err := eval.Request(h.ctx(), h.pool, params); err != nil || !created {
+	params.Delivery = &evaluation.Delivery{Forge: "test", ID: "again-1"}
+	if _, created, err := evaluation.Request(h.ctx(), h.pool, params); err != nil || !created {
 		t.Fatalf("the pull request's next event: created %v (%v), want it evaluated again", created, err)
 	}
 	e := h.waitSucceeded(p.id)

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/eval"
+	"github.com/harmonia-ci/harmonia-ci/internal/evaluation"
 )
 
 // A finished evaluation of each status is run again under its id: the row is queued as before
@@ -26,7 +27,7 @@ func TestReevaluate(t *testing.T) {
 		name string
 		// finish makes an evaluation of commit (on main, or another branch) end with the
 		// status under test, and stops any evaluator it started.
-		finish func(t *testing.T, h *harness, commit string) eval.Evaluation
+		finish func(t *testing.T, h *harness, commit string) evaluation.Evaluation
 		status string
 		// onlyIt names the attributes whose pending jobs only this evaluation needs: cancelled
 		// by the re-evaluation until it is ingested again.
@@ -34,9 +35,9 @@ func TestReevaluate(t *testing.T) {
 	}{
 		{
 			name:   "succeeded",
-			status: eval.StatusSucceeded,
+			status: evaluation.StatusSucceeded,
 			onlyIt: []string{"own"},
-			finish: func(t *testing.T, h *harness, commit string) eval.Evaluation {
+			finish: func(t *testing.T, h *harness, commit string) evaluation.Evaluation {
 				ev := h.startEvaluator("first")
 				e, _ := h.trigger("again", "", commit)
 				h.waitSucceeded(e.ID)
@@ -47,13 +48,13 @@ func TestReevaluate(t *testing.T) {
 		{
 			// The issue's case: Nix is missing on the evaluator, a failure outside the project.
 			name:   "failed",
-			status: eval.StatusFailed,
-			finish: func(t *testing.T, h *harness, commit string) eval.Evaluation {
+			status: evaluation.StatusFailed,
+			finish: func(t *testing.T, h *harness, commit string) evaluation.Evaluation {
 				ev := h.startEvaluator("no-nix", func(c *eval.Config) {
 					c.Runner = &eval.NixRunner{Bin: filepath.Join(t.TempDir(), "nix-instantiate")}
 				})
 				e, _ := h.trigger("again", "", commit)
-				e = h.waitStatus(e.ID, eval.StatusFailed)
+				e = h.waitStatus(e.ID, evaluation.StatusFailed)
 				ev.Stop()
 				if e.Error == "" {
 					t.Fatalf("failed evaluation without an error: %+v", e)
@@ -63,10 +64,10 @@ func TestReevaluate(t *testing.T) {
 		},
 		{
 			name:   "cancelled",
-			status: eval.StatusCancelled,
-			finish: func(t *testing.T, h *harness, commit string) eval.Evaluation {
+			status: evaluation.StatusCancelled,
+			finish: func(t *testing.T, h *harness, commit string) evaluation.Evaluation {
 				e, _ := h.trigger("again", "", commit)
-				if err := eval.Cancel(h.ctx(), h.pool, e.ID, "cancelled by the test"); err != nil {
+				if err := evaluation.Cancel(h.ctx(), h.pool, e.ID, "cancelled by the test"); err != nil {
 					t.Fatal(err)
 				}
 				return h.get(e.ID)
@@ -75,8 +76,8 @@ func TestReevaluate(t *testing.T) {
 		{
 			// The same commit on another branch reuses main's evaluation, which needs every job.
 			name:   "skipped",
-			status: eval.StatusSkipped,
-			finish: func(t *testing.T, h *harness, commit string) eval.Evaluation {
+			status: evaluation.StatusSkipped,
+			finish: func(t *testing.T, h *harness, commit string) evaluation.Evaluation {
 				ev := h.startEvaluator("first")
 				main, _ := h.trigger("again", "", commit)
 				h.waitSucceeded(main.ID)
@@ -119,16 +120,16 @@ let shared = mk "shared" [ ]; in { inherit shared; own = mk "own" [ shared ]; }`
 			}
 
 			notes := listen(t, h)
-			again, err := eval.Reevaluate(h.ctx(), h.pool, e.ID)
+			again, err := evaluation.Reevaluate(h.ctx(), h.pool, e.ID)
 			if err != nil {
 				t.Fatalf("re-evaluate: %v", err)
 			}
-			if again.ID != e.ID || again.Status != eval.StatusQueued || again.ClaimedBy != "" || again.StartedAt != nil ||
+			if again.ID != e.ID || again.Status != evaluation.StatusQueued || again.ClaimedBy != "" || again.StartedAt != nil ||
 				again.FinishedAt != nil || again.Error != "" || again.SkippedReason != "" || again.ReusesEvalID != nil ||
 				again.Attempt != e.Attempt || !again.CreatedAt.Equal(e.CreatedAt) || again.Commit != e.Commit || again.Branch != e.Branch {
 				t.Fatalf("after Reevaluate: %+v\nwas %+v\nwant the same row queued as before its first claim", again, e)
 			}
-			notes.want(t, e.ID, eval.StatusQueued)
+			notes.want(t, e.ID, evaluation.StatusQueued)
 			if n := h.queryInt(`SELECT count(*) FROM eval_attrs WHERE eval_id = $1`, e.ID); n != 0 {
 				t.Errorf("%d attributes left", n)
 			}
@@ -144,7 +145,7 @@ let shared = mk "shared" [ ]; in { inherit shared; own = mk "own" [ shared ]; }`
 			if got := h.jobStatus(shared.DrvPath); got != "pending" {
 				t.Errorf("the job of shared, which the other branch needs, is %s", got)
 			}
-			if _, err := eval.Reevaluate(h.ctx(), h.pool, e.ID); !errors.Is(err, eval.ErrNotFinished) {
+			if _, err := evaluation.Reevaluate(h.ctx(), h.pool, e.ID); !errors.Is(err, evaluation.ErrNotFinished) {
 				t.Errorf("re-evaluating the queued evaluation: %v, want ErrNotFinished", err)
 			}
 
@@ -188,24 +189,24 @@ func TestReevaluateSupersedes(t *testing.T) {
 
 	reevaluate := func(id int64) {
 		t.Helper()
-		if _, err := eval.Reevaluate(h.ctx(), h.pool, id); err != nil {
+		if _, err := evaluation.Reevaluate(h.ctx(), h.pool, id); err != nil {
 			t.Fatalf("re-evaluate %d: %v", id, err)
 		}
 	}
 	reevaluate(a.ID)
-	if got := h.get(b.ID); got.Status != eval.StatusSucceeded {
+	if got := h.get(b.ID); got.Status != evaluation.StatusSucceeded {
 		t.Fatalf("re-evaluating the older evaluation changed the newer one: %+v", got)
 	}
 	notes := listen(t, h)
 	reevaluate(b.ID)
-	notes.want(t, a.ID, eval.StatusCancelled)
-	notes.want(t, b.ID, eval.StatusQueued)
-	if got, want := h.get(a.ID), fmt.Sprintf("superseded by evaluation %d", b.ID); got.Status != eval.StatusCancelled || got.Error != want {
+	notes.want(t, a.ID, evaluation.StatusCancelled)
+	notes.want(t, b.ID, evaluation.StatusQueued)
+	if got, want := h.get(a.ID), fmt.Sprintf("superseded by evaluation %d", b.ID); got.Status != evaluation.StatusCancelled || got.Error != want {
 		t.Fatalf("the older evaluation: %s, %q; want cancelled, %q", got.Status, got.Error, want)
 	}
 	// Asked for explicitly, the older one runs again; the newer one is not superseded by it.
 	reevaluate(a.ID)
-	if got := h.get(b.ID); got.Status != eval.StatusQueued {
+	if got := h.get(b.ID); got.Status != evaluation.StatusQueued {
 		t.Fatalf("the newer evaluation: %+v, want it still queued", got)
 	}
 
@@ -239,18 +240,18 @@ func TestReevaluateRefused(t *testing.T) {
 		id   int64
 		err  error
 	}{
-		{"running", running.ID, eval.ErrNotFinished},
-		{"queued", queued.ID, eval.ErrNotFinished},
-		{"missing", queued.ID + 1000, eval.ErrNotFound},
+		{"running", running.ID, evaluation.ErrNotFinished},
+		{"queued", queued.ID, evaluation.ErrNotFinished},
+		{"missing", queued.ID + 1000, evaluation.ErrNotFound},
 	} {
-		if _, err := eval.Reevaluate(h.ctx(), h.pool, c.id); !errors.Is(err, c.err) {
+		if _, err := evaluation.Reevaluate(h.ctx(), h.pool, c.id); !errors.Is(err, c.err) {
 			t.Errorf("%s: %v, want %v", c.name, err, c.err)
 		}
 	}
-	if got := h.get(queued.ID); got.Status != eval.StatusQueued || got.Attempt != 0 {
+	if got := h.get(queued.ID); got.Status != evaluation.StatusQueued || got.Attempt != 0 {
 		t.Errorf("the refused queued evaluation changed: %+v", got)
 	}
-	if got := h.get(running.ID); got.Status != eval.StatusRunning || got.ClaimedBy != "ev-1" || got.Attempt != 1 {
+	if got := h.get(running.ID); got.Status != evaluation.StatusRunning || got.ClaimedBy != "ev-1" || got.Attempt != 1 {
 		t.Errorf("the running evaluation's claim changed: %+v", got)
 	}
 

@@ -8,32 +8,8 @@ import (
 	"testing"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/eval"
+	"github.com/harmonia-ci/harmonia-ci/internal/evaluation"
 )
-
-func TestSupersedesBranches(t *testing.T) {
-	t.Parallel()
-	for _, c := range []struct {
-		branch string
-		want   bool
-	}{
-		{"main", true},
-		{"feature/x", true},
-		{"staging-next", true},
-		{"trying-things", true},
-		{"gh-readonly-queue", true},
-		{"gh-readonly-queue/main/pr-1-0123456789abcdef", false},
-		{"gh-readonly-queue/release/pr-22-cafe", false},
-		{"staging", false},
-		{"trying", false},
-		{"staging.tmp", false},
-		{"staging.tmp42", false},
-		{"trying.tmp", false},
-	} {
-		if got := eval.Supersedes(c.branch); got != c.want {
-			t.Errorf("Supersedes(%q) = %v, want %v", c.branch, got, c.want)
-		}
-	}
-}
 
 // A new commit on a branch cancels the evaluation still running there, and the pending jobs
 // only it needed; jobs the new evaluation needs too stay. Merge-queue commits never supersede
@@ -54,7 +30,7 @@ func TestSupersede(t *testing.T) {
 	pidA := children.last()
 	before := h.attrs(a.ID)
 	common, onlyA := before["common"], before["onlyA"]
-	for _, x := range []eval.AttrResult{common, onlyA} {
+	for _, x := range []evaluation.AttrResult{common, onlyA} {
 		if x.JobStatus != "pending" {
 			t.Fatalf("%s: %+v, want a pending job", x.Attr, x)
 		}
@@ -131,7 +107,7 @@ func TestTreeHashDedup(t *testing.T) {
 		t.Fatalf("first evaluation: %+v created=%v", e1, created)
 	}
 	h.waitSucceeded(e1.ID)
-	attrs1, err := eval.Attrs(h.ctx(), h.pool, e1.ID)
+	attrs1, err := evaluation.Attrs(h.ctx(), h.pool, e1.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -160,11 +136,11 @@ func TestTreeHashDedup(t *testing.T) {
 				*e.ReusesEvalID != e1.ID || e.FinishedAt == nil || e.TreeHash != e1.TreeHash {
 				t.Fatalf("%+v created=%v, want a new evaluation skipped as a tree hash hit reusing %d", e, created, e1.ID)
 			}
-			attrs, err := eval.Attrs(h.ctx(), h.pool, e.ID)
+			attrs, err := evaluation.Attrs(h.ctx(), h.pool, e.ID)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if !slices.EqualFunc(attrs, attrs1, func(a, b eval.AttrResult) bool {
+			if !slices.EqualFunc(attrs, attrs1, func(a, b evaluation.AttrResult) bool {
 				return a.Attr == b.Attr && a.DrvPath == b.DrvPath && a.Error == b.Error && a.JobID == b.JobID
 			}) {
 				t.Errorf("attributes %+v, want a copy of %+v", attrs, attrs1)
@@ -197,7 +173,7 @@ func TestTreeHashDedup(t *testing.T) {
 	c3 := repo.Commit("raced", map[string]string{"ci.nix": h.lib() + `{ x = mk "x3" [ ]; }`})
 	const n = 8
 	type result struct {
-		e       eval.Evaluation
+		e       evaluation.Evaluation
 		created bool
 		err     error
 	}

@@ -84,17 +84,6 @@ func TestSplitAttrPath(t *testing.T) {
 	}
 }
 
-func TestSupersedes(t *testing.T) {
-	for branch, want := range map[string]bool{
-		"main": true, "master": true, "release/1.0": true, "feature/x": true, "refs/pull/4/merge": true,
-		"gh-readonly-queue/main/pr-12-abc": false, "staging": false, "trying": false, "staging.tmp": false,
-	} {
-		if got := Supersedes(branch); got != want {
-			t.Errorf("Supersedes(%q) = %v, want %v", branch, got, want)
-		}
-	}
-}
-
 // The README's example of a .harmonia-ci.toml is one the evaluator accepts, with every key.
 func TestReadmeShowsSettings(t *testing.T) {
 	readme, err := os.ReadFile("../../README.md")

@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/harmonia-ci/harmonia-ci/internal/evaluation"
 	"github.com/harmonia-ci/harmonia-ci/internal/gitrepo"
 	"github.com/harmonia-ci/harmonia-ci/internal/project"
 )
@@ -26,25 +27,25 @@ func MirrorDir(stateDir string, projectID int64) string {
 }
 
 // Trigger resolves the commit and its tree in the project's repository and requests its
-// evaluation (see Request).
-func Trigger(ctx context.Context, pool *pgxpool.Pool, p TriggerParams) (Evaluation, bool, error) {
+// evaluation (see evaluation.Request).
+func Trigger(ctx context.Context, pool *pgxpool.Pool, p TriggerParams) (evaluation.Evaluation, bool, error) {
 	pr, err := project.Get(ctx, pool, p.Project)
 	if err != nil {
-		return Evaluation{}, false, err
+		return evaluation.Evaluation{}, false, err
 	}
 	branch := p.Branch
 	if branch == "" {
 		branch = pr.Branch
 	}
 	if err := gitrepo.ValidateBranch(branch); err != nil {
-		return Evaluation{}, false, fmt.Errorf("branch: %w", err)
+		return evaluation.Evaluation{}, false, fmt.Errorf("branch: %w", err)
 	}
 	m, err := gitrepo.New(MirrorDir(p.StateDir, pr.ID), pr.RepoURL)
 	if err != nil {
-		return Evaluation{}, false, err
+		return evaluation.Evaluation{}, false, err
 	}
 	if err := m.Fetch(ctx); err != nil {
-		return Evaluation{}, false, err
+		return evaluation.Evaluation{}, false, err
 	}
 	commit := p.Commit
 	if commit == "" {
@@ -53,11 +54,11 @@ func Trigger(ctx context.Context, pool *pgxpool.Pool, p TriggerParams) (Evaluati
 		commit, err = m.ResolveCommit(ctx, commit)
 	}
 	if err != nil {
-		return Evaluation{}, false, err
+		return evaluation.Evaluation{}, false, err
 	}
 	tree, err := m.Tree(ctx, commit)
 	if err != nil {
 		tree = "" // no dedup, as the design says
 	}
-	return Request(ctx, pool, RequestParams{ProjectID: pr.ID, FlakeURL: pr.RepoURL, Commit: commit, Branch: branch, TreeHash: tree})
+	return evaluation.Request(ctx, pool, evaluation.RequestParams{ProjectID: pr.ID, FlakeURL: pr.RepoURL, Commit: commit, Branch: branch, TreeHash: tree})
 }

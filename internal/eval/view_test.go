@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/eval"
+	"github.com/harmonia-ci/harmonia-ci/internal/evaluation"
 	"github.com/harmonia-ci/harmonia-ci/internal/nixdaemon"
 	"github.com/harmonia-ci/harmonia-ci/internal/nixtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/waittest"
@@ -252,9 +253,9 @@ func dbResults(h *harness, id int64) map[string]result {
 }
 
 // waitFinished waits until evaluation id has finished, whichever way.
-func (h *harness) waitFinished(id int64) eval.Evaluation {
+func (h *harness) waitFinished(id int64) evaluation.Evaluation {
 	h.t.Helper()
-	var e eval.Evaluation
+	var e evaluation.Evaluation
 	waittest.For(h.t, finishTimeout, func() bool {
 		e = h.get(id)
 		return e.Finished()

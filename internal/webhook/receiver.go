@@ -22,7 +22,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/harmonia-ci/harmonia-ci/internal/eval"
+	"github.com/harmonia-ci/harmonia-ci/internal/evaluation"
 	"github.com/harmonia-ci/harmonia-ci/internal/forge"
 	"github.com/harmonia-ci/harmonia-ci/internal/gitrepo"
 	"github.com/harmonia-ci/harmonia-ci/internal/project"
@@ -301,7 +301,7 @@ func (r *Receiver) Dispatch(ctx context.Context, f forge.Forge, ev forge.Event) 
 			}
 			return head == ev.After, err
 		}
-		return r.request(ctx, p, f, ev, eval.RequestParams{Commit: ev.After, Branch: ev.Branch, TreeHash: ev.Tree, IsHead: isHead})
+		return r.request(ctx, p, f, ev, evaluation.RequestParams{Commit: ev.After, Branch: ev.Branch, TreeHash: ev.Tree, IsHead: isHead})
 	case forge.EventPullRequest:
 		if reason := prRefused(p); reason != "" {
 			return ok("%s", reason), nil
@@ -367,29 +367,29 @@ func prRefused(p project.Project) string {
 // supersedes the previous one's evaluation.
 func PRBranch(n int) string { return fmt.Sprintf("pull/%d", n) }
 
-func prParams(pr forge.PullRequest) eval.RequestParams {
-	return eval.RequestParams{Commit: pr.HeadSHA, Branch: PRBranch(pr.Number), PRNumber: pr.Number, PRAuthor: pr.Author,
+func prParams(pr forge.PullRequest) evaluation.RequestParams {
+	return evaluation.RequestParams{Commit: pr.HeadSHA, Branch: PRBranch(pr.Number), PRNumber: pr.Number, PRAuthor: pr.Author,
 		PRAuthorID: pr.AuthorID, PRBase: pr.BaseBranch}
 }
 
-func (r *Receiver) request(ctx context.Context, p project.Project, f forge.Forge, ev forge.Event, rp eval.RequestParams) (Outcome, error) {
+func (r *Receiver) request(ctx context.Context, p project.Project, f forge.Forge, ev forge.Event, rp evaluation.RequestParams) (Outcome, error) {
 	rp.ProjectID, rp.FlakeURL = p.ID, p.RepoURL
 	if ev.DeliveryID != "" {
-		rp.Delivery = &eval.Delivery{Forge: f.Name(), ID: ev.DeliveryID}
+		rp.Delivery = &evaluation.Delivery{Forge: f.Name(), ID: ev.DeliveryID}
 		if ev.BodySHA256 != ([sha256.Size]byte{}) {
 			rp.Delivery.BodySHA256 = ev.BodySHA256[:]
 		}
 	}
-	e, created, err := eval.Request(ctx, r.pool, rp)
-	if errors.Is(err, eval.ErrDuplicateDelivery) {
+	e, created, err := evaluation.Request(ctx, r.pool, rp)
+	if errors.Is(err, evaluation.ErrDuplicateDelivery) {
 		out := ok("delivery %s was received before", ev.DeliveryID)
 		out.result = resultReplayed
 		return out, nil
 	}
-	if errors.Is(err, eval.ErrNotHead) {
+	if errors.Is(err, evaluation.ErrNotHead) {
 		return ok("%s is no longer the head of %s", rp.Commit, rp.Branch), nil
 	}
-	if errors.Is(err, eval.ErrHeadUnknown) {
+	if errors.Is(err, evaluation.ErrHeadUnknown) {
 		return Outcome{}, forgeUnavailable("read the branch's head", err)
 	}
 	if err != nil {

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/harmonia-ci/harmonia-ci/internal/eval"
+	"github.com/harmonia-ci/harmonia-ci/internal/evaluation"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 	"github.com/harmonia-ci/harmonia-ci/internal/web"
 )
@@ -294,11 +294,11 @@ func (u *UI) rebuildFailed(ctx context.Context, id int64, who actor) (string, er
 
 // reevaluate is POST /api/evals/{id}/re-evaluate: a finished evaluation queued again.
 func (u *UI) reevaluate(ctx context.Context, id int64, _ actor) (string, error) {
-	_, err := eval.Reevaluate(ctx, u.cfg.Pool, id)
+	_, err := evaluation.Reevaluate(ctx, u.cfg.Pool, id)
 	switch {
-	case errors.Is(err, eval.ErrNotFound):
+	case errors.Is(err, evaluation.ErrNotFound):
 		return "", notFound("no evaluation %d", id)
-	case errors.Is(err, eval.ErrNotFinished):
+	case errors.Is(err, evaluation.ErrNotFinished):
 		return "", web.Errorf(http.StatusConflict, "evaluation %d has not finished: cancel it first", id)
 	case err != nil:
 		return "", err
@@ -308,11 +308,11 @@ func (u *UI) reevaluate(ctx context.Context, id int64, _ actor) (string, error) 
 
 // cancelEval is POST /api/evals/{id}/cancel: a queued or running evaluation cancelled.
 func (u *UI) cancelEval(ctx context.Context, id int64, who actor) (string, error) {
-	err := eval.Cancel(ctx, u.cfg.Pool, id, "cancelled by "+who.String())
+	err := evaluation.Cancel(ctx, u.cfg.Pool, id, "cancelled by "+who.String())
 	switch {
-	case errors.Is(err, eval.ErrNotFound):
+	case errors.Is(err, evaluation.ErrNotFound):
 		return "", notFound("no evaluation %d", id)
-	case errors.Is(err, eval.ErrFinished):
+	case errors.Is(err, evaluation.ErrFinished):
 		return "", web.Errorf(http.StatusConflict, "evaluation %d has already finished", id)
 	case err != nil:
 		return "", err

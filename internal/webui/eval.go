@@ -13,7 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/harmonia-ci/harmonia-ci/internal/eval"
+	"github.com/harmonia-ci/harmonia-ci/internal/evaluation"
 	"github.com/harmonia-ci/harmonia-ci/internal/forge"
 	"github.com/harmonia-ci/harmonia-ci/internal/web"
 )
@@ -98,7 +98,7 @@ type EvalHeader struct {
 
 // Finished reports whether the evaluation itself is over (its builds may still run).
 func (e EvalHeader) Finished() bool {
-	return e.Status != eval.StatusQueued && e.Status != eval.StatusRunning
+	return e.Status != evaluation.StatusQueued && e.Status != evaluation.StatusRunning
 }
 
 // AttrRow is one attribute of an evaluation as its table row shows it: the template
@@ -209,7 +209,7 @@ func (u *UI) evalPage(w http.ResponseWriter, r *http.Request) (string, Page, err
 		}
 		p.Tabs = append(p.Tabs, Tab{Key: t.Key, Label: t.Label, Href: href, Count: counts[i], Current: t.Key == tab})
 	}
-	if p.Jobs, err = eval.JobCounts(ctx, u.cfg.Pool, id); err != nil {
+	if p.Jobs, err = evaluation.JobCounts(ctx, u.cfg.Pool, id); err != nil {
 		return "", Page{}, err
 	}
 	if p.Timeline, err = u.timeline(ctx, id, e.Project); err != nil {

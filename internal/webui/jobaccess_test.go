@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/harmonia-ci/harmonia-ci/internal/eval"
+	"github.com/harmonia-ci/harmonia-ci/internal/evaluation"
 	"github.com/harmonia-ci/harmonia-ci/internal/githubtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 )
@@ -162,7 +162,7 @@ func TestCancelDetachesSharedInterest(t *testing.T) {
 		t.Errorf("detached attributes of the pull request: %d, %v", cancelled, err)
 	}
 	// Once lib's evaluation is cancelled, nothing live needs the job: it is cancelled with it.
-	if err := eval.Cancel(fx.ctx, fx.pool, libRunning, "test"); err != nil {
+	if err := evaluation.Cancel(fx.ctx, fx.pool, libRunning, "test"); err != nil {
 		t.Fatal(err)
 	}
 	if s := fx.jobStatus(sharedJob); s != "cancelled" {

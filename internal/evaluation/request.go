@@ -1,9 +1,8 @@
-package eval
+package evaluation
 
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -12,154 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
-	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 )
-
-// ErrNotFound is returned for an evaluation id that does not exist.
-var ErrNotFound = errors.New("no such evaluation")
-
-// ErrFinished is returned when cancelling an evaluation that has already finished.
-var ErrFinished = errors.New("evaluation already finished")
-
-// ErrNotFinished is returned when re-evaluating an evaluation that is still queued or running:
-// there is nothing to run again.
-var ErrNotFinished = errors.New("evaluation not finished yet")
-
-// Evaluation statuses, as the evaluations table spells them.
-const (
-	StatusQueued    = "queued"
-	StatusRunning   = "running"
-	StatusSucceeded = "succeeded"
-	StatusFailed    = "failed"
-	StatusCancelled = "cancelled"
-	StatusSkipped   = "skipped"
-)
-
-// Evaluation is one row of evaluations with its project's name.
-type Evaluation struct {
-	ID            int64      `json:"id"`
-	ProjectID     int64      `json:"project_id"`
-	Project       string     `json:"project"`
-	FlakeURL      string     `json:"flake_url"`
-	Commit        string     `json:"commit"`
-	Branch        string     `json:"branch"`
-	TreeHash      string     `json:"tree_hash,omitempty"`
-	Status        string     `json:"status"`
-	SkippedReason string     `json:"skipped_reason,omitempty"`
-	ReusesEvalID  *int64     `json:"reuses_eval_id,omitempty"`
-	ClaimedBy     string     `json:"claimed_by,omitempty"`
-	Attempt       int        `json:"attempt"`
-	Error         string     `json:"error,omitempty"`
-	CreatedAt     time.Time  `json:"created_at"`
-	StartedAt     *time.Time `json:"started_at,omitempty"`
-	FinishedAt    *time.Time `json:"finished_at,omitempty"`
-	PRNumber      int        `json:"pr_number,omitempty"`
-	PRAuthor      string     `json:"pr_author,omitempty"`
-	NixVersion    string     `json:"nix_version,omitempty"` // the Nix that evaluated it (last)
-	// A pull request's base branch; the base's tip its last run merged Commit into (or found
-	// conflicting), and the merge it evaluated ("": Commit itself).
-	PRBase      string `json:"pr_base,omitempty"`
-	BaseCommit  string `json:"base_commit,omitempty"`
-	MergeCommit string `json:"merge_commit,omitempty"`
-}
-
-// Finished reports whether the evaluation will not change any more.
-func (e Evaluation) Finished() bool {
-	return e.Status != StatusQueued && e.Status != StatusRunning
-}
-
-func scanEval(row pgx.CollectableRow) (Evaluation, error) {
-	var e Evaluation
-	err := row.Scan(&e.ID, &e.ProjectID, &e.Project, &e.FlakeURL, &e.Commit, &e.Branch, &e.TreeHash,
-		&e.Status, &e.SkippedReason, &e.ReusesEvalID, &e.ClaimedBy, &e.Attempt, &e.Error, &e.CreatedAt,
-		&e.StartedAt, &e.FinishedAt, &e.PRNumber, &e.PRAuthor, &e.NixVersion, &e.PRBase, &e.BaseCommit, &e.MergeCommit)
-	return e, err
-}
-
-// Querier is a pool, connection or transaction.
-type Querier interface {
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-}
-
-// Get returns evaluation id.
-func Get(ctx context.Context, q Querier, id int64) (Evaluation, error) {
-	rows, err := q.Query(ctx, sqlEvalByID, id)
-	if err != nil {
-		return Evaluation{}, fmt.Errorf("get evaluation %d: %w", id, err)
-	}
-	e, err := pgx.CollectExactlyOneRow(rows, scanEval)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return Evaluation{}, fmt.Errorf("evaluation %d: %w", id, ErrNotFound)
-	}
-	if err != nil {
-		return Evaluation{}, fmt.Errorf("get evaluation %d: %w", id, err)
-	}
-	return e, nil
-}
-
-// List returns the newest evaluations, of one project or ("") of all.
-func List(ctx context.Context, q Querier, project string, limit int) ([]Evaluation, error) {
-	rows, err := q.Query(ctx, sqlListEvals, project, limit)
-	if err != nil {
-		return nil, fmt.Errorf("list evaluations: %w", err)
-	}
-	es, err := pgx.CollectRows(rows, scanEval)
-	if err != nil {
-		return nil, fmt.Errorf("list evaluations: %w", err)
-	}
-	return es, nil
-}
-
-// AttrResult is one evaluated attribute with its build job, if any.
-type AttrResult struct {
-	Attr      string   `json:"attr"`
-	DrvPath   string   `json:"drv_path,omitempty"`
-	Error     string   `json:"error,omitempty"`
-	JobID     int64    `json:"job_id,omitempty"`
-	JobStatus string   `json:"job_status,omitempty"` // "" when no job was needed (cached)
-	Outputs   []string `json:"outputs,omitempty"`
-	// The job's run and, for a failed one, why.
-	StartedAt  *time.Time `json:"started_at,omitempty"`
-	FinishedAt *time.Time `json:"finished_at,omitempty"`
-	JobError   string     `json:"job_error,omitempty"`
-}
-
-// Attrs returns an evaluation's attributes, by name.
-func Attrs(ctx context.Context, q Querier, id int64) ([]AttrResult, error) {
-	rows, err := q.Query(ctx, sqlAttrsOfEval, id)
-	if err != nil {
-		return nil, fmt.Errorf("attributes of evaluation %d: %w", id, err)
-	}
-	as, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (AttrResult, error) {
-		var a AttrResult
-		err := row.Scan(&a.Attr, &a.DrvPath, &a.Error, &a.JobID, &a.JobStatus, &a.Outputs, &a.StartedAt, &a.FinishedAt, &a.JobError)
-		return a, err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("attributes of evaluation %d: %w", id, err)
-	}
-	return as, nil
-}
-
-// JobCounts counts the build jobs an evaluation needs (its attributes' closures) by status.
-func JobCounts(ctx context.Context, q Querier, id int64) (map[string]int, error) {
-	rows, err := q.Query(ctx, sqlJobCountsOfEval, id)
-	if err != nil {
-		return nil, fmt.Errorf("jobs of evaluation %d: %w", id, err)
-	}
-	counts := map[string]int{}
-	var status string
-	var n int
-	if _, err := pgx.ForEachRow(rows, []any{&status, &n}, func() error {
-		counts[status] = n
-		return nil
-	}); err != nil {
-		return nil, fmt.Errorf("jobs of evaluation %d: %w", id, err)
-	}
-	return counts, nil
-}
 
 // RequestParams ask for one evaluation.
 type RequestParams struct {
@@ -352,7 +204,7 @@ func request(ctx context.Context, pool *pgxpool.Pool, p RequestParams, head *boo
 			return err
 		}
 		if len(old) > 0 {
-			if err := rollback(ctx, tx, old); err != nil {
+			if err := Rollback(ctx, tx, old); err != nil {
 				return err
 			}
 		}
@@ -360,7 +212,7 @@ func request(ctx context.Context, pool *pgxpool.Pool, p RequestParams, head *boo
 		if reuse != 0 {
 			status = StatusSkipped
 		}
-		if err := notifyEvaluation(ctx, tx, id, status); err != nil {
+		if err := Notify(ctx, tx, id, status); err != nil {
 			return err
 		}
 		// As requested, in this transaction: an evaluator may claim it the moment it commits.
@@ -422,14 +274,14 @@ func requeueSuperseded(ctx context.Context, tx pgx.Tx, e Evaluation) error {
 		return fmt.Errorf("supersede other evaluations: %w", err)
 	}
 	for _, o := range old {
-		if err := notifyEvaluation(ctx, tx, o, StatusCancelled); err != nil {
+		if err := Notify(ctx, tx, o, StatusCancelled); err != nil {
 			return err
 		}
 	}
-	if err := rollback(ctx, tx, append(old, e.ID)); err != nil {
+	if err := Rollback(ctx, tx, append(old, e.ID)); err != nil {
 		return err
 	}
-	return notifyEvaluation(ctx, tx, e.ID, StatusQueued)
+	return Notify(ctx, tx, e.ID, StatusQueued)
 }
 
 // isHead asks p.IsHead, if set, with no transaction open; without one the commit is taken to
@@ -469,7 +321,7 @@ func supersede(ctx context.Context, tx pgx.Tx, projectID int64, branch string, i
 		return nil, fmt.Errorf("supersede older evaluations: %w", err)
 	}
 	for _, o := range old {
-		if err := notifyEvaluation(ctx, tx, o, StatusCancelled); err != nil {
+		if err := Notify(ctx, tx, o, StatusCancelled); err != nil {
 			return nil, err
 		}
 	}
@@ -485,62 +337,4 @@ func Supersedes(branch string) bool {
 		return false
 	}
 	return true
-}
-
-// Cancel stops an evaluation: queued or running → cancelled and rolled back (its attributes
-// deleted, the pending jobs no other live evaluation needs cancelled). A running evaluator notices within a second and kills Nix.
-func Cancel(ctx context.Context, pool *pgxpool.Pool, id int64, reason string) error {
-	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		var got int64
-		err := tx.QueryRow(ctx, sqlCancelEval, id, reason).Scan(&got)
-		if errors.Is(err, pgx.ErrNoRows) {
-			if _, err := Get(ctx, tx, id); err != nil {
-				return err
-			}
-			return ErrFinished
-		}
-		if err != nil {
-			return err
-		}
-		if err := rollback(ctx, tx, []int64{id}); err != nil {
-			return err
-		}
-		return notifyEvaluation(ctx, tx, id, StatusCancelled)
-	})
-	if err != nil {
-		return fmt.Errorf("cancel evaluation %d: %w", id, err)
-	}
-	return nil
-}
-
-// cancelUnneeded cancels the pending jobs of evaluations ids that no live evaluation needs.
-func cancelUnneeded(ctx context.Context, tx pgx.Tx, ids []int64) error {
-	if len(ids) == 0 {
-		return nil
-	}
-	if _, err := tx.Exec(ctx, sqlNeedLock, cluster.LockClass); err != nil {
-		return fmt.Errorf("take job-need lock: %w", err)
-	}
-	rows, err := tx.Query(ctx, sqlCancelUnneeded, ids)
-	if err != nil {
-		return fmt.Errorf("cancel unneeded jobs: %w", err)
-	}
-	drvs, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return fmt.Errorf("cancel unneeded jobs: %w", err)
-	}
-	for _, d := range drvs {
-		if err := queue.NotifyJobs(ctx, tx, map[string]string{"drv_path": d, "status": "cancelled"}); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func notifyEvaluation(ctx context.Context, tx pgx.Tx, id int64, status string) error {
-	b, _ := json.Marshal(map[string]any{"id": id, "status": status})
-	if _, err := tx.Exec(ctx, sqlNotifyEvaluations, string(b)); err != nil {
-		return fmt.Errorf("notify evaluations: %w", err)
-	}
-	return nil
 }

@@ -1,4 +1,4 @@
-package eval
+package evaluation
 
 import (
 	"context"
@@ -8,6 +8,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
+
+// ErrNotFinished is returned when re-evaluating an evaluation that is still queued or running:
+// there is nothing to run again.
+var ErrNotFinished = errors.New("evaluation not finished yet")
 
 // Reevaluate runs a finished evaluation (succeeded, failed, cancelled or skipped) again: for
 // an evaluation that failed for a reason outside the project (Nix missing, a crash, a timeout,
@@ -31,7 +35,7 @@ func Reevaluate(ctx context.Context, pool *pgxpool.Pool, id int64) (Evaluation, 
 }
 
 // reevaluate takes its locks in the order a request or a cancel does: the evaluation's row, the
-// rows it supersedes, then the job-need lock (in rollback).
+// rows it supersedes, then the job-need lock (in Rollback).
 func reevaluate(ctx context.Context, tx pgx.Tx, id int64) error {
 	var projectID int64
 	var branch string
@@ -53,8 +57,8 @@ func reevaluate(ctx context.Context, tx pgx.Tx, id int64) error {
 	if err != nil {
 		return err
 	}
-	if err := rollback(ctx, tx, append(old, id)); err != nil {
+	if err := Rollback(ctx, tx, append(old, id)); err != nil {
 		return err
 	}
-	return notifyEvaluation(ctx, tx, id, StatusQueued)
+	return Notify(ctx, tx, id, StatusQueued)
 }
