@@ -25,7 +25,7 @@ import (
 	"golang.org/x/sync/errgroup"
 	"golang.org/x/sys/unix"
 
-	"github.com/harmonia-ci/harmonia-ci/internal/web"
+	"github.com/harmonia-ci/harmonia-ci/internal/httpapi"
 )
 
 // tmpPrefix starts the names of in-progress writes. No valid key has a segment starting with
@@ -472,7 +472,7 @@ func (l *Local) sign(method, key string, expires, size int64, sumHex, contentTyp
 // left as it is (its key is its content's hash), so re-uploading one succeeds.
 func (l *Local) UploadHandler(logger *slog.Logger) http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("PUT /api/blob/{key...}", web.Handle(logger, l.serveUpload))
+	mux.Handle("PUT /api/blob/{key...}", httpapi.Handle(logger, l.serveUpload))
 	return mux
 }
 
@@ -496,33 +496,33 @@ func (l *Local) serveUpload(w http.ResponseWriter, r *http.Request) error {
 	sum, err3 := hex.DecodeString(sumHex)
 	sig, err4 := hex.DecodeString(q.Get("sig"))
 	if err1 != nil || err2 != nil || err3 != nil || err4 != nil || len(sum) != sha256.Size || size < 0 {
-		return web.Errorf(http.StatusForbidden, "blob upload: missing or malformed expires, size, sha256 or sig parameter")
+		return httpapi.Errorf(http.StatusForbidden, "blob upload: missing or malformed expires, size, sha256 or sig parameter")
 	}
 	want := l.sign(r.Method, key, expires, size, sumHex, r.Header.Get("Content-Type"))
 	if !hmac.Equal(sig, want) {
-		return web.Errorf(http.StatusForbidden, "blob upload: signature does not match this key, size, sha256 and content type")
+		return httpapi.Errorf(http.StatusForbidden, "blob upload: signature does not match this key, size, sha256 and content type")
 	}
 	now := l.now()
 	if !now.Before(time.Unix(expires, 0)) {
-		return web.Errorf(http.StatusForbidden, "blob upload: URL expired at %s", time.Unix(expires, 0).UTC().Format(time.RFC3339))
+		return httpapi.Errorf(http.StatusForbidden, "blob upload: URL expired at %s", time.Unix(expires, 0).UTC().Format(time.RFC3339))
 	}
 	if time.Unix(expires, 0).After(now.Add(MaxURLExpiry + time.Minute)) {
-		return web.Errorf(http.StatusForbidden, "blob upload: URL valid until %s, beyond the %v ceiling", time.Unix(expires, 0).UTC().Format(time.RFC3339), MaxURLExpiry)
+		return httpapi.Errorf(http.StatusForbidden, "blob upload: URL valid until %s, beyond the %v ceiling", time.Unix(expires, 0).UTC().Format(time.RFC3339), MaxURLExpiry)
 	}
 	if err := ValidKey(key); err != nil {
-		return web.Errorf(http.StatusBadRequest, "blob upload: %v", err)
+		return httpapi.Errorf(http.StatusBadRequest, "blob upload: %v", err)
 	}
 	if !IsNAR(key) && !strings.HasPrefix(key, "log/") {
-		return web.Errorf(http.StatusForbidden, "blob upload: only nar/ and log/ objects are uploaded; the signer writes %s itself", key)
+		return httpapi.Errorf(http.StatusForbidden, "blob upload: only nar/ and log/ objects are uploaded; the signer writes %s itself", key)
 	}
 	if IsNAR(key) && !bytes.Equal(narKeySum(key), sum) {
-		return web.Errorf(http.StatusBadRequest, "blob upload: %s is not named after the sha256 %s", key, sumHex)
+		return httpapi.Errorf(http.StatusBadRequest, "blob upload: %s is not named after the sha256 %s", key, sumHex)
 	}
 	if r.ContentLength < 0 {
-		return web.Errorf(http.StatusLengthRequired, "blob upload: Content-Length required")
+		return httpapi.Errorf(http.StatusLengthRequired, "blob upload: Content-Length required")
 	}
 	if r.ContentLength != size {
-		return web.Errorf(http.StatusBadRequest, "blob upload: Content-Length %d is not the signed size %d; nothing stored", r.ContentLength, size)
+		return httpapi.Errorf(http.StatusBadRequest, "blob upload: Content-Length %d is not the signed size %d; nothing stored", r.ContentLength, size)
 	}
 	// Signed, so worth waiting for: the deadline follows the declared size.
 	if err := http.NewResponseController(w).SetReadDeadline(time.Now().Add(uploadDeadline(size))); err != nil {
@@ -538,14 +538,14 @@ func (l *Local) serveUpload(w http.ResponseWriter, r *http.Request) error {
 	var mm *MismatchError
 	switch {
 	case errors.As(err, &mm):
-		return web.Errorf(http.StatusBadRequest, "blob upload: %s", mm.Error())
+		return httpapi.Errorf(http.StatusBadRequest, "blob upload: %s", mm.Error())
 	case errors.Is(err, ErrExists):
 		// The same content is there already.
 	case errors.Is(err, os.ErrDeadlineExceeded):
 		// The client's fault, not the store's: a 500 would page someone about a slow link.
-		return &web.HTTPError{Code: http.StatusRequestTimeout, Msg: fmt.Sprintf("blob upload: the %d-byte body did not arrive within %v; nothing stored", size, uploadDeadline(size)), Err: err}
+		return &httpapi.Error{Code: http.StatusRequestTimeout, Msg: fmt.Sprintf("blob upload: the %d-byte body did not arrive within %v; nothing stored", size, uploadDeadline(size)), Err: err}
 	case err != nil:
-		return &web.HTTPError{Code: http.StatusInternalServerError, Msg: "blob upload: storing failed", Err: err}
+		return &httpapi.Error{Code: http.StatusInternalServerError, Msg: "blob upload: storing failed", Err: err}
 	}
 	w.WriteHeader(http.StatusOK)
 	return nil

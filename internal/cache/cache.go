@@ -44,8 +44,8 @@ import (
 
 	"github.com/harmonia-ci/harmonia-ci/internal/blob"
 	"github.com/harmonia-ci/harmonia-ci/internal/clock"
+	"github.com/harmonia-ci/harmonia-ci/internal/httpapi"
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
-	"github.com/harmonia-ci/harmonia-ci/internal/web"
 )
 
 // DefaultPriority is the nix-cache-info Priority when Config.Priority is 0. Lower is
@@ -144,11 +144,11 @@ func (s *Server) Register(mux *http.ServeMux) {
 	mux.Handle("GET /log/{drv}", s.handle(s.serveLog))
 }
 
-// handle answers h's errors as every harmonia-ci handler does (web.Handle: JSON, only Msg
+// handle answers h's errors as every harmonia-ci handler does (httpapi.Handle: JSON, only Msg
 // reaches the client; Nix looks at the status alone). An error drops the Content-Encoding a
 // zstd log response had announced.
-func (s *Server) handle(h web.HandlerFunc) http.Handler {
-	return web.Handle(s.logger, func(w http.ResponseWriter, r *http.Request) error {
+func (s *Server) handle(h httpapi.HandlerFunc) http.Handler {
+	return httpapi.Handle(s.logger, func(w http.ResponseWriter, r *http.Request) error {
 		err := h(w, r)
 		if err != nil {
 			w.Header().Del("Content-Encoding")
@@ -159,8 +159,8 @@ func (s *Server) handle(h web.HandlerFunc) http.Handler {
 
 // errNotFound is a miss. It may be cached briefly (cacheMiss), so a path published a moment
 // later is found.
-func errNotFound() *web.HTTPError {
-	return &web.HTTPError{Code: http.StatusNotFound, Msg: "not found", Header: http.Header{"Cache-Control": {cacheMiss}}}
+func errNotFound() *httpapi.Error {
+	return &httpapi.Error{Code: http.StatusNotFound, Msg: "not found", Header: http.Header{"Cache-Control": {cacheMiss}}}
 }
 
 func (s *Server) serveCacheInfo(w http.ResponseWriter, r *http.Request) {
@@ -199,7 +199,7 @@ func (s *Server) serveTopLevel(w http.ResponseWriter, r *http.Request) error {
 		}
 	}
 	if !nix.ValidHashPart(hash) {
-		return s.metrics.failed(kind, web.Errorf(http.StatusBadRequest, "invalid store path hash"))
+		return s.metrics.failed(kind, httpapi.Errorf(http.StatusBadRequest, "invalid store path hash"))
 	}
 	if kind == kindNarinfo && s.drvs != nil {
 		var readStart time.Time
@@ -251,7 +251,7 @@ func (s *Server) sendNarinfo(w http.ResponseWriter, r *http.Request, e *narinfoE
 func (s *Server) serveNAR(w http.ResponseWriter, r *http.Request) error {
 	key := "nar/" + r.PathValue("file")
 	if err := blob.ValidKey(key); err != nil {
-		return s.metrics.failed(kindNAR, web.Errorf(http.StatusBadRequest, "invalid NAR file name"))
+		return s.metrics.failed(kindNAR, httpapi.Errorf(http.StatusBadRequest, "invalid NAR file name"))
 	}
 	if s.drvs != nil && blob.IsPlainNAR(key) {
 		nar, _, err := s.drvs.NAR(r.Context(), key)
@@ -359,7 +359,7 @@ func (s *Server) serveLog(w http.ResponseWriter, r *http.Request) error {
 func (s *Server) sendLog(w http.ResponseWriter, r *http.Request) error {
 	key := "log/" + r.PathValue("drv")
 	if err := blob.ValidKey(key); err != nil {
-		return web.Errorf(http.StatusBadRequest, "invalid derivation name")
+		return httpapi.Errorf(http.StatusBadRequest, "invalid derivation name")
 	}
 	w.Header().Set("Vary", "Accept-Encoding")
 	if acceptsZstd(r.Header.Values("Accept-Encoding")) {
@@ -390,7 +390,7 @@ func (s *Server) sendLog(w http.ResponseWriter, r *http.Request) error {
 	// response rather than a truncated success.
 	br := bufio.NewReaderSize(dec, 32<<10)
 	if _, err := br.Peek(1); err != nil && !errors.Is(err, io.EOF) {
-		return &web.HTTPError{Code: http.StatusBadGateway, Msg: "stored log is unreadable", Err: fmt.Errorf("decompress %s: %w", key, err)}
+		return &httpapi.Error{Code: http.StatusBadGateway, Msg: "stored log is unreadable", Err: fmt.Errorf("decompress %s: %w", key, err)}
 	}
 	setHeaders(w, typeLog, cacheHit, -1)
 	w.WriteHeader(http.StatusOK)
@@ -459,7 +459,7 @@ func (s *Server) storeError(w http.ResponseWriter, r *http.Request, key string, 
 		w.WriteHeader(499)
 		return nil
 	}
-	return &web.HTTPError{Code: http.StatusBadGateway, Msg: "cache storage unavailable", Err: fmt.Errorf("key %s: %w", key, err)}
+	return &httpapi.Error{Code: http.StatusBadGateway, Msg: "cache storage unavailable", Err: fmt.Errorf("key %s: %w", key, err)}
 }
 
 // copyError logs a body that could not be sent in full. The response is already committed;

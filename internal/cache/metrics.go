@@ -6,7 +6,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/harmonia-ci/harmonia-ci/internal/web"
+	"github.com/harmonia-ci/harmonia-ci/internal/httpapi"
 )
 
 // objectKind is what a request asked for (label kind). The cache serves no realisations
@@ -89,7 +89,7 @@ func (m *cacheMetrics) failed(k objectKind, err error) error {
 		return err
 	}
 	r := resultError
-	var he *web.HTTPError
+	var he *httpapi.Error
 	if errors.As(err, &he) && he.Code < http.StatusInternalServerError {
 		r = resultMiss
 	}

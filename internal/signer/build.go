@@ -17,12 +17,12 @@ import (
 
 	"github.com/harmonia-ci/harmonia-ci/internal/blob"
 	"github.com/harmonia-ci/harmonia-ci/internal/config"
+	"github.com/harmonia-ci/harmonia-ci/internal/httpapi"
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
 	"github.com/harmonia-ci/harmonia-ci/internal/nodetoken"
 	"github.com/harmonia-ci/harmonia-ci/internal/publication"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 	"github.com/harmonia-ci/harmonia-ci/internal/signerapi"
-	"github.com/harmonia-ci/harmonia-ci/internal/web"
 )
 
 // jobFacts is what the database says about a claimed job's derivation.
@@ -45,7 +45,7 @@ func (f jobFacts) drvBase() string { return path.Base(f.drvPath) }
 func (f jobFacts) logKey() string { return "log/" + f.drvBase() }
 
 func staleClaim(c queue.Claim) error {
-	return web.Errorf(http.StatusConflict, "job %d is not in building/uploading for node %s attempt %d", c.JobID, c.NodeID, c.Attempt)
+	return httpapi.Errorf(http.StatusConflict, "job %d is not in building/uploading for node %s attempt %d", c.JobID, c.NodeID, c.Attempt)
 }
 
 // jobFacts answers 409 unless node id holds claim on a job that is building or uploading.
@@ -373,7 +373,7 @@ func (s *Server) checkEvalClaim(ctx context.Context, id nodetoken.Identity, clai
 		return internal("checking the claim failed", err)
 	}
 	if !ok {
-		return web.Errorf(http.StatusConflict, "evaluation %d is not running for node %s attempt %d", claim.ID, id.NodeID, claim.Attempt)
+		return httpapi.Errorf(http.StatusConflict, "evaluation %d is not running for node %s attempt %d", claim.ID, id.NodeID, claim.Attempt)
 	}
 	return nil
 }

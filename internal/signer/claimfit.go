@@ -5,7 +5,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/harmonia-ci/harmonia-ci/internal/web"
+	"github.com/harmonia-ci/harmonia-ci/internal/httpapi"
 )
 
 // claimFit is whether a claim is one the queue could have handed out: a job of a system (and
@@ -32,10 +32,10 @@ func queueClaimFit(b *pgx.Batch, f *jobFacts) {
 func checkClaimFit(f jobFacts) error {
 	switch {
 	case !f.fit.builds:
-		return web.Errorf(http.StatusForbidden, "job %d (%s): node %s does not build %s with the job's features, so it could not have claimed it",
+		return httpapi.Errorf(http.StatusForbidden, "job %d (%s): node %s does not build %s with the job's features, so it could not have claimed it",
 			f.claim.JobID, f.drvPath, f.claim.NodeID, f.fit.system)
 	case f.fit.unbuilt != "":
-		return web.Errorf(http.StatusForbidden, "job %d (%s): its input %s is not built (%s), so it could not have been claimed",
+		return httpapi.Errorf(http.StatusForbidden, "job %d (%s): its input %s is not built (%s), so it could not have been claimed",
 			f.claim.JobID, f.drvPath, f.fit.unbuilt, f.fit.unbuiltStat)
 	}
 	return nil

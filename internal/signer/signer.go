@@ -41,11 +41,11 @@ import (
 
 	"github.com/harmonia-ci/harmonia-ci/internal/blob"
 	"github.com/harmonia-ci/harmonia-ci/internal/config"
+	"github.com/harmonia-ci/harmonia-ci/internal/httpapi"
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
 	"github.com/harmonia-ci/harmonia-ci/internal/nodetoken"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 	"github.com/harmonia-ci/harmonia-ci/internal/signerapi"
-	"github.com/harmonia-ci/harmonia-ci/internal/web"
 )
 
 // DefaultURLExpiry is how long a presigned upload URL stays valid by default.
@@ -145,14 +145,14 @@ type handler func(ctx context.Context, id nodetoken.Identity, body io.Reader) (a
 // handle checks the node token before the body is read (and role, if set), limits the body,
 // answers JSON and counts the answer under endpoint.
 func (s *Server) handle(endpoint, role string, h handler) http.Handler {
-	inner := web.Handle(s.logger, func(w http.ResponseWriter, r *http.Request) error {
-		token, ok := web.BearerToken(r)
+	inner := httpapi.Handle(s.logger, func(w http.ResponseWriter, r *http.Request) error {
+		token, ok := httpapi.BearerToken(r)
 		if !ok {
-			return web.Unauthorized(w, "missing node token (Authorization: Bearer)")
+			return httpapi.Unauthorized(w, "missing node token (Authorization: Bearer)")
 		}
 		id, err := s.cfg.Tokens.Verify(token)
 		if err != nil {
-			return web.Unauthorized(w, "invalid node token")
+			return httpapi.Unauthorized(w, "invalid node token")
 		}
 		if role != "" && !id.Has(role) {
 			return forbidden(id, role)
@@ -161,7 +161,7 @@ func (s *Server) handle(endpoint, role string, h handler) http.Handler {
 		if err != nil {
 			return err
 		}
-		web.WriteJSON(w, http.StatusOK, res)
+		httpapi.WriteJSON(w, http.StatusOK, res)
 		return nil
 	})
 	if s.metrics == nil {
@@ -175,14 +175,14 @@ func (s *Server) handle(endpoint, role string, h handler) http.Handler {
 }
 
 func forbidden(id nodetoken.Identity, role string) error {
-	return web.Errorf(http.StatusForbidden, "node %s may not act as %s", id.NodeID, role)
+	return httpapi.Errorf(http.StatusForbidden, "node %s may not act as %s", id.NodeID, role)
 }
 
 func decode(body io.Reader, v any) error {
 	if err := json.NewDecoder(body).Decode(v); err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
-			return web.Errorf(http.StatusRequestEntityTooLarge, "request body over %d bytes", mbe.Limit)
+			return httpapi.Errorf(http.StatusRequestEntityTooLarge, "request body over %d bytes", mbe.Limit)
 		}
 		return badRequest("invalid JSON body: %v", err)
 	}
@@ -190,14 +190,14 @@ func decode(body io.Reader, v any) error {
 }
 
 func badRequest(format string, args ...any) error {
-	return web.Errorf(http.StatusBadRequest, format, args...)
+	return httpapi.Errorf(http.StatusBadRequest, format, args...)
 }
 
 func internal(msg string, err error) error {
-	return &web.HTTPError{Code: http.StatusInternalServerError, Msg: msg, Err: err}
+	return &httpapi.Error{Code: http.StatusInternalServerError, Msg: msg, Err: err}
 }
 
 // unavailable is a store failure: 503, so a client tries another signer or later.
 func unavailable(msg string, err error) error {
-	return &web.HTTPError{Code: http.StatusServiceUnavailable, Msg: msg, Err: err}
+	return &httpapi.Error{Code: http.StatusServiceUnavailable, Msg: msg, Err: err}
 }

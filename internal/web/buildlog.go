@@ -16,6 +16,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/harmonia-ci/harmonia-ci/internal/httpapi"
 	"github.com/harmonia-ci/harmonia-ci/internal/notify"
 )
 
@@ -390,11 +391,11 @@ func (s *Server) handleBuildLog(w http.ResponseWriter, r *http.Request) error {
 		if len(raw) > 40 {
 			raw = raw[:40] + "…"
 		}
-		return &HTTPError{Code: http.StatusBadRequest, Msg: fmt.Sprintf("invalid build id %q: want a positive integer", raw)}
+		return &httpapi.Error{Code: http.StatusBadRequest, Msg: fmt.Sprintf("invalid build id %q: want a positive integer", raw)}
 	}
 	st, err := s.readBuildLog(r.Context(), id)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return &HTTPError{Code: http.StatusNotFound, Msg: fmt.Sprintf("build %d not found", id)}
+		return &httpapi.Error{Code: http.StatusNotFound, Msg: fmt.Sprintf("build %d not found", id)}
 	}
 	if err != nil {
 		return err
@@ -415,10 +416,10 @@ func (s *Server) handleBuildLog(w http.ResponseWriter, r *http.Request) error {
 			http.Redirect(w, r, loc, http.StatusFound)
 			return nil
 		}
-		return &HTTPError{Code: http.StatusNotFound, Msg: fmt.Sprintf("build %d has no log", id)}
+		return &httpapi.Error{Code: http.StatusNotFound, Msg: fmt.Sprintf("build %d has no log", id)}
 	}
 	if s.logs == nil {
-		return &HTTPError{Code: http.StatusServiceUnavailable, Msg: "live logs unavailable"}
+		return &httpapi.Error{Code: http.StatusServiceUnavailable, Msg: "live logs unavailable"}
 	}
 	if r.Method == http.MethodHead { // would otherwise last until the build ends
 		setStreamHeaders(w.Header())
@@ -430,10 +431,10 @@ func (s *Server) handleBuildLog(w http.ResponseWriter, r *http.Request) error {
 	stream, err := s.logs.watch(id)
 	switch {
 	case errors.Is(err, errTooManyStreams):
-		return &HTTPError{Code: http.StatusServiceUnavailable, Msg: "too many live log streams",
+		return &httpapi.Error{Code: http.StatusServiceUnavailable, Msg: "too many live log streams",
 			Header: http.Header{"Retry-After": {logStreamsRetryAfter}}}
 	case err != nil:
-		return &HTTPError{Code: http.StatusServiceUnavailable, Msg: "server shutting down", Err: err}
+		return &httpapi.Error{Code: http.StatusServiceUnavailable, Msg: "server shutting down", Err: err}
 	}
 	defer s.logs.unwatch(stream)
 	s.streamBuildLog(w, r, stream)

@@ -11,16 +11,17 @@ import (
 
 	"github.com/harmonia-ci/harmonia-ci/internal/config"
 	"github.com/harmonia-ci/harmonia-ci/internal/forge"
+	"github.com/harmonia-ci/harmonia-ci/internal/httpapi"
 	"github.com/harmonia-ci/harmonia-ci/internal/project"
 )
 
 // RegisterProjects mounts the admin API over forge repositories and their projects (frontends).
 func (s *Server) RegisterProjects(en *project.Enabler) {
 	h := &projectAPI{en: en}
-	s.mux.Handle("GET /api/repositories", s.wrap(s.requireAdmin(WithDBTimeout(h.list))))
+	s.mux.Handle("GET /api/repositories", s.wrap(s.requireAdmin(httpapi.WithDBTimeout(h.list))))
 	s.mux.Handle("POST /api/projects/{repo_id}/enable", s.wrap(s.requireAdmin(h.enable)))
 	s.mux.Handle("POST /api/projects/{repo_id}/disable", s.wrap(s.requireAdmin(h.disable)))
-	s.mux.Handle("POST /api/projects/{repo_id}/settings", s.wrap(s.requireAdmin(WithDBTimeout(h.settings))))
+	s.mux.Handle("POST /api/projects/{repo_id}/settings", s.wrap(s.requireAdmin(httpapi.WithDBTimeout(h.settings))))
 }
 
 type projectAPI struct{ en *project.Enabler }
@@ -45,7 +46,7 @@ func (p projectRequest) settings() project.Settings {
 func repoID(r *http.Request) (int64, error) {
 	id, err := strconv.ParseInt(r.PathValue("repo_id"), 10, 64)
 	if err != nil || id <= 0 {
-		return 0, Errorf(http.StatusBadRequest, "invalid repository id %q: want a positive integer (GET /api/repositories lists them)", r.PathValue("repo_id"))
+		return 0, httpapi.Errorf(http.StatusBadRequest, "invalid repository id %q: want a positive integer (GET /api/repositories lists them)", r.PathValue("repo_id"))
 	}
 	return id, nil
 }
@@ -54,7 +55,7 @@ func decodeProjectRequest(r *http.Request) (projectRequest, error) {
 	var p projectRequest
 	body, err := io.ReadAll(io.LimitReader(r.Body, 64<<10))
 	if err != nil {
-		return p, Errorf(http.StatusBadRequest, "read body: %v", err)
+		return p, httpapi.Errorf(http.StatusBadRequest, "read body: %v", err)
 	}
 	if len(body) == 0 {
 		return p, nil
@@ -62,7 +63,7 @@ func decodeProjectRequest(r *http.Request) (projectRequest, error) {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&p); err != nil {
-		return p, Errorf(http.StatusBadRequest, "invalid JSON body: %v (fields: name, shares, pr_enabled, pr_trust, poll_interval)", err)
+		return p, httpapi.Errorf(http.StatusBadRequest, "invalid JSON body: %v (fields: name, shares, pr_enabled, pr_trust, poll_interval)", err)
 	}
 	return p, nil
 }
@@ -80,7 +81,7 @@ func projectRequestOf(r *http.Request) (int64, projectRequest, project.Settings,
 	}
 	s := req.settings()
 	if err := s.Validate(); err != nil {
-		return 0, projectRequest{}, project.Settings{}, Errorf(http.StatusBadRequest, "%v", err)
+		return 0, projectRequest{}, project.Settings{}, httpapi.Errorf(http.StatusBadRequest, "%v", err)
 	}
 	return id, req, s, nil
 }
@@ -89,15 +90,15 @@ func projectRequestOf(r *http.Request) (int64, projectRequest, project.Settings,
 func projectError(err error) error {
 	switch {
 	case errors.Is(err, project.ErrNoRepository), errors.Is(err, project.ErrNotFound):
-		return &HTTPError{Code: http.StatusNotFound, Msg: err.Error()}
+		return &httpapi.Error{Code: http.StatusNotFound, Msg: err.Error()}
 	case errors.Is(err, project.ErrExists), errors.Is(err, project.ErrForgeNotConfigured):
-		return &HTTPError{Code: http.StatusConflict, Msg: err.Error()}
+		return &httpapi.Error{Code: http.StatusConflict, Msg: err.Error()}
 	case errors.Is(err, forge.ErrNotFound):
-		return &HTTPError{Code: http.StatusBadGateway, Msg: "the forge does not know the repository", Err: err}
+		return &httpapi.Error{Code: http.StatusBadGateway, Msg: "the forge does not know the repository", Err: err}
 	}
 	var ae *forge.APIError
 	if errors.As(err, &ae) {
-		return &HTTPError{Code: http.StatusBadGateway, Msg: fmt.Sprintf("the forge refused: %d %s", ae.Code, ae.Message), Err: err}
+		return &httpapi.Error{Code: http.StatusBadGateway, Msg: fmt.Sprintf("the forge refused: %d %s", ae.Code, ae.Message), Err: err}
 	}
 	return err
 }
@@ -111,7 +112,7 @@ func (h *projectAPI) list(w http.ResponseWriter, r *http.Request) error {
 	if rs == nil {
 		rs = []project.Repository{}
 	}
-	WriteJSON(w, http.StatusOK, rs)
+	httpapi.WriteJSON(w, http.StatusOK, rs)
 	return nil
 }
 
@@ -122,14 +123,14 @@ func (h *projectAPI) enable(w http.ResponseWriter, r *http.Request) error {
 	}
 	if req.Name != "" {
 		if err := project.ValidateName(req.Name); err != nil {
-			return Errorf(http.StatusBadRequest, "%v", err)
+			return httpapi.Errorf(http.StatusBadRequest, "%v", err)
 		}
 	}
 	p, err := h.en.Enable(r.Context(), id, project.EnableParams{Name: req.Name, Settings: s})
 	if err != nil {
 		return projectError(err)
 	}
-	WriteJSON(w, http.StatusOK, p)
+	httpapi.WriteJSON(w, http.StatusOK, p)
 	return nil
 }
 
@@ -142,7 +143,7 @@ func (h *projectAPI) disable(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return projectError(err)
 	}
-	WriteJSON(w, http.StatusOK, p)
+	httpapi.WriteJSON(w, http.StatusOK, p)
 	return nil
 }
 
@@ -152,12 +153,12 @@ func (h *projectAPI) settings(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	if req.Name != "" {
-		return Errorf(http.StatusBadRequest, "a project's name cannot be changed")
+		return httpapi.Errorf(http.StatusBadRequest, "a project's name cannot be changed")
 	}
 	p, err := project.Configure(r.Context(), h.en.Pool, id, s)
 	if err != nil {
 		return projectError(err)
 	}
-	WriteJSON(w, http.StatusOK, p)
+	httpapi.WriteJSON(w, http.StatusOK, p)
 	return nil
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
+	"github.com/harmonia-ci/harmonia-ci/internal/httpapi"
 	"github.com/harmonia-ci/harmonia-ci/internal/notify"
 	"github.com/harmonia-ci/harmonia-ci/internal/startstop"
 )
@@ -55,7 +56,7 @@ type Server struct {
 	ln     net.Listener
 	logs   *logHub // nil without a Notifier
 
-	adminHash TokenHash
+	adminHash httpapi.TokenHash
 }
 
 // NewServer builds the server on ln; Start serves.
@@ -63,10 +64,10 @@ func NewServer(cfg Config, pool *pgxpool.Pool, ln net.Listener, logger *slog.Log
 	s := &Server{cfg: cfg, pool: pool, ln: ln, logger: logger.With("service", "http"), mux: http.NewServeMux()}
 	s.mux.Handle("GET /healthz", s.wrap(s.handleHealthz))
 	s.mux.Handle("GET /metrics", promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{}))
-	s.mux.Handle("GET /api/cluster", s.wrap(WithDBTimeout(s.handleCluster)))
-	s.mux.Handle("POST /api/nodes/{id}/drain", s.wrap(s.requireAdmin(WithDBTimeout(s.handleDrain))))
+	s.mux.Handle("GET /api/cluster", s.wrap(httpapi.WithDBTimeout(s.handleCluster)))
+	s.mux.Handle("POST /api/nodes/{id}/drain", s.wrap(s.requireAdmin(httpapi.WithDBTimeout(s.handleDrain))))
 	if cfg.AdminToken != "" {
-		s.adminHash = HashToken(cfg.AdminToken)
+		s.adminHash = httpapi.HashToken(cfg.AdminToken)
 	}
 	if cfg.Notifier != nil {
 		maxStreams := cmp.Or(cfg.MaxLogStreams, DefaultMaxLogStreams)
@@ -124,7 +125,7 @@ func (s *Server) Start(ctx context.Context) error {
 	return nil
 }
 
-// healthPingTimeout bounds /healthz's database ping: shorter than DBTimeout, since load
+// healthPingTimeout bounds /healthz's database ping: shorter than httpapi.DBTimeout, since load
 // balancers probe with short timeouts of their own.
 const healthPingTimeout = 2 * time.Second
 
@@ -132,7 +133,7 @@ func (s *Server) handleHealthz(w http.ResponseWriter, r *http.Request) error {
 	ctx, cancel := context.WithTimeout(r.Context(), healthPingTimeout)
 	defer cancel()
 	if err := s.pool.Ping(ctx); err != nil {
-		return &HTTPError{Code: http.StatusServiceUnavailable, Msg: "database unavailable", Err: err}
+		return &httpapi.Error{Code: http.StatusServiceUnavailable, Msg: "database unavailable", Err: err}
 	}
 	status, code := "ok", http.StatusOK
 	if s.cfg.StatusFunc != nil {
@@ -140,7 +141,7 @@ func (s *Server) handleHealthz(w http.ResponseWriter, r *http.Request) error {
 			status, code = st, http.StatusServiceUnavailable
 		}
 	}
-	writeJSON(w, code, map[string]string{"status": status, "node_id": s.cfg.NodeID})
+	httpapi.WriteJSON(w, code, map[string]string{"status": status, "node_id": s.cfg.NodeID})
 	return nil
 }
 
@@ -149,7 +150,7 @@ func (s *Server) handleCluster(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, st)
+	httpapi.WriteJSON(w, http.StatusOK, st)
 	return nil
 }
 
@@ -158,29 +159,32 @@ var nodeIDPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
 func (s *Server) handleDrain(w http.ResponseWriter, r *http.Request) error {
 	id := r.PathValue("id")
 	if !nodeIDPattern.MatchString(id) {
-		return &HTTPError{Code: http.StatusBadRequest, Msg: "invalid node id: letters, digits, '.', '_', '-'; at most 63 characters"}
+		return &httpapi.Error{Code: http.StatusBadRequest, Msg: "invalid node id: letters, digits, '.', '_', '-'; at most 63 characters"}
 	}
 	err := cluster.RequestDrain(r.Context(), s.pool, id)
 	if errors.Is(err, cluster.ErrNodeNotFound) {
-		return &HTTPError{Code: http.StatusNotFound, Msg: "no live node " + id}
+		return &httpapi.Error{Code: http.StatusNotFound, Msg: "no live node " + id}
 	}
 	if err != nil {
 		return err
 	}
 	s.logger.Info("drain requested through the API", "node_id", id, "remote", r.RemoteAddr)
-	writeJSON(w, http.StatusAccepted, map[string]string{"node_id": id, "status": "draining requested"})
+	httpapi.WriteJSON(w, http.StatusAccepted, map[string]string{"node_id": id, "status": "draining requested"})
 	return nil
 }
 
+// wrap is httpapi.Handle with the server's logger.
+func (s *Server) wrap(h httpapi.HandlerFunc) http.Handler { return httpapi.Handle(s.logger, h) }
+
 // requireAdmin lets a request through only with the admin bearer token.
-func (s *Server) requireAdmin(h HandlerFunc) HandlerFunc {
+func (s *Server) requireAdmin(h httpapi.HandlerFunc) httpapi.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) error {
 		if s.cfg.AdminToken == "" {
-			return Unauthorized(w, "admin API disabled: no admin token configured (auth.admin_token_file or HARMONIA_ADMIN_TOKEN)")
+			return httpapi.Unauthorized(w, "admin API disabled: no admin token configured (auth.admin_token_file or HARMONIA_ADMIN_TOKEN)")
 		}
-		token, ok := BearerToken(r)
+		token, ok := httpapi.BearerToken(r)
 		if !ok || !s.adminHash.Matches(token) {
-			return Unauthorized(w, "missing or invalid admin token")
+			return httpapi.Unauthorized(w, "missing or invalid admin token")
 		}
 		return h(w, r)
 	}

@@ -7,7 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/forge"
-	"github.com/harmonia-ci/harmonia-ci/internal/web"
+	"github.com/harmonia-ci/harmonia-ci/internal/httpapi"
 )
 
 // Results of a delivery (label result).
@@ -66,7 +66,7 @@ func (m *receiverMetrics) delivered(forgeName, event, result string, err error) 
 	}
 	if err != nil {
 		result = resultError
-		var he *web.HTTPError
+		var he *httpapi.Error
 		if errors.As(err, &he) && he.Code < http.StatusInternalServerError {
 			result = resultRejected
 		}

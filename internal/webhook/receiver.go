@@ -25,8 +25,8 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/evaluation"
 	"github.com/harmonia-ci/harmonia-ci/internal/forge"
 	"github.com/harmonia-ci/harmonia-ci/internal/gitrepo"
+	"github.com/harmonia-ci/harmonia-ci/internal/httpapi"
 	"github.com/harmonia-ci/harmonia-ci/internal/project"
-	"github.com/harmonia-ci/harmonia-ci/internal/web"
 )
 
 // DefaultMaxBody is the body cap of a forge type's deliveries when Config.MaxBody names none:
@@ -87,7 +87,7 @@ func New(cfg Config, pool *pgxpool.Pool) *Receiver {
 
 // Register mounts POST /webhook/{forge}/{repo} and POST /webhook/{forge}.
 func (r *Receiver) Register(mux *http.ServeMux) {
-	h := web.Handle(r.log, web.WithDBTimeout(r.handle))
+	h := httpapi.Handle(r.log, httpapi.WithDBTimeout(r.handle))
 	mux.Handle("POST /webhook/{forge}", h)
 	mux.Handle("POST /webhook/{forge}/{repo}", h)
 }
@@ -114,12 +114,12 @@ func (r *Receiver) handle(w http.ResponseWriter, req *http.Request) (err error) 
 	name := req.PathValue("forge")
 	f, ok := r.cfg.Forges[name]
 	if !ok {
-		return web.Errorf(http.StatusNotFound, "no forge named %q is configured", name)
+		return httpapi.Errorf(http.StatusNotFound, "no forge named %q is configured", name)
 	}
 	var repoID int64
 	if s := req.PathValue("repo"); s != "" {
 		if repoID, err = strconv.ParseInt(s, 10, 64); err != nil || repoID <= 0 {
-			return web.Errorf(http.StatusNotFound, "repository id %q: want the forge's positive id", s)
+			return httpapi.Errorf(http.StatusNotFound, "repository id %q: want the forge's positive id", s)
 		}
 	}
 	select {
@@ -128,7 +128,7 @@ func (r *Receiver) handle(w http.ResponseWriter, req *http.Request) (err error) 
 		defer func() { r.metrics.flight(-1); <-r.inFlight }()
 	default:
 		w.Header().Set("Retry-After", "5")
-		return web.Errorf(http.StatusServiceUnavailable, "too many webhook deliveries in flight; deliver again later")
+		return httpapi.Errorf(http.StatusServiceUnavailable, "too many webhook deliveries in flight; deliver again later")
 	}
 	event, result := eventUnknown, ""
 	defer func() { r.metrics.delivered(name, event, result, err) }()
@@ -138,12 +138,12 @@ func (r *Receiver) handle(w http.ResponseWriter, req *http.Request) (err error) 
 	}
 	ev, err := f.ParseWebhook(req.Header, body)
 	if err != nil {
-		return &web.HTTPError{Code: http.StatusBadRequest, Msg: err.Error()}
+		return &httpapi.Error{Code: http.StatusBadRequest, Msg: err.Error()}
 	}
 	if repoID != 0 {
 		if err := r.sameRepository(req.Context(), f, ev, repoID); err != nil {
 			r.log.Warn("webhook delivery refused", "forge", name, "remote", req.RemoteAddr, "error", err)
-			return &web.HTTPError{Code: http.StatusUnauthorized, Msg: "delivery signed for another repository", Err: err}
+			return &httpapi.Error{Code: http.StatusUnauthorized, Msg: "delivery signed for another repository", Err: err}
 		}
 	}
 	ev.BodySHA256 = sum
@@ -155,7 +155,7 @@ func (r *Receiver) handle(w http.ResponseWriter, req *http.Request) (err error) 
 	result = out.result
 	r.log.Info("webhook delivery", "forge", name, "event", ev.Type, "action", ev.Action, "delivery", ev.DeliveryID,
 		"repository", ev.Repository.FullName(), "code", out.Code, "outcome", out.Message, "evaluation", out.EvalID)
-	web.WriteJSON(w, out.Code, out)
+	httpapi.WriteJSON(w, out.Code, out)
 	return nil
 }
 
@@ -166,7 +166,7 @@ func (r *Receiver) readVerified(w http.ResponseWriter, req *http.Request, f forg
 	var sum [sha256.Size]byte
 	refused := func(err error) error {
 		r.log.Warn("webhook delivery refused", "forge", f.Name(), "remote", req.RemoteAddr, "error", err)
-		return &web.HTTPError{Code: http.StatusUnauthorized, Msg: "invalid or missing webhook signature", Err: err}
+		return &httpapi.Error{Code: http.StatusUnauthorized, Msg: "invalid or missing webhook signature", Err: err}
 	}
 	// The expected signature is known before the body is read: a delivery without one costs
 	// no read at all.
@@ -176,17 +176,17 @@ func (r *Receiver) readVerified(w http.ResponseWriter, req *http.Request, f forg
 	}
 	limit := r.maxBody(f)
 	if req.ContentLength > limit {
-		return nil, sum, web.Errorf(http.StatusRequestEntityTooLarge, "delivery larger than %d bytes", limit)
+		return nil, sum, httpapi.Errorf(http.StatusRequestEntityTooLarge, "delivery larger than %d bytes", limit)
 	}
 	var sp spool
 	defer sp.Close()
 	_, err = io.Copy(io.MultiWriter(v, &sp), http.MaxBytesReader(w, req.Body, limit))
 	var tooBig *http.MaxBytesError
 	if errors.As(err, &tooBig) {
-		return nil, sum, web.Errorf(http.StatusRequestEntityTooLarge, "delivery larger than %d bytes", limit)
+		return nil, sum, httpapi.Errorf(http.StatusRequestEntityTooLarge, "delivery larger than %d bytes", limit)
 	}
 	if err != nil {
-		return nil, sum, &web.HTTPError{Code: http.StatusBadRequest, Msg: "could not read the delivery", Err: err}
+		return nil, sum, &httpapi.Error{Code: http.StatusBadRequest, Msg: "could not read the delivery", Err: err}
 	}
 	if err := v.Verify(); err != nil {
 		return nil, sum, refused(err)
@@ -284,13 +284,13 @@ func (r *Receiver) Dispatch(ctx context.Context, f forge.Forge, ev forge.Event) 
 		return ok("project %s is disabled", p.Name), nil
 	}
 	if ev.DeliveryID == "" {
-		return Outcome{}, web.Errorf(http.StatusBadRequest, "delivery has no delivery id header")
+		return Outcome{}, httpapi.Errorf(http.StatusBadRequest, "delivery has no delivery id header")
 	}
 	repo := forge.Repo{Owner: ev.Repository.Owner, Name: ev.Repository.Name, InstallationID: ev.Repository.InstallationID}
 	switch ev.Kind {
 	case forge.EventPush:
 		if err := gitrepo.ValidateBranch(ev.Branch); err != nil {
-			return Outcome{}, web.Errorf(http.StatusBadRequest, "push: %v", err)
+			return Outcome{}, httpapi.Errorf(http.StatusBadRequest, "push: %v", err)
 		}
 		// Deliveries arrive late or again: a pushed commit is evaluated (and supersedes the
 		// branch's evaluations) only while it is the branch's head on the forge.
@@ -403,5 +403,5 @@ func (r *Receiver) request(ctx context.Context, p project.Project, f forge.Forge
 }
 
 func forgeUnavailable(what string, err error) error {
-	return &web.HTTPError{Code: http.StatusBadGateway, Msg: "could not " + what + " with the forge; deliver again later", Err: err}
+	return &httpapi.Error{Code: http.StatusBadGateway, Msg: "could not " + what + " with the forge; deliver again later", Err: err}
 }

@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/evaluation"
+	"github.com/harmonia-ci/harmonia-ci/internal/httpapi"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
-	"github.com/harmonia-ci/harmonia-ci/internal/web"
 )
 
 // The actions, all POST: rebuild and cancel a build, rebuild an evaluation's failed builds,
@@ -68,7 +68,7 @@ func (u *UI) action(kind string, run actionFunc) http.Handler {
 		case browserForm(r):
 			http.Redirect(w, r, u.returnTo(r, u.backURL(ctx, kind, id)), http.StatusSeeOther)
 		default:
-			web.WriteJSON(w, http.StatusOK, map[string]any{"message": msg, kind: id})
+			httpapi.WriteJSON(w, http.StatusOK, map[string]any{"message": msg, kind: id})
 		}
 	})
 }
@@ -100,27 +100,27 @@ func (u *UI) act(r *http.Request, kind string, id int64, run actionFunc) (actor,
 // authenticate is the admin token (Authorization: Bearer), or the session with a valid CSRF
 // token; otherwise a 401 (no credentials) or 403 (a bad CSRF token).
 func (u *UI) authenticate(r *http.Request) (actor, error) {
-	if tok, ok := web.BearerToken(r); ok {
+	if tok, ok := httpapi.BearerToken(r); ok {
 		if !u.auth.hasAdmin || !u.auth.admin.Matches(tok) {
-			return actor{}, web.Errorf(http.StatusUnauthorized, "invalid admin token")
+			return actor{}, httpapi.Errorf(http.StatusUnauthorized, "invalid admin token")
 		}
 		return actor{token: true, admin: true}, nil
 	}
 	s, ok := u.session(r)
 	if !ok {
-		return actor{}, web.Errorf(http.StatusUnauthorized, "log in first")
+		return actor{}, httpapi.Errorf(http.StatusUnauthorized, "log in first")
 	}
 	if err := u.auth.sessions.CheckCSRF(r); err != nil {
-		return actor{}, &web.HTTPError{Code: http.StatusForbidden, Msg: "cross-site request refused: reload the page and try again", Err: err}
+		return actor{}, &httpapi.Error{Code: http.StatusForbidden, Msg: "cross-site request refused: reload the page and try again", Err: err}
 	}
 	return actor{admin: u.isAdmin(r.Context(), s.Forge, s.UserID), forge: s.Forge, login: s.Login, userID: s.UserID}, nil
 }
 
 // fail answers an action's error: the HTML error page for a browser's form post (or the login
-// page for a 401), else JSON through web.Handle. back is the page to return to after login.
+// page for a 401), else JSON through httpapi.Handle. back is the page to return to after login.
 func (u *UI) fail(w http.ResponseWriter, r *http.Request, err error, back string) {
 	if browserForm(r) {
-		var he *web.HTTPError
+		var he *httpapi.Error
 		if errors.As(err, &he) && he.Code == http.StatusUnauthorized && u.auth.sessions != nil && len(u.auth.oauth) > 0 {
 			http.Redirect(w, r, "/ci/login?"+url.Values{"next": {u.returnTo(r, back)}}.Encode(), http.StatusSeeOther)
 			return
@@ -128,7 +128,7 @@ func (u *UI) fail(w http.ResponseWriter, r *http.Request, err error, back string
 		u.renderError(w, r, err)
 		return
 	}
-	web.Handle(u.log, func(http.ResponseWriter, *http.Request) error { return err }).ServeHTTP(w, r)
+	httpapi.Handle(u.log, func(http.ResponseWriter, *http.Request) error { return err }).ServeHTTP(w, r)
 }
 
 // browserForm reports whether r is a plain form post from a browser, which wants a page back.
@@ -188,7 +188,7 @@ func (u *UI) rebuildBuild(ctx context.Context, id int64, who actor) (string, err
 		return "", err
 	}
 	if n == 0 {
-		return "", web.Errorf(http.StatusConflict, "build %d is not failed, dep-failed or cancelled: nothing to rebuild", id)
+		return "", httpapi.Errorf(http.StatusConflict, "build %d is not failed, dep-failed or cancelled: nothing to rebuild", id)
 	}
 	return plural(n, "build", "builds") + " queued again", nil
 }
@@ -212,7 +212,7 @@ func (u *UI) cancelBuild(ctx context.Context, id int64, who actor) (string, erro
 	}
 	switch {
 	case errors.Is(err, queue.ErrStale):
-		return "", web.Errorf(http.StatusConflict, "build %d has already finished", id)
+		return "", httpapi.Errorf(http.StatusConflict, "build %d has already finished", id)
 	case errors.Is(err, queue.ErrNotInterested):
 		return "", errNoPermission
 	case err != nil:
@@ -284,7 +284,7 @@ func (u *UI) rebuildFailed(ctx context.Context, id int64, who actor) (string, er
 	case total == 0 && shared > 0:
 		return "", errShared
 	case total == 0:
-		return "", web.Errorf(http.StatusConflict, "evaluation %d has no failed builds", id)
+		return "", httpapi.Errorf(http.StatusConflict, "evaluation %d has no failed builds", id)
 	case shared > 0:
 		return fmt.Sprintf("%s queued again; not rebuilt, as evaluations you may not act on need them too: %s",
 			plural(total, "build", "builds"), plural(shared, "build", "builds")), nil
@@ -299,7 +299,7 @@ func (u *UI) reevaluate(ctx context.Context, id int64, _ actor) (string, error) 
 	case errors.Is(err, evaluation.ErrNotFound):
 		return "", notFound("no evaluation %d", id)
 	case errors.Is(err, evaluation.ErrNotFinished):
-		return "", web.Errorf(http.StatusConflict, "evaluation %d has not finished: cancel it first", id)
+		return "", httpapi.Errorf(http.StatusConflict, "evaluation %d has not finished: cancel it first", id)
 	case err != nil:
 		return "", err
 	}
@@ -313,7 +313,7 @@ func (u *UI) cancelEval(ctx context.Context, id int64, who actor) (string, error
 	case errors.Is(err, evaluation.ErrNotFound):
 		return "", notFound("no evaluation %d", id)
 	case errors.Is(err, evaluation.ErrFinished):
-		return "", web.Errorf(http.StatusConflict, "evaluation %d has already finished", id)
+		return "", httpapi.Errorf(http.StatusConflict, "evaluation %d has already finished", id)
 	case err != nil:
 		return "", err
 	}

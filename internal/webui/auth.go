@@ -14,8 +14,8 @@ import (
 	"time"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/forge"
+	"github.com/harmonia-ci/harmonia-ci/internal/httpapi"
 	"github.com/harmonia-ci/harmonia-ci/internal/session"
-	"github.com/harmonia-ci/harmonia-ci/internal/web"
 )
 
 // Login with the forge: GET /ci/login (choose a forge), GET /ci/login/{forge} (off to the
@@ -41,7 +41,7 @@ type auth struct {
 	perms    *permCache
 	admins   *admins
 	logins   *logins // which user has a login now, for the forges' permission APIs
-	admin    web.TokenHash
+	admin    httpapi.TokenHash
 	hasAdmin bool
 }
 
@@ -69,7 +69,7 @@ func (u *UI) initAuth() error {
 		u.log.Warn("forges have oauth_client_id but [auth] secret_file is not set: login is off")
 	}
 	if u.cfg.AdminToken != "" {
-		a.admin, a.hasAdmin = web.HashToken(u.cfg.AdminToken), true
+		a.admin, a.hasAdmin = httpapi.HashToken(u.cfg.AdminToken), true
 	}
 	u.auth = a
 	return nil
@@ -246,29 +246,29 @@ func (u *UI) loginCallback(w http.ResponseWriter, r *http.Request) (string, Page
 
 	q := r.URL.Query()
 	if e := q.Get("error"); e != "" {
-		return "", Page{}, &web.HTTPError{Code: http.StatusForbidden, Msg: "the forge did not log you in",
+		return "", Page{}, &httpapi.Error{Code: http.StatusForbidden, Msg: "the forge did not log you in",
 			Err: fmt.Errorf("oauth error %.60q", e)}
 	}
 	var st oauthState
 	c, err := r.Cookie(m.Name(stateCookie))
 	if err != nil || m.Verify(statePurpose, c.Value, &st) != nil || !time.Now().Before(st.Expires) {
-		return "", Page{}, web.Errorf(http.StatusBadRequest, "the login has expired or was started elsewhere: log in again")
+		return "", Page{}, httpapi.Errorf(http.StatusBadRequest, "the login has expired or was started elsewhere: log in again")
 	}
 	got := q.Get("state")
 	if st.Forge != name || got == "" || subtle.ConstantTimeCompare([]byte(got), []byte(st.State)) != 1 {
-		return "", Page{}, web.Errorf(http.StatusBadRequest, "the login's state does not match: log in again")
+		return "", Page{}, httpapi.Errorf(http.StatusBadRequest, "the login's state does not match: log in again")
 	}
 	code := q.Get("code")
 	if code == "" {
-		return "", Page{}, web.Errorf(http.StatusBadRequest, "the forge sent no code")
+		return "", Page{}, httpapi.Errorf(http.StatusBadRequest, "the forge sent no code")
 	}
 	token, err := o.Exchange(r.Context(), code, u.callbackURL(r, name))
 	if err != nil {
-		return "", Page{}, &web.HTTPError{Code: http.StatusBadGateway, Msg: "the forge refused the login", Err: err}
+		return "", Page{}, &httpapi.Error{Code: http.StatusBadGateway, Msg: "the forge refused the login", Err: err}
 	}
 	user, err := o.User(r.Context(), token)
 	if err != nil {
-		return "", Page{}, &web.HTTPError{Code: http.StatusBadGateway, Msg: "the forge did not say who you are", Err: err}
+		return "", Page{}, &httpapi.Error{Code: http.StatusBadGateway, Msg: "the forge did not say who you are", Err: err}
 	}
 	if _, err := m.Login(r.Context(), w, r, name, user.ID, user.Login); err != nil {
 		return "", Page{}, err
@@ -288,7 +288,7 @@ func (u *UI) logout(w http.ResponseWriter, r *http.Request) {
 	r.Body = http.MaxBytesReader(w, r.Body, maxActionBody)
 	if _, ok := u.session(r); ok {
 		if err := u.auth.sessions.CheckCSRF(r); err != nil {
-			u.fail(w, r, &web.HTTPError{Code: http.StatusForbidden, Msg: "cross-site request refused: reload the page and try again", Err: err}, "/ci/")
+			u.fail(w, r, &httpapi.Error{Code: http.StatusForbidden, Msg: "cross-site request refused: reload the page and try again", Err: err}, "/ci/")
 			return
 		}
 	}
@@ -299,7 +299,7 @@ func (u *UI) logout(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if !browserForm(r) {
-		web.WriteJSON(w, http.StatusOK, map[string]string{"message": "logged out"})
+		httpapi.WriteJSON(w, http.StatusOK, map[string]string{"message": "logged out"})
 		return
 	}
 	http.Redirect(w, r, "/ci/", http.StatusSeeOther)

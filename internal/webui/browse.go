@@ -14,7 +14,7 @@ import (
 
 	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
 	"github.com/harmonia-ci/harmonia-ci/internal/forge"
-	"github.com/harmonia-ci/harmonia-ci/internal/web"
+	"github.com/harmonia-ci/harmonia-ci/internal/httpapi"
 )
 
 // listLimit bounds the branch and pull request lists of a project page.
@@ -34,7 +34,7 @@ func (u *UI) projectPageHandler() http.Handler { return u.page(u.projectPage) }
 
 // badRequest is the error of a page asked for with a malformed parameter.
 func badRequest(format string, args ...any) error {
-	return web.Errorf(http.StatusBadRequest, format, args...)
+	return httpapi.Errorf(http.StatusBadRequest, format, args...)
 }
 
 // joinList joins a list of names for display ("x86_64-linux, aarch64-linux").

@@ -15,7 +15,7 @@ import (
 
 	"github.com/harmonia-ci/harmonia-ci/internal/evaluation"
 	"github.com/harmonia-ci/harmonia-ci/internal/forge"
-	"github.com/harmonia-ci/harmonia-ci/internal/web"
+	"github.com/harmonia-ci/harmonia-ci/internal/httpapi"
 )
 
 // attrPageSize is how many attributes an evaluation page lists before "Load more".
@@ -174,7 +174,7 @@ func (u *UI) evalPage(w http.ResponseWriter, r *http.Request) (string, Page, err
 		tab = "all"
 	}
 	if !slices.ContainsFunc(evalTabs, func(t struct{ Key, Label string }) bool { return t.Key == tab }) {
-		return "", Page{}, web.Errorf(http.StatusBadRequest, "unknown tab %.40q", tab)
+		return "", Page{}, httpapi.Errorf(http.StatusBadRequest, "unknown tab %.40q", tab)
 	}
 	p := EvalPage{Eval: e, Tab: tab}
 	var after *string

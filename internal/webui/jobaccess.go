@@ -8,8 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/harmonia-ci/harmonia-ci/internal/httpapi"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
-	"github.com/harmonia-ci/harmonia-ci/internal/web"
 )
 
 // What a user may do to a build job. A job is shared by every live evaluation interested in it
@@ -121,7 +121,7 @@ func (u *UI) mayActOnJob(ctx context.Context, a actor, id int64) (bool, error) {
 }
 
 // errShared is the 403 of a rebuild of a job other users' evaluations need too.
-var errShared = web.Errorf(http.StatusForbidden, "this build is needed by evaluations you may not act on: only an admin or their owners may rebuild it")
+var errShared = httpapi.Errorf(http.StatusForbidden, "this build is needed by evaluations you may not act on: only an admin or their owners may rebuild it")
 
 // rebuildPriority is the priority of a rebuild by a: a boost is an admin's.
 func rebuildPriority(a actor) int {

@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/forge"
-	"github.com/harmonia-ci/harmonia-ci/internal/web"
+	"github.com/harmonia-ci/harmonia-ci/internal/httpapi"
 )
 
 // Who may act (permission rules of the design, §4 "Actions"):
@@ -338,7 +338,7 @@ func (u *UI) mayActOnBuild(ctx context.Context, a actor, id int64) (bool, error)
 
 // forgeUnavailable is the answer when the forge could not say whether a user may act.
 func forgeUnavailable(err error) error {
-	return &web.HTTPError{Code: http.StatusBadGateway, Msg: "the forge did not answer the permission check; try again", Err: err}
+	return &httpapi.Error{Code: http.StatusBadGateway, Msg: "the forge did not answer the permission check; try again", Err: err}
 }
 
 // permCache remembers the forges' answers about users' permissions for a while, per (forge,
@@ -399,4 +399,4 @@ func (c *permCache) get(ctx context.Context, f forge.Forge, repo forge.Repo, log
 }
 
 // errNoPermission is the 403 of an action the user may not take.
-var errNoPermission = web.Errorf(http.StatusForbidden, "you may not do this: it needs write access to the repository, the pull request's authorship, or an admin")
+var errNoPermission = httpapi.Errorf(http.StatusForbidden, "you may not do this: it needs write access to the repository, the pull request's authorship, or an admin")

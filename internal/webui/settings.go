@@ -15,8 +15,8 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/config"
 	"github.com/harmonia-ci/harmonia-ci/internal/db"
 	"github.com/harmonia-ci/harmonia-ci/internal/forge"
+	"github.com/harmonia-ci/harmonia-ci/internal/httpapi"
 	"github.com/harmonia-ci/harmonia-ci/internal/project"
-	"github.com/harmonia-ci/harmonia-ci/internal/web"
 )
 
 // The admins' project settings (design §3 "Projects", §4 `/ci/settings/projects[/{id}]`):
@@ -60,7 +60,7 @@ func (u *UI) registerSettings(mux *http.ServeMux) {
 }
 
 // errNotAdmin is the 403 of a settings page for a user who is not an admin.
-var errNotAdmin = web.Errorf(http.StatusForbidden, "only admins may see and change project settings")
+var errNotAdmin = httpapi.Errorf(http.StatusForbidden, "only admins may see and change project settings")
 
 // requireAdmin lets an [auth] admin's GET through (ok true). Otherwise it answers: a redirect
 // to the login for a logged-out browser (when a forge offers login), else a 403.
@@ -75,7 +75,7 @@ func (u *UI) requireAdmin(w http.ResponseWriter, r *http.Request) (ok bool, err 
 		http.Redirect(w, r, "/ci/login?"+url.Values{"next": {r.URL.RequestURI()}}.Encode(), http.StatusFound)
 		return false, nil
 	}
-	return false, web.Errorf(http.StatusForbidden, "only admins may see project settings, and login is not configured on this node")
+	return false, httpapi.Errorf(http.StatusForbidden, "only admins may see project settings, and login is not configured on this node")
 }
 
 // RepoSettings is a repository with its project's settings, as the settings pages show it.
@@ -307,7 +307,7 @@ func (u *UI) settingsPost(run postFunc) http.Handler {
 				form = storedForm(s) // enable and disable carry no form: show the stored one
 			}
 			if !browserForm(r) && r.Header.Get("HX-Request") != "true" {
-				web.WriteJSON(w, se.Code, map[string]string{"error": se.Msg})
+				httpapi.WriteJSON(w, se.Code, map[string]string{"error": se.Msg})
 				return
 			}
 			p := settingsPage(SettingsProject{Repo: s, Form: form, Error: se.Msg})
@@ -320,7 +320,7 @@ func (u *UI) settingsPost(run postFunc) http.Handler {
 		}
 		u.log.Info("project settings", "path", r.URL.Path, "by", who.String(), "notice", notice)
 		if !browserForm(r) && r.Header.Get("HX-Request") != "true" {
-			web.WriteJSON(w, http.StatusOK, map[string]any{"message": notices[notice], "repo_id": id})
+			httpapi.WriteJSON(w, http.StatusOK, map[string]any{"message": notices[notice], "repo_id": id})
 			return
 		}
 		to := back

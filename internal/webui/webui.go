@@ -22,8 +22,8 @@ import (
 
 	"github.com/harmonia-ci/harmonia-ci/internal/db"
 	"github.com/harmonia-ci/harmonia-ci/internal/forge"
+	"github.com/harmonia-ci/harmonia-ci/internal/httpapi"
 	"github.com/harmonia-ci/harmonia-ci/internal/notify"
-	"github.com/harmonia-ci/harmonia-ci/internal/web"
 )
 
 //go:embed templates static
@@ -157,7 +157,7 @@ type pageFunc func(w http.ResponseWriter, r *http.Request) (name string, p Page,
 // page renders a pageFunc's result, and its errors as an HTML error page.
 func (u *UI) page(f pageFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		ctx, cancel := context.WithTimeout(r.Context(), web.DBTimeout)
+		ctx, cancel := context.WithTimeout(r.Context(), httpapi.DBTimeout)
 		defer cancel()
 		r = r.WithContext(ctx)
 		name, p, err := f(w, r)
@@ -197,10 +197,10 @@ func (u *UI) render(w http.ResponseWriter, code int, name string, p Page) {
 	_, _ = w.Write(buf.Bytes())
 }
 
-// renderError shows an HTTPError's message, and only "internal error" for anything else.
+// renderError shows an httpapi.Error's message, and only "internal error" for anything else.
 func (u *UI) renderError(w http.ResponseWriter, r *http.Request, err error) {
 	code, msg := http.StatusInternalServerError, "internal error"
-	var he *web.HTTPError
+	var he *httpapi.Error
 	switch {
 	case errors.As(err, &he):
 		code, msg = he.Code, he.Msg
@@ -217,5 +217,5 @@ func (u *UI) renderError(w http.ResponseWriter, r *http.Request, err error) {
 
 // notFound is the error of a page about something that does not exist.
 func notFound(format string, args ...any) error {
-	return web.Errorf(http.StatusNotFound, format, args...)
+	return httpapi.Errorf(http.StatusNotFound, format, args...)
 }
