@@ -8,7 +8,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/clock"
 )
 
-// logDefaultMax is seed 001's default max_log_size.
+// logDefaultMax is the default max_log_size, 64 MB.
 const logDefaultMax = 64_000_000
 
 // LogBuffer holds a build's combined output in memory until it is uploaded. It is an io.Writer
@@ -16,7 +16,7 @@ const logDefaultMax = 64_000_000
 // max-silent timeout).
 //
 // Past its limit the buffer keeps what it has, appends a truncation marker once and drops the
-// rest (seed 001: a log cap, not a build failure), while still counting the dropped bytes and
+// rest (the cap limits the log, it does not fail the build), while still counting the dropped bytes and
 // recording when output last arrived.
 type LogBuffer struct {
 	max    int64

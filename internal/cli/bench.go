@@ -66,7 +66,7 @@ With one, the database must hold no build jobs.`,
 	f.IntVar(&o.PgbenchSeconds, "pgbench-seconds", 10, "duration of the pgbench -N reference (0 skips it)")
 	f.IntVar(&o.WakeLinks, "wake-links", 200, "chain length for the wake-latency probe (0 skips it)")
 	f.Uint64Var(&o.Seed, "seed", 0, "DAG seed (default: time)")
-	f.StringVar(&form, "claim-form", "ready", "claim statement: ready (maintained readiness) or not-exists (seed 001's)")
+	f.StringVar(&form, "claim-form", "ready", "claim statement: ready (maintained readiness) or not-exists (readiness checked per candidate)")
 	f.BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
 }

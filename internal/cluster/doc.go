@@ -1,6 +1,6 @@
 // Package cluster is harmonia-ci's membership and coordination through PostgreSQL alone: the
-// node registry and heartbeat (seeds 000, 002, 003), fenced leader election per role (seed 004),
-// leader-only maintenance, and the in-flight gate that graceful draining waits on.
+// node registry and heartbeat, fenced leader election per role, leader-only maintenance, and
+// the in-flight gate that graceful draining waits on.
 //
 // # Membership
 //

@@ -34,9 +34,8 @@ var leaderLockIDs = map[string]int32{
 	RoleGC:          4, // objects 2 and 3 are the enqueue and job-need locks
 }
 
-// ElectorConfig configures leader election for one role. Defaults follow seed 004, except the
-// refresh interval (lease/3 instead of lease/2, so a leader gets two retries before its lease
-// runs out).
+// ElectorConfig configures leader election for one role. The refresh interval is lease/3, not
+// lease/2, so a leader gets two retries before its lease runs out.
 type ElectorConfig struct {
 	// Role is the leader role; it must be one of the Role* constants.
 	Role string

@@ -13,7 +13,7 @@ import (
 
 // HeartbeatConfig configures the heartbeat loop.
 type HeartbeatConfig struct {
-	// Interval between beats. Default 30s (seed 000).
+	// Interval between beats. Default 30s.
 	Interval time.Duration
 	// LoadFunc reports the node's load for each beat; nil reports zeros.
 	LoadFunc func() Load

@@ -120,7 +120,7 @@ func (m *Maintainer) RunOnce(ctx context.Context, term *Term, task Task) error {
 type NodeTasksConfig struct {
 	// Interval between runs. Default 30s (the heartbeat interval).
 	Interval time.Duration
-	// DeadThreshold: a node silent this long is dead. Default 2m (seed 000).
+	// DeadThreshold: a node silent this long is dead. Default 2m (four missed heartbeats).
 	DeadThreshold time.Duration
 	// DeadRetention: a dead node's row is deleted this long after its last beat, once nothing
 	// is claimed in its name any more. Default 24h.

@@ -9,7 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Metrics are the cluster's Prometheus series (seed 004's leader metrics plus membership).
+// Metrics are the cluster's Prometheus series: leadership per role plus membership.
 type Metrics struct {
 	isLeader          *prometheus.GaugeVec
 	elections         *prometheus.CounterVec

@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// Node statuses (seed 003).
+// Node statuses, a node's lifecycle.
 const (
 	StatusJoining  = "joining"
 	StatusActive   = "active"
@@ -46,8 +46,8 @@ type Load struct {
 	CurrentJobs int
 	CPU         float32 // fraction of all cores busy, 0..1
 	Memory      float32 // fraction of memory in use, 0..1
-	// SpeedFactor is the builder's recent pace (seed 001: a rolling average of build durations,
-	// as builds per minute); 0 keeps the last value.
+	// SpeedFactor is the builder's recent pace (a rolling average of build durations, as builds
+	// per minute); 0 keeps the last value.
 	SpeedFactor float64
 }
 

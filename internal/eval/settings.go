@@ -14,7 +14,7 @@ import (
 // SettingsFile is the in-tree configuration a project may commit.
 const SettingsFile = ".harmonia-ci.toml"
 
-// Settings are a project's in-tree settings (rest-of-design §6: the only place for them).
+// Settings are a project's in-tree settings; .harmonia-ci.toml is the only place for them.
 type Settings struct {
 	Attrs       []string // attribute paths to evaluate
 	EvalTimeout time.Duration

@@ -1,5 +1,5 @@
-// Package project manages projects and their repositories (seed 002's repositories and
-// projects rows): what the CI evaluates, from where, and with which share of the builders.
+// Package project manages projects and their repositories (the repositories and projects
+// rows): what the CI evaluates, from where, and with which share of the builders.
 package project
 
 import (

@@ -8,7 +8,8 @@ import (
 	"sync"
 )
 
-// Charger adds builder time to projects' consumed_seconds (seed 001 fair shares) in batches:
+// Charger adds builder time to projects' consumed_seconds, the measure fair shares are computed
+// from, in batches:
 // one statement per flush for all projects, instead of one row update per finished job, which
 // would make every finishing worker of a project queue on that project's row.
 type Charger struct {

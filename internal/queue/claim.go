@@ -24,8 +24,8 @@ type ClaimForm int
 const (
 	// ClaimReady reads the maintained readiness (the default, and what nodes use).
 	ClaimReady ClaimForm = iota
-	// ClaimNotExists is seed 001's statement, checking readiness per candidate; kept so the
-	// benchmark can show why it is not used.
+	// ClaimNotExists checks readiness with NOT EXISTS per candidate, in priority order, which
+	// scans past every blocked job; kept so the benchmark can show why it is not used.
 	ClaimNotExists
 )
 

@@ -11,7 +11,8 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
 )
 
-// FailKind classifies a failure (seed 001 "Failure Handling and Retries").
+// FailKind classifies a failure: transient ones are retried, permanent ones wait for a
+// manual rebuild.
 type FailKind int
 
 const (

@@ -21,7 +21,7 @@ type MaintenanceConfig struct {
 	// ReapPage bounds the claims one reaper run releases (it runs again at once if full).
 	// Default 1000.
 	ReapPage int
-	// UnsupportedInterval between unsupported-build checks. Default 5m (seed 001).
+	// UnsupportedInterval between unsupported-build checks. Default 5m.
 	UnsupportedInterval time.Duration
 	// UnsupportedGrace: a job must have waited this long before it can be failed as
 	// unsupported, so nodes have time to register after a cluster restart. Default 30m.
@@ -58,8 +58,8 @@ func (c *MaintenanceConfig) withDefaults() {
 }
 
 // MaintenanceTasks returns the queue's leader-only tasks, each run inside the leader's fence:
-// the dead-node reaper (seed 000), unsupported-build detection and share decay (seed 001), and
-// an audit of the maintained readiness counts.
+// the dead-node reaper, unsupported-build detection, share decay, and an audit of the
+// maintained readiness counts. Each must run on one node at a time, hence the leader.
 func MaintenanceTasks(cfg MaintenanceConfig, logger *slog.Logger) []cluster.Task {
 	cfg.withDefaults()
 	// Counted once Run returns: the maintainer commits right after, and a rare commit that

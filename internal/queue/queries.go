@@ -74,15 +74,16 @@ WHERE bj.id = l.id AND bj.status = 'pending' AND bj.dependent_chain < l.c`
 	sqlNotify     = `SELECT pg_notify('build_jobs', $1)`
 	sqlNotifyMany = `SELECT pg_notify('build_jobs', p) FROM unnest($1::text[]) AS t(p)`
 
-	// The claim (seed 001 "Work-Stealing via PostgreSQL") over maintained readiness: the
+	// The claim (FOR UPDATE SKIP LOCKED, so concurrent builders never take the same job) over
+	// maintained readiness: the
 	// function claim_jobs (migration 0011) holds the statement, so that its plan is cached
 	// generic. $1 systems, $2 features, $3 node id, $4 per-(system,project) candidates, $5 limit.
 	sqlClaim = `
 SELECT id, drv_path, system, project_id, priority, attempt, retry_count, required_features, claimed_at
 FROM claim_jobs($1, $2, $3, $4, $5)`
 
-	// The seed's claim, verbatim in shape (NOT EXISTS readiness), kept for the benchmark's
-	// comparison only. $1 systems, $2 features, $3 node id, $4 limit.
+	// The claim with readiness checked by NOT EXISTS per candidate instead of maintained,
+	// kept for the benchmark's comparison only. $1 systems, $2 features, $3 node id, $4 limit.
 	sqlClaimNotExists = `
 WITH ready AS (
     SELECT bj.id
@@ -213,7 +214,8 @@ FROM unnest($1::bigint[], $2::float8[]) AS t(id, secs)
 WHERE p.id = t.id`
 	// (The caller passes ids sorted; the update visits them in that order.)
 
-	// Seed 001: after a permanent failure every pending job above it becomes dep-failed. A
+	// After a permanent failure every pending job above it becomes dep-failed, since it can never
+	// build. A
 	// cancelled job propagates the same way: its dependents can no longer build either.
 	// $1 ids of jobs that just failed or were cancelled. Returns how many were marked.
 	sqlPropagateFailure = `
@@ -233,7 +235,8 @@ WITH RECURSIVE to_fail AS (
 SELECT count(pg_notify('build_jobs', json_build_object('drv_path', drv_path, 'status', 'dep-failed')::text))
 FROM marked`
 
-	// Seed 001 rebuild: a failed job back to pending at priority $2, with fresh retries, and its
+	// Manual rebuild, the only way a failed job runs again: a failed job back to pending at
+	// priority $2, with fresh retries, and its
 	// dep-failed dependents back to pending; readiness keeps them waiting for their inputs.
 	// $1 job id. Returns the number of jobs reset (0: the job was not failed).
 	sqlRebuild = `
@@ -259,7 +262,7 @@ WITH RECURSIVE root AS (
 SELECT (SELECT count(*) FROM root) + (SELECT count(*) FROM dependents),
        ARRAY(SELECT DISTINCT system FROM (SELECT system FROM root UNION ALL SELECT system FROM dependents) s)`
 
-	// Seed 000 reaper, paginated: claims of nodes silent past the threshold (or with no row at
+	// Dead-node reaper, paginated: claims of nodes silent past the threshold (or with no row at
 	// all) go back to pending, or fail past 3 retries. $1 threshold seconds, $2 page size.
 	sqlReapDeadClaims = `
 WITH stale AS (
@@ -303,7 +306,8 @@ RETURNING id, status, system, drv_path`
 UPDATE evaluations SET status = 'queued', claimed_by = NULL, claimed_at = NULL, started_at = NULL
 WHERE claimed_by = $1 AND status = 'running'`
 
-	// Seed 001 unsupported builds: pending past the grace and no live, non-draining node has the
+	// Unsupported builds fail rather than wait forever: pending past the grace and no live,
+	// non-draining node has the
 	// system and every required feature. $1 grace seconds, $2 liveness threshold seconds.
 	sqlFailUnsupported = `
 UPDATE build_jobs bj SET status = 'failed', exit_code = NULL, finished_at = now()
@@ -318,7 +322,8 @@ WHERE bj.status = 'pending'
         AND bj.required_features <@ n.features)
 RETURNING bj.id, bj.drv_path`
 
-	// Seed 001 hourly decay.
+	// Hourly decay of consumed_seconds, so fair shares weigh recent builder time and forget old
+	// usage (factor 0.95: a half-life of about 13 hours).
 	sqlDecayShares = `
 UPDATE projects SET consumed_seconds = consumed_seconds * $1 WHERE consumed_seconds > 0`
 

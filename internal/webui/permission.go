@@ -16,7 +16,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/httpapi"
 )
 
-// Who may act (permission rules of the design, §4 "Actions"):
+// Who may act (on rebuild, cancel and re-evaluate):
 //   - the admin token (scripts) and the [auth] admins ("forge:login", resolved to forge user
 //     ids in admins.go) may do anything;
 //   - on an evaluation of a pull request, its author (logged in with the repository's forge),

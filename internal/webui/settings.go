@@ -19,7 +19,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/project"
 )
 
-// The admins' project settings (design §3 "Projects", §4 `/ci/settings/projects[/{id}]`):
+// The admins' project settings, admin only:
 //
 //	GET  /ci/settings/projects[?q=&after=]        the repositories the forges listed, searchable
 //	GET  /ci/settings/projects/{repo_id}          a repository's project settings form

@@ -1,5 +1,5 @@
--- The full schema of seed 002 (database.md), both layers, plus the cluster tables of
--- seeds 003/004. Deviations from the seeds are recorded in docs/decisions.md.
+-- The full schema, both layers (the Nix store layer and the CI layer), plus the cluster tables
+-- (nodes, leases). Deviations from the design are recorded in docs/decisions.md.
 
 -- ===== Layer 1: Nix store schema =====
 
@@ -153,13 +153,13 @@ CREATE TRIGGER build_log_notify
 
 -- ===== Cluster =====
 
--- One row per node id (seed 002), with seed 003's lifecycle facts. The row belongs to one
+-- One row per node id, a stable name such as the hostname, with its lifecycle facts. The row belongs to one
 -- process at a time: incarnation is a fresh UUID per process start, and every write a node
 -- makes to its own row is guarded by it.
 CREATE TABLE nodes (
     id           TEXT PRIMARY KEY CHECK (id ~ '^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$'),
     roles        TEXT[] NOT NULL,
-    -- seed 002 calls the roles "capabilities" and seed 000's signer discovery queries them.
+    -- The same roles under their other name, for queries written against "capabilities".
     capabilities TEXT[] GENERATED ALWAYS AS (roles) STORED,
     endpoint     TEXT NOT NULL,
     hostname     TEXT NOT NULL DEFAULT '',

@@ -1,8 +1,9 @@
--- Readiness kept up to date (seed 001 "Performance note"): blocked_inputs counts a job's input
+-- Readiness kept up to date, so that the claim does not check it per candidate and scan past
+-- every job blocked on a long build: blocked_inputs counts a job's input
 -- jobs that have not succeeded, so "ready" is blocked_inputs = 0 and the claim never scans jobs
--- waiting for their inputs. Semantics are exactly the seed's NOT EXISTS: an input derivation
--- with no job (already cached) does not block; one whose job is in any status but 'succeeded'
--- does. See docs/decisions.md for the figures that decided it.
+-- waiting for their inputs. Semantics are exactly those of a per-candidate NOT EXISTS: an input
+-- derivation with no job (already cached) does not block; one whose job is in any status but
+-- 'succeeded' does. See docs/decisions.md for the figures that decided it.
 
 ALTER TABLE build_jobs
     ADD COLUMN blocked_inputs INT NOT NULL DEFAULT 0,
