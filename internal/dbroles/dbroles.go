@@ -1,4 +1,4 @@
-// Package dbroles confines each node to what its roles need in PostgreSQL (design threat T6):
+// Package dbroles confines each node to what its roles need in PostgreSQL:
 // group roles with exactly the grants of the frontend, evaluator, signer, cache and builder
 // code, row-level security so that a node writes only its own claims, log tails, nodes row and
 // leases, and one login role per node named after its node id.

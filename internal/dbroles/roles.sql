@@ -1,4 +1,5 @@
--- Per-role database roles (design threat T6). Run by `harmonia-ci db roles --apply` as the
+-- Per-role database roles, so that a node sharing the database writes only what its roles
+-- need and only its own rows. Run by `harmonia-ci db roles --apply` as the
 -- owner of the schema, in one transaction; running it again converges on exactly these grants.
 --
 -- harmonia_node is what every node may do whatever its roles: read everything, keep its own
