@@ -148,7 +148,6 @@ func (f *fakeForge) Type() string { return forge.TypeGitea }
 
 var errUnexpected = errors.New("fake forge: the commit status reporter must not call this")
 
-func (f *fakeForge) VerifyWebhook(http.Header, int64, []byte) error { return errUnexpected }
 func (f *fakeForge) WebhookVerifier(http.Header, int64) (*forge.Verifier, error) {
 	return nil, errUnexpected
 }

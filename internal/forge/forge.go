@@ -33,10 +33,6 @@ type Forge interface {
 	// Type is TypeGitea or TypeGitHub.
 	Type() string
 
-	// VerifyWebhook checks a delivery's signature over the raw body, in constant time. It
-	// returns an error wrapping ErrSignature when the signature is missing or does not match.
-	// repoID is as for WebhookVerifier.
-	VerifyWebhook(h http.Header, repoID int64, body []byte) error
 	// WebhookVerifier starts checking a delivery's signature before its body is read: the body
 	// is written to the Verifier as it streams. repoID is the forge id of the repository the
 	// delivery's URL names, 0 for the forge-wide URL. A forge whose hooks have a secret per
@@ -204,4 +200,15 @@ type Event struct {
 	// BodySHA256 is the SHA-256 of the verified delivery's body, set by the receiver (zero for
 	// polls): a body seen before is a replay whatever its delivery id.
 	BodySHA256 [sha256.Size]byte
+}
+
+// VerifyWebhook checks a whole delivery's signature with f's WebhookVerifier, in constant time:
+// an error wrapping ErrSignature when it is missing or does not match.
+func VerifyWebhook(f Forge, h http.Header, repoID int64, body []byte) error {
+	v, err := f.WebhookVerifier(h, repoID)
+	if err != nil {
+		return err
+	}
+	v.Write(body)
+	return v.Verify()
 }

@@ -63,18 +63,8 @@ func (g *Gitea) Name() string { return g.name }
 // Type implements Forge.
 func (g *Gitea) Type() string { return TypeGitea }
 
-// VerifyWebhook checks X-Gitea-Signature, the hex HMAC-SHA256 of the body under the
-// repository's secret.
-func (g *Gitea) VerifyWebhook(h http.Header, repoID int64, body []byte) error {
-	v, err := g.WebhookVerifier(h, repoID)
-	if err != nil {
-		return err
-	}
-	v.Write(body)
-	return v.Verify()
-}
-
-// WebhookVerifier implements Forge. Every repository's hook has its own secret, which its
+// WebhookVerifier implements Forge: X-Gitea-Signature, the hex HMAC-SHA256 of the body under
+// the repository's secret. Every repository's hook has its own secret, which its
 // admins can read: the forge-wide URL, whose secret would be the configured one, accepts
 // nothing.
 func (g *Gitea) WebhookVerifier(h http.Header, repoID int64) (*Verifier, error) {

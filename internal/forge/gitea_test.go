@@ -57,7 +57,7 @@ func TestGiteaVerifyWebhook(t *testing.T) {
 	secret := []byte("s3cret")
 	g := newTestGitea(t, secret)
 	h, body := giteaDelivery(t, "push", secret, nil)
-	if err := g.VerifyWebhook(h, recordedRepoID, body); err != nil {
+	if err := VerifyWebhook(g, h, recordedRepoID, body); err != nil {
 		t.Fatalf("a correctly signed delivery: %v", err)
 	}
 	tests := []struct {
@@ -102,7 +102,7 @@ func TestGiteaVerifyWebhook(t *testing.T) {
 			if repoID < 0 {
 				repoID = 0
 			}
-			if err := g.VerifyWebhook(h, int64(repoID), body); !errors.Is(err, ErrSignature) {
+			if err := VerifyWebhook(g, h, int64(repoID), body); !errors.Is(err, ErrSignature) {
 				t.Fatalf("err = %v, want ErrSignature", err)
 			}
 		})
@@ -166,7 +166,7 @@ func TestGiteaParseWebhook(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			h, body := giteaDelivery(t, tc.file, secret, tc.edit)
-			if err := g.VerifyWebhook(h, recordedRepoID, body); err != nil {
+			if err := VerifyWebhook(g, h, recordedRepoID, body); err != nil {
 				t.Fatal(err)
 			}
 			ev, err := g.ParseWebhook(h, body)

@@ -110,18 +110,8 @@ func (g *GitHub) Name() string { return g.name }
 // Type implements Forge.
 func (g *GitHub) Type() string { return TypeGitHub }
 
-// VerifyWebhook checks X-Hub-Signature-256: "sha256=" and the hex HMAC-SHA256 of the body.
-// The older SHA-1 X-Hub-Signature is not accepted on its own.
-func (g *GitHub) VerifyWebhook(h http.Header, repoID int64, body []byte) error {
-	v, err := g.WebhookVerifier(h, repoID)
-	if err != nil {
-		return err
-	}
-	v.Write(body)
-	return v.Verify()
-}
-
-// WebhookVerifier implements Forge. A GitHub App has one webhook secret, set in the App's
+// WebhookVerifier implements Forge: X-Hub-Signature-256, "sha256=" and the hex HMAC-SHA256 of
+// the body (the older SHA-1 X-Hub-Signature is not accepted on its own). A GitHub App has one webhook secret, set in the App's
 // settings and visible only to the App's owner, for the deliveries of every installation: it
 // is checked at the forge-wide URL only.
 func (g *GitHub) WebhookVerifier(h http.Header, repoID int64) (*Verifier, error) {

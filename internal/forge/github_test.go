@@ -296,12 +296,12 @@ func TestGitHubVerifyWebhook(t *testing.T) {
 		if c.sig != "" {
 			h.Set("X-Hub-Signature-256", c.sig)
 		}
-		err := b.gh.VerifyWebhook(h, 0, c.body)
+		err := VerifyWebhook(b.gh, h, 0, c.body)
 		if c.ok != (err == nil) || (err != nil && !errors.Is(err, ErrSignature)) {
 			t.Errorf("%s: err = %v", c.name, err)
 		}
 		// The App's one secret is good at the forge-wide URL only.
-		if err := b.gh.VerifyWebhook(h, 7, c.body); !errors.Is(err, ErrSignature) {
+		if err := VerifyWebhook(b.gh, h, 7, c.body); !errors.Is(err, ErrSignature) {
 			t.Errorf("%s at a repository's URL: err = %v, want ErrSignature", c.name, err)
 		}
 	}
@@ -402,7 +402,7 @@ func TestGitHubParseWebhook(t *testing.T) {
 				}
 			}
 			h := b.srv.WebhookHeader(c.event, body)
-			if err := b.gh.VerifyWebhook(h, 0, body); err != nil {
+			if err := VerifyWebhook(b.gh, h, 0, body); err != nil {
 				t.Fatalf("VerifyWebhook: %v", err)
 			}
 			ev, err := b.gh.ParseWebhook(h, body)
@@ -724,7 +724,7 @@ func TestGitHubDelivery(t *testing.T) {
 	hook.HandleFunc("POST /webhook/gh", func(w http.ResponseWriter, r *http.Request) {
 		var body bytes.Buffer
 		body.ReadFrom(r.Body)
-		if err := b.gh.VerifyWebhook(r.Header, 0, body.Bytes()); err != nil {
+		if err := VerifyWebhook(b.gh, r.Header, 0, body.Bytes()); err != nil {
 			http.Error(w, "bad signature", http.StatusUnauthorized)
 			return
 		}
