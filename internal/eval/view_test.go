@@ -5,6 +5,7 @@ import (
 	"compress/gzip"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -360,12 +361,15 @@ func TestEvaluationSeesOnlyItsProjectUnprivileged(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, bin, "-test.run=^TestViewUnprivilegedChild$", "-test.count=1", "-test.v")
-	cmd.Dir = state
-	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "TMPDIR=/tmp", "HOME=" + job.Home, viewChildEnv + "=" + jobFile,
-		"NIX_REMOTE=daemon", "NIX_DAEMON_SOCKET_PATH=" + socket}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), Groups: []uint32{}}}
-	if out, err := cmd.CombinedOutput(); err != nil {
+	child := func() *exec.Cmd {
+		cmd := exec.CommandContext(ctx, bin, "-test.run=^TestViewUnprivilegedChild$", "-test.count=1", "-test.v")
+		cmd.Dir = state
+		cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "TMPDIR=/tmp", "HOME=" + job.Home, viewChildEnv + "=" + jobFile,
+			"NIX_REMOTE=daemon", "NIX_DAEMON_SOCKET_PATH=" + socket}
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), Groups: []uint32{}}}
+		return cmd
+	}
+	if out, err := runBusyExecutable(ctx, child); err != nil {
 		t.Fatalf("the unprivileged walk: %v\n%s", err, out)
 	}
 	var results map[string]map[string]result
@@ -436,5 +440,22 @@ func TestEvaluatorNeedsBwrap(t *testing.T) {
 		Runner: &eval.NixRunner{Bwrap: "/nonexistent/bwrap"}}, nil, testLogger(t), nil)
 	if err == nil || !strings.Contains(err.Error(), "/nonexistent/bwrap is not installed") || !strings.Contains(err.Error(), "apt-get install bubblewrap") {
 		t.Fatalf("got %v, want an error naming bwrap and its package", err)
+	}
+}
+
+// runBusyExecutable runs a freshly written executable. A parallel test's fork can
+// briefly hold the write descriptor it was written through (until that child's
+// exec closes it), and exec then fails with ETXTBSY; that is retried until ctx ends.
+func runBusyExecutable(ctx context.Context, cmd func() *exec.Cmd) ([]byte, error) {
+	for {
+		out, err := cmd().CombinedOutput()
+		if !errors.Is(err, syscall.ETXTBSY) {
+			return out, err
+		}
+		select {
+		case <-ctx.Done():
+			return out, err
+		case <-time.After(20 * time.Millisecond):
+		}
 	}
 }
