@@ -7,7 +7,7 @@ TIMEOUT ?= 25m
 # Debian 13 root that scripts/deps.sh makes (scripts/nix-root.sh enters it): the packages, and
 # the multi-process tests that evaluate, build, publish and substitute.
 NIX_PKGS ?= ./internal/workerproto ./internal/nix ./internal/substitute ./internal/eval \
-	./internal/build ./internal/upload ./internal/cache ./internal/signer
+	./internal/builder ./internal/upload ./internal/cache ./internal/signer
 NIX_E2E  ?= ^Test(Attack|Build|PublishAndSubstitute|SignerFailover|Deps|TwoEvaluators|EvalCLI|GC|NixDaemon|Reevaluate|Run)
 
 .PHONY: help assets build example up test test-nix-2.26 test-race vet fmt lint clean

@@ -17,7 +17,7 @@ func TestImportGraph(t *testing.T) {
 		forbid []string
 	}{
 		{[]string{"blob", "cache"}, []string{"forge", "project", "web", "cluster"}},
-		{[]string{"build", "eval"}, []string{"signer", "gc"}},
+		{[]string{"builder", "eval"}, []string{"signer", "gc"}},
 		{[]string{"commitstatus", "webhook", "webui"}, []string{"eval"}},
 	}
 	for _, r := range rules {

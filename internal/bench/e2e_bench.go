@@ -25,7 +25,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/harmonia-ci/harmonia-ci/internal/build"
+	"github.com/harmonia-ci/harmonia-ci/internal/builder"
 	"github.com/harmonia-ci/harmonia-ci/internal/config"
 	"github.com/harmonia-ci/harmonia-ci/internal/eval"
 	"github.com/harmonia-ci/harmonia-ci/internal/evaluation"
@@ -236,8 +236,8 @@ type E2EWorkload struct {
 // E2ESteps splits claim → succeeded per job (ms).
 type E2ESteps struct {
 	Claim  Stat `json:"claim"`  // the claim statement, as the worker timed it
-	Fetch  Stat `json:"fetch"`  // .drv closure and inputs (build.Timings.Fetch)
-	Build  Stat `json:"build"`  // build.Timings.Build: input check, nix-store --realise, output check
+	Fetch  Stat `json:"fetch"`  // .drv closure and inputs (builder.Timings.Fetch)
+	Build  Stat `json:"build"`  // builder.Timings.Build: input check, nix-store --realise, output check
 	Upload Stat `json:"upload"` // NAR dump, compression, PUT
 	Sign   Stat `json:"sign"`   // build-complete at the signer, which records the success
 	Other  Stat `json:"other"`  // the rest: dispatch, log tail, GC roots, status update, path infos
@@ -252,7 +252,7 @@ type Stat struct {
 	Mean float64 `json:"mean"`
 }
 
-// ProbeStep is one step of the uncontended replay: build.Store's calls on one job at a time in
+// ProbeStep is one step of the uncontended replay: builder.Store's calls on one job at a time in
 // a fresh chroot store, from the cluster's cache, after the cluster has finished.
 type ProbeStep struct {
 	Step string `json:"step"`
@@ -319,7 +319,7 @@ type e2e struct {
 
 	mu      sync.Mutex
 	claims  map[int64]time.Duration
-	timings map[int64]build.Timings
+	timings map[int64]builder.Timings
 	nClaims int
 	nEmpty  int
 }
@@ -355,7 +355,7 @@ func (rn *runningNode) stop() error {
 	return rn.err
 }
 
-func (b *e2e) observeBuild(t build.Timings) {
+func (b *e2e) observeBuild(t builder.Timings) {
 	b.mu.Lock()
 	b.timings[t.JobID] = t
 	b.mu.Unlock()
@@ -439,11 +439,11 @@ func E2E(ctx context.Context, o E2EOptions) (E2EReport, error) {
 	if err := os.Chmod(dir, 0o755); err != nil { // the embedded server runs as postgres when root
 		return r, err
 	}
-	b := &e2e{o: o, dir: dir, failed: make(chan error, 64), claims: map[int64]time.Duration{}, timings: map[int64]build.Timings{}}
+	b := &e2e{o: o, dir: dir, failed: make(chan error, 64), claims: map[int64]time.Duration{}, timings: map[int64]builder.Timings{}}
 	// Builds in a cgroup of low CPU weight, as a builder machine configured for it runs them.
-	if parent := build.WritableCPUCgroup(); parent != "" {
+	if parent := builder.WritableCPUCgroup(); parent != "" {
 		cg := filepath.Join(parent, "harmonia-ci-bench-"+randomHex(6))
-		if err := build.PrepareCgroup(cg); err != nil {
+		if err := builder.PrepareCgroup(cg); err != nil {
 			return r, err
 		}
 		defer os.Remove(cg) // empty once the builders' daemons are gone
@@ -584,7 +584,7 @@ func (b *e2e) builderConfig(id string, sleep bool, order string) (*config.Config
 	return cfg, cfg.Validate()
 }
 
-// sandboxPaths are the sandbox paths of both sides: build.Store's defaults and the workload's.
+// sandboxPaths are the sandbox paths of both sides: builder.Store's defaults and the workload's.
 func (b *e2e) sandboxPaths(name string) []string {
 	var extra []string
 	if name == E2ESleep {
@@ -1126,7 +1126,7 @@ func (b *e2e) plainSingle(ctx context.Context, name, salt string) ([]float64, er
 	return out, nil
 }
 
-// probe replays o.Samples of the round's jobs on one build.Session, one at a time in a fresh chroot
+// probe replays o.Samples of the round's jobs on one builder.Session, one at a time in a fresh chroot
 // store fetching from the cluster's cache, to time each step without contention.
 func (b *e2e) probe(ctx context.Context, name string, rows []jobRow) ([]ProbeStep, error) {
 	// Jobs with inputs (to substitute from the cache), spread over the DAG, in dependency order
@@ -1157,7 +1157,7 @@ func (b *e2e) probe(ctx context.Context, name string, rows []jobRow) ([]ProbeSte
 	if len(caches) == 0 {
 		return nil, errors.New("no active cache node")
 	}
-	st := build.Store{Root: filepath.Join(b.dir, "probe-store"), Substituters: caches, TrustedKeys: keys}
+	st := builder.Store{Root: filepath.Join(b.dir, "probe-store"), Substituters: caches, TrustedKeys: keys}
 	if name == E2ESleep {
 		st.SandboxPaths = []string{"/bin/sleep"}
 	}
@@ -1189,7 +1189,7 @@ func (b *e2e) probe(ctx context.Context, name string, rows []jobRow) ([]ProbeSte
 		}
 		steps[order[2]] = append(steps[order[2]], ms(time.Since(t)))
 		t = time.Now()
-		outs, err := ss.Build(ctx, j.drv, drv, inputs, build.BuildLimits{}, io.Discard)
+		outs, err := ss.Build(ctx, j.drv, drv, inputs, builder.BuildLimits{}, io.Discard)
 		if err != nil {
 			return nil, err
 		}
@@ -1457,7 +1457,7 @@ func (r E2EReport) printLayered(w io.Writer) {
 				pass(wl.PlainBuild.N > 0 && wl.OverheadVsPlain.P50 <= r.TargetMs), wl.OverheadVsPlain.P50)
 		}
 		if len(wl.Probe) > 0 {
-			fmt.Fprintf(w, "    uncontended replay (one build.Session, one job at a time, fresh store, inputs from the cache), ms\n")
+			fmt.Fprintf(w, "    uncontended replay (one builder.Session, one job at a time, fresh store, inputs from the cache), ms\n")
 			for _, p := range wl.Probe {
 				row(p.Step, p.Stat)
 			}

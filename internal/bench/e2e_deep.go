@@ -14,7 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/harmonia-ci/harmonia-ci/internal/build"
+	"github.com/harmonia-ci/harmonia-ci/internal/builder"
 	"github.com/harmonia-ci/harmonia-ci/internal/config"
 	"github.com/harmonia-ci/harmonia-ci/internal/eval"
 	"github.com/harmonia-ci/harmonia-ci/internal/evaluation"
@@ -135,7 +135,7 @@ func (b *e2e) deepRun(ctx context.Context, order string, round int) (E2EDeepRun,
 	b.postgres = d.Version
 	rb := &e2e{o: o, dir: dir, url: d.URL, pool: d.Pool, token: randomHex(16), failed: make(chan error, 64),
 		nixBin: b.nixBin, nixCmd: b.nixCmd, nodeLog: b.nodeLog, logger: b.logger,
-		claims: map[int64]time.Duration{}, timings: map[int64]build.Timings{}}
+		claims: map[int64]time.Duration{}, timings: map[int64]builder.Timings{}}
 
 	front, err := rb.frontConfig()
 	if err != nil {

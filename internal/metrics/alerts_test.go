@@ -12,7 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/blob"
-	"github.com/harmonia-ci/harmonia-ci/internal/build"
+	"github.com/harmonia-ci/harmonia-ci/internal/builder"
 	"github.com/harmonia-ci/harmonia-ci/internal/cache"
 	"github.com/harmonia-ci/harmonia-ci/internal/clock"
 	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
@@ -54,7 +54,7 @@ func exported(t *testing.T) map[string]bool {
 	}, nil, qt.Logger(), clock.Real{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := build.New(build.Config{NodeID: "n", Signer: &signerclient.Client{}, Registerer: r}, nil, qt.Logger(), clock.Real{}); err != nil {
+	if _, err := builder.New(builder.Config{NodeID: "n", Signer: &signerclient.Client{}, Registerer: r}, nil, qt.Logger(), clock.Real{}); err != nil {
 		t.Fatal(err)
 	}
 	queue.MaintenanceTasks(queue.MaintenanceConfig{Registerer: r}, qt.Logger())

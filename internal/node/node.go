@@ -19,7 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
-	"github.com/harmonia-ci/harmonia-ci/internal/build"
+	"github.com/harmonia-ci/harmonia-ci/internal/builder"
 	"github.com/harmonia-ci/harmonia-ci/internal/clock"
 	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
 	"github.com/harmonia-ci/harmonia-ci/internal/config"
@@ -42,7 +42,7 @@ type Options struct {
 	Clock clock.Clock
 	// BuildObserver, if set, receives the step timings of every job this node builds (the
 	// end-to-end benchmark runs nodes in-process for these).
-	BuildObserver func(build.Timings)
+	BuildObserver func(builder.Timings)
 	// ClaimObserver, if set, receives the latency of every claim this node's builder makes.
 	ClaimObserver func(latency time.Duration, jobs []queue.Job)
 }
@@ -88,7 +88,7 @@ type node struct {
 	reg         *prometheus.Registry // the node's /metrics
 	inFlight    cluster.InFlight
 	buildWorker *queue.Worker   // nil unless the node builds
-	builder     *build.Builder  // nil unless the node builds
+	builder     *builder.Builder  // nil unless the node builds
 	evaluator   *eval.Evaluator // nil unless the node evaluates
 	active      atomic.Bool     // set once every service runs
 	drainOnce   sync.Once

@@ -12,7 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/blob"
-	"github.com/harmonia-ci/harmonia-ci/internal/build"
+	"github.com/harmonia-ci/harmonia-ci/internal/builder"
 	"github.com/harmonia-ci/harmonia-ci/internal/cache"
 	"github.com/harmonia-ci/harmonia-ci/internal/config"
 	"github.com/harmonia-ci/harmonia-ci/internal/eval"
@@ -160,17 +160,17 @@ func (n *node) roleWorkers(notifier *notify.Notifier, announcer *queue.Announcer
 			n.logger.Warn("build.sandbox is false: builds run outside Nix's sandbox and can read this machine's files; only for projects you trust")
 		}
 		if cfg.Build.Cgroup != "" {
-			if err := build.PrepareCgroup(cfg.Build.Cgroup); err != nil {
+			if err := builder.PrepareCgroup(cfg.Build.Cgroup); err != nil {
 				return nil, fmt.Errorf("build.cgroup: %w", err)
 			}
 		}
-		b, err := build.New(build.Config{
+		b, err := builder.New(builder.Config{
 			NodeID: cfg.Node.ID,
-			Store: build.Store{Root: cfg.Build.NixStore, Daemon: cfg.Build.Daemon, SandboxPaths: cfg.Build.ExtraSandboxPaths,
+			Store: builder.Store{Root: cfg.Build.NixStore, Daemon: cfg.Build.Daemon, SandboxPaths: cfg.Build.ExtraSandboxPaths,
 				Unsandboxed: !cfg.Build.Sandbox, BuildUsersGroup: cfg.Build.BuildUsersGroup, Nice: cfg.Build.Nice,
 				Cgroup: cfg.Build.Cgroup},
 			Upstream: cfg.Substituters.URLs, UpstreamKeys: cfg.Substituters.TrustedPublicKeys,
-			Limits: build.BuildLimits{
+			Limits: builder.BuildLimits{
 				Timeout: cfg.Build.Timeout.Duration, MaxSilent: cfg.Build.MaxSilent.Duration,
 				MaxOutputSize: int64(cfg.Build.MaxOutputSize),
 			},

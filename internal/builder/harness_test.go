@@ -1,4 +1,4 @@
-package build_test
+package builder_test
 
 import (
 	"bytes"
@@ -22,7 +22,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/harmonia-ci/harmonia-ci/internal/build"
+	"github.com/harmonia-ci/harmonia-ci/internal/builder"
 	"github.com/harmonia-ci/harmonia-ci/internal/clock"
 	"github.com/harmonia-ci/harmonia-ci/internal/dbtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/logtest"
@@ -112,7 +112,7 @@ func nixRun(t *testing.T, name string, args ...string) string {
 	return strings.TrimSpace(string(out))
 }
 
-// sandboxOptions are the options of a sandboxed build in a chroot store, as build.Store builds.
+// sandboxOptions are the options of a sandboxed build in a chroot store, as builder.Store builds.
 func sandboxOptions() []string {
 	return []string{"--option", "build-users-group", "", "--option", "substituters", "",
 		"--option", "sandbox", "true", "--option", "sandbox-paths", strings.Join(nix.SandboxPaths(nil), " ")}
@@ -220,20 +220,20 @@ func (h *harness) outputs(drv string) map[string]string {
 type builderNode struct {
 	id      string
 	store   string // the chroot store's directory
-	builder *build.Builder
+	builder *builder.Builder
 	stop    func()
 }
 
 // startBuilder registers node id and runs a Builder with cfg (NodeID, Signer, a fresh chroot
 // store and short intervals filled in) and a worker with two slots, stopped at the end of the
 // test or by stop.
-func (h *harness) startBuilder(id string, cfg build.Config) *builderNode {
+func (h *harness) startBuilder(id string, cfg builder.Config) *builderNode {
 	h.t.Helper()
 	return h.startBuilderWith(id, cfg, nil)
 }
 
 // startBuilderWith is startBuilder calling setup, if set, on the Builder before it starts.
-func (h *harness) startBuilderWith(id string, cfg build.Config, setup func(*build.Builder)) *builderNode {
+func (h *harness) startBuilderWith(id string, cfg builder.Config, setup func(*builder.Builder)) *builderNode {
 	h.t.Helper()
 	queuetest.InsertNode(h.t, h.pool, queuetest.Node{ID: id, Systems: []string{h.system}})
 	cfg.NodeID, cfg.Signer = id, h.cluster.Client(h.t, id, "builder")
@@ -249,7 +249,7 @@ func (h *harness) startBuilderWith(id string, cfg build.Config, setup func(*buil
 	if cfg.CheckInterval == 0 {
 		cfg.CheckInterval = 200 * time.Millisecond
 	}
-	b, err := build.New(cfg, h.pool, h.logger, clock.Real{})
+	b, err := builder.New(cfg, h.pool, h.logger, clock.Real{})
 	if err != nil {
 		h.t.Fatal(err)
 	}

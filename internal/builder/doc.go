@@ -1,4 +1,4 @@
-// Package build is the builder role: Builder runs claimed build jobs with Nix in its Store (the
+// Package builder is the builder role: Builder runs claimed build jobs with Nix in its Store (the
 // system store or a chroot store), streams their logs (LogBuffer with its size cap, TailWriter
 // for the live tail in build_log_tails), enforces the build limits, and uploads the outputs
 // through the signer.
@@ -8,4 +8,4 @@
 // inputs and outputs under gcroots/harmonia-ci/<node>-job-<id>… before they are fetched,
 // substituted or built, and drops the roots when it ends; a builder that starts removes the
 // roots its node's predecessor left.
-package build
+package builder

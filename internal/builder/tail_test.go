@@ -1,4 +1,4 @@
-package build_test
+package builder_test
 
 import (
 	"bytes"
@@ -14,7 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/harmonia-ci/harmonia-ci/internal/build"
+	"github.com/harmonia-ci/harmonia-ci/internal/builder"
 	"github.com/harmonia-ci/harmonia-ci/internal/clock"
 	"github.com/harmonia-ci/harmonia-ci/internal/dbtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/logtest"
@@ -70,9 +70,9 @@ func tailWaitFor(t *testing.T, pool *pgxpool.Pool, jobID int64, want []byte) tai
 }
 
 // tailStart starts a writer on the real clock, stopped at the end of the test.
-func tailStart(t *testing.T, pool *pgxpool.Pool, cfg build.TailConfig, logger *slog.Logger) *build.TailWriter {
+func tailStart(t *testing.T, pool *pgxpool.Pool, cfg builder.TailConfig, logger *slog.Logger) *builder.TailWriter {
 	t.Helper()
-	w := build.NewTailWriter(cfg, pool, logger, clock.Real{})
+	w := builder.NewTailWriter(cfg, pool, logger, clock.Real{})
 	if err := w.Start(context.Background()); err != nil {
 		t.Fatalf("start tail writer: %v", err)
 	}
@@ -84,8 +84,8 @@ func TestTailWriterStreamsLog(t *testing.T) {
 	t.Parallel()
 	pool := dbtest.NewPool(t)
 	job := tailJob(t, pool, "streams")
-	log := build.NewLogBuffer(1<<20, clock.Real{})
-	tailStart(t, pool, build.TailConfig{JobID: job, Log: log, Interval: tailInterval}, queuetest.TestLogger(t))
+	log := builder.NewLogBuffer(1<<20, clock.Real{})
+	tailStart(t, pool, builder.TailConfig{JobID: job, Log: log, Interval: tailInterval}, queuetest.TestLogger(t))
 
 	for i := range 3 {
 		fmt.Fprintf(log, "line %d\n", i)
@@ -122,8 +122,8 @@ func TestTailWriterNotifiesBuildLog(t *testing.T) {
 	if _, err := conn.Exec(ctx, "LISTEN build_log"); err != nil {
 		t.Fatalf("listen: %v", err)
 	}
-	log := build.NewLogBuffer(1<<20, clock.Real{})
-	tailStart(t, pool, build.TailConfig{JobID: job, Log: log, Interval: tailInterval}, queuetest.TestLogger(t))
+	log := builder.NewLogBuffer(1<<20, clock.Real{})
+	tailStart(t, pool, builder.TailConfig{JobID: job, Log: log, Interval: tailInterval}, queuetest.TestLogger(t))
 
 	// The first write inserts the row (migration 0004 announces inserts too), later ones update it.
 	for _, line := range []string{"first", "second"} {
@@ -164,8 +164,8 @@ func TestTailWriterTailSize(t *testing.T) {
 			if strings.Contains(tt.name, "truncated") {
 				limit = 1000
 			}
-			log := build.NewLogBuffer(limit, clock.Real{})
-			tailStart(t, pool, build.TailConfig{JobID: job, Log: log, Interval: tailInterval, TailSize: tt.tailSize},
+			log := builder.NewLogBuffer(limit, clock.Real{})
+			tailStart(t, pool, builder.TailConfig{JobID: job, Log: log, Interval: tailInterval, TailSize: tt.tailSize},
 				queuetest.TestLogger(t))
 			for i := range tt.logLines {
 				fmt.Fprintf(log, "line %07d\n", i)
@@ -189,9 +189,9 @@ func TestTailWriterStop(t *testing.T) {
 
 	t.Run("writes the final tail", func(t *testing.T) {
 		job := tailJob(t, pool, "final")
-		log := build.NewLogBuffer(1<<20, clock.Real{})
+		log := builder.NewLogBuffer(1<<20, clock.Real{})
 		// The loop never ticks: whatever is written, Stop wrote.
-		w := tailStart(t, pool, build.TailConfig{JobID: job, Log: log, Interval: time.Hour}, queuetest.TestLogger(t))
+		w := tailStart(t, pool, builder.TailConfig{JobID: job, Log: log, Interval: time.Hour}, queuetest.TestLogger(t))
 		fmt.Fprintln(log, "last words")
 		w.Stop()
 		r := tailRead(t, pool, job)
@@ -206,8 +206,8 @@ func TestTailWriterStop(t *testing.T) {
 
 	t.Run("skips an unchanged tail", func(t *testing.T) {
 		job := tailJob(t, pool, "unchanged")
-		log := build.NewLogBuffer(1<<20, clock.Real{})
-		w := tailStart(t, pool, build.TailConfig{JobID: job, Log: log, Interval: tailInterval}, queuetest.TestLogger(t))
+		log := builder.NewLogBuffer(1<<20, clock.Real{})
+		w := tailStart(t, pool, builder.TailConfig{JobID: job, Log: log, Interval: tailInterval}, queuetest.TestLogger(t))
 		fmt.Fprintln(log, "done")
 		before := tailWaitFor(t, pool, job, log.Bytes())
 		w.Stop()
@@ -218,7 +218,7 @@ func TestTailWriterStop(t *testing.T) {
 
 	t.Run("empty log writes nothing", func(t *testing.T) {
 		job := tailJob(t, pool, "empty")
-		w := tailStart(t, pool, build.TailConfig{JobID: job, Log: build.NewLogBuffer(0, clock.Real{}), Interval: tailInterval},
+		w := tailStart(t, pool, builder.TailConfig{JobID: job, Log: builder.NewLogBuffer(0, clock.Real{}), Interval: tailInterval},
 			queuetest.TestLogger(t))
 		w.Stop()
 		if r := tailRead(t, pool, job); r.ok {
@@ -228,16 +228,16 @@ func TestTailWriterStop(t *testing.T) {
 
 	t.Run("before Start", func(t *testing.T) {
 		job := tailJob(t, pool, "unstarted")
-		log := build.NewLogBuffer(0, clock.Real{})
+		log := builder.NewLogBuffer(0, clock.Real{})
 		fmt.Fprintln(log, "output")
-		build.NewTailWriter(build.TailConfig{JobID: job, Log: log}, pool, queuetest.TestLogger(t), clock.Real{}).Stop()
+		builder.NewTailWriter(builder.TailConfig{JobID: job, Log: log}, pool, queuetest.TestLogger(t), clock.Real{}).Stop()
 		if r := tailRead(t, pool, job); r.ok {
 			t.Errorf("Stop before Start wrote %q", r.tail)
 		}
 	})
 
 	t.Run("without a log", func(t *testing.T) {
-		w := build.NewTailWriter(build.TailConfig{JobID: 7}, pool, queuetest.TestLogger(t), clock.Real{})
+		w := builder.NewTailWriter(builder.TailConfig{JobID: 7}, pool, queuetest.TestLogger(t), clock.Real{})
 		if err := w.Start(ctx); err == nil || !strings.Contains(err.Error(), "job 7") {
 			t.Errorf("Start without a log buffer: %v", err)
 		}
@@ -250,8 +250,8 @@ func TestDeleteTail(t *testing.T) {
 	pool := dbtest.NewPool(t)
 	ctx := context.Background()
 	job := tailJob(t, pool, "deleted")
-	log := build.NewLogBuffer(0, clock.Real{})
-	w := tailStart(t, pool, build.TailConfig{JobID: job, Log: log, Interval: time.Hour}, queuetest.TestLogger(t))
+	log := builder.NewLogBuffer(0, clock.Real{})
+	w := tailStart(t, pool, builder.TailConfig{JobID: job, Log: log, Interval: time.Hour}, queuetest.TestLogger(t))
 	fmt.Fprintln(log, "uploaded")
 	w.Stop()
 	if !tailRead(t, pool, job).ok {
@@ -267,7 +267,7 @@ func TestDeleteTail(t *testing.T) {
 		{"no such job", 1 << 40},
 	}
 	for _, tt := range tests {
-		if err := build.DeleteTail(ctx, pool, tt.jobID); err != nil {
+		if err := builder.DeleteTail(ctx, pool, tt.jobID); err != nil {
 			t.Errorf("%s: DeleteTail: %v", tt.name, err)
 		}
 		if tailRead(t, pool, tt.jobID).ok {
@@ -280,7 +280,7 @@ func TestDeleteTail(t *testing.T) {
 
 	cctx, cancel := context.WithCancel(ctx)
 	cancel()
-	err := build.DeleteTail(cctx, pool, job)
+	err := builder.DeleteTail(cctx, pool, job)
 	if !errors.Is(err, context.Canceled) || !strings.HasPrefix(err.Error(), fmt.Sprintf("delete log tail of job %d: ", job)) {
 		t.Errorf("DeleteTail on a cancelled context: %v", err)
 	}
@@ -292,13 +292,13 @@ func TestTailWriterSurvivesMissingJob(t *testing.T) {
 	tests := []struct {
 		name string
 		// setup returns the job id to write for, once any earlier tail is in place.
-		setup func(t *testing.T, log *build.LogBuffer, start func(job int64)) int64
+		setup func(t *testing.T, log *builder.LogBuffer, start func(job int64)) int64
 	}{
-		{"job never existed", func(t *testing.T, log *build.LogBuffer, start func(int64)) int64 {
+		{"job never existed", func(t *testing.T, log *builder.LogBuffer, start func(int64)) int64 {
 			start(1 << 40)
 			return 1 << 40
 		}},
-		{"job deleted while building", func(t *testing.T, log *build.LogBuffer, start func(int64)) int64 {
+		{"job deleted while building", func(t *testing.T, log *builder.LogBuffer, start func(int64)) int64 {
 			job := tailJob(t, pool, "vanishing")
 			start(job)
 			fmt.Fprintln(log, "before the delete")
@@ -314,10 +314,10 @@ func TestTailWriterSurvivesMissingJob(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			sink := &logtest.Buffer{}
 			logger := slog.New(slog.NewTextHandler(sink, &slog.HandlerOptions{Level: slog.LevelDebug}))
-			log := build.NewLogBuffer(0, clock.Real{})
-			var w *build.TailWriter
+			log := builder.NewLogBuffer(0, clock.Real{})
+			var w *builder.TailWriter
 			job := tt.setup(t, log, func(job int64) {
-				w = tailStart(t, pool, build.TailConfig{JobID: job, Log: log, Interval: tailInterval}, logger)
+				w = tailStart(t, pool, builder.TailConfig{JobID: job, Log: log, Interval: tailInterval}, logger)
 			})
 			fmt.Fprintln(log, "nobody reads this")
 

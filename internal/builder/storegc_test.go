@@ -1,4 +1,4 @@
-package build_test
+package builder_test
 
 import (
 	"context"
@@ -15,7 +15,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/harmonia-ci/harmonia-ci/internal/build"
+	"github.com/harmonia-ci/harmonia-ci/internal/builder"
 	"github.com/harmonia-ci/harmonia-ci/internal/waittest"
 )
 
@@ -38,8 +38,8 @@ func TestStoreGCThreshold(t *testing.T) {
 		reg := prometheus.NewRegistry()
 		var mu sync.Mutex
 		var dirs []string
-		node := h.startBuilderWith(fmt.Sprintf("builder-%d", i), build.Config{MinFree: tt.minFree, MaxFree: 2 << 30, Registerer: reg},
-			func(b *build.Builder) {
+		node := h.startBuilderWith(fmt.Sprintf("builder-%d", i), builder.Config{MinFree: tt.minFree, MaxFree: 2 << 30, Registerer: reg},
+			func(b *builder.Builder) {
 				b.SetFreeSpaceFunc(func(dir string) (int64, error) {
 					mu.Lock()
 					dirs = append(dirs, dir)
@@ -113,11 +113,11 @@ in {
 
 	// Free space is always short: every check after a job ended collects, besides the test's.
 	reg := prometheus.NewRegistry()
-	node := h.startBuilderWith("builder-1", build.Config{
-		Store:   build.Store{SandboxPaths: []string{fifoDir}},
-		Limits:  build.BuildLimits{Timeout: 5 * time.Minute},
+	node := h.startBuilderWith("builder-1", builder.Config{
+		Store:   builder.Store{SandboxPaths: []string{fifoDir}},
+		Limits:  builder.BuildLimits{Timeout: 5 * time.Minute},
 		MinFree: 1 << 30, MaxFree: 2 << 30, Registerer: reg,
-	}, func(b *build.Builder) { b.SetFreeSpaceFunc(func(string) (int64, error) { return 0, nil }) })
+	}, func(b *builder.Builder) { b.SetFreeSpaceFunc(func(string) (int64, error) { return 0, nil }) })
 	collect := func(when string) {
 		t.Helper()
 		if ran, err := node.builder.CollectGarbage(h.ctx()); !ran || err != nil {
@@ -200,7 +200,7 @@ func TestRestartClearsStaleRoots(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
 	root := t.TempDir()
-	dead := build.Store{Root: root}
+	dead := builder.Store{Root: root}
 	tests := []struct {
 		name string // as Builder.handle names a job's roots
 		kept bool
@@ -218,8 +218,8 @@ func TestRestartClearsStaleRoots(t *testing.T) {
 		}
 	}
 
-	node := h.startBuilderWith("builder-1", build.Config{Store: build.Store{Root: root}, MinFree: 1 << 30, MaxFree: 2 << 30},
-		func(b *build.Builder) { b.SetFreeSpaceFunc(func(string) (int64, error) { return 0, nil }) })
+	node := h.startBuilderWith("builder-1", builder.Config{Store: builder.Store{Root: root}, MinFree: 1 << 30, MaxFree: 2 << 30},
+		func(b *builder.Builder) { b.SetFreeSpaceFunc(func(string) (int64, error) { return 0, nil }) })
 	for _, tt := range tests {
 		if got := rooted(t, root, paths[tt.name]); got != tt.kept {
 			t.Errorf("root %s after the restart: rooted %v, want %v", tt.name, got, tt.kept)

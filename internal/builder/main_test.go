@@ -1,4 +1,4 @@
-package build_test
+package builder_test
 
 import (
 	"testing"
@@ -6,5 +6,5 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/dbtest"
 )
 
-// The tests of the build package run against a real PostgreSQL (one database per test).
+// The tests of the builder package run against a real PostgreSQL (one database per test).
 func TestMain(m *testing.M) { dbtest.Main(m) }

@@ -1,4 +1,4 @@
-package build_test
+package builder_test
 
 import (
 	"bytes"
@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/harmonia-ci/harmonia-ci/internal/build"
+	"github.com/harmonia-ci/harmonia-ci/internal/builder"
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
 	"github.com/harmonia-ci/harmonia-ci/internal/nixgen"
 	"github.com/harmonia-ci/harmonia-ci/internal/nixtest"
@@ -74,7 +74,7 @@ in { inherit d0 d1 d2 d3 d4 d5 d6 d7 d8 d9; }`
 		all[i] = drvs[n]
 	}
 	h.enqueue(all...)
-	node := h.startBuilder("builder-1", build.Config{Limits: build.BuildLimits{Timeout: time.Minute}})
+	node := h.startBuilder("builder-1", builder.Config{Limits: builder.BuildLimits{Timeout: time.Minute}})
 	others := watchNixProcesses(t, node.store)
 
 	var jobs []int64
@@ -157,7 +157,7 @@ func TestFailedBuild(t *testing.T) {
 	drvs := h.instantiate(nixgen.Lib(h.salt)+` let bad = fail "bad" [ ]; in { inherit bad; user = mk "user" [ bad ]; }`,
 		"bad", "user")
 	h.enqueue(drvs["bad"], drvs["user"])
-	h.startBuilder("builder-1", build.Config{Limits: build.BuildLimits{Timeout: time.Minute}})
+	h.startBuilder("builder-1", builder.Config{Limits: builder.BuildLimits{Timeout: time.Minute}})
 
 	for attempt := 1; attempt <= 2; attempt++ {
 		bad := h.waitJob(drvs["bad"], fmt.Sprintf("failed at attempt %d", attempt), func(j jobRow) bool {
@@ -202,23 +202,23 @@ func TestLimits(t *testing.T) {
 	tests := []struct {
 		name   string
 		script string
-		cfg    build.Config
+		cfg    builder.Config
 		status string
 		msg    string // error_message: exact, or a substring when sub
 		sub    bool
 		log    string // in the served log
 	}{
 		{name: "timeout", script: "echo started; /bin/sleep 30",
-			cfg:    build.Config{Limits: build.BuildLimits{Timeout: 2 * time.Second}},
+			cfg:    builder.Config{Limits: builder.BuildLimits{Timeout: 2 * time.Second}},
 			status: "failed", msg: "build timed out after 2s", log: "started"},
 		{name: "silent", script: "echo once; /bin/sleep 30",
-			cfg:    build.Config{Limits: build.BuildLimits{Timeout: time.Minute, MaxSilent: time.Second}},
+			cfg:    builder.Config{Limits: builder.BuildLimits{Timeout: time.Minute, MaxSilent: time.Second}},
 			status: "failed", msg: "no output for 1s", log: "once"},
 		{name: "log", script: loop(10_000, "") + "; echo done > $out",
-			cfg:    build.Config{Limits: build.BuildLimits{Timeout: time.Minute}, MaxLogSize: 64 << 10},
+			cfg:    builder.Config{Limits: builder.BuildLimits{Timeout: time.Minute}, MaxLogSize: 64 << 10},
 			status: "succeeded", log: line},
 		{name: "output", script: "echo writing; " + loop(640, " > $out"),
-			cfg:    build.Config{Limits: build.BuildLimits{Timeout: time.Minute, MaxOutputSize: 1 << 10}},
+			cfg:    builder.Config{Limits: builder.BuildLimits{Timeout: time.Minute, MaxOutputSize: 1 << 10}},
 			status: "failed", msg: "over max_output_size 1 KB", sub: true, log: "writing"},
 	}
 	for _, tt := range tests {
@@ -302,8 +302,8 @@ in { inherit imp user; }`, h.salt, marker)
 
 	// The cluster's first build of imp, on builder-a, is the canonical one.
 	h.enqueue(drvs["imp"])
-	a := h.startBuilder("builder-a", build.Config{Store: build.Store{SandboxPaths: []string{marker}},
-		Limits: build.BuildLimits{Timeout: time.Minute}})
+	a := h.startBuilder("builder-a", builder.Config{Store: builder.Store{SandboxPaths: []string{marker}},
+		Limits: builder.BuildLimits{Timeout: time.Minute}})
 	h.waitStatus(drvs["imp"], "succeeded")
 	a.stop()
 	canonical := h.canonicalHashes(drvs["imp"])["out"]
@@ -321,7 +321,7 @@ in { inherit imp user; }`, h.salt, marker)
 	}
 
 	h.enqueue(drvs["user"])
-	h.startBuilder("builder-b", build.Config{Store: build.Store{Root: storeB}, Limits: build.BuildLimits{Timeout: time.Minute}})
+	h.startBuilder("builder-b", builder.Config{Store: builder.Store{Root: storeB}, Limits: builder.BuildLimits{Timeout: time.Minute}})
 	h.waitStatus(drvs["user"], "succeeded")
 
 	if logs := h.logs.String(); !strings.Contains(logs, "level=WARN msg=\"input differs from the binary cache") ||
@@ -347,7 +347,7 @@ func TestCancelKillsBuild(t *testing.T) {
 	drv := h.instantiate(sh(h.salt)+`{ spin = sh "spin" "echo spinning; while :; do :; done"; }`, "spin")["spin"]
 	h.enqueue(drv)
 	const checkInterval = 200 * time.Millisecond
-	h.startBuilder("builder-1", build.Config{Limits: build.BuildLimits{Timeout: 5 * time.Minute}, CheckInterval: checkInterval})
+	h.startBuilder("builder-1", builder.Config{Limits: builder.BuildLimits{Timeout: 5 * time.Minute}, CheckInterval: checkInterval})
 
 	j := h.waitStatus(drv, "building")
 	waittest.For(t, jobWait, func() bool {
@@ -404,7 +404,7 @@ func TestInputUnavailableIsTransient(t *testing.T) {
 	// a succeeded as far as the database knows, but its output never reached a cache.
 	queuetest.Exec(t, h.pool, `UPDATE build_jobs SET status = 'succeeded', finished_at = now() WHERE drv_path = $1`, drvs["a"])
 	outA := h.outputs(drvs["a"])["out"]
-	node := h.startBuilder("builder-1", build.Config{Limits: build.BuildLimits{Timeout: time.Minute}})
+	node := h.startBuilder("builder-1", builder.Config{Limits: builder.BuildLimits{Timeout: time.Minute}})
 
 	first := h.waitJob(drvs["b"], "a first retry", func(j jobRow) bool { return j.RetryCount >= 1 })
 	if first.RetryCount == 1 && (first.Status != "pending" && first.Status != "building" ||
@@ -413,7 +413,7 @@ func TestInputUnavailableIsTransient(t *testing.T) {
 	}
 	j := h.waitStatus(drvs["b"], "failed")
 	if j.RetryCount != 3 || j.Attempt != 4 || j.ErrorMessage == nil ||
-		!strings.Contains(*j.ErrorMessage, outA) || !strings.Contains(*j.ErrorMessage, build.ErrInputUnavailable.Error()) {
+		!strings.Contains(*j.ErrorMessage, outA) || !strings.Contains(*j.ErrorMessage, builder.ErrInputUnavailable.Error()) {
 		t.Errorf("%v, want failed after 3 retries (4 attempts), with an error naming %s", j, outA)
 	}
 	results := h.handledResults(j.ID)
@@ -421,7 +421,7 @@ func TestInputUnavailableIsTransient(t *testing.T) {
 		t.Errorf("handled %d times, want 4", len(results))
 	}
 	for i, res := range results {
-		if !errors.Is(res.Err, build.ErrInputUnavailable) || res.Kind != queue.Transient {
+		if !errors.Is(res.Err, builder.ErrInputUnavailable) || res.Kind != queue.Transient {
 			t.Errorf("attempt %d: %+v, want a transient ErrInputUnavailable", i+1, res)
 		}
 	}
@@ -438,8 +438,8 @@ func TestLiveTail(t *testing.T) {
 	drv := h.instantiate(sh(h.salt)+`{ slow = sh "slow" "for i in 1 2 3 4 5; do echo line$i; /bin/sleep 0.3; done; echo done > $out"; }`,
 		"slow")["slow"]
 	h.enqueue(drv)
-	h.startBuilder("builder-1", build.Config{Store: build.Store{SandboxPaths: []string{"/bin/sleep"}},
-		Limits: build.BuildLimits{Timeout: time.Minute}})
+	h.startBuilder("builder-1", builder.Config{Store: builder.Store{SandboxPaths: []string{"/bin/sleep"}},
+		Limits: builder.BuildLimits{Timeout: time.Minute}})
 
 	var last liveTail
 	waittest.For(t, jobWait, func() bool {
@@ -521,7 +521,7 @@ func TestDaemonStoppedMidBuild(t *testing.T) {
 	// Long enough to be killed in the first attempt, short enough for the retry.
 	drv := h.instantiate(sh(h.salt)+`{ slow = sh "slow" "echo started; i=0; while [ $i -lt 400000 ]; do i=$((i+1)); done; echo done > $out"; }`, "slow")["slow"]
 	h.enqueue(drv)
-	node := h.startBuilder("builder-1", build.Config{Limits: build.BuildLimits{Timeout: 5 * time.Minute}})
+	node := h.startBuilder("builder-1", builder.Config{Limits: builder.BuildLimits{Timeout: 5 * time.Minute}})
 	j := h.waitStatus(drv, "building")
 	waittest.For(t, jobWait, func() bool {
 		tail, ok := h.tail(j.ID)
@@ -584,7 +584,7 @@ func TestForgedDerivationNotBuilt(t *testing.T) {
 	if _, err := queue.Enqueue(h.ctx(), h.pool, queue.EnqueueParams{Derivations: []queue.Derivation{h.derivation(forgedPath)}}); err != nil {
 		t.Fatal(err)
 	}
-	b := h.startBuilder("builder-1", build.Config{Limits: build.BuildLimits{Timeout: time.Minute}})
+	b := h.startBuilder("builder-1", builder.Config{Limits: builder.BuildLimits{Timeout: time.Minute}})
 
 	j := h.waitJob(forgedPath, "failed", func(j jobRow) bool { return slices.Contains(terminal, j.Status) })
 	if j.Status != "failed" || j.ErrorMessage == nil || !strings.Contains(*j.ErrorMessage, "refusing to build a derivation whose outputs are not its own") {
