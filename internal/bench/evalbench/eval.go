@@ -1,20 +1,19 @@
-package bench
+// Package evalbench is `harmonia-ci bench eval`: an evaluation of a generated project by an
+// in-process node against bare nix-instantiate of the same shape.
+package evalbench
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"time"
 
+	"github.com/harmonia-ci/harmonia-ci/internal/bench"
 	"github.com/harmonia-ci/harmonia-ci/internal/config"
 	"github.com/harmonia-ci/harmonia-ci/internal/eval"
 	"github.com/harmonia-ci/harmonia-ci/internal/evaluation"
@@ -81,14 +80,14 @@ func Eval(ctx context.Context, o EvalOptions) (EvalReport, error) {
 	o.defaults()
 	r := EvalReport{
 		Date: time.Now().UTC().Format(time.RFC3339), Derivations: o.Derivations, Width: o.Width, Rounds: o.Rounds,
-		Machine: fmt.Sprintf("%s/%s, %d CPUs", runtime.GOOS, runtime.GOARCH, runtime.NumCPU()),
-		Nix:     toolVersion("nix-instantiate", "--version"),
+		Machine: bench.Machine(),
+		Nix:     bench.ToolVersion("nix-instantiate", "--version"),
 	}
-	if err := needTool("nix-instantiate", "install nix-bin (scripts/deps.sh bench)"); err != nil {
-		return r, err
+	if err := bench.NeedTool("nix-instantiate", "install nix-bin (scripts/deps.sh bench)"); err != nil {
+		return r, fmt.Errorf("bench eval: %w", err)
 	}
-	if err := needTool("git", "install git"); err != nil {
-		return r, err
+	if err := bench.NeedTool("git", "install git"); err != nil {
+		return r, fmt.Errorf("bench eval: %w", err)
 	}
 	dir, err := os.MkdirTemp("", "hci-bench-eval-")
 	if err != nil {
@@ -98,7 +97,7 @@ func Eval(ctx context.Context, o EvalOptions) (EvalReport, error) {
 	if err := os.Chmod(dir, 0o755); err != nil { // the embedded server runs as postgres when root
 		return r, err
 	}
-	d, err := openDatabase(ctx, "", filepath.Join(dir, "pg"), 100, "harmonia-ci bench eval", 4, o.Logger)
+	d, err := bench.OpenDatabase(ctx, bench.DatabaseOptions{URL: "", Dir: filepath.Join(dir, "pg"), MaxServerConns: 100, App: "harmonia-ci bench eval", PoolConns: 4, Logger: o.Logger})
 	if err != nil {
 		return r, err
 	}
@@ -109,28 +108,19 @@ func Eval(ctx context.Context, o EvalOptions) (EvalReport, error) {
 	if err != nil {
 		return r, err
 	}
-	nctx, stopNode := context.WithCancel(ctx)
-	nodeDone := make(chan error, 1)
-	go func() { nodeDone <- node.Run(nctx, cfg, o.Logger, node.Options{Version: "bench"}) }()
-	defer func() {
-		stopNode()
-		<-nodeDone
-	}()
-
-	if err := waitFor(ctx, nodeDone, func() (bool, error) {
-		var n int
-		err := pool.QueryRow(ctx, `SELECT count(*) FROM nodes WHERE status = 'active'`).Scan(&n)
-		return n > 0, err
-	}); err != nil {
-		return r, fmt.Errorf("node did not become active: %w", err)
+	nodeDone := make(chan error, 1) // the node stopped on its own
+	n := bench.StartNode(ctx, cfg, o.Logger, node.Options{Version: "bench"}, nodeDone)
+	defer n.Stop()
+	if err := bench.WaitReady(ctx, n); err != nil {
+		return r, err
 	}
 	for round := 1; round <= o.Rounds; round++ {
-		salt := randomHex(8)
-		bare, err := makeRepo(filepath.Join(dir, "bare-"+salt), nixgen.Layered("bare-"+salt, o.Derivations, o.Width))
+		salt := bench.RandomHex(8)
+		bare, err := bench.MakeRepo(filepath.Join(dir, "bare-"+salt), nixgen.Layered("bare-"+salt, o.Derivations, o.Width))
 		if err != nil {
 			return r, err
 		}
-		ours, err := makeRepo(filepath.Join(dir, "ours-"+salt), nixgen.Layered("ours-"+salt, o.Derivations, o.Width))
+		ours, err := bench.MakeRepo(filepath.Join(dir, "ours-"+salt), nixgen.Layered("ours-"+salt, o.Derivations, o.Width))
 		if err != nil {
 			return r, err
 		}
@@ -156,7 +146,7 @@ func Eval(ctx context.Context, o EvalOptions) (EvalReport, error) {
 		if err != nil {
 			return r, err
 		}
-		if err := waitFor(ctx, nodeDone, func() (bool, error) {
+		if err := bench.WaitFor(ctx, nodeDone, func() (bool, error) {
 			e, err = evaluation.Get(ctx, pool, e.ID)
 			return e.Finished(), err
 		}); err != nil {
@@ -171,11 +161,7 @@ func Eval(ctx context.Context, o EvalOptions) (EvalReport, error) {
 		}
 	}
 	r.Ratio = r.EvalSeconds / r.NixSeconds
-	err = pool.QueryRow(ctx, `SELECT
-	    (SELECT count(*) FROM derivations) + (SELECT count(*) FROM derivation_outputs) +
-	    (SELECT count(*) FROM derivation_inputs) + (SELECT count(*) FROM eval_attrs) +
-	    (SELECT count(*) FROM build_jobs),
-	    (SELECT count(*) FROM build_jobs)`).Scan(&r.Rows, &r.Jobs)
+	err = pool.QueryRow(ctx, queryGraphRows).Scan(&r.Rows, &r.Jobs)
 	if err != nil {
 		return r, err
 	}
@@ -185,7 +171,7 @@ func Eval(ctx context.Context, o EvalOptions) (EvalReport, error) {
 	// The .drv files' narinfos are rows (blob.Derivations); sources' are files.
 	narinfos, _ := filepath.Glob(filepath.Join(cfg.StateDir, "cache", "*.narinfo"))
 	var drvObjects int64
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM drv_objects`).Scan(&drvObjects); err != nil {
+	if err := pool.QueryRow(ctx, queryDrvObjectCount).Scan(&drvObjects); err != nil {
 		return r, err
 	}
 	r.Published = (int64(len(narinfos)) + drvObjects) / int64(o.Rounds)
@@ -205,7 +191,7 @@ func evalNodeConfig(stateDir, url string) (*config.Config, error) {
 	cfg.Node.ID = "bench-eval"
 	cfg.Node.Roles = []string{config.RoleFrontend, config.RoleEvaluator, config.RoleSigner, config.RoleCache}
 	cfg.Eval.PollInterval = config.Duration{Duration: time.Second}
-	cfg.Auth.ClusterSecret = randomHex(16)
+	cfg.Auth.ClusterSecret = bench.RandomHex(16)
 	key, err := nix.GenerateKey("bench-eval-1")
 	if err != nil {
 		return nil, err
@@ -215,50 +201,4 @@ func evalNodeConfig(stateDir, url string) (*config.Config, error) {
 		return nil, err
 	}
 	return cfg, nil
-}
-
-// makeRepo commits ci.nix into a new git repository at dir.
-func makeRepo(dir, expr string) (string, error) {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return "", err
-	}
-	if err := os.WriteFile(filepath.Join(dir, "ci.nix"), []byte(expr), 0o644); err != nil {
-		return "", err
-	}
-	for _, args := range [][]string{{"init", "-q", "-b", "main"}, {"add", "ci.nix"}, {"commit", "-q", "-m", "generated"}} {
-		cmd := exec.Command("git", args...)
-		cmd.Dir = dir
-		cmd.Env = append(os.Environ(), "GIT_CONFIG_GLOBAL=/dev/null", "GIT_AUTHOR_NAME=bench",
-			"GIT_AUTHOR_EMAIL=bench@example.invalid", "GIT_COMMITTER_NAME=bench", "GIT_COMMITTER_EMAIL=bench@example.invalid")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return "", fmt.Errorf("git %s: %w: %s", args[0], err, out)
-		}
-	}
-	return dir, nil
-}
-
-// waitFor polls cond every 20 ms until it holds, the node stops, or ctx ends.
-func waitFor(ctx context.Context, nodeDone <-chan error, cond func() (bool, error)) error {
-	for {
-		ok, err := cond()
-		if err != nil {
-			return err
-		}
-		if ok {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case err := <-nodeDone:
-			return errors.Join(errors.New("node stopped"), err)
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
-}
-
-func randomHex(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
 }

@@ -1,4 +1,6 @@
-package bench
+// Package cachebench is `harmonia-ci bench cache`: the cache role against nginx on the same blob
+// directory, and the upload pipeline against nix copy.
+package cachebench
 
 import (
 	"bufio"
@@ -22,6 +24,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/harmonia-ci/harmonia-ci/internal/bench"
 	"github.com/harmonia-ci/harmonia-ci/internal/blob"
 	"github.com/harmonia-ci/harmonia-ci/internal/cache"
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
@@ -110,15 +113,17 @@ func (o *CacheOptions) defaults() {
 // nginxBin is nginx, or Debian's /usr/sbin/nginx when /usr/sbin is not on PATH.
 var nginxBin = "nginx"
 
+// needTool checks that name is installed; nginx may be off PATH in /usr/sbin (see nginxBin).
 func needTool(name, hint string) error {
-	if _, err := exec.LookPath(name); err != nil {
-		if name == "nginx" {
-			if fi, err := os.Stat("/usr/sbin/nginx"); err == nil && fi.Mode()&0o111 != 0 {
-				nginxBin = "/usr/sbin/nginx"
-				return nil
-			}
+	err := bench.NeedTool(name, hint)
+	if err != nil && name == "nginx" {
+		if fi, serr := os.Stat("/usr/sbin/nginx"); serr == nil && fi.Mode()&0o111 != 0 {
+			nginxBin = "/usr/sbin/nginx"
+			return nil
 		}
-		return fmt.Errorf("bench cache: %s not found (%s)", name, hint)
+	}
+	if err != nil {
+		return fmt.Errorf("bench cache: %w", err)
 	}
 	return nil
 }
@@ -131,7 +136,7 @@ func Cache(ctx context.Context, o CacheOptions) (CacheReport, error) {
 	o.defaults()
 	r := CacheReport{
 		Date:     time.Now().UTC().Format(time.RFC3339),
-		Machine:  fmt.Sprintf("%s/%s, %d CPUs", runtime.GOOS, runtime.GOARCH, runtime.NumCPU()),
+		Machine:  bench.Machine(),
 		Duration: o.Duration, Connections: o.Connections, Threads: o.Threads, Rounds: o.Rounds,
 		NarinfoRequestPath: "cycling through every narinfo",
 	}
@@ -145,9 +150,9 @@ func Cache(ctx context.Context, o CacheOptions) (CacheReport, error) {
 			return r, err
 		}
 	}
-	r.Nginx = strings.TrimPrefix(toolVersion(nginxBin, "-v"), "nginx version: ")
-	r.Wrk, _, _ = strings.Cut(toolVersion("wrk", "-v"), " [")
-	r.Nix = toolVersion("nix-store", "--version")
+	r.Nginx = strings.TrimPrefix(bench.ToolVersion(nginxBin, "-v"), "nginx version: ")
+	r.Wrk, _, _ = strings.Cut(bench.ToolVersion("wrk", "-v"), " [")
+	r.Nix = bench.ToolVersion("nix-store", "--version")
 
 	tmp, err := os.MkdirTemp("", "hci-bench-cache-")
 	if err != nil {
@@ -298,16 +303,6 @@ func Cache(ctx context.Context, o CacheOptions) (CacheReport, error) {
 	r.NixCopyMBps = r.ClosureNarMB / r.NixCopySeconds
 	r.PipelineRatio = r.PipelineMBps / r.NixCopyMBps
 	return r, nil
-}
-
-func toolVersion(name string, arg string) string {
-	out, _ := exec.Command(name, arg).CombinedOutput()
-	for l := range strings.Lines(string(out)) {
-		if l = strings.TrimSpace(l); l != "" && !strings.HasPrefix(l, "warning:") {
-			return l
-		}
-	}
-	return "unknown"
 }
 
 // makeStorePaths writes the benchmark's content under src and adds it with nix-store --add:

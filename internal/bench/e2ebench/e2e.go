@@ -1,4 +1,7 @@
-package bench
+// Package e2ebench is `harmonia-ci bench e2e`: a generated DAG built by an in-process cluster
+// against plain nix-store --realise (per-job overhead, wall-time ratio), and the deep workload
+// that compares queue orders against a lower bound.
+package e2ebench
 
 import (
 	"bufio"
@@ -14,7 +17,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -25,6 +27,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/harmonia-ci/harmonia-ci/internal/bench"
 	"github.com/harmonia-ci/harmonia-ci/internal/builder"
 	"github.com/harmonia-ci/harmonia-ci/internal/config"
 	"github.com/harmonia-ci/harmonia-ci/internal/eval"
@@ -221,13 +224,13 @@ type E2EWorkload struct {
 	Steps E2ESteps `json:"steps_ms"`
 	// PlainBuild is one nix-store --realise of one trivial derivation of the second layer (its
 	// two inputs present), ms: the Nix build itself, as a builder runs it, alone on the machine.
-	PlainBuild Stat `json:"plain_nix_build_ms"`
+	PlainBuild bench.Stat `json:"plain_nix_build_ms"`
 	// PlainSlotMs is plain Nix's wall × jobs-at-once ÷ derivations: slot time per derivation.
 	PlainSlotMs float64 `json:"plain_nix_slot_ms_per_drv"`
 	// OverheadVsBuild is claim → succeeded minus the builder's build step, per job.
-	OverheadVsBuild Stat `json:"overhead_vs_build_step_ms"`
+	OverheadVsBuild bench.Stat `json:"overhead_vs_build_step_ms"`
 	// OverheadVsPlain is claim → succeeded minus PlainBuild's median, per job.
-	OverheadVsPlain Stat `json:"overhead_vs_plain_nix_ms"`
+	OverheadVsPlain bench.Stat `json:"overhead_vs_plain_nix_ms"`
 
 	Probe []ProbeStep `json:"probe,omitempty"`
 	Trace []TraceStep `json:"nix_processes,omitempty"`
@@ -235,67 +238,34 @@ type E2EWorkload struct {
 
 // E2ESteps splits claim → succeeded per job (ms).
 type E2ESteps struct {
-	Claim  Stat `json:"claim"`  // the claim statement, as the worker timed it
-	Fetch  Stat `json:"fetch"`  // .drv closure and inputs (builder.Timings.Fetch)
-	Build  Stat `json:"build"`  // builder.Timings.Build: input check, nix-store --realise, output check
-	Upload Stat `json:"upload"` // NAR dump, compression, PUT
-	Sign   Stat `json:"sign"`   // build-complete at the signer, which records the success
-	Other  Stat `json:"other"`  // the rest: dispatch, log tail, GC roots, status update, path infos
-	Total  Stat `json:"total"`  // claimed_at → finished_at (database clock)
-}
-
-// Stat summarises durations in milliseconds.
-type Stat struct {
-	N    int     `json:"n"`
-	P50  float64 `json:"p50"`
-	P90  float64 `json:"p90"`
-	Mean float64 `json:"mean"`
+	Claim  bench.Stat `json:"claim"`  // the claim statement, as the worker timed it
+	Fetch  bench.Stat `json:"fetch"`  // .drv closure and inputs (builder.Timings.Fetch)
+	Build  bench.Stat `json:"build"`  // builder.Timings.Build: input check, nix-store --realise, output check
+	Upload bench.Stat `json:"upload"` // NAR dump, compression, PUT
+	Sign   bench.Stat `json:"sign"`   // build-complete at the signer, which records the success
+	Other  bench.Stat `json:"other"`  // the rest: dispatch, log tail, GC roots, status update, path infos
+	Total  bench.Stat `json:"total"`  // claimed_at → finished_at (database clock)
 }
 
 // ProbeStep is one step of the uncontended replay: builder.Store's calls on one job at a time in
 // a fresh chroot store, from the cluster's cache, after the cluster has finished.
 type ProbeStep struct {
-	Step string `json:"step"`
-	Stat Stat   `json:"ms"`
+	Step string     `json:"step"`
+	Stat bench.Stat `json:"ms"`
 }
 
 // TraceStep is one kind of Nix process the builders ran (--trace-nix).
 type TraceStep struct {
-	Kind     string  `json:"kind"`
-	Count    int     `json:"count"`
-	PerJob   float64 `json:"per_job"`
-	Stat     Stat    `json:"ms"`
-	MsPerJob float64 `json:"ms_per_job"` // their summed time ÷ jobs
+	Kind     string     `json:"kind"`
+	Count    int        `json:"count"`
+	PerJob   float64    `json:"per_job"`
+	Stat     bench.Stat `json:"ms"`
+	MsPerJob float64    `json:"ms_per_job"` // their summed time ÷ jobs
 	// CPUMs is the mean CPU time of one (user and system, with what it waited for: sandboxed
 	// builders included), 10 ms resolution; CPUMsPerJob sums it per job.
 	CPUMs       float64 `json:"cpu_ms"`
 	CPUMsPerJob float64 `json:"cpu_ms_per_job"`
 }
-
-func stat(ms []float64) Stat {
-	if len(ms) == 0 {
-		return Stat{}
-	}
-	s := slices.Clone(ms)
-	slices.Sort(s)
-	var sum float64
-	for _, v := range s {
-		sum += v
-	}
-	return Stat{N: len(s), P50: quantile(s, 0.5), P90: quantile(s, 0.9), Mean: sum / float64(len(s))}
-}
-
-// quantile of sorted s, interpolated.
-func quantile(s []float64, q float64) float64 {
-	pos := q * float64(len(s)-1)
-	i := int(pos)
-	if i+1 >= len(s) {
-		return s[len(s)-1]
-	}
-	return s[i] + (pos-float64(i))*(s[i+1]-s[i])
-}
-
-func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 // e2e is one benchmark run.
 type e2e struct {
@@ -305,7 +275,7 @@ type e2e struct {
 	pool    *pgxpool.Pool
 	token   string
 	failed  chan error // a node stopped on its own
-	front   *runningNode
+	front   *bench.Node
 	nixBin  string // the real nix-store
 	nixCmd  string // the real nix
 	traceLn string // the trace log, with --trace-nix
@@ -324,35 +294,11 @@ type e2e struct {
 	nEmpty  int
 }
 
-type runningNode struct {
-	id     string
-	cancel context.CancelFunc
-	done   chan struct{}
-	err    error
-}
-
-func (b *e2e) start(ctx context.Context, cfg *config.Config) *runningNode {
-	nctx, cancel := context.WithCancel(ctx)
-	rn := &runningNode{id: cfg.Node.ID, cancel: cancel, done: make(chan struct{})}
-	go func() {
-		defer close(rn.done)
-		rn.err = node.Run(nctx, cfg, b.logger.With("node", cfg.Node.ID), node.Options{
-			Version: "bench", BuildObserver: b.observeBuild, ClaimObserver: b.observeClaim,
-		})
-		if nctx.Err() == nil {
-			b.failed <- fmt.Errorf("node %s: %w", rn.id, rn.err)
-		}
-	}()
-	return rn
-}
-
-func (rn *runningNode) stop() error {
-	rn.cancel()
-	<-rn.done
-	if errors.Is(rn.err, context.Canceled) {
-		return nil
-	}
-	return rn.err
+// start starts a node with cfg in this process, its builds and claims observed.
+func (b *e2e) start(ctx context.Context, cfg *config.Config) *bench.Node {
+	return bench.StartNode(ctx, cfg, b.logger, node.Options{
+		Version: "bench", BuildObserver: b.observeBuild, ClaimObserver: b.observeClaim,
+	}, b.failed)
 }
 
 func (b *e2e) observeBuild(t builder.Timings) {
@@ -363,7 +309,7 @@ func (b *e2e) observeBuild(t builder.Timings) {
 
 // waitTimings waits until the builders reported the timings of every job of project.
 func (b *e2e) waitTimings(ctx context.Context, project int64) error {
-	rows, err := b.pool.Query(ctx, `SELECT id FROM build_jobs WHERE project_id = $1 AND status = 'succeeded'`, project)
+	rows, err := b.pool.Query(ctx, queryProjectSucceededJobs, project)
 	if err != nil {
 		return err
 	}
@@ -418,8 +364,8 @@ func E2E(ctx context.Context, o E2EOptions) (E2EReport, error) {
 	r := E2EReport{
 		Date: time.Now().UTC().Format(time.RFC3339), Derivations: o.Derivations, Width: o.Width,
 		Builders: o.Builders, Slots: o.Slots, Rounds: o.Rounds, TraceNix: o.TraceNix,
-		Machine:  fmt.Sprintf("%s/%s, %d CPUs", runtime.GOOS, runtime.GOARCH, runtime.NumCPU()),
-		Nix:      toolVersion("nix-store", "--version"),
+		Machine:  bench.Machine(),
+		Nix:      bench.ToolVersion("nix-store", "--version"),
 		TargetMs: E2ETargetOverheadMs, TargetRatio: E2ETargetRatio, TargetTrivialRatio: E2ETargetTrivialRatio,
 	}
 	for _, tool := range []string{"nix-instantiate", "nix-store", "nix", "git"} {
@@ -442,7 +388,7 @@ func E2E(ctx context.Context, o E2EOptions) (E2EReport, error) {
 	b := &e2e{o: o, dir: dir, failed: make(chan error, 64), claims: map[int64]time.Duration{}, timings: map[int64]builder.Timings{}}
 	// Builds in a cgroup of low CPU weight, as a builder machine configured for it runs them.
 	if parent := builder.WritableCPUCgroup(); parent != "" {
-		cg := filepath.Join(parent, "harmonia-ci-bench-"+randomHex(6))
+		cg := filepath.Join(parent, "harmonia-ci-bench-"+bench.RandomHex(6))
 		if err := builder.PrepareCgroup(cg); err != nil {
 			return r, err
 		}
@@ -488,26 +434,22 @@ func E2E(ctx context.Context, o E2EOptions) (E2EReport, error) {
 // layered runs the trivial and sleep workloads of o on one database and frontend node.
 func (b *e2e) layered(ctx context.Context, r *E2EReport) error {
 	o := b.o
-	d, err := openDatabase(ctx, "", filepath.Join(b.dir, "pg"), 200, "harmonia-ci bench e2e", 4, o.Logger)
+	d, err := bench.OpenDatabase(ctx, bench.DatabaseOptions{URL: "", Dir: filepath.Join(b.dir, "pg"), MaxServerConns: 200, App: "harmonia-ci bench e2e", PoolConns: 4, Logger: o.Logger})
 	if err != nil {
 		return err
 	}
 	defer d.Close()
 	b.url, b.pool, r.Postgres = d.URL, d.Pool, d.Version
 
-	b.token = randomHex(16)
+	b.token = bench.RandomHex(16)
 	front, err := b.frontConfig()
 	if err != nil {
 		return err
 	}
 	b.front = b.start(ctx, front)
-	defer b.front.stop()
-	if err := waitFor(ctx, b.failed, func() (bool, error) {
-		var n int
-		err := b.pool.QueryRow(ctx, `SELECT count(*) FROM nodes WHERE id = $1 AND status = 'active'`, front.Node.ID).Scan(&n)
-		return n > 0, err
-	}); err != nil {
-		return fmt.Errorf("the frontend node did not become active: %w", err)
+	defer b.front.Stop()
+	if err := bench.WaitReady(ctx, b.front); err != nil {
+		return err
 	}
 
 	for _, name := range []string{E2ETrivial, E2ESleep} {
@@ -630,7 +572,7 @@ func (b *e2e) workload(ctx context.Context, name string) (*E2EWorkload, error) {
 	best := -1
 	var results []roundResult
 	for round := 1; round <= o.Rounds; round++ {
-		salt := fmt.Sprintf("%s-%d-%s", name, round, randomHex(6))
+		salt := fmt.Sprintf("%s-%d-%s", name, round, bench.RandomHex(6))
 		rr, err := b.round(ctx, name, salt, round)
 		if err != nil {
 			return nil, err
@@ -668,11 +610,11 @@ func (b *e2e) workload(ctx context.Context, name string) (*E2EWorkload, error) {
 
 	if o.Samples > 0 && name == E2ETrivial {
 		o.Logger.Info("plain Nix, one derivation per nix-store --realise", "samples", o.Samples)
-		samples, err := b.plainSingle(ctx, name, fmt.Sprintf("%s-single-%s", name, randomHex(6)))
+		samples, err := b.plainSingle(ctx, name, fmt.Sprintf("%s-single-%s", name, bench.RandomHex(6)))
 		if err != nil {
 			return nil, err
 		}
-		w.PlainBuild = stat(samples)
+		w.PlainBuild = bench.Summarize(samples)
 	}
 
 	b.mu.Lock()
@@ -688,9 +630,9 @@ func (b *e2e) workload(ctx context.Context, name string) (*E2EWorkload, error) {
 		if !ok || !j.hasClaim || !j.hasFinish {
 			continue
 		}
-		total := ms(j.finished.Sub(j.claimed))
-		claim := ms(b.claims[j.id])
-		fetch, bld, up, sign := ms(t.Fetch), ms(t.Build), ms(t.Upload), ms(t.Sign)
+		total := bench.Ms(j.finished.Sub(j.claimed))
+		claim := bench.Ms(b.claims[j.id])
+		fetch, bld, up, sign := bench.Ms(t.Fetch), bench.Ms(t.Build), bench.Ms(t.Upload), bench.Ms(t.Sign)
 		steps.claim = append(steps.claim, claim)
 		steps.fetch = append(steps.fetch, fetch)
 		steps.build = append(steps.build, bld)
@@ -704,10 +646,10 @@ func (b *e2e) workload(ctx context.Context, name string) (*E2EWorkload, error) {
 		}
 	}
 	w.Steps = E2ESteps{
-		Claim: stat(steps.claim), Fetch: stat(steps.fetch), Build: stat(steps.build), Upload: stat(steps.upload),
-		Sign: stat(steps.sign), Other: stat(steps.other), Total: stat(steps.total),
+		Claim: bench.Summarize(steps.claim), Fetch: bench.Summarize(steps.fetch), Build: bench.Summarize(steps.build), Upload: bench.Summarize(steps.upload),
+		Sign: bench.Summarize(steps.sign), Other: bench.Summarize(steps.other), Total: bench.Summarize(steps.total),
 	}
-	w.OverheadVsBuild, w.OverheadVsPlain = stat(steps.vsBuild), stat(steps.vsPlain)
+	w.OverheadVsBuild, w.OverheadVsPlain = bench.Summarize(steps.vsBuild), bench.Summarize(steps.vsPlain)
 	w.FailedAttempts, w.Failures = b.readFailures()
 	var busy float64
 	for _, j := range results[best].rows {
@@ -748,7 +690,7 @@ func (b *e2e) round(ctx context.Context, name, salt string, round int) (roundRes
 	}
 
 	o.Logger.Info("harmonia-ci evaluation", "workload", name, "round", round)
-	repo, err := makeRepo(filepath.Join(b.dir, "repo-"+salt), expr)
+	repo, err := bench.MakeRepo(filepath.Join(b.dir, "repo-"+salt), expr)
 	if err != nil {
 		return rr, err
 	}
@@ -761,7 +703,7 @@ func (b *e2e) round(ctx context.Context, name, salt string, round int) (roundRes
 	if err != nil {
 		return rr, err
 	}
-	if err := waitFor(ctx, b.failed, func() (bool, error) {
+	if err := bench.WaitFor(ctx, b.failed, func() (bool, error) {
 		e, err = evaluation.Get(ctx, b.pool, e.ID)
 		return e.Finished(), err
 	}); err != nil {
@@ -772,7 +714,7 @@ func (b *e2e) round(ctx context.Context, name, salt string, round int) (roundRes
 		return rr, fmt.Errorf("evaluation %s: %s", e.Status, e.Error)
 	}
 	var pending int
-	if err := b.pool.QueryRow(ctx, `SELECT count(*) FROM build_jobs WHERE project_id = $1 AND status = 'pending'`, e.ProjectID).Scan(&pending); err != nil {
+	if err := b.pool.QueryRow(ctx, queryProjectPendingCount, e.ProjectID).Scan(&pending); err != nil {
 		return rr, err
 	}
 	if pending != o.Derivations {
@@ -780,9 +722,9 @@ func (b *e2e) round(ctx context.Context, name, salt string, round int) (roundRes
 	}
 
 	o.Logger.Info("cluster build", "workload", name, "round", round, "builders", o.Builders, "slots", o.Slots)
-	var builders []*runningNode
+	var builders []*bench.Node
 	stopAll := func() error {
-		err := stopNodes(builders)
+		err := bench.StopNodes(builders)
 		builders = nil
 		return err
 	}
@@ -804,7 +746,7 @@ func (b *e2e) round(ctx context.Context, name, salt string, round int) (roundRes
 		builders = append(builders, b.start(ctx, cfg))
 	}
 	var failures []string
-	if err := waitFor(ctx, b.failed, func() (bool, error) {
+	if err := bench.WaitFor(ctx, b.failed, func() (bool, error) {
 		var open int
 		var err error
 		open, failures, err = unfinishedJobs(ctx, b.pool, []int64{e.ProjectID})
@@ -833,12 +775,10 @@ func (b *e2e) round(ctx context.Context, name, salt string, round int) (roundRes
 		return rr, fmt.Errorf("%d jobs did not succeed: %s", len(failures), strings.Join(failures[:min(5, len(failures))], "; "))
 	}
 
-	if err := b.pool.QueryRow(ctx, `SELECT extract(epoch FROM max(finished_at) - min(claimed_at))::float8
-FROM build_jobs WHERE project_id = $1`, e.ProjectID).Scan(&rr.cluster); err != nil {
+	if err := b.pool.QueryRow(ctx, queryProjectMakespan, e.ProjectID).Scan(&rr.cluster); err != nil {
 		return rr, err
 	}
-	rows, err := b.pool.Query(ctx, `SELECT id, drv_path, status, coalesce(claimed_by, ''), attempt, claimed_at, finished_at
-FROM build_jobs WHERE project_id = $1 ORDER BY id`, e.ProjectID)
+	rows, err := b.pool.Query(ctx, queryProjectJobs, e.ProjectID)
 	if err != nil {
 		return rr, err
 	}
@@ -1121,7 +1061,7 @@ func (b *e2e) plainSingle(ctx context.Context, name, salt string) ([]float64, er
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, ms(d))
+		out = append(out, bench.Ms(d))
 	}
 	return out, nil
 }
@@ -1136,7 +1076,7 @@ func (b *e2e) probe(ctx context.Context, name string, rows []jobRow) ([]ProbeSte
 	var withInputs []jobRow
 	for _, j := range rows {
 		var n int
-		if err := b.pool.QueryRow(ctx, `SELECT count(*) FROM derivation_inputs WHERE referrer = $1`, j.drv).Scan(&n); err != nil {
+		if err := b.pool.QueryRow(ctx, queryInputCount, j.drv).Scan(&n); err != nil {
 			return nil, err
 		}
 		if n > 0 {
@@ -1149,9 +1089,7 @@ func (b *e2e) probe(ctx context.Context, name string, rows []jobRow) ([]ProbeSte
 		sample = append(sample, withInputs[i])
 	}
 	var caches, keys []string
-	if err := b.pool.QueryRow(ctx, `SELECT
-    ARRAY(SELECT endpoint FROM nodes WHERE 'cache' = ANY(capabilities) AND status = 'active' ORDER BY id),
-    ARRAY(SELECT public_key FROM signing_keys ORDER BY first_seen)`).Scan(&caches, &keys); err != nil {
+	if err := b.pool.QueryRow(ctx, queryCacheEndpoints).Scan(&caches, &keys); err != nil {
 		return nil, err
 	}
 	if len(caches) == 0 {
@@ -1171,14 +1109,14 @@ func (b *e2e) probe(ctx context.Context, name string, rows []jobRow) ([]ProbeSte
 		return nil, err
 	}
 	defer ss.Close()
-	steps[order[0]] = append(steps[order[0]], ms(time.Since(t)))
+	steps[order[0]] = append(steps[order[0]], bench.Ms(time.Since(t)))
 	for _, j := range sample {
 		t := time.Now()
 		drv, err := ss.Derivation(ctx, j.drv)
 		if err != nil {
 			return nil, err
 		}
-		steps[order[1]] = append(steps[order[1]], ms(time.Since(t)))
+		steps[order[1]] = append(steps[order[1]], bench.Ms(time.Since(t)))
 		inputs, err := ss.InputPaths(ctx, j.drv, drv, nil)
 		if err != nil {
 			return nil, err
@@ -1187,26 +1125,26 @@ func (b *e2e) probe(ctx context.Context, name string, rows []jobRow) ([]ProbeSte
 		if _, err := ss.EnsureInputs(ctx, inputs, nil, nil); err != nil {
 			return nil, err
 		}
-		steps[order[2]] = append(steps[order[2]], ms(time.Since(t)))
+		steps[order[2]] = append(steps[order[2]], bench.Ms(time.Since(t)))
 		t = time.Now()
 		outs, err := ss.Build(ctx, j.drv, drv, inputs, builder.BuildLimits{}, io.Discard)
 		if err != nil {
 			return nil, err
 		}
-		steps[order[3]] = append(steps[order[3]], ms(time.Since(t)))
+		steps[order[3]] = append(steps[order[3]], bench.Ms(time.Since(t)))
 		paths := slices.Sorted(maps.Values(outs))
 		t = time.Now()
 		if _, err := ss.OutputInfos(ctx, paths); err != nil {
 			return nil, err
 		}
-		steps[order[4]] = append(steps[order[4]], ms(time.Since(t)))
+		steps[order[4]] = append(steps[order[4]], bench.Ms(time.Since(t)))
 		t = time.Now()
 		for _, p := range paths {
 			if err := ss.DumpNAR(ctx, p, io.Discard); err != nil {
 				return nil, err
 			}
 		}
-		steps[order[5]] = append(steps[order[5]], ms(time.Since(t)))
+		steps[order[5]] = append(steps[order[5]], bench.Ms(time.Since(t)))
 		// What the builder no longer pays per job: the cheapest Nix process on this store,
 		// realising a valid path (nothing to do).
 		env, done, err := b.nixEnv()
@@ -1222,11 +1160,11 @@ func (b *e2e) probe(ctx context.Context, name string, rows []jobRow) ([]ProbeSte
 		if err != nil {
 			return nil, fmt.Errorf("nix-store --realise: %w", err)
 		}
-		steps[order[6]] = append(steps[order[6]], ms(time.Since(t)))
+		steps[order[6]] = append(steps[order[6]], bench.Ms(time.Since(t)))
 	}
 	var out []ProbeStep
 	for _, s := range order {
-		out = append(out, ProbeStep{Step: s, Stat: stat(steps[s])})
+		out = append(out, ProbeStep{Step: s, Stat: bench.Summarize(steps[s])})
 	}
 	return out, nil
 }
@@ -1337,7 +1275,7 @@ func (b *e2e) readTrace(stores []string, jobs int) []TraceStep {
 	}
 	perJob := func(kind string, d, cpu []float64) TraceStep {
 		n := float64(max(1, jobs))
-		return TraceStep{Kind: kind, Count: len(d), PerJob: float64(len(d)) / n, Stat: stat(d), MsPerJob: sum(d) / n,
+		return TraceStep{Kind: kind, Count: len(d), PerJob: float64(len(d)) / n, Stat: bench.Summarize(d), MsPerJob: sum(d) / n,
 			CPUMs: sum(cpu) / float64(max(1, len(cpu))), CPUMsPerJob: sum(cpu) / n}
 	}
 	for kind, d := range byKind {
@@ -1391,7 +1329,7 @@ func (r E2EReport) printLayered(w io.Writer) {
 		}
 		return "  (rounds: " + strings.Join(parts, ", ") + ")"
 	}
-	row := func(name string, s Stat) {
+	row := func(name string, s bench.Stat) {
 		fmt.Fprintf(w, "      %-48s %8.1f %8.1f %8.1f\n", name, s.P50, s.P90, s.Mean)
 	}
 	for _, wl := range []*E2EWorkload{r.Trivial, r.Sleep} {
@@ -1413,7 +1351,7 @@ func (r E2EReport) printLayered(w io.Writer) {
 		fmt.Fprintf(w, "   target ≤ %.1f: %s", target, pass(wl.Ratio <= target))
 		fmt.Fprintf(w, "%s\n", secs(wl.ClusterSeconds))
 		fmt.Fprintf(w, "    builders' start → last succeeded %.2f s; evaluation %.2f s; slot utilisation %.0f %%\n",
-			minOf(wl.FromStartSeconds), minOf(wl.EvalSeconds), 100*wl.Utilisation)
+			bench.MinOf(wl.FromStartSeconds), bench.MinOf(wl.EvalSeconds), 100*wl.Utilisation)
 		perJob := func(s float64) float64 { return 1000 * s / float64(wl.Jobs) }
 		fmt.Fprintf(w, "    busy CPU, whole machine, per derivation: plain Nix %.0f ms (nix-store and builds %.0f ms); cluster %.0f ms =\n",
 			perJob(wl.NixCPU), perJob(wl.NixCPUOwn), perJob(wl.ClusterCPU))
@@ -1474,13 +1412,6 @@ func (r E2EReport) printLayered(w io.Writer) {
 	}
 }
 
-func minOf(xs []float64) float64 {
-	if len(xs) == 0 {
-		return 0
-	}
-	return slices.Min(xs)
-}
-
 // issueToken returns the node token of node id in roles under the cluster secret.
 func issueToken(secret, id string, roles []string) (string, error) {
 	k, err := nodetoken.NewKey(secret)
@@ -1493,8 +1424,7 @@ func issueToken(secret, id string, roles []string) (string, error) {
 // unfinishedJobs counts the projects' jobs still pending or in progress, and describes those
 // that ended without success.
 func unfinishedJobs(ctx context.Context, pool *pgxpool.Pool, projects []int64) (open int, failures []string, err error) {
-	rows, err := pool.Query(ctx, `SELECT drv_path, status, coalesce(error_message, '') FROM build_jobs
-WHERE project_id = ANY($1) AND status <> 'succeeded'`, projects)
+	rows, err := pool.Query(ctx, queryUnsucceededJobs, projects)
 	if err != nil {
 		return 0, nil, err
 	}

@@ -1,4 +1,7 @@
-package bench
+// Package queuebench is `harmonia-ci bench queue` and `bench worker`: a synthetic package set
+// drained through the build queue by no-op workers (jobs/s, claim and wake-up latency), against
+// pgbench -N on the same server.
+package queuebench
 
 import (
 	"bytes"
@@ -10,8 +13,6 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
-	"runtime"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -22,6 +23,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/harmonia-ci/harmonia-ci/internal/bench"
 	"github.com/harmonia-ci/harmonia-ci/internal/clock"
 	"github.com/harmonia-ci/harmonia-ci/internal/notify"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
@@ -103,7 +105,7 @@ func Queue(ctx context.Context, o QueueOptions) (QueueReport, error) {
 	o.defaults()
 	r := QueueReport{
 		Date: time.Now().UTC().Format(time.RFC3339), Jobs: o.Jobs, Workers: o.Workers, Projects: o.Projects,
-		Machine:   fmt.Sprintf("%s/%s, %d CPUs", runtime.GOOS, runtime.GOARCH, runtime.NumCPU()),
+		Machine:   bench.Machine(),
 		ClaimForm: map[queue.ClaimForm]string{queue.ClaimReady: "ready", queue.ClaimNotExists: "not-exists"}[o.Form],
 	}
 	url := o.DatabaseURL
@@ -115,7 +117,7 @@ func Queue(ctx context.Context, o QueueOptions) (QueueReport, error) {
 		}
 		defer os.RemoveAll(dir)
 	}
-	d, err := openDatabase(ctx, url, dir, 200, "harmonia-ci bench", int32(o.Workers+6), o.Logger)
+	d, err := bench.OpenDatabase(ctx, bench.DatabaseOptions{URL: url, Dir: dir, MaxServerConns: 200, App: "harmonia-ci bench", PoolConns: int32(o.Workers + 6), Logger: o.Logger})
 	if err != nil {
 		return r, err
 	}
@@ -123,7 +125,7 @@ func Queue(ctx context.Context, o QueueOptions) (QueueReport, error) {
 	url, pool := d.URL, d.Pool
 	r.Postgres = d.Version
 	var existing int64
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM build_jobs`).Scan(&existing); err != nil {
+	if err := pool.QueryRow(ctx, queryJobCount).Scan(&existing); err != nil {
 		return r, err
 	}
 	if existing > 0 {
@@ -138,7 +140,7 @@ func Queue(ctx context.Context, o QueueOptions) (QueueReport, error) {
 	}
 
 	w := GenerateDAG(DAGShape{Jobs: o.Jobs, Projects: o.Projects, Seed: o.Seed}, o.System)
-	projectIDs, err := createProjects(ctx, pool, o.Seed, w.Shares)
+	projectIDs, err := bench.CreateProjects(ctx, pool, o.Seed, w.Shares)
 	if err != nil {
 		return r, err
 	}
@@ -150,11 +152,11 @@ func Queue(ctx context.Context, o QueueOptions) (QueueReport, error) {
 		}
 	}
 	r.EnqueueSeconds = time.Since(start).Seconds()
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM build_jobs WHERE blocked_inputs > 0`).Scan(&r.BlockedAtStart); err != nil {
+	if err := pool.QueryRow(ctx, queryBlockedCount).Scan(&r.BlockedAtStart); err != nil {
 		return r, err
 	}
 	o.Logger.Info("enqueued", "jobs", o.Jobs, "blocked", r.BlockedAtStart, "seconds", r.EnqueueSeconds)
-	if _, err := pool.Exec(ctx, `ANALYZE`); err != nil {
+	if _, err := pool.Exec(ctx, queryAnalyze); err != nil {
 		return r, err
 	}
 
@@ -232,7 +234,7 @@ func Queue(ctx context.Context, o QueueOptions) (QueueReport, error) {
 		return r, err
 	}
 	alone := probe.stop()
-	r.ClaimAloneP50Ms, r.ClaimAloneP99Ms = percentileMs(alone, 50), percentileMs(alone, 99)
+	r.ClaimAloneP50Ms, r.ClaimAloneP99Ms = bench.PercentileMs(alone, 50), bench.PercentileMs(alone, 99)
 	r.RunSeconds = time.Since(start).Seconds()
 	r.JobsPerSecond = float64(o.Jobs) / r.RunSeconds
 	if cpuEnd, err := drainCPU(ctx, pool); err == nil && cpuErr == nil {
@@ -240,8 +242,8 @@ func Queue(ctx context.Context, o QueueOptions) (QueueReport, error) {
 		r.BenchCPUPerJobMs = float64((cpuEnd.self - cpuStart.self).Microseconds()) / 1000 / float64(o.Jobs)
 		o.Logger.Info("drain CPU per job", "server_ms", r.ServerCPUPerJobMs, "bench_ms", r.BenchCPUPerJobMs)
 	}
-	r.ClaimP50Ms, r.ClaimP99Ms = percentileMs(lat, 50), percentileMs(lat, 99)
-	r.ClaimP99FullMs = percentileMs(latFull, 99)
+	r.ClaimP50Ms, r.ClaimP99Ms = bench.PercentileMs(lat, 50), bench.PercentileMs(lat, 99)
+	r.ClaimP99FullMs = bench.PercentileMs(latFull, 99)
 	if r.PgbenchTPS > 0 {
 		r.RatioToPgbench = r.JobsPerSecond / r.PgbenchTPS
 	}
@@ -256,23 +258,6 @@ func Queue(ctx context.Context, o QueueOptions) (QueueReport, error) {
 	return r, nil
 }
 
-func createProjects(ctx context.Context, pool *pgxpool.Pool, seed uint64, shares []int) ([]int64, error) {
-	ids := make([]int64, len(shares))
-	for i, s := range shares {
-		name := fmt.Sprintf("bench-%d-%d", seed%100000, i)
-		err := pool.QueryRow(ctx, `
-WITH repo AS (
-    INSERT INTO repositories (forge, owner, name, full_name, clone_url)
-    VALUES ('bench', 'bench', $1, 'bench/' || $1, 'https://example.invalid/' || $1) RETURNING id
-)
-INSERT INTO projects (repo_id, name, scheduling_shares) SELECT id, $1, $2 FROM repo RETURNING id`, name, s).Scan(&ids[i])
-		if err != nil {
-			return nil, fmt.Errorf("create bench project: %w", err)
-		}
-	}
-	return ids, nil
-}
-
 // waitDone waits until no job is pending or in progress.
 func waitDone(ctx context.Context, pool *pgxpool.Pool, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
@@ -280,7 +265,7 @@ func waitDone(ctx context.Context, pool *pgxpool.Pool, timeout time.Duration) er
 		// Whether any job is left, not how many: counting 300,000 unfinished jobs five times a
 		// second took a share of a CPU from the queue being measured.
 		var left bool
-		if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM build_jobs WHERE status IN ('pending', 'building', 'uploading'))`).Scan(&left); err != nil {
+		if err := pool.QueryRow(ctx, queryAnyOpen).Scan(&left); err != nil {
 			return err
 		}
 		if !left {
@@ -288,7 +273,7 @@ func waitDone(ctx context.Context, pool *pgxpool.Pool, timeout time.Duration) er
 		}
 		if time.Now().After(deadline) {
 			var n int64
-			if err := pool.QueryRow(ctx, `SELECT count(*) FROM build_jobs WHERE status IN ('pending', 'building', 'uploading')`).Scan(&n); err != nil {
+			if err := pool.QueryRow(ctx, queryOpenCount).Scan(&n); err != nil {
 				return err
 			}
 			return fmt.Errorf("bench: %d jobs still unfinished after %s", n, timeout)
@@ -315,12 +300,7 @@ func wakeLatency(ctx context.Context, pool *pgxpool.Pool, o QueueOptions) (p50, 
 	for i, d := range chain {
 		paths[i] = d.DrvPath
 	}
-	rows, err := pool.Query(ctx, `
-SELECT EXTRACT(EPOCH FROM next.claimed_at - cur.finished_at)::float8
-FROM unnest($1::text[]) WITH ORDINALITY AS c(drv, i)
-JOIN unnest($1::text[]) WITH ORDINALITY AS n(drv, i) ON n.i = c.i + 1
-JOIN build_jobs cur ON cur.drv_path = c.drv
-JOIN build_jobs next ON next.drv_path = n.drv`, paths)
+	rows, err := pool.Query(ctx, queryWakeGaps, paths)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -332,17 +312,7 @@ JOIN build_jobs next ON next.drv_path = n.drv`, paths)
 	for i, s := range secs {
 		ds[i] = time.Duration(s * float64(time.Second))
 	}
-	return percentileMs(ds, 50), percentileMs(ds, 99), nil
-}
-
-func percentileMs(ds []time.Duration, p float64) float64 {
-	if len(ds) == 0 {
-		return 0
-	}
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	i := int(float64(len(s)-1) * p / 100)
-	return float64(s[i].Microseconds()) / 1000
+	return bench.PercentileMs(ds, 50), bench.PercentileMs(ds, 99), nil
 }
 
 var tpsRE = regexp.MustCompile(`tps = ([0-9.]+) \(without initial connection time\)`)
@@ -439,7 +409,7 @@ func drainCPU(ctx context.Context, pool *pgxpool.Pool) (cpuTimes, error) {
 	}
 	t.self = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 	var backend int
-	if err := pool.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&backend); err != nil {
+	if err := pool.QueryRow(ctx, queryBackendPID).Scan(&backend); err != nil {
 		return t, err
 	}
 	st, err := procStat(backend)
