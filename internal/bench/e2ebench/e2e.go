@@ -661,66 +661,99 @@ func (b *e2e) workload(ctx context.Context, name string) (*E2EWorkload, error) {
 	return w, nil
 }
 
-// round runs plain Nix, then the cluster, on the derivations of salt.
+// round runs one round of workload name with fresh derivations (salt): plain Nix builds them,
+// then harmonia-ci evaluates and builds them.
 func (b *e2e) round(ctx context.Context, name, salt string, round int) (roundResult, error) {
-	o := b.o
 	var rr roundResult
 	expr := b.expr(name, salt)
-	jobsAtOnce := o.Builders * o.Slots
+	if err := b.plainRound(ctx, name, salt, round, expr, &rr); err != nil {
+		return rr, err
+	}
+	projectID, err := b.evaluate(ctx, name, salt, round, expr, &rr)
+	if err != nil {
+		return rr, err
+	}
+	if err := b.clusterRound(ctx, name, round, projectID, &rr); err != nil {
+		return rr, err
+	}
+	if err := b.pool.QueryRow(ctx, queryProjectMakespan, projectID).Scan(&rr.cluster); err != nil {
+		return rr, err
+	}
+	rr.rows, rr.perBuilder, err = b.readJobs(ctx, projectID)
+	return rr, err
+}
 
+// plainRound builds expr with plain nix-store --realise, builders × slots at once, into a
+// fresh chroot store; only the realise is timed.
+func (b *e2e) plainRound(ctx context.Context, name, salt string, round int, expr string, rr *roundResult) error {
+	o := b.o
+	jobsAtOnce := o.Builders * o.Slots
 	o.Logger.Info("plain nix-store --realise", "workload", name, "round", round, "derivations", o.Derivations, "jobs", jobsAtOnce)
 	store := filepath.Join(b.dir, "plain-"+salt)
 	drvs, err := b.instantiate(ctx, store, expr, nil)
 	if err != nil {
-		return rr, err
+		return err
 	}
 	if len(drvs) != o.Derivations {
-		return rr, fmt.Errorf("nix-instantiate gave %d derivations, want %d", len(drvs), o.Derivations)
+		return fmt.Errorf("nix-instantiate gave %d derivations, want %d", len(drvs), o.Derivations)
 	}
 	cpu0 := busyCPU()
 	_, own0 := processCPU()
 	d, err := b.realise(ctx, store, drvs, jobsAtOnce, b.sandboxPaths(name))
 	if err != nil {
-		return rr, err
+		return err
 	}
 	_, own1 := processCPU()
 	rr.nix, rr.nixCPU, rr.nixOwn = d.Seconds(), busyCPU()-cpu0, own1-own0
 	if !o.Keep {
 		_ = os.RemoveAll(store)
 	}
+	return nil
+}
 
+// evaluate evaluates expr as a new project with harmonia-ci and checks it made a pending job
+// per derivation; it returns the project.
+func (b *e2e) evaluate(ctx context.Context, name, salt string, round int, expr string, rr *roundResult) (int64, error) {
+	o := b.o
 	o.Logger.Info("harmonia-ci evaluation", "workload", name, "round", round)
 	repo, err := bench.MakeRepo(filepath.Join(b.dir, "repo-"+salt), expr)
 	if err != nil {
-		return rr, err
+		return 0, err
 	}
 	proj := "e2e-" + salt
 	if _, err := project.Add(ctx, b.pool, project.AddParams{Name: proj, RepoURL: repo}); err != nil {
-		return rr, err
+		return 0, err
 	}
 	start := time.Now()
 	e, _, err := eval.Trigger(ctx, b.pool, eval.TriggerParams{Project: proj, StateDir: filepath.Join(b.dir, "cli")})
 	if err != nil {
-		return rr, err
+		return 0, err
 	}
 	if err := bench.WaitFor(ctx, b.failed, func() (bool, error) {
 		e, err = evaluation.Get(ctx, b.pool, e.ID)
 		return e.Finished(), err
 	}); err != nil {
-		return rr, err
+		return 0, err
 	}
 	rr.eval = time.Since(start).Seconds()
 	if e.Status != "succeeded" {
-		return rr, fmt.Errorf("evaluation %s: %s", e.Status, e.Error)
+		return 0, fmt.Errorf("evaluation %s: %s", e.Status, e.Error)
 	}
 	var pending int
 	if err := b.pool.QueryRow(ctx, queryProjectPendingCount, e.ProjectID).Scan(&pending); err != nil {
-		return rr, err
+		return 0, err
 	}
 	if pending != o.Derivations {
-		return rr, fmt.Errorf("the evaluation made %d pending jobs for %d derivations", pending, o.Derivations)
+		return 0, fmt.Errorf("the evaluation made %d pending jobs for %d derivations", pending, o.Derivations)
 	}
+	return e.ProjectID, nil
+}
 
+// clusterRound starts the builders on the evaluated project's pending jobs and measures them
+// until every job finished and reported its timings: wall time, and CPU by Go, Nix and
+// PostgreSQL.
+func (b *e2e) clusterRound(ctx context.Context, name string, round int, projectID int64, rr *roundResult) error {
+	o := b.o
 	o.Logger.Info("cluster build", "workload", name, "round", round, "builders", o.Builders, "slots", o.Slots)
 	var builders []*bench.Node
 	stopAll := func() error {
@@ -733,13 +766,13 @@ func (b *e2e) round(ctx context.Context, name, salt string, round int) (roundRes
 	for i := 1; i <= o.Builders; i++ {
 		cfg, err := b.builderConfig(fmt.Sprintf("e2e-b%d-%s-%d", i, name, round), name == E2ESleep, "")
 		if err != nil {
-			return rr, err
+			return err
 		}
 		cfgs = append(cfgs, cfg)
 		rr.stores = append(rr.stores, cfg.Build.NixStore)
 	}
-	start = time.Now()
-	cpu0 = busyCPU()
+	start := time.Now()
+	cpu0 := busyCPU()
 	self0, children0 := processCPU()
 	pg0 := b.postgresCPU()
 	for _, cfg := range cfgs {
@@ -749,46 +782,48 @@ func (b *e2e) round(ctx context.Context, name, salt string, round int) (roundRes
 	if err := bench.WaitFor(ctx, b.failed, func() (bool, error) {
 		var open int
 		var err error
-		open, failures, err = unfinishedJobs(ctx, b.pool, []int64{e.ProjectID})
+		open, failures, err = unfinishedJobs(ctx, b.pool, []int64{projectID})
 		return open == 0, err
 	}); err != nil {
-		return rr, err
+		return err
 	}
 	rr.fromStart, rr.clusterCPU = time.Since(start).Seconds(), busyCPU()-cpu0
 	self1, _ := processCPU()
 	rr.clusterGo, rr.pg = self1-self0, b.postgresCPU()-pg0
 	// A job is succeeded once the signer records it; its builder reports the job's timings a
 	// moment later (after its GC roots are gone), and a stopped builder reports none.
-	if err := b.waitTimings(ctx, e.ProjectID); err != nil {
-		return rr, err
+	if err := b.waitTimings(ctx, projectID); err != nil {
+		return err
 	}
 	// The builds are the daemons' children: what the daemons reaped is the builds' CPU.
 	_, rr.clusterBuilds = daemonCPU(rr.stores)
 	if err := stopAll(); err != nil {
-		return rr, err
+		return err
 	}
 	// The builders' Nix daemons (and their builds) count once reaped: when their sessions
 	// closed, at the stop.
 	_, children1 := processCPU()
 	rr.clusterNix = children1 - children0
 	if len(failures) > 0 {
-		return rr, fmt.Errorf("%d jobs did not succeed: %s", len(failures), strings.Join(failures[:min(5, len(failures))], "; "))
+		return fmt.Errorf("%d jobs did not succeed: %s", len(failures), strings.Join(failures[:min(5, len(failures))], "; "))
 	}
+	return nil
+}
 
-	if err := b.pool.QueryRow(ctx, queryProjectMakespan, e.ProjectID).Scan(&rr.cluster); err != nil {
-		return rr, err
-	}
-	rows, err := b.pool.Query(ctx, queryProjectJobs, e.ProjectID)
+// readJobs reads the project's jobs, and counts them per builder.
+func (b *e2e) readJobs(ctx context.Context, projectID int64) ([]jobRow, map[string]int, error) {
+	rows, err := b.pool.Query(ctx, queryProjectJobs, projectID)
 	if err != nil {
-		return rr, err
+		return nil, nil, err
 	}
 	defer rows.Close()
-	rr.perBuilder = map[string]int{}
+	var jobs []jobRow
+	perBuilder := map[string]int{}
 	for rows.Next() {
 		var j jobRow
 		var claimed, finished *time.Time
 		if err := rows.Scan(&j.id, &j.drv, &j.status, &j.by, &j.attempt, &claimed, &finished); err != nil {
-			return rr, err
+			return nil, nil, err
 		}
 		if claimed != nil {
 			j.claimed, j.hasClaim = *claimed, true
@@ -796,10 +831,10 @@ func (b *e2e) round(ctx context.Context, name, salt string, round int) (roundRes
 		if finished != nil {
 			j.finished, j.hasFinish = *finished, true
 		}
-		rr.perBuilder[j.by]++
-		rr.rows = append(rr.rows, j)
+		perBuilder[j.by]++
+		jobs = append(jobs, j)
 	}
-	return rr, rows.Err()
+	return jobs, perBuilder, rows.Err()
 }
 
 // readFailures counts the "build failed" and "build abandoned" lines the nodes logged since the last call and quotes

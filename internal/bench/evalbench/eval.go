@@ -67,9 +67,7 @@ func (o *EvalOptions) defaults() {
 	if o.Derivations < o.Width {
 		o.Width = o.Derivations
 	}
-	if o.Logger == nil {
-		o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	}
+	o.Logger = bench.Logger(o.Logger)
 }
 
 // Eval measures an evaluation of a generated project of o.Derivations derivations (layers of

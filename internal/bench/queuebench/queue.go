@@ -8,7 +8,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -94,9 +93,7 @@ func (o *QueueOptions) defaults() {
 	if o.System == "" {
 		o.System = "x86_64-linux"
 	}
-	if o.Logger == nil {
-		o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	}
+	o.Logger = bench.Logger(o.Logger)
 }
 
 // Queue runs the queue benchmark: pgbench -N as the reference, then a synthetic package set
@@ -108,130 +105,133 @@ func Queue(ctx context.Context, o QueueOptions) (QueueReport, error) {
 		Machine:   bench.Machine(),
 		ClaimForm: map[queue.ClaimForm]string{queue.ClaimReady: "ready", queue.ClaimNotExists: "not-exists"}[o.Form],
 	}
-	url := o.DatabaseURL
-	var dir string
-	if url == "" {
-		var err error
-		if dir, err = os.MkdirTemp("", "hci-bench-"); err != nil {
-			return r, err
-		}
-		defer os.RemoveAll(dir)
-	}
-	d, err := bench.OpenDatabase(ctx, bench.DatabaseOptions{URL: url, Dir: dir, MaxServerConns: 200, App: "harmonia-ci bench", PoolConns: int32(o.Workers + 6), Logger: o.Logger})
+	d, closeDB, err := openEmptyDatabase(ctx, o)
 	if err != nil {
 		return r, err
 	}
-	defer d.Close()
-	url, pool := d.URL, d.Pool
+	defer closeDB()
 	r.Postgres = d.Version
-	var existing int64
-	if err := pool.QueryRow(ctx, queryJobCount).Scan(&existing); err != nil {
-		return r, err
-	}
-	if existing > 0 {
-		return r, fmt.Errorf("bench queue: the database already has %d build jobs; use an empty database (its synthetic jobs would mix with real ones)", existing)
-	}
 
 	if o.PgbenchSeconds > 0 {
 		o.Logger.Info("running pgbench -N as the reference", "seconds", o.PgbenchSeconds)
-		if r.PgbenchTPS, err = runPgbench(ctx, url, o.PgbenchSeconds); err != nil {
+		if r.PgbenchTPS, err = runPgbench(ctx, d.URL, o.PgbenchSeconds); err != nil {
 			return r, err
 		}
 	}
+	if err := enqueueDAG(ctx, d.Pool, o, &r); err != nil {
+		return r, err
+	}
+	dr := &drain{pool: d.Pool, o: o}
+	if err := dr.run(ctx, &r); err != nil {
+		return r, err
+	}
+	return r, nil
+}
 
+// openEmptyDatabase opens o.DatabaseURL, or a private server in a temporary directory, and
+// checks it has no build jobs: the synthetic ones must not mix with real ones.
+func openEmptyDatabase(ctx context.Context, o QueueOptions) (*bench.Database, func(), error) {
+	var dir string
+	if o.DatabaseURL == "" {
+		var err error
+		if dir, err = os.MkdirTemp("", "hci-bench-"); err != nil {
+			return nil, nil, err
+		}
+	}
+	closeAll := func(d *bench.Database) {
+		if d != nil {
+			d.Close()
+		}
+		if dir != "" {
+			_ = os.RemoveAll(dir)
+		}
+	}
+	d, err := bench.OpenDatabase(ctx, bench.DatabaseOptions{URL: o.DatabaseURL, Dir: dir, MaxServerConns: 200, App: "harmonia-ci bench", PoolConns: int32(o.Workers + 6), Logger: o.Logger})
+	if err != nil {
+		closeAll(nil)
+		return nil, nil, err
+	}
+	var existing int64
+	if err := d.Pool.QueryRow(ctx, queryJobCount).Scan(&existing); err != nil {
+		closeAll(d)
+		return nil, nil, err
+	}
+	if existing > 0 {
+		closeAll(d)
+		return nil, nil, fmt.Errorf("bench queue: the database already has %d build jobs; use an empty database (its synthetic jobs would mix with real ones)", existing)
+	}
+	return d, func() { closeAll(d) }, nil
+}
+
+// enqueueDAG generates the package set and enqueues it, project by project, timed.
+func enqueueDAG(ctx context.Context, pool *pgxpool.Pool, o QueueOptions, r *QueueReport) error {
 	w := GenerateDAG(DAGShape{Jobs: o.Jobs, Projects: o.Projects, Seed: o.Seed}, o.System)
 	projectIDs, err := bench.CreateProjects(ctx, pool, o.Seed, w.Shares)
 	if err != nil {
-		return r, err
+		return err
 	}
 	start := time.Now()
 	for i, e := range w.Enqueues {
 		e.ProjectID = &projectIDs[i]
 		if _, err := queue.Enqueue(ctx, pool, e); err != nil {
-			return r, err
+			return err
 		}
 	}
 	r.EnqueueSeconds = time.Since(start).Seconds()
 	if err := pool.QueryRow(ctx, queryBlockedCount).Scan(&r.BlockedAtStart); err != nil {
-		return r, err
+		return err
 	}
 	o.Logger.Info("enqueued", "jobs", o.Jobs, "blocked", r.BlockedAtStart, "seconds", r.EnqueueSeconds)
-	if _, err := pool.Exec(ctx, queryAnalyze); err != nil {
-		return r, err
-	}
+	_, err = pool.Exec(ctx, queryAnalyze)
+	return err
+}
 
+// drain is the queue drained by o.Workers no-op workers, then the wake-latency chain.
+type drain struct {
+	pool      *pgxpool.Pool
+	o         QueueOptions
+	announcer *queue.Announcer
+
+	mu           sync.Mutex
+	lat, latFull []time.Duration // every claim's latency; those of the first half of the jobs
+	claimed      atomic.Int64
+	// recordApart makes the workers record successes as a builder's are recorded: apart
+	// from the worker (by the signer, at build-complete), announced, and the freed slot
+	// filled by the worker's own claim, woken by the announcement. The wake probe measures
+	// that path; the drain lets the workers record and claim in one round trip.
+	recordApart atomic.Bool
+}
+
+// run drains the queue and fills r's drain and wake figures.
+func (dr *drain) run(ctx context.Context, r *QueueReport) error {
+	o, pool := dr.o, dr.pool
 	notifier := notify.New(notify.Config{}, pool, o.Logger, clock.Real{})
 	if err := notifier.Start(ctx); err != nil {
-		return r, err
+		return err
 	}
 	defer notifier.Stop()
+	dr.announcer = queue.NewAnnouncer(pool, 0, o.Logger)
+	if err := dr.announcer.Start(ctx); err != nil {
+		return err
+	}
+	defer dr.announcer.Stop()
+	workers, err := dr.workers(notifier)
+	if err != nil {
+		return err
+	}
 
-	announcer := queue.NewAnnouncer(pool, 0, o.Logger)
-	if err := announcer.Start(ctx); err != nil {
-		return r, err
-	}
-	defer announcer.Stop()
-	var (
-		mu           sync.Mutex
-		lat, latFull []time.Duration
-		claimed      atomic.Int64
-		// recordApart makes the workers record successes as a builder's are recorded: apart
-		// from the worker (by the signer, at build-complete), announced, and the freed slot
-		// filled by the worker's own claim, woken by the announcement. The wake probe measures
-		// that path; the drain lets the workers record and claim in one round trip.
-		recordApart atomic.Bool
-	)
-	handler := func(ctx context.Context, job queue.Job) queue.Result {
-		if !recordApart.Load() {
-			return queue.Result{}
-		}
-		out, err := queue.Succeed(ctx, pool, job.Claim())
-		if err != nil {
-			return queue.Result{Err: err}
-		}
-		announcer.Finished(out.DrvPath, out.Status)
-		return queue.Result{Recorded: true}
-	}
-	workers := make([]startstop.Service, o.Workers)
-	for i := range workers {
-		wk, err := queue.NewWorker(queue.WorkerConfig{
-			Claimer:      queue.Claimer{NodeID: fmt.Sprintf("bench-%d", i), Systems: []string{o.System}},
-			MaxJobs:      1,
-			PollInterval: time.Second,
-			Notifier:     notifier,
-			Announcer:    announcer,
-			ClaimForm:    o.Form,
-			Handler:      handler,
-			ClaimFunc: func(d time.Duration, jobs []queue.Job) {
-				if len(jobs) == 0 {
-					return
-				}
-				n := claimed.Add(int64(len(jobs)))
-				mu.Lock()
-				lat = append(lat, d)
-				if n <= int64(o.Jobs/2) {
-					latFull = append(latFull, d)
-				}
-				mu.Unlock()
-			},
-		}, pool, o.Logger, clock.Real{})
-		if err != nil {
-			return r, err
-		}
-		workers[i] = wk
-	}
 	cpuStart, cpuErr := drainCPU(ctx, pool)
-	start = time.Now()
+	start := time.Now()
 	for _, wk := range workers {
 		if err := wk.Start(ctx); err != nil {
-			return r, err
+			return err
 		}
 	}
 	defer startstop.StopAll(workers...)
-	probe := startClaimProbe(ctx, pool, announcer, o.System)
+	probe := startClaimProbe(ctx, pool, dr.announcer, o.System)
 	if err := waitDone(ctx, pool, time.Hour); err != nil {
 		probe.stop()
-		return r, err
+		return err
 	}
 	alone := probe.stop()
 	r.ClaimAloneP50Ms, r.ClaimAloneP99Ms = bench.PercentileMs(alone, 50), bench.PercentileMs(alone, 99)
@@ -242,20 +242,70 @@ func Queue(ctx context.Context, o QueueOptions) (QueueReport, error) {
 		r.BenchCPUPerJobMs = float64((cpuEnd.self - cpuStart.self).Microseconds()) / 1000 / float64(o.Jobs)
 		o.Logger.Info("drain CPU per job", "server_ms", r.ServerCPUPerJobMs, "bench_ms", r.BenchCPUPerJobMs)
 	}
-	r.ClaimP50Ms, r.ClaimP99Ms = bench.PercentileMs(lat, 50), bench.PercentileMs(lat, 99)
-	r.ClaimP99FullMs = bench.PercentileMs(latFull, 99)
+	r.ClaimP50Ms, r.ClaimP99Ms = bench.PercentileMs(dr.lat, 50), bench.PercentileMs(dr.lat, 99)
+	r.ClaimP99FullMs = bench.PercentileMs(dr.latFull, 99)
 	if r.PgbenchTPS > 0 {
 		r.RatioToPgbench = r.JobsPerSecond / r.PgbenchTPS
 	}
 	o.Logger.Info("drained", "jobs_per_second", r.JobsPerSecond)
 
 	if o.WakeLinks > 1 {
-		recordApart.Store(true)
+		dr.recordApart.Store(true)
 		if r.WakeP50Ms, r.WakeP99Ms, err = wakeLatency(ctx, pool, o); err != nil {
-			return r, err
+			return err
 		}
 	}
-	return r, nil
+	return nil
+}
+
+// workers are the no-op workers, one build slot each.
+func (dr *drain) workers(notifier *notify.Notifier) ([]startstop.Service, error) {
+	workers := make([]startstop.Service, dr.o.Workers)
+	for i := range workers {
+		wk, err := queue.NewWorker(queue.WorkerConfig{
+			Claimer:      queue.Claimer{NodeID: fmt.Sprintf("bench-%d", i), Systems: []string{dr.o.System}},
+			MaxJobs:      1,
+			PollInterval: time.Second,
+			Notifier:     notifier,
+			Announcer:    dr.announcer,
+			ClaimForm:    dr.o.Form,
+			Handler:      dr.handle,
+			ClaimFunc:    dr.observeClaim,
+		}, dr.pool, dr.o.Logger, clock.Real{})
+		if err != nil {
+			return nil, err
+		}
+		workers[i] = wk
+	}
+	return workers, nil
+}
+
+// handle builds nothing. During the drain it leaves the success to the worker; with
+// recordApart it records the success itself and announces it, as the signer does.
+func (dr *drain) handle(ctx context.Context, job queue.Job) queue.Result {
+	if !dr.recordApart.Load() {
+		return queue.Result{}
+	}
+	out, err := queue.Succeed(ctx, dr.pool, job.Claim())
+	if err != nil {
+		return queue.Result{Err: err}
+	}
+	dr.announcer.Finished(out.DrvPath, out.Status)
+	return queue.Result{Recorded: true}
+}
+
+// observeClaim records the latency of every claim that got jobs.
+func (dr *drain) observeClaim(d time.Duration, jobs []queue.Job) {
+	if len(jobs) == 0 {
+		return
+	}
+	n := dr.claimed.Add(int64(len(jobs)))
+	dr.mu.Lock()
+	dr.lat = append(dr.lat, d)
+	if n <= int64(dr.o.Jobs/2) {
+		dr.latFull = append(dr.latFull, d)
+	}
+	dr.mu.Unlock()
 }
 
 // waitDone waits until no job is pending or in progress.

@@ -81,9 +81,7 @@ func (o *WebhookOptions) defaults() {
 	if o.Statuses <= 0 {
 		o.Statuses = 500
 	}
-	if o.Logger == nil {
-		o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	}
+	o.Logger = bench.Logger(o.Logger)
 }
 
 const benchSecret = "bench-webhook-secret"
