@@ -78,33 +78,17 @@ type CacheReport struct {
 }
 
 func (o *CacheOptions) defaults() {
-	if o.Duration <= 0 {
-		o.Duration = 10
-	}
-	if o.Connections <= 0 {
-		o.Connections = 32
-	}
-	if o.Threads <= 0 {
-		o.Threads = 2
-	}
+	o.Duration = bench.Positive(o.Duration, 10)
+	o.Connections = bench.Positive(o.Connections, 32)
+	o.Threads = bench.Positive(o.Threads, 2)
 	if o.Threads > o.Connections {
 		o.Threads = o.Connections
 	}
-	if o.Rounds <= 0 {
-		o.Rounds = 2
-	}
-	if o.NarMB <= 0 {
-		o.NarMB = 64
-	}
-	if o.Closure <= 0 {
-		o.Closure = 50
-	}
-	if o.ClosureMB <= 0 {
-		o.ClosureMB = 192
-	}
-	if o.Seed == 0 {
-		o.Seed = uint64(time.Now().UnixNano())
-	}
+	o.Rounds = bench.Positive(o.Rounds, 2)
+	o.NarMB = bench.Positive(o.NarMB, 64)
+	o.Closure = bench.Positive(o.Closure, 50)
+	o.ClosureMB = bench.Positive(o.ClosureMB, 192)
+	o.Seed = bench.Seed(o.Seed)
 	o.Logger = bench.Logger(o.Logger)
 }
 

@@ -87,55 +87,31 @@ type E2EOptions struct {
 }
 
 func (o *E2EOptions) defaults() error {
-	if o.Derivations <= 0 {
-		o.Derivations = 200
-	}
-	if o.Width <= 0 {
-		o.Width = 20
-	}
+	o.Derivations = bench.Positive(o.Derivations, 200)
+	o.Width = bench.Positive(o.Width, 20)
 	if o.Width > o.Derivations {
 		o.Width = o.Derivations
 	}
 	o.Derivations -= o.Derivations % o.Width // whole layers
-	if o.Builders <= 0 {
-		o.Builders = 3
-	}
-	if o.Slots <= 0 {
-		o.Slots = 2
-	}
-	if o.Rounds <= 0 {
-		o.Rounds = 1
-	}
-	if o.SleepSeconds <= 0 {
-		o.SleepSeconds = 1
-	}
+	o.Builders = bench.Positive(o.Builders, 3)
+	o.Slots = bench.Positive(o.Slots, 2)
+	o.Rounds = bench.Positive(o.Rounds, 1)
+	o.SleepSeconds = bench.Positive(o.SleepSeconds, 1)
 	if o.Samples == 0 {
 		o.Samples = 10
 	}
-	if o.DeepProjects <= 0 {
-		o.DeepProjects = 3
-	}
-	if o.DeepLeaves <= 0 {
-		o.DeepLeaves = 50
-	}
-	if o.DeepChain <= 0 {
-		o.DeepChain = 30
-	}
-	if o.DeepSleep <= 0 {
-		o.DeepSleep = 0.5
-	}
+	o.DeepProjects = bench.Positive(o.DeepProjects, 3)
+	o.DeepLeaves = bench.Positive(o.DeepLeaves, 50)
+	o.DeepChain = bench.Positive(o.DeepChain, 30)
+	o.DeepSleep = bench.Positive(o.DeepSleep, 0.5)
 	if o.Workload == "" {
 		o.Workload = E2EBoth
 	}
 	if !slices.Contains([]string{E2ETrivial, E2ESleep, E2EBoth, E2EDeep, E2EAll}, o.Workload) {
 		return fmt.Errorf("bench e2e: workload: want trivial, sleep, both, deep or all, got %q", o.Workload)
 	}
-	if o.Logger == nil {
-		o.Logger = slog.New(slog.DiscardHandler)
-	}
-	if o.NodeLogger == nil {
-		o.NodeLogger = slog.New(slog.DiscardHandler)
-	}
+	o.Logger = bench.Logger(o.Logger)
+	o.NodeLogger = bench.Logger(o.NodeLogger)
 	return nil
 }
 

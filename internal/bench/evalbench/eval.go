@@ -21,6 +21,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/nixgen"
 	"github.com/harmonia-ci/harmonia-ci/internal/node"
 	"github.com/harmonia-ci/harmonia-ci/internal/project"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // EvalOptions configures `harmonia-ci bench eval`.
@@ -55,15 +56,9 @@ type EvalReport struct {
 }
 
 func (o *EvalOptions) defaults() {
-	if o.Derivations <= 0 {
-		o.Derivations = 10000
-	}
-	if o.Width <= 0 {
-		o.Width = 100
-	}
-	if o.Rounds <= 0 {
-		o.Rounds = 2
-	}
+	o.Derivations = bench.Positive(o.Derivations, 10000)
+	o.Width = bench.Positive(o.Width, 100)
+	o.Rounds = bench.Positive(o.Rounds, 2)
 	if o.Derivations < o.Width {
 		o.Width = o.Derivations
 	}
@@ -112,50 +107,17 @@ func Eval(ctx context.Context, o EvalOptions) (EvalReport, error) {
 	if err := bench.WaitReady(ctx, n); err != nil {
 		return r, err
 	}
+	rn := &evalRound{o: o, pool: pool, dir: dir, nodeDone: nodeDone}
 	for round := 1; round <= o.Rounds; round++ {
-		salt := bench.RandomHex(8)
-		bare, err := bench.MakeRepo(filepath.Join(dir, "bare-"+salt), nixgen.Layered("bare-"+salt, o.Derivations, o.Width))
+		nixSecs, evalSecs, err := rn.run(ctx, round)
 		if err != nil {
 			return r, err
 		}
-		ours, err := bench.MakeRepo(filepath.Join(dir, "ours-"+salt), nixgen.Layered("ours-"+salt, o.Derivations, o.Width))
-		if err != nil {
-			return r, err
+		if r.NixSeconds == 0 || nixSecs < r.NixSeconds {
+			r.NixSeconds = nixSecs
 		}
-		o.Logger.Info("bare nix-instantiate", "round", round, "derivations", o.Derivations)
-		start := time.Now()
-		cmd := exec.CommandContext(ctx, "nix-instantiate", filepath.Join(bare, "ci.nix"), "--option", "substituters", "")
-		var stderr strings.Builder
-		cmd.Stdout, cmd.Stderr = io.Discard, &stderr
-		if err := cmd.Run(); err != nil {
-			return r, fmt.Errorf("nix-instantiate: %w: %s", err, stderr.String())
-		}
-		if secs := time.Since(start).Seconds(); r.NixSeconds == 0 || secs < r.NixSeconds {
-			r.NixSeconds = secs
-		}
-
-		name := "bench-" + salt
-		if _, err := project.Add(ctx, pool, project.AddParams{Name: name, RepoURL: ours}); err != nil {
-			return r, err
-		}
-		o.Logger.Info("harmonia-ci evaluation", "round", round, "derivations", o.Derivations)
-		start = time.Now()
-		e, _, err := eval.Trigger(ctx, pool, eval.TriggerParams{Project: name, StateDir: filepath.Join(dir, "cli")})
-		if err != nil {
-			return r, err
-		}
-		if err := bench.WaitFor(ctx, nodeDone, func() (bool, error) {
-			e, err = evaluation.Get(ctx, pool, e.ID)
-			return e.Finished(), err
-		}); err != nil {
-			return r, err
-		}
-		secs := time.Since(start).Seconds()
-		if e.Status != "succeeded" {
-			return r, fmt.Errorf("evaluation %s: %s", e.Status, e.Error)
-		}
-		if r.EvalSeconds == 0 || secs < r.EvalSeconds {
-			r.EvalSeconds = secs
+		if r.EvalSeconds == 0 || evalSecs < r.EvalSeconds {
+			r.EvalSeconds = evalSecs
 		}
 	}
 	r.Ratio = r.EvalSeconds / r.NixSeconds
@@ -177,6 +139,72 @@ func Eval(ctx context.Context, o EvalOptions) (EvalReport, error) {
 		return r, fmt.Errorf("evaluation made %d jobs for %d derivations", r.Jobs, o.Derivations)
 	}
 	return r, nil
+}
+
+// evalRound is one round of the benchmark on the running node: the same shape of fresh
+// derivations, evaluated by bare nix-instantiate and by harmonia-ci.
+type evalRound struct {
+	o        EvalOptions
+	pool     *pgxpool.Pool
+	dir      string
+	nodeDone <-chan error
+}
+
+// run times round's two sides, in seconds.
+func (rn *evalRound) run(ctx context.Context, round int) (nixSecs, evalSecs float64, err error) {
+	o := rn.o
+	salt := bench.RandomHex(8)
+	bare, err := bench.MakeRepo(filepath.Join(rn.dir, "bare-"+salt), nixgen.Layered("bare-"+salt, o.Derivations, o.Width))
+	if err != nil {
+		return 0, 0, err
+	}
+	ours, err := bench.MakeRepo(filepath.Join(rn.dir, "ours-"+salt), nixgen.Layered("ours-"+salt, o.Derivations, o.Width))
+	if err != nil {
+		return 0, 0, err
+	}
+	o.Logger.Info("bare nix-instantiate", "round", round, "derivations", o.Derivations)
+	if nixSecs, err = instantiate(ctx, filepath.Join(bare, "ci.nix")); err != nil {
+		return 0, 0, err
+	}
+	o.Logger.Info("harmonia-ci evaluation", "round", round, "derivations", o.Derivations)
+	evalSecs, err = rn.evaluate(ctx, "bench-"+salt, ours)
+	return nixSecs, evalSecs, err
+}
+
+// instantiate times bare nix-instantiate of file.
+func instantiate(ctx context.Context, file string) (float64, error) {
+	start := time.Now()
+	cmd := exec.CommandContext(ctx, "nix-instantiate", file, "--option", "substituters", "")
+	var stderr strings.Builder
+	cmd.Stdout, cmd.Stderr = io.Discard, &stderr
+	if err := cmd.Run(); err != nil {
+		return 0, fmt.Errorf("nix-instantiate: %w: %s", err, stderr.String())
+	}
+	return time.Since(start).Seconds(), nil
+}
+
+// evaluate adds project name on repo and times its evaluation by the node, from the trigger to
+// its success.
+func (rn *evalRound) evaluate(ctx context.Context, name, repo string) (float64, error) {
+	if _, err := project.Add(ctx, rn.pool, project.AddParams{Name: name, RepoURL: repo}); err != nil {
+		return 0, err
+	}
+	start := time.Now()
+	e, _, err := eval.Trigger(ctx, rn.pool, eval.TriggerParams{Project: name, StateDir: filepath.Join(rn.dir, "cli")})
+	if err != nil {
+		return 0, err
+	}
+	if err := bench.WaitFor(ctx, rn.nodeDone, func() (bool, error) {
+		e, err = evaluation.Get(ctx, rn.pool, e.ID)
+		return e.Finished(), err
+	}); err != nil {
+		return 0, err
+	}
+	secs := time.Since(start).Seconds()
+	if e.Status != "succeeded" {
+		return 0, fmt.Errorf("evaluation %s: %s", e.Status, e.Error)
+	}
+	return secs, nil
 }
 
 func evalNodeConfig(stateDir, url string) (*config.Config, error) {

@@ -127,9 +127,7 @@ type GCExtrapolation struct {
 }
 
 func (o *GCOptions) defaults() error {
-	if o.Objects <= 0 {
-		o.Objects = 100000
-	}
+	o.Objects = bench.Positive(o.Objects, 100000)
 	if o.Objects < 40 {
 		return fmt.Errorf("bench gc: %d objects is too few (at least 40)", o.Objects)
 	}
@@ -153,18 +151,10 @@ func (o *GCOptions) defaults() error {
 	if o.S3.Endpoint != "" && o.S3.Bucket == "" {
 		return errors.New("bench gc: an S3 endpoint needs a bucket")
 	}
-	if o.Workers <= 0 {
-		o.Workers = 32
-	}
-	if o.Writers <= 0 {
-		o.Writers = 32
-	}
-	if o.Seed == 0 {
-		o.Seed = uint64(time.Now().UnixNano())
-	}
-	if o.Logger == nil {
-		o.Logger = slog.New(slog.DiscardHandler)
-	}
+	o.Workers = bench.Positive(o.Workers, 32)
+	o.Writers = bench.Positive(o.Writers, 32)
+	o.Seed = bench.Seed(o.Seed)
+	o.Logger = bench.Logger(o.Logger)
 	return nil
 }
 

@@ -78,18 +78,10 @@ type QueueReport struct {
 }
 
 func (o *QueueOptions) defaults() {
-	if o.Jobs <= 0 {
-		o.Jobs = 100000
-	}
-	if o.Workers <= 0 {
-		o.Workers = 4
-	}
-	if o.Projects <= 0 {
-		o.Projects = 4
-	}
-	if o.Seed == 0 {
-		o.Seed = uint64(time.Now().UnixNano())
-	}
+	o.Jobs = bench.Positive(o.Jobs, 100000)
+	o.Workers = bench.Positive(o.Workers, 4)
+	o.Projects = bench.Positive(o.Projects, 4)
+	o.Seed = bench.Seed(o.Seed)
 	if o.System == "" {
 		o.System = "x86_64-linux"
 	}

@@ -69,18 +69,10 @@ type WebhookReport struct {
 }
 
 func (o *WebhookOptions) defaults() {
-	if o.Deliveries <= 0 {
-		o.Deliveries = 5000
-	}
-	if o.Concurrency <= 0 {
-		o.Concurrency = 16
-	}
-	if o.Repos <= 0 {
-		o.Repos = 50
-	}
-	if o.Statuses <= 0 {
-		o.Statuses = 500
-	}
+	o.Deliveries = bench.Positive(o.Deliveries, 5000)
+	o.Concurrency = bench.Positive(o.Concurrency, 16)
+	o.Repos = bench.Positive(o.Repos, 50)
+	o.Statuses = bench.Positive(o.Statuses, 500)
 	o.Logger = bench.Logger(o.Logger)
 }
 
