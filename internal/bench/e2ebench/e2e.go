@@ -308,6 +308,22 @@ func (b *e2e) workload(ctx context.Context, name string) (*E2EWorkload, error) {
 		w.PlainBuild = bench.Summarize(samples)
 	}
 
+	b.summarizeSteps(w, rows)
+	w.FailedAttempts, w.Failures = b.readFailures()
+	var busy float64
+	for _, j := range results[best].rows {
+		if j.hasClaim && j.hasFinish {
+			busy += j.finished.Sub(j.claimed).Seconds()
+		}
+	}
+	w.Utilisation = busy / (results[best].cluster * float64(o.Builders*o.Slots))
+	return w, nil
+}
+
+// summarizeSteps fills w's claim counts, retries and per-job step figures from the jobs of
+// every round and the timings the builders reported, and resets the claim counts for the next
+// workload.
+func (b *e2e) summarizeSteps(w *E2EWorkload, rows []jobRow) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	w.Claims, w.EmptyClaims = b.nClaims, b.nEmpty
@@ -341,15 +357,6 @@ func (b *e2e) workload(ctx context.Context, name string) (*E2EWorkload, error) {
 		Sign: bench.Summarize(steps.sign), Other: bench.Summarize(steps.other), Total: bench.Summarize(steps.total),
 	}
 	w.OverheadVsBuild, w.OverheadVsPlain = bench.Summarize(steps.vsBuild), bench.Summarize(steps.vsPlain)
-	w.FailedAttempts, w.Failures = b.readFailures()
-	var busy float64
-	for _, j := range results[best].rows {
-		if j.hasClaim && j.hasFinish {
-			busy += j.finished.Sub(j.claimed).Seconds()
-		}
-	}
-	w.Utilisation = busy / (results[best].cluster * float64(o.Builders*o.Slots))
-	return w, nil
 }
 
 // round runs one round of workload name with fresh derivations (salt): plain Nix builds them,
