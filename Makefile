@@ -10,10 +10,10 @@ NIX_PKGS ?= ./internal/workerproto ./internal/nix ./internal/substitute ./intern
 	./internal/builder ./internal/upload ./internal/cache ./internal/signer
 NIX_E2E  ?= ^Test(Attack|Build|PublishAndSubstitute|SignerFailover|Deps|TwoEvaluators|EvalCLI|GC|NixDaemon|Reevaluate|Run)
 
-.PHONY: help assets build example up test test-nix-2.26 test-race vet fmt lint clean
+.PHONY: help assets build example example-failing up test test-nix-2.26 test-race vet fmt lint clean
 
 help: ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
 
 assets: ## fetch the web UI's pinned, checksum-checked HTMX from npm (embedded by the build)
 	scripts/assets.sh
@@ -25,6 +25,12 @@ example: ## install what is missing, build, and build the example project with `
 	scripts/deps.sh run
 	$(MAKE) build
 	$(BIN) run examples/dag
+
+example-failing: ## build examples/failing, what a failure looks like: run exits 1 by design, the target then succeeds
+	scripts/deps.sh run
+	$(MAKE) build
+	@$(BIN) run examples/failing; code=$$?; \
+	echo "harmonia-ci run exited $$code (1 expected: the example fails on purpose)"; test $$code -eq 1
 
 up: ## install what is missing, build, and run a single-node cluster on the embedded database
 	scripts/deps.sh run

@@ -2,6 +2,7 @@ package main
 
 import (
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -34,6 +35,30 @@ func TestImportGraph(t *testing.T) {
 				if deps[mod+f] {
 					t.Errorf("internal/%s imports internal/%s (directly or through another package)", from, f)
 				}
+			}
+		}
+	}
+}
+
+// TestBenchImportedByCLIOnly: the benchmarks sit outside the product's layers. Only the harness
+// and its benchmarks (internal/bench/...), the CLI that runs them and the binary may import them,
+// so no role comes to depend on a benchmark's fixtures or shortcuts.
+func TestBenchImportedByCLIOnly(t *testing.T) {
+	const module = "github.com/harmonia-ci/harmonia-ci"
+	const bench = module + "/internal/bench"
+	allowed := []string{module + "/internal/cli", module + "/cmd/harmonia-ci"}
+	out, err := exec.Command("go", "list", "-f", `{{.ImportPath}} {{join .Imports " "}} {{join .TestImports " "}} {{join .XTestImports " "}}`, module+"/...").Output()
+	if err != nil {
+		t.Fatalf("go list %s/...: %v", module, err)
+	}
+	for line := range strings.Lines(string(out)) {
+		pkg, imports, _ := strings.Cut(strings.TrimSpace(line), " ")
+		if pkg == bench || strings.HasPrefix(pkg, bench+"/") || slices.Contains(allowed, pkg) {
+			continue
+		}
+		for _, imp := range strings.Fields(imports) {
+			if imp == bench || strings.HasPrefix(imp, bench+"/") {
+				t.Errorf("%s imports %s: only internal/bench/..., internal/cli and cmd/harmonia-ci may", pkg, imp)
 			}
 		}
 	}

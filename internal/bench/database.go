@@ -10,34 +10,43 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/pgembed"
 )
 
-// database is a benchmark's migrated PostgreSQL: a private, non-durable server in a directory
+// Database is a benchmark's migrated PostgreSQL: a private, non-durable server in a directory
 // of the benchmark's, or the one at a given URL.
-type database struct {
+type Database struct {
 	URL     string
 	Pool    *pgxpool.Pool
 	Version string // server_version, for the report
 	srv     *pgembed.Server
 }
 
-// openDatabase connects to url, or with url "" starts a private server in dir allowing
-// maxServerConns connections; the pool (poolConns connections, application name app) is
+// DatabaseOptions says which PostgreSQL a benchmark uses and how it connects.
+type DatabaseOptions struct {
+	URL            string // an existing server; "" starts a private one in Dir
+	Dir            string
+	MaxServerConns int    // the private server's max_connections
+	App            string // the pool's application name
+	PoolConns      int32
+	Logger         *slog.Logger
+}
+
+// OpenDatabase connects to o.URL, or with none starts a private server in o.Dir; the pool is
 // migrated. Close stops what it started.
-func openDatabase(ctx context.Context, url, dir string, maxServerConns int, app string, poolConns int32, logger *slog.Logger) (*database, error) {
-	d := &database{URL: url}
-	if url == "" {
-		srv, err := pgembed.Start(ctx, pgembed.Options{Dir: dir, Durable: false, MaxConnections: maxServerConns, Logger: logger})
+func OpenDatabase(ctx context.Context, o DatabaseOptions) (*Database, error) {
+	d := &Database{URL: o.URL}
+	if o.URL == "" {
+		srv, err := pgembed.Start(ctx, pgembed.Options{Dir: o.Dir, Durable: false, MaxConnections: o.MaxServerConns, Logger: o.Logger})
 		if err != nil {
 			return nil, err
 		}
 		d.srv, d.URL = srv, srv.URL("harmonia")
 	}
 	var err error
-	if d.Pool, err = db.Connect(ctx, d.URL, db.PoolConfig{ApplicationName: app, MaxConns: poolConns}); err != nil {
+	if d.Pool, err = db.Connect(ctx, d.URL, db.PoolConfig{ApplicationName: o.App, MaxConns: o.PoolConns}); err != nil {
 		d.Close()
 		return nil, err
 	}
 	if _, err = db.Migrate(ctx, d.Pool, "bench"); err == nil {
-		err = d.Pool.QueryRow(ctx, `SELECT current_setting('server_version')`).Scan(&d.Version)
+		err = d.Pool.QueryRow(ctx, queryServerVersion).Scan(&d.Version)
 	}
 	if err != nil {
 		d.Close()
@@ -46,8 +55,8 @@ func openDatabase(ctx context.Context, url, dir string, maxServerConns int, app 
 	return d, nil
 }
 
-// Close closes the pool and stops a server openDatabase started.
-func (d *database) Close() {
+// Close closes the pool and stops a server OpenDatabase started.
+func (d *Database) Close() {
 	if d.Pool != nil {
 		d.Pool.Close()
 	}

@@ -9,7 +9,12 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/harmonia-ci/harmonia-ci/internal/bench"
+	"github.com/harmonia-ci/harmonia-ci/internal/bench/cachebench"
+	"github.com/harmonia-ci/harmonia-ci/internal/bench/e2ebench"
+	"github.com/harmonia-ci/harmonia-ci/internal/bench/evalbench"
+	"github.com/harmonia-ci/harmonia-ci/internal/bench/gcbench"
+	"github.com/harmonia-ci/harmonia-ci/internal/bench/queuebench"
+	"github.com/harmonia-ci/harmonia-ci/internal/bench/webhookbench"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 )
 
@@ -20,7 +25,7 @@ func newBench(g *globalFlags) *cobra.Command {
 }
 
 func newBenchQueue(g *globalFlags) *cobra.Command {
-	var o bench.QueueOptions
+	var o queuebench.QueueOptions
 	var asJSON bool
 	var form string
 	cmd := &cobra.Command{
@@ -48,7 +53,7 @@ With one, the database must hold no build jobs.`,
 			// Ctrl-C must still stop the private server the benchmark started.
 			ctx, _, stop := signalContext()
 			defer stop()
-			r, err := bench.Queue(ctx, o)
+			r, err := queuebench.Queue(ctx, o)
 			if err != nil {
 				return err
 			}
@@ -72,7 +77,7 @@ With one, the database must hold no build jobs.`,
 }
 
 func newBenchWorker(g *globalFlags) *cobra.Command {
-	var o bench.WorkerOptions
+	var o queuebench.WorkerOptions
 	var systems string
 	cmd := &cobra.Command{
 		Use:   "worker",
@@ -87,7 +92,7 @@ func newBenchWorker(g *globalFlags) *cobra.Command {
 			o.Logger = benchLogger(cmd.ErrOrStderr())
 			ctx, _, stop := signalContext()
 			defer stop()
-			n, err := bench.Worker(ctx, o)
+			n, err := queuebench.Worker(ctx, o)
 			if err != nil {
 				return err
 			}
@@ -102,7 +107,7 @@ func newBenchWorker(g *globalFlags) *cobra.Command {
 	return cmd
 }
 
-func printQueueReport(w io.Writer, r bench.QueueReport) {
+func printQueueReport(w io.Writer, r queuebench.QueueReport) {
 	fmt.Fprintf(w, "harmonia-ci bench queue — %s, PostgreSQL %s, %s, claim form %s\n", r.Machine, r.Postgres, r.Date, r.ClaimForm)
 	fmt.Fprintf(w, "  jobs %d (%d blocked at start), workers %d, projects %d\n", r.Jobs, r.BlockedAtStart, r.Workers, r.Projects)
 	fmt.Fprintf(w, "  enqueue            %.1f s\n", r.EnqueueSeconds)
@@ -118,7 +123,7 @@ func printQueueReport(w io.Writer, r bench.QueueReport) {
 }
 
 func newBenchEval() *cobra.Command {
-	var o bench.EvalOptions
+	var o evalbench.EvalOptions
 	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "eval",
@@ -133,7 +138,7 @@ evaluation's success, including ingestion and publication of the .drv closure. N
 			o.Logger = benchLogger(cmd.ErrOrStderr())
 			ctx, _, stop := signalContext()
 			defer stop()
-			r, err := bench.Eval(ctx, o)
+			r, err := evalbench.Eval(ctx, o)
 			if err != nil {
 				return err
 			}
@@ -157,7 +162,7 @@ evaluation's success, including ingestion and publication of the .drv closure. N
 }
 
 func newBenchCache() *cobra.Command {
-	var o bench.CacheOptions
+	var o cachebench.CacheOptions
 	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "cache",
@@ -173,7 +178,7 @@ Needs nginx, wrk and nix-bin (scripts/deps.sh bench). The store paths are delete
 			o.Logger = benchLogger(cmd.ErrOrStderr())
 			ctx, _, stop := signalContext()
 			defer stop()
-			r, err := bench.Cache(ctx, o)
+			r, err := cachebench.Cache(ctx, o)
 			if err != nil {
 				return err
 			}
@@ -197,7 +202,7 @@ Needs nginx, wrk and nix-bin (scripts/deps.sh bench). The store paths are delete
 	return cmd
 }
 
-func printCacheReport(w io.Writer, r bench.CacheReport) {
+func printCacheReport(w io.Writer, r cachebench.CacheReport) {
 	fmt.Fprintf(w, "harmonia-ci bench cache — %s, %s, %s, %s, %s\n", r.Machine, r.Nginx, r.Wrk, r.Nix, r.Date)
 	fmt.Fprintf(w, "  wrk: %d threads, %d connections, %d s per run, best of %d\n", r.Threads, r.Connections, r.Duration, r.Rounds)
 	fmt.Fprintf(w, "  narinfo (%d, cycled)   cache %.0f req/s   nginx %.0f req/s   ratio %.2f\n", r.Narinfos, r.CacheNarinfoRPS, r.NginxNarinfoRPS, r.NarinfoRatio)
@@ -212,7 +217,7 @@ func printCacheReport(w io.Writer, r bench.CacheReport) {
 }
 
 func newBenchE2E() *cobra.Command {
-	var o bench.E2EOptions
+	var o e2ebench.E2EOptions
 	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "e2e",
@@ -247,7 +252,7 @@ It reports; it exits 0 whether targets are met or not. Needs nix-bin and git.`,
 			o.NodeLogger = slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: slog.LevelWarn}))
 			ctx, _, stop := signalContext()
 			defer stop()
-			r, err := bench.E2E(ctx, o)
+			r, err := e2ebench.E2E(ctx, o)
 			if err != nil {
 				return err
 			}
@@ -278,7 +283,7 @@ It reports; it exits 0 whether targets are met or not. Needs nix-bin and git.`,
 }
 
 func newBenchWebhook() *cobra.Command {
-	var o bench.WebhookOptions
+	var o webhookbench.WebhookOptions
 	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "webhook",
@@ -295,7 +300,7 @@ against a forge that answers at once.`,
 			o.Logger = benchLogger(cmd.ErrOrStderr())
 			ctx, _, stop := signalContext()
 			defer stop()
-			r, err := bench.Webhook(ctx, o)
+			r, err := webhookbench.Webhook(ctx, o)
 			if err != nil {
 				return err
 			}
@@ -323,7 +328,7 @@ against a forge that answers at once.`,
 }
 
 func newBenchGC(g *globalFlags) *cobra.Command {
-	var o bench.GCOptions
+	var o gcbench.GCOptions
 	var asJSON bool
 	var backends, secretFile string
 	cmd := &cobra.Command{
@@ -357,7 +362,7 @@ With --database-url the database must hold no derivations or evaluations.`,
 			o.Logger = benchLogger(cmd.ErrOrStderr())
 			ctx, _, stop := signalContext()
 			defer stop()
-			r, err := bench.GC(ctx, o)
+			r, err := gcbench.GC(ctx, o)
 			if err != nil {
 				return err
 			}
@@ -386,7 +391,7 @@ With --database-url the database must hold no derivations or evaluations.`,
 	return cmd
 }
 
-func printGCReport(w io.Writer, r bench.GCReport) {
+func printGCReport(w io.Writer, r gcbench.GCReport) {
 	fmt.Fprintf(w, "harmonia-ci bench gc — %s, PostgreSQL %s, %s, %s\n", r.Machine, r.Postgres, r.MinIO, r.Date)
 	fmt.Fprintf(w, "  live fraction %.2f, unbuilt %.2f, %d workers, seed %d; load average %.1f before, %.1f after\n",
 		r.LiveFraction, r.Unbuilt, r.Workers, r.Seed, r.LoadBefore, r.LoadAfter)

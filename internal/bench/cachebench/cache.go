@@ -1,4 +1,6 @@
-package bench
+// Package cachebench is `harmonia-ci bench cache`: the cache role against nginx on the same blob
+// directory, and the upload pipeline against nix copy.
+package cachebench
 
 import (
 	"bufio"
@@ -22,6 +24,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/harmonia-ci/harmonia-ci/internal/bench"
 	"github.com/harmonia-ci/harmonia-ci/internal/blob"
 	"github.com/harmonia-ci/harmonia-ci/internal/cache"
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
@@ -75,50 +78,34 @@ type CacheReport struct {
 }
 
 func (o *CacheOptions) defaults() {
-	if o.Duration <= 0 {
-		o.Duration = 10
-	}
-	if o.Connections <= 0 {
-		o.Connections = 32
-	}
-	if o.Threads <= 0 {
-		o.Threads = 2
-	}
+	o.Duration = bench.Positive(o.Duration, 10)
+	o.Connections = bench.Positive(o.Connections, 32)
+	o.Threads = bench.Positive(o.Threads, 2)
 	if o.Threads > o.Connections {
 		o.Threads = o.Connections
 	}
-	if o.Rounds <= 0 {
-		o.Rounds = 2
-	}
-	if o.NarMB <= 0 {
-		o.NarMB = 64
-	}
-	if o.Closure <= 0 {
-		o.Closure = 50
-	}
-	if o.ClosureMB <= 0 {
-		o.ClosureMB = 192
-	}
-	if o.Seed == 0 {
-		o.Seed = uint64(time.Now().UnixNano())
-	}
-	if o.Logger == nil {
-		o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	}
+	o.Rounds = bench.Positive(o.Rounds, 2)
+	o.NarMB = bench.Positive(o.NarMB, 64)
+	o.Closure = bench.Positive(o.Closure, 50)
+	o.ClosureMB = bench.Positive(o.ClosureMB, 192)
+	o.Seed = bench.Seed(o.Seed)
+	o.Logger = bench.Logger(o.Logger)
 }
 
 // nginxBin is nginx, or Debian's /usr/sbin/nginx when /usr/sbin is not on PATH.
 var nginxBin = "nginx"
 
+// needTool checks that name is installed; nginx may be off PATH in /usr/sbin (see nginxBin).
 func needTool(name, hint string) error {
-	if _, err := exec.LookPath(name); err != nil {
-		if name == "nginx" {
-			if fi, err := os.Stat("/usr/sbin/nginx"); err == nil && fi.Mode()&0o111 != 0 {
-				nginxBin = "/usr/sbin/nginx"
-				return nil
-			}
+	err := bench.NeedTool(name, hint)
+	if err != nil && name == "nginx" {
+		if fi, serr := os.Stat("/usr/sbin/nginx"); serr == nil && fi.Mode()&0o111 != 0 {
+			nginxBin = "/usr/sbin/nginx"
+			return nil
 		}
-		return fmt.Errorf("bench cache: %s not found (%s)", name, hint)
+	}
+	if err != nil {
+		return fmt.Errorf("bench cache: %w", err)
 	}
 	return nil
 }
@@ -131,24 +118,13 @@ func Cache(ctx context.Context, o CacheOptions) (CacheReport, error) {
 	o.defaults()
 	r := CacheReport{
 		Date:     time.Now().UTC().Format(time.RFC3339),
-		Machine:  fmt.Sprintf("%s/%s, %d CPUs", runtime.GOOS, runtime.GOARCH, runtime.NumCPU()),
+		Machine:  bench.Machine(),
 		Duration: o.Duration, Connections: o.Connections, Threads: o.Threads, Rounds: o.Rounds,
 		NarinfoRequestPath: "cycling through every narinfo",
 	}
-	for _, t := range []struct{ name, hint string }{
-		{"nginx", "Debian package nginx; scripts/deps.sh bench installs it"},
-		{"wrk", "Debian package wrk; scripts/deps.sh bench installs it"},
-		{"nix-store", "Debian package nix-bin; scripts/deps.sh installs it"},
-		{"nix", "Debian package nix-bin; scripts/deps.sh installs it"},
-	} {
-		if err := needTool(t.name, t.hint); err != nil {
-			return r, err
-		}
+	if err := checkTools(&r); err != nil {
+		return r, err
 	}
-	r.Nginx = strings.TrimPrefix(toolVersion(nginxBin, "-v"), "nginx version: ")
-	r.Wrk, _, _ = strings.Cut(toolVersion("wrk", "-v"), " [")
-	r.Nix = toolVersion("nix-store", "--version")
-
 	tmp, err := os.MkdirTemp("", "hci-bench-cache-")
 	if err != nil {
 		return r, err
@@ -181,12 +157,42 @@ func Cache(ctx context.Context, o CacheOptions) (CacheReport, error) {
 	r.Narinfos = len(pub.narinfos)
 	r.NarFileMB = float64(pub.largeFileSize) / 1e6
 
-	// 2. The two servers.
-	local, err := blob.NewLocal(storeDir, "", []byte("bench-cache-secret-0123456789"))
-	if err != nil {
+	// 2 and 3. The two servers, measured by wrk.
+	if err := measureServing(ctx, o, tmp, storeDir, pub, &r); err != nil {
 		return r, err
 	}
-	defer local.Close()
+	// 4. The upload pipeline against nix copy.
+	if err := measureUpload(ctx, o, tmp, paths, key, pub, &r); err != nil {
+		return r, err
+	}
+	return r, nil
+}
+
+// checkTools fails unless the tools the benchmark runs are installed, and puts their versions
+// in r.
+func checkTools(r *CacheReport) error {
+	for _, t := range []struct{ name, hint string }{
+		{"nginx", "Debian package nginx; scripts/deps.sh bench installs it"},
+		{"wrk", "Debian package wrk; scripts/deps.sh bench installs it"},
+		{"nix-store", "Debian package nix-bin; scripts/deps.sh installs it"},
+		{"nix", "Debian package nix-bin; scripts/deps.sh installs it"},
+	} {
+		if err := needTool(t.name, t.hint); err != nil {
+			return err
+		}
+	}
+	r.Nginx = strings.TrimPrefix(bench.ToolVersion(nginxBin, "-v"), "nginx version: ")
+	r.Wrk, _, _ = strings.Cut(bench.ToolVersion("wrk", "-v"), " [")
+	r.Nix = bench.ToolVersion("nix-store", "--version")
+	return nil
+}
+
+// serveCache serves storeDir through the cache role on a loopback port.
+func serveCache(storeDir string) (url string, stop func(), err error) {
+	local, err := blob.NewLocal(storeDir, "", []byte("bench-cache-secret-0123456789"))
+	if err != nil {
+		return "", nil, err
+	}
 	mux := http.NewServeMux()
 	// Quiet: wrk resets connections mid-body when a run ends, which the cache role logs; a
 	// failed request shows up in wrk's non-2xx count instead. Narinfos are kept in memory
@@ -194,16 +200,25 @@ func Cache(ctx context.Context, o CacheOptions) (CacheReport, error) {
 	cache.New(cache.Config{Store: local, Logger: slog.New(slog.DiscardHandler), NarinfoCacheBytes: cache.DefaultNarinfoCacheBytes}).Register(mux)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return r, err
+		local.Close()
+		return "", nil, err
 	}
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = srv.Serve(ln) }()
-	defer srv.Close()
-	cacheURL := "http://" + ln.Addr().String()
+	return "http://" + ln.Addr().String(), func() { _ = srv.Close(); _ = local.Close() }, nil
+}
 
+// measureServing serves storeDir through the cache role and nginx, checks they serve the same
+// bytes, and runs wrk against each, alternating servers; the best round of each is kept.
+func measureServing(ctx context.Context, o CacheOptions, tmp, storeDir string, pub published, r *CacheReport) error {
+	cacheURL, stopCache, err := serveCache(storeDir)
+	if err != nil {
+		return err
+	}
+	defer stopCache()
 	nginxURL, stopNginx, err := startNginx(ctx, filepath.Join(tmp, "nginx"), storeDir)
 	if err != nil {
-		return r, err
+		return err
 	}
 	defer stopNginx()
 
@@ -211,21 +226,20 @@ func Cache(ctx context.Context, o CacheOptions) (CacheReport, error) {
 	for _, p := range []string{"/" + pub.narinfos[0], "/" + pub.largeNar} {
 		a, err := httpGet(ctx, cacheURL+p)
 		if err != nil {
-			return r, fmt.Errorf("bench cache: cache role: %w", err)
+			return fmt.Errorf("bench cache: cache role: %w", err)
 		}
 		b, err := httpGet(ctx, nginxURL+p)
 		if err != nil {
-			return r, fmt.Errorf("bench cache: nginx: %w", err)
+			return fmt.Errorf("bench cache: nginx: %w", err)
 		}
 		if !bytes.Equal(a, b) {
-			return r, fmt.Errorf("bench cache: cache role and nginx serve different bytes for %s", p)
+			return fmt.Errorf("bench cache: cache role and nginx serve different bytes for %s", p)
 		}
 	}
 
-	// 3. wrk, alternating servers; the best round of each is kept.
 	script := filepath.Join(tmp, "narinfos.lua")
 	if err := writeWrkScript(script, pub.narinfos); err != nil {
-		return r, err
+		return err
 	}
 	var sockErrs []string
 	run := func(kind, base, path, script string) (wrkResult, error) {
@@ -246,7 +260,7 @@ func Cache(ctx context.Context, o CacheOptions) (CacheReport, error) {
 		}{{cacheURL, &r.CacheNarinfoRPS}, {nginxURL, &r.NginxNarinfoRPS}} {
 			res, err := run("narinfo", s.base, "/", script)
 			if err != nil {
-				return r, err
+				return err
 			}
 			*s.rps = max(*s.rps, res.requestsPerSec)
 		}
@@ -256,7 +270,7 @@ func Cache(ctx context.Context, o CacheOptions) (CacheReport, error) {
 		}{{cacheURL, &r.CacheNarMBps}, {nginxURL, &r.NginxNarMBps}} {
 			res, err := run("nar", s.base, "/"+pub.largeNar, "")
 			if err != nil {
-				return r, err
+				return err
 			}
 			*s.mbps = max(*s.mbps, res.bytesPerSec/1e6)
 		}
@@ -264,10 +278,12 @@ func Cache(ctx context.Context, o CacheOptions) (CacheReport, error) {
 	r.WrkSocketErrors = strings.Join(sockErrs, "; ")
 	r.NarinfoRatio = r.CacheNarinfoRPS / r.NginxNarinfoRPS
 	r.NarRatio = r.CacheNarMBps / r.NginxNarMBps
-	stopNginx()
-	_ = srv.Close()
+	return nil
+}
 
-	// 4. The upload pipeline against nix copy, alternating, each into a fresh directory.
+// measureUpload times the upload pipeline against nix copy on paths, alternating, each into a
+// fresh directory; the best round of each is kept.
+func measureUpload(ctx context.Context, o CacheOptions, tmp string, paths []string, key nix.SecretKey, pub published, r *CacheReport) error {
 	r.PipelineWorkers = runtime.NumCPU()
 	r.ClosureNarMB = float64(pub.narBytes) / 1e6
 	for i := range o.Rounds {
@@ -276,7 +292,7 @@ func Cache(ctx context.Context, o CacheOptions) (CacheReport, error) {
 		start := time.Now()
 		p, err := publish(ctx, dir, paths, key, r.PipelineWorkers)
 		if err != nil {
-			return r, err
+			return err
 		}
 		if s := time.Since(start).Seconds(); r.PipelineSeconds == 0 || s < r.PipelineSeconds {
 			r.PipelineSeconds, r.PipelineFileMB = s, float64(p.fileBytes)/1e6
@@ -287,7 +303,7 @@ func Cache(ctx context.Context, o CacheOptions) (CacheReport, error) {
 		o.Logger.Info("nix copy", "paths", len(paths))
 		s, size, err := nixCopy(ctx, dir, paths)
 		if err != nil {
-			return r, err
+			return err
 		}
 		if r.NixCopySeconds == 0 || s < r.NixCopySeconds {
 			r.NixCopySeconds, r.NixCopyFileMB = s, float64(size)/1e6
@@ -297,17 +313,7 @@ func Cache(ctx context.Context, o CacheOptions) (CacheReport, error) {
 	r.PipelineMBps = r.ClosureNarMB / r.PipelineSeconds
 	r.NixCopyMBps = r.ClosureNarMB / r.NixCopySeconds
 	r.PipelineRatio = r.PipelineMBps / r.NixCopyMBps
-	return r, nil
-}
-
-func toolVersion(name string, arg string) string {
-	out, _ := exec.Command(name, arg).CombinedOutput()
-	for l := range strings.Lines(string(out)) {
-		if l = strings.TrimSpace(l); l != "" && !strings.HasPrefix(l, "warning:") {
-			return l
-		}
-	}
-	return "unknown"
+	return nil
 }
 
 // makeStorePaths writes the benchmark's content under src and adds it with nix-store --add:

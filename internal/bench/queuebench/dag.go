@@ -1,11 +1,10 @@
-// Package bench holds harmonia-ci's benchmarks (`harmonia-ci bench ...`): synthetic workloads
-// run against a real PostgreSQL, measured in the same run as the peer they are compared with.
-package bench
+package queuebench
 
 import (
 	"fmt"
 	"math/rand/v2"
 
+	"github.com/harmonia-ci/harmonia-ci/internal/bench"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 )
 
@@ -24,14 +23,12 @@ type Workload struct {
 	Jobs     int
 }
 
-const nixBase32 = "0123456789abcdfghijklmnpqrsvwxyz"
-
 // storeHash derives a deterministic 32-character nix-base32 hash for job i of a run.
 func storeHash(run uint64, i int) string {
 	r := rand.New(rand.NewPCG(run, uint64(i)))
 	b := make([]byte, 32)
 	for k := range b {
-		b[k] = nixBase32[r.IntN(32)]
+		b[k] = bench.NixBase32[r.IntN(32)]
 	}
 	return string(b)
 }

@@ -1,4 +1,6 @@
-package bench
+// Package webhookbench is `harmonia-ci bench webhook`: webhook deliveries accepted per second by
+// one receiver, and the latency from a finished build to its commit status call.
+package webhookbench
 
 import (
 	"bytes"
@@ -13,13 +15,13 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/harmonia-ci/harmonia-ci/internal/bench"
 	"github.com/harmonia-ci/harmonia-ci/internal/clock"
 	"github.com/harmonia-ci/harmonia-ci/internal/commitstatus"
 	"github.com/harmonia-ci/harmonia-ci/internal/forge"
@@ -67,21 +69,11 @@ type WebhookReport struct {
 }
 
 func (o *WebhookOptions) defaults() {
-	if o.Deliveries <= 0 {
-		o.Deliveries = 5000
-	}
-	if o.Concurrency <= 0 {
-		o.Concurrency = 16
-	}
-	if o.Repos <= 0 {
-		o.Repos = 50
-	}
-	if o.Statuses <= 0 {
-		o.Statuses = 500
-	}
-	if o.Logger == nil {
-		o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	}
+	o.Deliveries = bench.Positive(o.Deliveries, 5000)
+	o.Concurrency = bench.Positive(o.Concurrency, 16)
+	o.Repos = bench.Positive(o.Repos, 50)
+	o.Statuses = bench.Positive(o.Statuses, 500)
+	o.Logger = bench.Logger(o.Logger)
 }
 
 const benchSecret = "bench-webhook-secret"
@@ -93,7 +85,7 @@ func Webhook(ctx context.Context, o WebhookOptions) (WebhookReport, error) {
 	o.defaults()
 	r := WebhookReport{
 		Date: time.Now().UTC().Format(time.RFC3339), Deliveries: o.Deliveries, Concurrency: o.Concurrency, Repos: o.Repos,
-		Machine: fmt.Sprintf("%s/%s, %d CPUs", runtime.GOOS, runtime.GOARCH, runtime.NumCPU()),
+		Machine: bench.Machine(),
 	}
 	dir, err := os.MkdirTemp("", "hci-bench-webhook-")
 	if err != nil {
@@ -103,7 +95,7 @@ func Webhook(ctx context.Context, o WebhookOptions) (WebhookReport, error) {
 	if err := os.Chmod(dir, 0o755); err != nil { // the embedded server runs as postgres when root
 		return r, err
 	}
-	d, err := openDatabase(ctx, "", filepath.Join(dir, "pg"), 100, "harmonia-ci bench webhook", int32(o.Concurrency+8), o.Logger)
+	d, err := bench.OpenDatabase(ctx, bench.DatabaseOptions{URL: "", Dir: filepath.Join(dir, "pg"), MaxServerConns: 100, App: "harmonia-ci bench webhook", PoolConns: int32(o.Concurrency + 8), Logger: o.Logger})
 	if err != nil {
 		return r, err
 	}
@@ -145,7 +137,7 @@ func benchProjects(ctx context.Context, pool *pgxpool.Pool, n int) ([]string, er
 	if _, err := project.SyncRepositories(ctx, pool, "gitea", repos); err != nil {
 		return nil, err
 	}
-	if _, err := pool.Exec(ctx, `INSERT INTO projects (repo_id, name) SELECT id, name FROM repositories`); err != nil {
+	if _, err := pool.Exec(ctx, queryProjectsFromRepos); err != nil {
 		return nil, err
 	}
 	names := make([]string, n)
@@ -204,14 +196,14 @@ func deliveries(ctx context.Context, pool *pgxpool.Pool, forges forge.Set, repos
 	}
 	elapsed := time.Since(start)
 	var n int
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM evaluations`).Scan(&n); err != nil {
+	if err := pool.QueryRow(ctx, queryEvalCount).Scan(&n); err != nil {
 		return err
 	}
 	if n != o.Deliveries {
 		return fmt.Errorf("%d deliveries made %d evaluations", o.Deliveries, n)
 	}
 	r.DeliveriesPerSecond = float64(o.Deliveries) / elapsed.Seconds()
-	r.DeliveryP50Ms, r.DeliveryP99Ms = percentileMs(lat, 50), percentileMs(lat, 99)
+	r.DeliveryP50Ms, r.DeliveryP99Ms = bench.PercentileMs(lat, 50), bench.PercentileMs(lat, 99)
 	return nil
 }
 
@@ -245,7 +237,7 @@ func pushDelivery(template map[string]any, repo string, forgeID int64, i int) ([
 	h.Set("Content-Type", "application/json")
 	h.Set("X-Gitea-Event", "push")
 	h.Set("X-Gitea-Event-Type", "push")
-	h.Set("X-Gitea-Delivery", fmt.Sprintf("bench-%d-%s", i, randomHex(4)))
+	h.Set("X-Gitea-Delivery", fmt.Sprintf("bench-%d-%s", i, bench.RandomHex(4)))
 	h.Set("X-Gitea-Signature", forge.Sign(forge.RepositorySecret([]byte(benchSecret), forgeID), body))
 	return body, h, nil
 }
@@ -282,25 +274,7 @@ func post(ctx context.Context, c *http.Client, url string, body []byte, h http.H
 func statusLatency(ctx context.Context, pool *pgxpool.Pool, forges forge.Set, o WebhookOptions, fs *fakeStatusForge, r *WebhookReport) error {
 	// One evaluation per build, succeeded, its build pending: the state in which a finished
 	// build decides the commit's nix-build status.
-	_, err := pool.Exec(ctx, `
-WITH p AS (SELECT id FROM projects ORDER BY id LIMIT 1),
-d AS (
-    INSERT INTO derivations (drv_path, hash_part, name, system, nar_hash, nar_size)
-    SELECT '/nix/store/' || lpad(to_hex(g), 32, 'a') || '-bench-' || g || '.drv', lpad(to_hex(g), 32, 'a'),
-           'bench-' || g, 'x86_64-linux', 'sha256:0', 0
-    FROM generate_series(1, $1) g
-    RETURNING drv_path
-), j AS (
-    INSERT INTO build_jobs (drv_path, project_id, system) SELECT drv_path, (SELECT id FROM p), 'x86_64-linux' FROM d
-    RETURNING drv_path
-), e AS (
-    INSERT INTO evaluations (project_id, flake_url, commit_sha, branch, status, finished_at)
-    SELECT (SELECT id FROM p), 'http://gitea.invalid/x.git', lpad(to_hex(g), 40, 'b'), 'status-' || g, 'succeeded', now()
-    FROM generate_series(1, $1) g
-    RETURNING id, branch
-)
-INSERT INTO eval_attrs (eval_id, attr, drv_path)
-SELECT e.id, 'pkg', d.drv_path FROM e JOIN d ON d.drv_path LIKE '%-bench-' || substr(e.branch, 8) || '.drv'`, o.Statuses)
+	_, err := pool.Exec(ctx, queryStatusFixture, o.Statuses)
 	if err != nil {
 		return fmt.Errorf("prepare the status benchmark: %w", err)
 	}
@@ -330,14 +304,14 @@ SELECT e.id, 'pkg', d.drv_path FROM e JOIN d ON d.drv_path LIKE '%-bench-' || su
 	}
 	defer rep.Stop()
 	// The reporter reconciles at start: wait until every evaluation shows nix-build pending.
-	if err := waitUntil(ctx, time.Minute, func() (bool, error) {
+	if err := bench.WaitUntil(ctx, time.Minute, func() (bool, error) {
 		var n int
-		err := pool.QueryRow(ctx, `SELECT count(*) FROM evaluations WHERE reported_status LIKE '%"build":{"state":"pending"%'`).Scan(&n)
+		err := pool.QueryRow(ctx, queryPendingReportedCount).Scan(&n)
 		return n == o.Statuses, err
 	}); err != nil {
 		return fmt.Errorf("initial statuses: %w", err)
 	}
-	rows, err := pool.Query(ctx, `SELECT drv_path FROM build_jobs WHERE drv_path LIKE '%-bench-%' ORDER BY id`)
+	rows, err := pool.Query(ctx, queryBenchJobs)
 	if err != nil {
 		return err
 	}
@@ -355,8 +329,7 @@ SELECT e.id, 'pkg', d.drv_path FROM e JOIN d ON d.drv_path LIKE '%-bench-' || su
 	for _, drv := range drvs {
 		// Finished as a builder's finish and the announcer's batch do it.
 		payload, _ := json.Marshal(map[string]any{"status": "succeeded", "drv_paths": []string{drv}})
-		if _, err := pool.Exec(ctx, `WITH u AS (UPDATE build_jobs SET status = 'succeeded', finished_at = now() WHERE drv_path = $1)
-SELECT pg_notify('build_jobs', $2)`, drv, string(payload)); err != nil {
+		if _, err := pool.Exec(ctx, queryJobSucceed, drv, string(payload)); err != nil {
 			return err
 		}
 		select {
@@ -368,27 +341,9 @@ SELECT pg_notify('build_jobs', $2)`, drv, string(payload)); err != nil {
 		}
 	}
 	r.Statuses = len(lat)
-	r.StatusP50Ms, r.StatusP99Ms, r.StatusMaxMs = percentileMs(lat, 50), percentileMs(lat, 99), percentileMs(lat, 100)
+	r.StatusP50Ms, r.StatusP99Ms, r.StatusMaxMs = bench.PercentileMs(lat, 50), bench.PercentileMs(lat, 99), bench.PercentileMs(lat, 100)
 	r.ForgeCalls, r.DuplicateCalls = fs.calls.Load(), fs.duplicates.Load()
 	return nil
-}
-
-func waitUntil(ctx context.Context, limit time.Duration, cond func() (bool, error)) error {
-	deadline := time.Now().Add(limit)
-	for {
-		ok, err := cond()
-		if err != nil || ok {
-			return err
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("not within %s", limit)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
 }
 
 // fakeStatusForge answers Gitea's status API at once and counts calls and exact repeats.

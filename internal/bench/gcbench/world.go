@@ -1,4 +1,4 @@
-package bench
+package gcbench
 
 import (
 	"bytes"
@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/harmonia-ci/harmonia-ci/internal/bench"
 	"github.com/harmonia-ci/harmonia-ci/internal/blob"
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
@@ -53,7 +54,7 @@ func generateGCWorld(objects int, liveFraction, unbuilt float64, seed uint64) (*
 	hash := func() string {
 		b := make([]byte, 32)
 		for i := range b {
-			b[i] = nixBase32[rng.IntN(32)]
+			b[i] = bench.NixBase32[rng.IntN(32)]
 		}
 		return string(b)
 	}
@@ -164,26 +165,18 @@ func (w *gcWorld) record(ctx context.Context, pool *pgxpool.Pool, projectID int6
 			return err
 		}
 	}
-	if _, err := pool.Exec(ctx, `
-UPDATE build_jobs SET status = CASE WHEN drv_path = ANY($2) THEN 'failed' ELSE 'succeeded' END,
-       claimed_by = 'bench', claimed_at = now() - interval '1 day', started_at = now() - interval '1 day',
-       finished_at = now() - interval '1 day', exit_code = CASE WHEN drv_path = ANY($2) THEN 1 ELSE 0 END
-WHERE project_id = $1`, projectID, w.unbuilt); err != nil {
+	if _, err := pool.Exec(ctx, queryJobsFinish, projectID, w.unbuilt); err != nil {
 		return fmt.Errorf("finish jobs: %w", err)
 	}
 	var evalID int64
-	if err := pool.QueryRow(ctx, `
-INSERT INTO evaluations (project_id, flake_url, commit_sha, branch, status, started_at, finished_at)
-VALUES ($1, 'https://example.invalid/bench', $2, 'main', 'succeeded', now(), now()) RETURNING id`,
-		projectID, randomHex(20)).Scan(&evalID); err != nil {
+	if err := pool.QueryRow(ctx, queryEvalCreate,
+		projectID, bench.RandomHex(20)).Scan(&evalID); err != nil {
 		return fmt.Errorf("record evaluation: %w", err)
 	}
-	if _, err := pool.Exec(ctx, `
-INSERT INTO eval_attrs (eval_id, attr, drv_path)
-SELECT $1, 'pkg' || i, drv FROM unnest($2::text[]) WITH ORDINALITY AS a(drv, i)`, evalID, w.roots); err != nil {
+	if _, err := pool.Exec(ctx, queryEvalAttrsCreate, evalID, w.roots); err != nil {
 		return fmt.Errorf("record attributes: %w", err)
 	}
-	_, err := pool.Exec(ctx, `ANALYZE`)
+	_, err := pool.Exec(ctx, queryAnalyze)
 	return err
 }
 
@@ -195,14 +188,14 @@ func (w *gcWorld) forget(ctx context.Context, pool *pgxpool.Pool, projectID int6
 	}
 	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		for _, q := range []string{
-			`DELETE FROM evaluations WHERE project_id = $1`,
-			`DELETE FROM build_jobs WHERE project_id = $1`,
+			queryProjectEvalsDelete,
+			queryProjectJobsDelete,
 		} {
 			if _, err := tx.Exec(ctx, q, projectID); err != nil {
 				return fmt.Errorf("forget the package set: %w", err)
 			}
 		}
-		if _, err := tx.Exec(ctx, `DELETE FROM derivations WHERE drv_path = ANY($1)`, drvs); err != nil {
+		if _, err := tx.Exec(ctx, queryDerivationsDelete, drvs); err != nil {
 			return fmt.Errorf("forget the package set: %w", err)
 		}
 		return nil

@@ -1,17 +1,17 @@
-package bench
+// Package queuebench is `harmonia-ci bench queue` and `bench worker`: a synthetic package set
+// drained through the build queue by no-op workers (jobs/s, claim and wake-up latency), against
+// pgbench -N on the same server.
+package queuebench
 
 import (
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"os/exec"
 	"regexp"
-	"runtime"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -22,6 +22,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/harmonia-ci/harmonia-ci/internal/bench"
 	"github.com/harmonia-ci/harmonia-ci/internal/clock"
 	"github.com/harmonia-ci/harmonia-ci/internal/notify"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
@@ -77,24 +78,14 @@ type QueueReport struct {
 }
 
 func (o *QueueOptions) defaults() {
-	if o.Jobs <= 0 {
-		o.Jobs = 100000
-	}
-	if o.Workers <= 0 {
-		o.Workers = 4
-	}
-	if o.Projects <= 0 {
-		o.Projects = 4
-	}
-	if o.Seed == 0 {
-		o.Seed = uint64(time.Now().UnixNano())
-	}
+	o.Jobs = bench.Positive(o.Jobs, 100000)
+	o.Workers = bench.Positive(o.Workers, 4)
+	o.Projects = bench.Positive(o.Projects, 4)
+	o.Seed = bench.Seed(o.Seed)
 	if o.System == "" {
 		o.System = "x86_64-linux"
 	}
-	if o.Logger == nil {
-		o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	}
+	o.Logger = bench.Logger(o.Logger)
 }
 
 // Queue runs the queue benchmark: pgbench -N as the reference, then a synthetic package set
@@ -103,136 +94,139 @@ func Queue(ctx context.Context, o QueueOptions) (QueueReport, error) {
 	o.defaults()
 	r := QueueReport{
 		Date: time.Now().UTC().Format(time.RFC3339), Jobs: o.Jobs, Workers: o.Workers, Projects: o.Projects,
-		Machine:   fmt.Sprintf("%s/%s, %d CPUs", runtime.GOOS, runtime.GOARCH, runtime.NumCPU()),
+		Machine:   bench.Machine(),
 		ClaimForm: map[queue.ClaimForm]string{queue.ClaimReady: "ready", queue.ClaimNotExists: "not-exists"}[o.Form],
 	}
-	url := o.DatabaseURL
-	var dir string
-	if url == "" {
-		var err error
-		if dir, err = os.MkdirTemp("", "hci-bench-"); err != nil {
-			return r, err
-		}
-		defer os.RemoveAll(dir)
-	}
-	d, err := openDatabase(ctx, url, dir, 200, "harmonia-ci bench", int32(o.Workers+6), o.Logger)
+	d, closeDB, err := openEmptyDatabase(ctx, o)
 	if err != nil {
 		return r, err
 	}
-	defer d.Close()
-	url, pool := d.URL, d.Pool
+	defer closeDB()
 	r.Postgres = d.Version
-	var existing int64
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM build_jobs`).Scan(&existing); err != nil {
-		return r, err
-	}
-	if existing > 0 {
-		return r, fmt.Errorf("bench queue: the database already has %d build jobs; use an empty database (its synthetic jobs would mix with real ones)", existing)
-	}
 
 	if o.PgbenchSeconds > 0 {
 		o.Logger.Info("running pgbench -N as the reference", "seconds", o.PgbenchSeconds)
-		if r.PgbenchTPS, err = runPgbench(ctx, url, o.PgbenchSeconds); err != nil {
+		if r.PgbenchTPS, err = runPgbench(ctx, d.URL, o.PgbenchSeconds); err != nil {
 			return r, err
 		}
 	}
-
-	w := GenerateDAG(DAGShape{Jobs: o.Jobs, Projects: o.Projects, Seed: o.Seed}, o.System)
-	projectIDs, err := createProjects(ctx, pool, o.Seed, w.Shares)
-	if err != nil {
+	if err := enqueueDAG(ctx, d.Pool, o, &r); err != nil {
 		return r, err
+	}
+	dr := &drain{pool: d.Pool, o: o}
+	if err := dr.run(ctx, &r); err != nil {
+		return r, err
+	}
+	return r, nil
+}
+
+// openEmptyDatabase opens o.DatabaseURL, or a private server in a temporary directory, and
+// checks it has no build jobs: the synthetic ones must not mix with real ones.
+func openEmptyDatabase(ctx context.Context, o QueueOptions) (*bench.Database, func(), error) {
+	var dir string
+	if o.DatabaseURL == "" {
+		var err error
+		if dir, err = os.MkdirTemp("", "hci-bench-"); err != nil {
+			return nil, nil, err
+		}
+	}
+	closeAll := func(d *bench.Database) {
+		if d != nil {
+			d.Close()
+		}
+		if dir != "" {
+			_ = os.RemoveAll(dir)
+		}
+	}
+	d, err := bench.OpenDatabase(ctx, bench.DatabaseOptions{URL: o.DatabaseURL, Dir: dir, MaxServerConns: 200, App: "harmonia-ci bench", PoolConns: int32(o.Workers + 6), Logger: o.Logger})
+	if err != nil {
+		closeAll(nil)
+		return nil, nil, err
+	}
+	var existing int64
+	if err := d.Pool.QueryRow(ctx, queryJobCount).Scan(&existing); err != nil {
+		closeAll(d)
+		return nil, nil, err
+	}
+	if existing > 0 {
+		closeAll(d)
+		return nil, nil, fmt.Errorf("bench queue: the database already has %d build jobs; use an empty database (its synthetic jobs would mix with real ones)", existing)
+	}
+	return d, func() { closeAll(d) }, nil
+}
+
+// enqueueDAG generates the package set and enqueues it, project by project, timed.
+func enqueueDAG(ctx context.Context, pool *pgxpool.Pool, o QueueOptions, r *QueueReport) error {
+	w := GenerateDAG(DAGShape{Jobs: o.Jobs, Projects: o.Projects, Seed: o.Seed}, o.System)
+	projectIDs, err := bench.CreateProjects(ctx, pool, o.Seed, w.Shares)
+	if err != nil {
+		return err
 	}
 	start := time.Now()
 	for i, e := range w.Enqueues {
 		e.ProjectID = &projectIDs[i]
 		if _, err := queue.Enqueue(ctx, pool, e); err != nil {
-			return r, err
+			return err
 		}
 	}
 	r.EnqueueSeconds = time.Since(start).Seconds()
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM build_jobs WHERE blocked_inputs > 0`).Scan(&r.BlockedAtStart); err != nil {
-		return r, err
+	if err := pool.QueryRow(ctx, queryBlockedCount).Scan(&r.BlockedAtStart); err != nil {
+		return err
 	}
 	o.Logger.Info("enqueued", "jobs", o.Jobs, "blocked", r.BlockedAtStart, "seconds", r.EnqueueSeconds)
-	if _, err := pool.Exec(ctx, `ANALYZE`); err != nil {
-		return r, err
-	}
+	_, err = pool.Exec(ctx, queryAnalyze)
+	return err
+}
 
+// drain is the queue drained by o.Workers no-op workers, then the wake-latency chain.
+type drain struct {
+	pool      *pgxpool.Pool
+	o         QueueOptions
+	announcer *queue.Announcer
+
+	mu           sync.Mutex
+	lat, latFull []time.Duration // every claim's latency; those of the first half of the jobs
+	claimed      atomic.Int64
+	// recordApart makes the workers record successes as a builder's are recorded: apart
+	// from the worker (by the signer, at build-complete), announced, and the freed slot
+	// filled by the worker's own claim, woken by the announcement. The wake probe measures
+	// that path; the drain lets the workers record and claim in one round trip.
+	recordApart atomic.Bool
+}
+
+// run drains the queue and fills r's drain and wake figures.
+func (dr *drain) run(ctx context.Context, r *QueueReport) error {
+	o, pool := dr.o, dr.pool
 	notifier := notify.New(notify.Config{}, pool, o.Logger, clock.Real{})
 	if err := notifier.Start(ctx); err != nil {
-		return r, err
+		return err
 	}
 	defer notifier.Stop()
+	dr.announcer = queue.NewAnnouncer(pool, 0, o.Logger)
+	if err := dr.announcer.Start(ctx); err != nil {
+		return err
+	}
+	defer dr.announcer.Stop()
+	workers, err := dr.workers(notifier)
+	if err != nil {
+		return err
+	}
 
-	announcer := queue.NewAnnouncer(pool, 0, o.Logger)
-	if err := announcer.Start(ctx); err != nil {
-		return r, err
-	}
-	defer announcer.Stop()
-	var (
-		mu           sync.Mutex
-		lat, latFull []time.Duration
-		claimed      atomic.Int64
-		// recordApart makes the workers record successes as a builder's are recorded: apart
-		// from the worker (by the signer, at build-complete), announced, and the freed slot
-		// filled by the worker's own claim, woken by the announcement. The wake probe measures
-		// that path; the drain lets the workers record and claim in one round trip.
-		recordApart atomic.Bool
-	)
-	handler := func(ctx context.Context, job queue.Job) queue.Result {
-		if !recordApart.Load() {
-			return queue.Result{}
-		}
-		out, err := queue.Succeed(ctx, pool, job.Claim())
-		if err != nil {
-			return queue.Result{Err: err}
-		}
-		announcer.Finished(out.DrvPath, out.Status)
-		return queue.Result{Recorded: true}
-	}
-	workers := make([]startstop.Service, o.Workers)
-	for i := range workers {
-		wk, err := queue.NewWorker(queue.WorkerConfig{
-			Claimer:      queue.Claimer{NodeID: fmt.Sprintf("bench-%d", i), Systems: []string{o.System}},
-			MaxJobs:      1,
-			PollInterval: time.Second,
-			Notifier:     notifier,
-			Announcer:    announcer,
-			ClaimForm:    o.Form,
-			Handler:      handler,
-			ClaimFunc: func(d time.Duration, jobs []queue.Job) {
-				if len(jobs) == 0 {
-					return
-				}
-				n := claimed.Add(int64(len(jobs)))
-				mu.Lock()
-				lat = append(lat, d)
-				if n <= int64(o.Jobs/2) {
-					latFull = append(latFull, d)
-				}
-				mu.Unlock()
-			},
-		}, pool, o.Logger, clock.Real{})
-		if err != nil {
-			return r, err
-		}
-		workers[i] = wk
-	}
 	cpuStart, cpuErr := drainCPU(ctx, pool)
-	start = time.Now()
+	start := time.Now()
 	for _, wk := range workers {
 		if err := wk.Start(ctx); err != nil {
-			return r, err
+			return err
 		}
 	}
 	defer startstop.StopAll(workers...)
-	probe := startClaimProbe(ctx, pool, announcer, o.System)
+	probe := startClaimProbe(ctx, pool, dr.announcer, o.System)
 	if err := waitDone(ctx, pool, time.Hour); err != nil {
 		probe.stop()
-		return r, err
+		return err
 	}
 	alone := probe.stop()
-	r.ClaimAloneP50Ms, r.ClaimAloneP99Ms = percentileMs(alone, 50), percentileMs(alone, 99)
+	r.ClaimAloneP50Ms, r.ClaimAloneP99Ms = bench.PercentileMs(alone, 50), bench.PercentileMs(alone, 99)
 	r.RunSeconds = time.Since(start).Seconds()
 	r.JobsPerSecond = float64(o.Jobs) / r.RunSeconds
 	if cpuEnd, err := drainCPU(ctx, pool); err == nil && cpuErr == nil {
@@ -240,37 +234,70 @@ func Queue(ctx context.Context, o QueueOptions) (QueueReport, error) {
 		r.BenchCPUPerJobMs = float64((cpuEnd.self - cpuStart.self).Microseconds()) / 1000 / float64(o.Jobs)
 		o.Logger.Info("drain CPU per job", "server_ms", r.ServerCPUPerJobMs, "bench_ms", r.BenchCPUPerJobMs)
 	}
-	r.ClaimP50Ms, r.ClaimP99Ms = percentileMs(lat, 50), percentileMs(lat, 99)
-	r.ClaimP99FullMs = percentileMs(latFull, 99)
+	r.ClaimP50Ms, r.ClaimP99Ms = bench.PercentileMs(dr.lat, 50), bench.PercentileMs(dr.lat, 99)
+	r.ClaimP99FullMs = bench.PercentileMs(dr.latFull, 99)
 	if r.PgbenchTPS > 0 {
 		r.RatioToPgbench = r.JobsPerSecond / r.PgbenchTPS
 	}
 	o.Logger.Info("drained", "jobs_per_second", r.JobsPerSecond)
 
 	if o.WakeLinks > 1 {
-		recordApart.Store(true)
+		dr.recordApart.Store(true)
 		if r.WakeP50Ms, r.WakeP99Ms, err = wakeLatency(ctx, pool, o); err != nil {
-			return r, err
+			return err
 		}
 	}
-	return r, nil
+	return nil
 }
 
-func createProjects(ctx context.Context, pool *pgxpool.Pool, seed uint64, shares []int) ([]int64, error) {
-	ids := make([]int64, len(shares))
-	for i, s := range shares {
-		name := fmt.Sprintf("bench-%d-%d", seed%100000, i)
-		err := pool.QueryRow(ctx, `
-WITH repo AS (
-    INSERT INTO repositories (forge, owner, name, full_name, clone_url)
-    VALUES ('bench', 'bench', $1, 'bench/' || $1, 'https://example.invalid/' || $1) RETURNING id
-)
-INSERT INTO projects (repo_id, name, scheduling_shares) SELECT id, $1, $2 FROM repo RETURNING id`, name, s).Scan(&ids[i])
+// workers are the no-op workers, one build slot each.
+func (dr *drain) workers(notifier *notify.Notifier) ([]startstop.Service, error) {
+	workers := make([]startstop.Service, dr.o.Workers)
+	for i := range workers {
+		wk, err := queue.NewWorker(queue.WorkerConfig{
+			Claimer:      queue.Claimer{NodeID: fmt.Sprintf("bench-%d", i), Systems: []string{dr.o.System}},
+			MaxJobs:      1,
+			PollInterval: time.Second,
+			Notifier:     notifier,
+			Announcer:    dr.announcer,
+			ClaimForm:    dr.o.Form,
+			Handler:      dr.handle,
+			ClaimFunc:    dr.observeClaim,
+		}, dr.pool, dr.o.Logger, clock.Real{})
 		if err != nil {
-			return nil, fmt.Errorf("create bench project: %w", err)
+			return nil, err
 		}
+		workers[i] = wk
 	}
-	return ids, nil
+	return workers, nil
+}
+
+// handle builds nothing. During the drain it leaves the success to the worker; with
+// recordApart it records the success itself and announces it, as the signer does.
+func (dr *drain) handle(ctx context.Context, job queue.Job) queue.Result {
+	if !dr.recordApart.Load() {
+		return queue.Result{}
+	}
+	out, err := queue.Succeed(ctx, dr.pool, job.Claim())
+	if err != nil {
+		return queue.Result{Err: err}
+	}
+	dr.announcer.Finished(out.DrvPath, out.Status)
+	return queue.Result{Recorded: true}
+}
+
+// observeClaim records the latency of every claim that got jobs.
+func (dr *drain) observeClaim(d time.Duration, jobs []queue.Job) {
+	if len(jobs) == 0 {
+		return
+	}
+	n := dr.claimed.Add(int64(len(jobs)))
+	dr.mu.Lock()
+	dr.lat = append(dr.lat, d)
+	if n <= int64(dr.o.Jobs/2) {
+		dr.latFull = append(dr.latFull, d)
+	}
+	dr.mu.Unlock()
 }
 
 // waitDone waits until no job is pending or in progress.
@@ -280,7 +307,7 @@ func waitDone(ctx context.Context, pool *pgxpool.Pool, timeout time.Duration) er
 		// Whether any job is left, not how many: counting 300,000 unfinished jobs five times a
 		// second took a share of a CPU from the queue being measured.
 		var left bool
-		if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM build_jobs WHERE status IN ('pending', 'building', 'uploading'))`).Scan(&left); err != nil {
+		if err := pool.QueryRow(ctx, queryAnyOpen).Scan(&left); err != nil {
 			return err
 		}
 		if !left {
@@ -288,7 +315,7 @@ func waitDone(ctx context.Context, pool *pgxpool.Pool, timeout time.Duration) er
 		}
 		if time.Now().After(deadline) {
 			var n int64
-			if err := pool.QueryRow(ctx, `SELECT count(*) FROM build_jobs WHERE status IN ('pending', 'building', 'uploading')`).Scan(&n); err != nil {
+			if err := pool.QueryRow(ctx, queryOpenCount).Scan(&n); err != nil {
 				return err
 			}
 			return fmt.Errorf("bench: %d jobs still unfinished after %s", n, timeout)
@@ -315,12 +342,7 @@ func wakeLatency(ctx context.Context, pool *pgxpool.Pool, o QueueOptions) (p50, 
 	for i, d := range chain {
 		paths[i] = d.DrvPath
 	}
-	rows, err := pool.Query(ctx, `
-SELECT EXTRACT(EPOCH FROM next.claimed_at - cur.finished_at)::float8
-FROM unnest($1::text[]) WITH ORDINALITY AS c(drv, i)
-JOIN unnest($1::text[]) WITH ORDINALITY AS n(drv, i) ON n.i = c.i + 1
-JOIN build_jobs cur ON cur.drv_path = c.drv
-JOIN build_jobs next ON next.drv_path = n.drv`, paths)
+	rows, err := pool.Query(ctx, queryWakeGaps, paths)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -332,17 +354,7 @@ JOIN build_jobs next ON next.drv_path = n.drv`, paths)
 	for i, s := range secs {
 		ds[i] = time.Duration(s * float64(time.Second))
 	}
-	return percentileMs(ds, 50), percentileMs(ds, 99), nil
-}
-
-func percentileMs(ds []time.Duration, p float64) float64 {
-	if len(ds) == 0 {
-		return 0
-	}
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	i := int(float64(len(s)-1) * p / 100)
-	return float64(s[i].Microseconds()) / 1000
+	return bench.PercentileMs(ds, 50), bench.PercentileMs(ds, 99), nil
 }
 
 var tpsRE = regexp.MustCompile(`tps = ([0-9.]+) \(without initial connection time\)`)
@@ -439,7 +451,7 @@ func drainCPU(ctx context.Context, pool *pgxpool.Pool) (cpuTimes, error) {
 	}
 	t.self = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 	var backend int
-	if err := pool.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&backend); err != nil {
+	if err := pool.QueryRow(ctx, queryBackendPID).Scan(&backend); err != nil {
 		return t, err
 	}
 	st, err := procStat(backend)

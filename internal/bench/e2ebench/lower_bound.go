@@ -1,4 +1,4 @@
-package bench
+package e2ebench
 
 import (
 	"fmt"

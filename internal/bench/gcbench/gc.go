@@ -1,4 +1,6 @@
-package bench
+// Package gcbench is `harmonia-ci bench gc`: mark and sweep of a synthetic cache on the local
+// store and S3, extrapolated to a million objects.
+package gcbench
 
 import (
 	"context"
@@ -8,15 +10,14 @@ import (
 	"math"
 	"os"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/harmonia-ci/harmonia-ci/internal/bench"
 	"github.com/harmonia-ci/harmonia-ci/internal/blob"
 	"github.com/harmonia-ci/harmonia-ci/internal/gc"
 	"github.com/harmonia-ci/harmonia-ci/internal/minioserver"
@@ -126,9 +127,7 @@ type GCExtrapolation struct {
 }
 
 func (o *GCOptions) defaults() error {
-	if o.Objects <= 0 {
-		o.Objects = 100000
-	}
+	o.Objects = bench.Positive(o.Objects, 100000)
 	if o.Objects < 40 {
 		return fmt.Errorf("bench gc: %d objects is too few (at least 40)", o.Objects)
 	}
@@ -152,18 +151,10 @@ func (o *GCOptions) defaults() error {
 	if o.S3.Endpoint != "" && o.S3.Bucket == "" {
 		return errors.New("bench gc: an S3 endpoint needs a bucket")
 	}
-	if o.Workers <= 0 {
-		o.Workers = 32
-	}
-	if o.Writers <= 0 {
-		o.Writers = 32
-	}
-	if o.Seed == 0 {
-		o.Seed = uint64(time.Now().UnixNano())
-	}
-	if o.Logger == nil {
-		o.Logger = slog.New(slog.DiscardHandler)
-	}
+	o.Workers = bench.Positive(o.Workers, 32)
+	o.Writers = bench.Positive(o.Writers, 32)
+	o.Seed = bench.Seed(o.Seed)
+	o.Logger = bench.Logger(o.Logger)
 	return nil
 }
 
@@ -178,10 +169,10 @@ func GC(ctx context.Context, o GCOptions) (r GCReport, err error) {
 	r = GCReport{
 		Date: time.Now().UTC().Format(time.RFC3339), Objects: o.Objects, LiveFraction: o.LiveFraction, Unbuilt: o.Unbuilt,
 		Workers: o.Workers, Seed: o.Seed,
-		Machine:    fmt.Sprintf("%s/%s, %d CPUs", runtime.GOOS, runtime.GOARCH, runtime.NumCPU()),
-		LoadBefore: loadAverage(),
+		Machine:    bench.Machine(),
+		LoadBefore: bench.LoadAverage(),
 	}
-	defer func() { r.LoadAfter = loadAverage() }()
+	defer func() { r.LoadAfter = bench.LoadAverage() }()
 	dir, err := os.MkdirTemp("", "hci-bench-gc-")
 	if err != nil {
 		return r, err
@@ -225,20 +216,20 @@ func GC(ctx context.Context, o GCOptions) (r GCReport, err error) {
 type gcBench struct {
 	o         GCOptions
 	dir       string
-	db        *database
+	db        *bench.Database
 	minio     *minioserver.Server
 	projectID int64
 }
 
 func (b *gcBench) open(ctx context.Context, r *GCReport) error {
 	var err error
-	b.db, err = openDatabase(ctx, b.o.DatabaseURL, filepath.Join(b.dir, "pg"), 100, "harmonia-ci bench gc", 8, b.o.Logger)
+	b.db, err = bench.OpenDatabase(ctx, bench.DatabaseOptions{URL: b.o.DatabaseURL, Dir: filepath.Join(b.dir, "pg"), MaxServerConns: 100, App: "harmonia-ci bench gc", PoolConns: 8, Logger: b.o.Logger})
 	if err != nil {
 		return err
 	}
 	r.Postgres = b.db.Version
 	var n int64
-	err = b.db.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM derivations) + (SELECT count(*) FROM evaluations)`).Scan(&n)
+	err = b.db.Pool.QueryRow(ctx, queryDerivationsAndEvals).Scan(&n)
 	if err != nil {
 		return err
 	}
@@ -247,7 +238,7 @@ func (b *gcBench) open(ctx context.Context, r *GCReport) error {
 		// between runs deletes derivations.
 		return fmt.Errorf("bench gc: the database already has %d derivations and evaluations; use an empty one", n)
 	}
-	ids, err := createProjects(ctx, b.db.Pool, b.o.Seed, []int{100})
+	ids, err := bench.CreateProjects(ctx, b.db.Pool, b.o.Seed, []int{100})
 	if err != nil {
 		return err
 	}
@@ -350,10 +341,10 @@ func (b *gcBench) collect(ctx context.Context, w *gcWorld, backend string) (GCRu
 	run.ListSeconds, run.MarkSeconds, run.SweepSeconds = rep.ListDuration.Seconds(), rep.MarkDuration.Seconds(), rep.SweepDuration.Seconds()
 	run.LiveSetQueryMs = float64(rep.LiveSetQuery.Microseconds()) / 1000
 	run.OtherSeconds = max(0, run.Seconds-run.ListSeconds-run.MarkSeconds-run.SweepSeconds-rep.LiveSetQuery.Seconds())
-	run.ScannedPerSecond = perSecond(float64(run.Scanned), run.Seconds)
-	run.ListPerSecond = perSecond(float64(run.Scanned), run.ListSeconds)
-	run.ReadsPerSecond = perSecond(float64(run.NarInfoReads), run.MarkSeconds)
-	run.DeletedPerSecond = perSecond(float64(run.Deleted), run.SweepSeconds)
+	run.ScannedPerSecond = bench.PerSecond(float64(run.Scanned), run.Seconds)
+	run.ListPerSecond = bench.PerSecond(float64(run.Scanned), run.ListSeconds)
+	run.ReadsPerSecond = bench.PerSecond(float64(run.NarInfoReads), run.MarkSeconds)
+	run.DeletedPerSecond = bench.PerSecond(float64(run.Deleted), run.SweepSeconds)
 	b.o.Logger.Info("bench gc: collected", "backend", backend, "objects", len(w.objects), "seconds", run.Seconds)
 
 	if n := rep.Evaluations + rep.Jobs + rep.Derivations; n != 0 {
@@ -375,7 +366,7 @@ func (b *gcBench) collect(ctx context.Context, w *gcWorld, backend string) (GCRu
 func (b *gcBench) store(ctx context.Context, backend string, objects int) (blob.Store, func(), error) {
 	if backend == "local" {
 		dir := filepath.Join(b.dir, "cache-"+strconv.Itoa(objects))
-		store, err := blob.NewLocal(dir, "", []byte(randomHex(16)))
+		store, err := blob.NewLocal(dir, "", []byte(bench.RandomHex(16)))
 		if err != nil {
 			return nil, nil, err
 		}
@@ -414,24 +405,6 @@ func emptyStore(ctx context.Context, store blob.Store, workers int) error {
 		g.Go(func() error { return store.Delete(gctx, k) })
 	}
 	return g.Wait()
-}
-
-// loadAverage is the one-minute load average, 0 if unknown.
-func loadAverage() float64 {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return 0
-	}
-	f, _, _ := strings.Cut(string(b), " ")
-	v, _ := strconv.ParseFloat(f, 64)
-	return v
-}
-
-func perSecond(n, seconds float64) float64 {
-	if seconds <= 0 {
-		return 0
-	}
-	return n / seconds
 }
 
 // extrapolateGC estimates a collection of target objects from a smaller and a larger run. See

@@ -1,4 +1,4 @@
-package bench
+package e2ebench
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/harmonia-ci/harmonia-ci/internal/bench"
 	"github.com/harmonia-ci/harmonia-ci/internal/builder"
 	"github.com/harmonia-ci/harmonia-ci/internal/config"
 	"github.com/harmonia-ci/harmonia-ci/internal/eval"
@@ -127,13 +128,13 @@ func (b *e2e) deepRun(ctx context.Context, order string, round int) (E2EDeepRun,
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return run, err
 	}
-	d, err := openDatabase(ctx, "", filepath.Join(dir, "pg"), 200, "harmonia-ci bench e2e", 4, o.Logger)
+	d, err := bench.OpenDatabase(ctx, bench.DatabaseOptions{URL: "", Dir: filepath.Join(dir, "pg"), MaxServerConns: 200, App: "harmonia-ci bench e2e", PoolConns: 4, Logger: o.Logger})
 	if err != nil {
 		return run, err
 	}
 	defer d.Close()
 	b.postgres = d.Version
-	rb := &e2e{o: o, dir: dir, url: d.URL, pool: d.Pool, token: randomHex(16), failed: make(chan error, 64),
+	rb := &e2e{o: o, dir: dir, url: d.URL, pool: d.Pool, token: bench.RandomHex(16), failed: make(chan error, 64),
 		nixBin: b.nixBin, nixCmd: b.nixCmd, nodeLog: b.nodeLog, logger: b.logger,
 		claims: map[int64]time.Duration{}, timings: map[int64]builder.Timings{}}
 
@@ -147,100 +148,35 @@ func (b *e2e) deepRun(ctx context.Context, order string, round int) (E2EDeepRun,
 		return run, err
 	}
 	rb.front = rb.start(ctx, front)
-	defer rb.front.stop()
+	defer rb.front.Stop()
 
-	names := make([]string, o.DeepProjects)
-	for p := range names {
-		salt := fmt.Sprintf("deep-%s-%d-p%d-%s", order, round, p, randomHex(6))
-		repo, err := makeRepo(filepath.Join(dir, fmt.Sprintf("repo-p%d", p)), nixgen.Deep(salt, o.DeepLeaves, o.DeepChain, o.DeepSleep))
-		if err != nil {
-			return run, err
-		}
-		names[p] = fmt.Sprintf("deep-p%d", p)
-		if _, err := project.Add(ctx, rb.pool, project.AddParams{Name: names[p], RepoURL: repo}); err != nil {
-			return run, err
-		}
+	names, err := rb.addDeepProjects(ctx, order, round)
+	if err != nil {
+		return run, err
 	}
 
 	// The builders run before the evaluations start: the fleet waits for work, as a real one.
-	ids := []string{front.Node.ID}
-	var builders []*runningNode
-	defer func() { _ = stopNodes(builders) }()
+	var builders []*bench.Node
+	defer func() { _ = bench.StopNodes(builders) }()
 	for i := 1; i <= o.Builders; i++ {
 		cfg, err := rb.builderConfig(fmt.Sprintf("deep-b%d", i), true, order)
 		if err != nil {
 			return run, err
 		}
 		builders = append(builders, rb.start(ctx, cfg))
-		ids = append(ids, cfg.Node.ID)
 	}
-	if err := waitFor(ctx, rb.failed, func() (bool, error) {
-		var n int
-		err := rb.pool.QueryRow(ctx, `SELECT count(*) FROM nodes WHERE id = ANY($1) AND status = 'active'`, ids).Scan(&n)
-		return n == len(ids), err
-	}); err != nil {
-		return run, fmt.Errorf("the nodes did not become active: %w", err)
+	if err := bench.WaitReady(ctx, append([]*bench.Node{rb.front}, builders...)...); err != nil {
+		return run, err
 	}
 
-	var trigger time.Time
-	if err := rb.pool.QueryRow(ctx, `SELECT now()`).Scan(&trigger); err != nil {
+	projects, trigger, err := rb.evaluateAll(ctx, names, &run)
+	if err != nil {
 		return run, err
 	}
-	evals := make([]evaluation.Evaluation, len(names))
-	errs := make([]error, len(names))
-	var wg sync.WaitGroup
-	for p := range names {
-		wg.Go(func() {
-			evals[p], _, errs[p] = eval.Trigger(ctx, rb.pool, eval.TriggerParams{Project: names[p], StateDir: filepath.Join(dir, "cli")})
-		})
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
+	if err := rb.waitBuilt(ctx, projects); err != nil {
 		return run, err
 	}
-	projects := make([]int64, len(evals))
-	for p := range evals {
-		projects[p] = evals[p].ProjectID
-		if err := waitFor(ctx, rb.failed, func() (bool, error) {
-			evals[p], err = evaluation.Get(ctx, rb.pool, evals[p].ID)
-			return evals[p].Finished(), err
-		}); err != nil {
-			return run, err
-		}
-		if evals[p].Status != "succeeded" {
-			return run, fmt.Errorf("evaluation of %s %s: %s", names[p], evals[p].Status, evals[p].Error)
-		}
-		run.EvalSeconds = max(run.EvalSeconds, evals[p].FinishedAt.Sub(trigger).Seconds())
-	}
-
-	// A queue that stops handing out jobs must not hang the benchmark: allow the builds run one
-	// at a time, plus three minutes.
-	limit := 3*time.Minute + time.Duration(float64(o.DeepProjects*(o.DeepLeaves+o.DeepChain))*o.DeepSleep*float64(time.Second))
-	wctx, cancel := context.WithTimeout(ctx, limit)
-	defer cancel()
-	var failures []string
-	var open int
-	if err := waitFor(wctx, rb.failed, func() (bool, error) {
-		var err error
-		open, failures, err = unfinishedJobs(ctx, rb.pool, projects)
-		return open == 0, err
-	}); err != nil {
-		if ctx.Err() == nil && wctx.Err() != nil {
-			return run, fmt.Errorf("%d jobs still open after %s (see the nodes' warnings)", open, limit.Round(time.Second))
-		}
-		return run, err
-	}
-	if len(failures) > 0 {
-		return run, fmt.Errorf("%d jobs did not succeed: %s", len(failures), strings.Join(failures[:min(5, len(failures))], "; "))
-	}
-	// A job is succeeded before its builder has finished with it (roots, log tail): stopping
-	// the builders before then would abandon that work.
-	for _, p := range projects {
-		if err := rb.waitTimings(ctx, p); err != nil {
-			return run, err
-		}
-	}
-	if err := stopNodes(builders); err != nil {
+	if err := bench.StopNodes(builders); err != nil {
 		return run, err
 	}
 	builders = nil
@@ -256,13 +192,99 @@ type deepJobRow struct {
 	inputs                     []string // input derivations
 }
 
+// addDeepProjects adds o.DeepProjects projects, each on a repository of the deep workload
+// with fresh derivations, and returns their names.
+func (b *e2e) addDeepProjects(ctx context.Context, order string, round int) ([]string, error) {
+	o := b.o
+	names := make([]string, o.DeepProjects)
+	for p := range names {
+		salt := fmt.Sprintf("deep-%s-%d-p%d-%s", order, round, p, bench.RandomHex(6))
+		repo, err := bench.MakeRepo(filepath.Join(b.dir, fmt.Sprintf("repo-p%d", p)), nixgen.Deep(salt, o.DeepLeaves, o.DeepChain, o.DeepSleep))
+		if err != nil {
+			return nil, err
+		}
+		names[p] = fmt.Sprintf("deep-p%d", p)
+		if _, err := project.Add(ctx, b.pool, project.AddParams{Name: names[p], RepoURL: repo}); err != nil {
+			return nil, err
+		}
+	}
+	return names, nil
+}
+
+// evaluateAll triggers an evaluation of every project at once and waits for them to succeed;
+// it returns the projects' ids and the trigger time (database clock), and sets
+// run.EvalSeconds.
+func (b *e2e) evaluateAll(ctx context.Context, names []string, run *E2EDeepRun) ([]int64, time.Time, error) {
+	var trigger time.Time
+	if err := b.pool.QueryRow(ctx, queryNow).Scan(&trigger); err != nil {
+		return nil, trigger, err
+	}
+	evals := make([]evaluation.Evaluation, len(names))
+	errs := make([]error, len(names))
+	var wg sync.WaitGroup
+	for p := range names {
+		wg.Go(func() {
+			evals[p], _, errs[p] = eval.Trigger(ctx, b.pool, eval.TriggerParams{Project: names[p], StateDir: filepath.Join(b.dir, "cli")})
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, trigger, err
+	}
+	projects := make([]int64, len(evals))
+	for p := range evals {
+		projects[p] = evals[p].ProjectID
+		var err error
+		if err := bench.WaitFor(ctx, b.failed, func() (bool, error) {
+			evals[p], err = evaluation.Get(ctx, b.pool, evals[p].ID)
+			return evals[p].Finished(), err
+		}); err != nil {
+			return nil, trigger, err
+		}
+		if evals[p].Status != "succeeded" {
+			return nil, trigger, fmt.Errorf("evaluation of %s %s: %s", names[p], evals[p].Status, evals[p].Error)
+		}
+		run.EvalSeconds = max(run.EvalSeconds, evals[p].FinishedAt.Sub(trigger).Seconds())
+	}
+	return projects, trigger, nil
+}
+
+// waitBuilt waits until every job of projects succeeded and its builder reported its timings.
+func (b *e2e) waitBuilt(ctx context.Context, projects []int64) error {
+	o := b.o
+	// A queue that stops handing out jobs must not hang the benchmark: allow the builds run one
+	// at a time, plus three minutes.
+	limit := 3*time.Minute + time.Duration(float64(o.DeepProjects*(o.DeepLeaves+o.DeepChain))*o.DeepSleep*float64(time.Second))
+	wctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	var failures []string
+	var open int
+	if err := bench.WaitFor(wctx, b.failed, func() (bool, error) {
+		var err error
+		open, failures, err = unfinishedJobs(ctx, b.pool, projects)
+		return open == 0, err
+	}); err != nil {
+		if ctx.Err() == nil && wctx.Err() != nil {
+			return fmt.Errorf("%d jobs still open after %s (see the nodes' warnings)", open, limit.Round(time.Second))
+		}
+		return err
+	}
+	if len(failures) > 0 {
+		return fmt.Errorf("%d jobs did not succeed: %s", len(failures), strings.Join(failures[:min(5, len(failures))], "; "))
+	}
+	// A job is succeeded before its builder has finished with it (roots, log tail): stopping
+	// the builders before then would abandon that work.
+	for _, p := range projects {
+		if err := b.waitTimings(ctx, p); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // measureDeep fills run's figures from the build jobs of projects.
 func (b *e2e) measureDeep(ctx context.Context, run *E2EDeepRun, projects []int64, trigger time.Time) error {
-	rows, err := b.pool.Query(ctx, `SELECT bj.id, bj.project_id, bj.drv_path, bj.attempt, bj.created_at,
-    coalesce(bj.started_at, bj.claimed_at), bj.finished_at,
-    ARRAY(SELECT di.input_drv FROM derivation_inputs di WHERE di.referrer = bj.drv_path ORDER BY 1)
-FROM build_jobs bj WHERE bj.project_id = ANY($1)
-ORDER BY bj.created_at, bj.id`, projects)
+	rows, err := b.pool.Query(ctx, queryDeepJobs, projects)
 	if err != nil {
 		return err
 	}
@@ -356,24 +378,6 @@ ORDER BY bj.created_at, bj.id`, projects)
 		run.ChainQueuePosition = min(run.ChainQueuePosition, h.position)
 	}
 	return nil
-}
-
-// stopNodes stops nodes at once and joins their errors.
-func stopNodes(nodes []*runningNode) error {
-	var mu sync.Mutex
-	var errs []error
-	var wg sync.WaitGroup
-	for _, n := range nodes {
-		wg.Go(func() {
-			if err := n.stop(); err != nil {
-				mu.Lock()
-				errs = append(errs, fmt.Errorf("node %s: %w", n.id, err))
-				mu.Unlock()
-			}
-		})
-	}
-	wg.Wait()
-	return errors.Join(errs...)
 }
 
 // print writes the deep workload's table.
