@@ -8,17 +8,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/harmonia-ci/harmonia-ci/internal/db"
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
 )
-
-// DB is what Derivations needs of PostgreSQL; a *pgxpool.Pool is one.
-type DB interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
 
 // Derivations are the binary cache's .drv objects, kept in PostgreSQL (table drv_objects) rather
 // than in the blob store: a narinfo and an uncompressed NAR per .drv, as Nix reads them,
@@ -31,11 +24,11 @@ type DB interface {
 // serve them (NarInfo, NAR) and the garbage collector sweeps them (List, Delete) as it sweeps the
 // blob store.
 type Derivations struct {
-	db DB
+	db db.DBTX
 }
 
-// NewDerivations returns the .drv objects in db.
-func NewDerivations(db DB) *Derivations { return &Derivations{db: db} }
+// NewDerivations returns the .drv objects in q (a pool, or a transaction to work within).
+func NewDerivations(q db.DBTX) *Derivations { return &Derivations{db: q} }
 
 // Derivation is one .drv object to store.
 type Derivation struct {

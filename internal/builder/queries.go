@@ -6,14 +6,14 @@ const (
 	// $1 job id, $2 tail. The notify_build_log trigger sends the job id on channel build_log.
 	// An unchanged tail is not written again (nor announced): a write whose answer was lost
 	// to a stop is repeated by Stop's final write.
-	tailUpsertSQL = `
+	sqlUpsertTail = `
 INSERT INTO build_log_tails (build_job_id, log_tail, log_seq) VALUES ($1, $2, 1)
 ON CONFLICT (build_job_id) DO UPDATE
 SET log_tail = EXCLUDED.log_tail, log_seq = build_log_tails.log_seq + 1
 WHERE build_log_tails.log_tail IS DISTINCT FROM EXCLUDED.log_tail`
 
 	// $1 job id.
-	tailDeleteSQL = `DELETE FROM build_log_tails WHERE build_job_id = $1`
+	sqlDeleteTail = `DELETE FROM build_log_tails WHERE build_job_id = $1`
 
 	// A finished job's tail: the result is recorded, so watchers may stop watching. A job that
 	// went back to the queue (or to another builder) keeps it.

@@ -102,7 +102,7 @@ func (w *TailWriter) write(ctx context.Context) {
 		return
 	}
 	wctx, cancel := context.WithTimeout(ctx, tailWriteTimeout)
-	_, err := w.pool.Exec(wctx, tailUpsertSQL, w.cfg.JobID, tail)
+	_, err := w.pool.Exec(wctx, sqlUpsertTail, w.cfg.JobID, tail)
 	cancel()
 	if err != nil {
 		if ctx.Err() != nil {
@@ -128,7 +128,7 @@ func (w *TailWriter) write(ctx context.Context) {
 // DeleteTail removes job jobID's live tail, once its full log is uploaded (and its TailWriter
 // stopped, which would otherwise write it again).
 func DeleteTail(ctx context.Context, pool *pgxpool.Pool, jobID int64) error {
-	if _, err := pool.Exec(ctx, tailDeleteSQL, jobID); err != nil {
+	if _, err := pool.Exec(ctx, sqlDeleteTail, jobID); err != nil {
 		return fmt.Errorf("delete log tail of job %d: %w", jobID, err)
 	}
 	return nil

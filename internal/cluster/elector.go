@@ -223,7 +223,7 @@ func (e *Elector) campaign(ctx context.Context) {
 		errAcquire = pgx.BeginFunc(cctx, conn, func(tx pgx.Tx) error {
 			// A paused leader may sit inside a fenced transaction holding the row FOR SHARE;
 			// don't wait for it past one check.
-			if _, err := tx.Exec(cctx, fmt.Sprintf("SET LOCAL lock_timeout = %d", e.cfg.CheckInterval.Milliseconds())); err != nil {
+			if _, err := tx.Exec(cctx, sqlSetLockTimeout, e.cfg.CheckInterval.Milliseconds()); err != nil {
 				return err
 			}
 			return tx.QueryRow(cctx, sqlLeaseAcquire, e.cfg.Role, e.id.NodeID, e.id.Incarnation,
@@ -455,8 +455,8 @@ func (t *Term) RunFenced(ctx context.Context, pool *pgxpool.Pool, fn func(tx pgx
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		// The fence holds the lease row FOR SHARE, which a takeover must wait for: a process
 		// paused inside this transaction must not block failover past its own lease.
-		if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL idle_in_transaction_session_timeout = %d",
-			t.elector.cfg.LeaseDuration.Milliseconds())); err != nil {
+		if _, err := tx.Exec(ctx, sqlSetIdleTimeout,
+			t.elector.cfg.LeaseDuration.Milliseconds()); err != nil {
 			return fmt.Errorf("bound fenced transaction: %w", err)
 		}
 		var one int

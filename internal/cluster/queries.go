@@ -167,3 +167,10 @@ INSERT INTO maintenance_runs (role, task, node_id, epoch, affected) VALUES ($1, 
 
 	sqlMaintenancePrune = `DELETE FROM maintenance_runs WHERE ran_at < now() - make_interval(secs => $1)`
 )
+
+// SET LOCAL takes no parameters; set_config(…, true) is the same setting for the rest of the
+// transaction and does. $1 milliseconds.
+const (
+	sqlSetLockTimeout = `SELECT set_config('lock_timeout', $1::bigint::text, true)`
+	sqlSetIdleTimeout = `SELECT set_config('idle_in_transaction_session_timeout', $1::bigint::text, true)`
+)

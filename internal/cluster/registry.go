@@ -11,6 +11,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/harmonia-ci/harmonia-ci/internal/db"
 )
 
 // Node statuses, a node's lifecycle.
@@ -212,7 +214,7 @@ func (r *Registry) Deregister(ctx context.Context) error {
 
 // RequestDrain asks a node to drain; the node acts on it at its next heartbeat.
 // It returns ErrNodeNotFound if no live node has that id.
-func RequestDrain(ctx context.Context, q Querier, nodeID string) error {
+func RequestDrain(ctx context.Context, q db.DBTX, nodeID string) error {
 	var id string
 	err := q.QueryRow(ctx, sqlNodeRequestDrain, nodeID).Scan(&id)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -222,12 +224,6 @@ func RequestDrain(ctx context.Context, q Querier, nodeID string) error {
 		return fmt.Errorf("drain node %s: %w", nodeID, err)
 	}
 	return nil
-}
-
-// Querier is what read-only and single-statement helpers need: a pool, a connection or a tx.
-type Querier interface {
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }
 
 // seconds turns a duration into the float seconds make_interval wants.

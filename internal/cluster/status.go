@@ -7,6 +7,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/harmonia-ci/harmonia-ci/internal/db"
 )
 
 // NodeStatus is one row of the nodes table as operators see it.
@@ -52,7 +54,7 @@ type Status struct {
 }
 
 // ListNodes reads every node row, ordered by id.
-func ListNodes(ctx context.Context, q Querier) ([]NodeStatus, error) {
+func ListNodes(ctx context.Context, q db.DBTX) ([]NodeStatus, error) {
 	rows, err := q.Query(ctx, sqlNodesList)
 	if err != nil {
 		return nil, fmt.Errorf("list nodes: %w", err)
@@ -71,7 +73,7 @@ func ListNodes(ctx context.Context, q Querier) ([]NodeStatus, error) {
 }
 
 // ListLeaders reads every leader role's lease row, ordered by role.
-func ListLeaders(ctx context.Context, q Querier) ([]LeaderStatus, error) {
+func ListLeaders(ctx context.Context, q db.DBTX) ([]LeaderStatus, error) {
 	rows, err := q.Query(ctx, sqlLeadersList)
 	if err != nil {
 		return nil, fmt.Errorf("list leaders: %w", err)
@@ -88,7 +90,7 @@ func ListLeaders(ctx context.Context, q Querier) ([]LeaderStatus, error) {
 }
 
 // ReadStatus reads nodes and leaders.
-func ReadStatus(ctx context.Context, q Querier) (Status, error) {
+func ReadStatus(ctx context.Context, q db.DBTX) (Status, error) {
 	var s Status
 	var err error
 	if s.Nodes, err = ListNodes(ctx, q); err != nil {

@@ -1,8 +1,8 @@
 // Package db owns harmonia-ci's PostgreSQL schema: the embedded, versioned migrations, the
 // advisory-locked migration runner, and the connection pool every role shares.
 //
-// Queries live with the package that runs them (cluster, queue, ...); this package holds only
-// what every one of them needs.
+// Queries live with the package that runs them, as sql… constants in its queries.go (cluster,
+// queue, ...); this package holds only what every one of them needs, such as DBTX.
 package db
 
 import (

@@ -26,19 +26,6 @@ const (
 	migrateLockObj   = 0
 )
 
-// The migration runner's own SQL.
-const (
-	sqlMigrationsTableExists = `SELECT to_regclass('schema_migrations') IS NOT NULL`
-	sqlMigrationsTableCreate = `CREATE TABLE schema_migrations (
-		version    INT PRIMARY KEY,
-		name       TEXT NOT NULL,
-		applied_by TEXT NOT NULL,
-		applied_at TIMESTAMPTZ NOT NULL DEFAULT now())`
-	// Whether the current role may change the schema: it is (a member of) the owner of
-	// schema_migrations, which the role that created the schema owns.
-	sqlMigrationsOwned = `SELECT pg_has_role(relowner, 'USAGE') FROM pg_class WHERE oid = 'schema_migrations'::regclass`
-)
-
 // Migration is one embedded schema change.
 type Migration struct {
 	Version int
@@ -97,7 +84,7 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, nodeID string) (MigrateRes
 	// Closing the session releases the lock whatever happens below.
 	defer conn.Close(context.WithoutCancel(ctx))
 
-	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock($1, $2)`, migrateLockClass, migrateLockObj); err != nil {
+	if _, err := conn.Exec(ctx, sqlMigrateLock, migrateLockClass, migrateLockObj); err != nil {
 		return res, fmt.Errorf("migrate: take migration lock: %w", err)
 	}
 	// Looked up before it is created: CREATE TABLE IF NOT EXISTS needs the CREATE privilege on
@@ -116,7 +103,7 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, nodeID string) (MigrateRes
 		}
 	}
 	applied := map[int]bool{}
-	rows, err := conn.Query(ctx, `SELECT version FROM schema_migrations`)
+	rows, err := conn.Query(ctx, sqlMigrationsApplied)
 	if err != nil {
 		return res, fmt.Errorf("migrate: read applied versions: %w", err)
 	}
@@ -157,7 +144,7 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, nodeID string) (MigrateRes
 			if _, err := tx.Exec(ctx, m.SQL); err != nil {
 				return err
 			}
-			_, err := tx.Exec(ctx, `INSERT INTO schema_migrations (version, name, applied_by) VALUES ($1, $2, $3)`,
+			_, err := tx.Exec(ctx, sqlMigrationRecord,
 				m.Version, m.Name, nodeID)
 			return err
 		})
@@ -167,7 +154,7 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, nodeID string) (MigrateRes
 		res.Applied = append(res.Applied, m.Version)
 		res.Current = m.Version
 	}
-	if _, err := conn.Exec(ctx, `SELECT pg_advisory_unlock($1, $2)`, migrateLockClass, migrateLockObj); err != nil {
+	if _, err := conn.Exec(ctx, sqlMigrateUnlock, migrateLockClass, migrateLockObj); err != nil {
 		return res, fmt.Errorf("migrate: release migration lock: %w", err)
 	}
 	return res, nil

@@ -20,66 +20,28 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/queuetest"
 )
 
-// Statements of unexported code paths, copied from their packages (eval/queries.go,
-// build/queries.go, signer/queries.go) so that each role's real writes are exercised under its
-// grants; the exported paths (registry, claims, finishes, enqueue, maintenance, election,
-// requests, the garbage collector) run as they are.
-const (
-	sqlClaimEval = `
-WITH next AS (
-    SELECT e.id FROM evaluations e JOIN projects p ON p.id = e.project_id
-    WHERE e.status = 'queued' AND p.enabled
-    ORDER BY e.id LIMIT 1
-    FOR UPDATE OF e SKIP LOCKED
-)
-UPDATE evaluations e SET status = 'running', claimed_by = $1, claimed_at = now(), started_at = now(),
-    attempt = e.attempt + 1, error = NULL, nix_version = $2
-FROM next WHERE e.id = next.id
-RETURNING e.id, e.attempt`
-	sqlHoldClaim = `
-SELECT e.status FROM evaluations e, set_config('harmonia.eval_id', $1::bigint::text, true)
-WHERE e.id = $1 AND e.claimed_by = $2 AND e.attempt = $3 FOR SHARE OF e`
-	sqlDeleteAttrs = `DELETE FROM eval_attrs WHERE eval_id = ANY($1)`
-	sqlInsertAttrs = `
-INSERT INTO eval_attrs (eval_id, attr, drv_path, error)
-SELECT $1, a, NULLIF(d, ''), NULLIF(e, '') FROM unnest($2::text[], $3::text[], $4::text[]) AS t(a, d, e)
-ON CONFLICT (eval_id, attr) DO NOTHING`
-	sqlCancelPending = `UPDATE build_jobs SET status = 'cancelled', finished_at = now() WHERE id = $1 AND status = 'pending'`
-	sqlRevive        = `
-UPDATE build_jobs bj SET status = 'pending', finished_at = NULL, claimed_by = NULL, claimed_at = NULL,
-    started_at = NULL
-WHERE bj.status = 'cancelled' AND bj.id = $1`
-	sqlSetMerge = `
-UPDATE evaluations SET base_commit = $4, merge_commit = $5
-WHERE id = $1 AND claimed_by = $2 AND attempt = $3 AND status = 'running'`
-	sqlSucceedEval = `
-UPDATE evaluations SET status = 'succeeded', finished_at = now()
-WHERE id = $1 AND claimed_by = $2 AND attempt = $3 AND status = 'running'`
-
-	sqlTailUpsert = `
-INSERT INTO build_log_tails (build_job_id, log_tail, log_seq) VALUES ($1, $2, 1)
-ON CONFLICT (build_job_id) DO UPDATE
-SET log_tail = EXCLUDED.log_tail, log_seq = build_log_tails.log_seq + 1
-WHERE build_log_tails.log_tail IS DISTINCT FROM EXCLUDED.log_tail`
-	sqlDeleteFinishedTail = `
-DELETE FROM build_log_tails t USING build_jobs j
-WHERE t.build_job_id = $1 AND j.id = $1 AND j.status IN ('succeeded', 'failed', 'cancelled', 'dep-failed')`
-
-	sqlSetLogURL       = `UPDATE build_jobs SET log_url = $2 WHERE id = $1 AND status = 'succeeded'`
-	sqlRecordNarHashes = `
-UPDATE derivation_outputs o SET nar_hash = v.nar_hash, nar_size = v.nar_size
-FROM unnest($1::text[], $2::text[], $3::bigint[]) AS v(output_path, nar_hash, nar_size)
-WHERE o.output_path = v.output_path AND o.nar_hash IS NULL`
-	sqlRecordKey = `
-INSERT INTO signing_keys (public_key) VALUES ($1)
-ON CONFLICT (public_key) DO UPDATE SET last_seen = now()`
-)
-
 // TestRolesAllow runs each role's own work as that role, through the real code where it is
 // exported: a whole build's life from evaluation to garbage collection.
 func TestRolesAllow(t *testing.T) {
 	c := setup(t)
 	ctx := testCtx(t)
+	// The statements of unexported code paths, read from their packages' queries.go so that
+	// each role's real writes run under its grants; the exported paths (registry, claims,
+	// finishes, enqueue, maintenance, election, requests, the garbage collector) run as they are.
+	var (
+		sqlClaimEval          = realQuery(t, "eval", "sqlClaimEval")
+		sqlHoldClaim          = realQuery(t, "eval", "sqlHoldClaim")
+		sqlDeleteAttrs        = realQuery(t, "eval", "sqlDeleteAttrs")
+		sqlInsertAttrs        = realQuery(t, "eval", "sqlInsertAttrs")
+		sqlRevive             = realQuery(t, "eval", "sqlRevive")
+		sqlSetMerge           = realQuery(t, "eval", "sqlSetMerge")
+		sqlSucceedEval        = realQuery(t, "eval", "sqlSucceedEval")
+		sqlCancelUnneeded     = realQuery(t, "evaluation", "sqlCancelUnneeded")
+		sqlUpsertTail         = realQuery(t, "builder", "sqlUpsertTail")
+		sqlDeleteFinishedTail = realQuery(t, "builder", "sqlDeleteFinishedTail")
+		sqlRecordNarHashes    = realQuery(t, "signer", "sqlRecordNarHashes")
+		sqlRecordKey          = realQuery(t, "signer", "sqlRecordKey")
+	)
 	pid := queuetest.NewProject(t, c.owner, "p", 100)
 	must := func(what string, err error) {
 		t.Helper()
@@ -139,12 +101,13 @@ func TestRolesAllow(t *testing.T) {
 	if b := queuetest.Job(t, c.owner, "b"); b.BlockedInputs != 1 {
 		t.Fatalf("after ingest: %s, want blocked_inputs 1", b)
 	}
-	// Cancelling a job nothing needs and reviving it.
-	x := queuetest.Job(t, c.owner, "x")
-	for _, sql := range []string{sqlCancelPending, sqlRevive} {
-		if n := execN(t, c.as["e1"], sql, x.ID); n != 1 {
-			t.Fatalf("as e1 %q changed %d rows", sql, n)
-		}
+	// Cancelling the jobs nothing else needs (a rolled-back evaluation's) and reviving them
+	// (a new evaluation needs them again).
+	if n := execN(t, c.as["e1"], sqlCancelUnneeded, []int64{evalID}); n != 4 {
+		t.Fatalf("cancel unneeded jobs as e1 changed %d rows, want 4", n)
+	}
+	if n := execN(t, c.as["e1"], sqlRevive, []string{queuetest.DrvPath("c"), queuetest.DrvPath("x")}); n != 4 {
+		t.Fatalf("revive jobs as e1 changed %d rows, want 4", n)
 	}
 	// A pull request's evaluation records the merge it evaluates.
 	if n := execN(t, c.as["e1"], sqlSetMerge, evalID, "e1", evalAttempt, strings.Repeat("b", 40), strings.Repeat("c", 40)); n != 1 {
@@ -165,25 +128,18 @@ func TestRolesAllow(t *testing.T) {
 		claims[queuetest.NameOf(j.DrvPath)] = j.Claim()
 	}
 	for _, tail := range []string{"building a", "building a\ndone"} {
-		if n := execN(t, c.as["b1"], sqlTailUpsert, claims["a"].JobID, []byte(tail)); n != 1 {
+		if n := execN(t, c.as["b1"], sqlUpsertTail, claims["a"].JobID, []byte(tail)); n != 1 {
 			t.Fatalf("tail upsert as b1 changed %d rows", n)
 		}
 	}
 	must("mark uploading as b1", queue.MarkUploading(ctx, c.as["b1"], claims["a"]))
-	must("succeed as s1", pgx.BeginFunc(ctx, c.as["s1"], func(tx pgx.Tx) error {
-		if _, err := queue.Succeed(ctx, tx, claims["a"]); err != nil {
-			return err
-		}
-		if _, err := tx.Exec(ctx, sqlSetLogURL, claims["a"].JobID, "log/a"); err != nil {
-			return err
-		}
-		if _, err := tx.Exec(ctx, sqlRecordNarHashes, []string{queuetest.OutPath("a")}, []string{"sha256:aa"}, []int64{10}); err != nil {
-			return err
-		}
-		_, err := tx.Exec(ctx, sqlRecordKey, "harmonia-test-1:AAAA")
-		return err
-	}))
-	for range 2 { // a signer's restart records its key again
+	// The signer's build-complete: the output's hashes and the success with its log, one batch.
+	batch := &pgx.Batch{}
+	batch.Queue(sqlRecordNarHashes, []string{queuetest.OutPath("a")}, []string{"sha256:aa"}, []int64{10}, queuetest.DrvPath("a"))
+	var succeeded queue.Outcome
+	queue.QueueSucceed(batch, claims["a"], "log/a", &succeeded)
+	must("succeed as s1", c.as["s1"].SendBatch(ctx, batch).Close())
+	for range 2 { // a signer records its key at start, and again after a restart
 		execN(t, c.as["s1"], sqlRecordKey, "harmonia-test-1:AAAA")
 	}
 	if b := queuetest.Job(t, c.owner, "b"); b.BlockedInputs != 0 {
@@ -335,6 +291,7 @@ func execN(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) int64 {
 func TestRolesAllowSharedIngest(t *testing.T) {
 	c := setup(t)
 	ctx := testCtx(t)
+	sqlHoldClaim := realQuery(t, "eval", "sqlHoldClaim")
 	drvs := []queue.Derivation{queuetest.Drv("a", system), queuetest.Drv("b", system, "a")}
 	var evals [2]int64
 	var projects [2]int64

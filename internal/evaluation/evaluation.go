@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/harmonia-ci/harmonia-ci/internal/db"
 )
 
 // ErrNotFound is returned for an evaluation id that does not exist.
@@ -64,21 +66,8 @@ func (e Evaluation) Finished() bool {
 	return e.Status != StatusQueued && e.Status != StatusRunning
 }
 
-func scanEval(row pgx.CollectableRow) (Evaluation, error) {
-	var e Evaluation
-	err := row.Scan(&e.ID, &e.ProjectID, &e.Project, &e.FlakeURL, &e.Commit, &e.Branch, &e.TreeHash,
-		&e.Status, &e.SkippedReason, &e.ReusesEvalID, &e.ClaimedBy, &e.Attempt, &e.Error, &e.CreatedAt,
-		&e.StartedAt, &e.FinishedAt, &e.PRNumber, &e.PRAuthor, &e.NixVersion, &e.PRBase, &e.BaseCommit, &e.MergeCommit)
-	return e, err
-}
-
-// Querier is a pool, connection or transaction.
-type Querier interface {
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-}
-
 // Get returns evaluation id.
-func Get(ctx context.Context, q Querier, id int64) (Evaluation, error) {
+func Get(ctx context.Context, q db.DBTX, id int64) (Evaluation, error) {
 	rows, err := q.Query(ctx, sqlEvalByID, id)
 	if err != nil {
 		return Evaluation{}, fmt.Errorf("get evaluation %d: %w", id, err)
@@ -94,7 +83,7 @@ func Get(ctx context.Context, q Querier, id int64) (Evaluation, error) {
 }
 
 // List returns the newest evaluations, of one project or ("") of all.
-func List(ctx context.Context, q Querier, project string, limit int) ([]Evaluation, error) {
+func List(ctx context.Context, q db.DBTX, project string, limit int) ([]Evaluation, error) {
 	rows, err := q.Query(ctx, sqlListEvals, project, limit)
 	if err != nil {
 		return nil, fmt.Errorf("list evaluations: %w", err)
@@ -121,7 +110,7 @@ type AttrResult struct {
 }
 
 // Attrs returns an evaluation's attributes, by name.
-func Attrs(ctx context.Context, q Querier, id int64) ([]AttrResult, error) {
+func Attrs(ctx context.Context, q db.DBTX, id int64) ([]AttrResult, error) {
 	rows, err := q.Query(ctx, sqlAttrsOfEval, id)
 	if err != nil {
 		return nil, fmt.Errorf("attributes of evaluation %d: %w", id, err)
@@ -138,7 +127,7 @@ func Attrs(ctx context.Context, q Querier, id int64) ([]AttrResult, error) {
 }
 
 // JobCounts counts the build jobs an evaluation needs (its attributes' closures) by status.
-func JobCounts(ctx context.Context, q Querier, id int64) (map[string]int, error) {
+func JobCounts(ctx context.Context, q db.DBTX, id int64) (map[string]int, error) {
 	rows, err := q.Query(ctx, sqlJobCountsOfEval, id)
 	if err != nil {
 		return nil, fmt.Errorf("jobs of evaluation %d: %w", id, err)

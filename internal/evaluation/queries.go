@@ -1,16 +1,24 @@
 package evaluation
 
+import "github.com/jackc/pgx/v5"
+
 // All SQL of the evaluation records: requests, cancels, re-evaluations, rollbacks and reads.
 
 const (
-	evalColumns = `e.id, e.project_id, p.name, e.flake_url, e.commit_sha, e.branch, COALESCE(e.tree_hash, ''),
+	// The statements that return evaluations list the columns in scanEval's order.
+	sqlEvalByID = `
+SELECT e.id, e.project_id, p.name, e.flake_url, e.commit_sha, e.branch, COALESCE(e.tree_hash, ''),
        e.status, COALESCE(e.skipped_reason, ''), e.reuses_eval_id, COALESCE(e.claimed_by, ''), e.attempt,
        COALESCE(e.error, ''), e.created_at, e.started_at, e.finished_at, COALESCE(e.pr_number, 0),
-       COALESCE(e.pr_author, ''), e.nix_version, e.pr_base, e.base_commit, e.merge_commit`
+       COALESCE(e.pr_author, ''), e.nix_version, e.pr_base, e.base_commit, e.merge_commit
+FROM evaluations e JOIN projects p ON p.id = e.project_id WHERE e.id = $1`
 
-	sqlEvalByID = `SELECT ` + evalColumns + ` FROM evaluations e JOIN projects p ON p.id = e.project_id WHERE e.id = $1`
-
-	sqlEvalByKey = `SELECT ` + evalColumns + ` FROM evaluations e JOIN projects p ON p.id = e.project_id
+	sqlEvalByKey = `
+SELECT e.id, e.project_id, p.name, e.flake_url, e.commit_sha, e.branch, COALESCE(e.tree_hash, ''),
+       e.status, COALESCE(e.skipped_reason, ''), e.reuses_eval_id, COALESCE(e.claimed_by, ''), e.attempt,
+       COALESCE(e.error, ''), e.created_at, e.started_at, e.finished_at, COALESCE(e.pr_number, 0),
+       COALESCE(e.pr_author, ''), e.nix_version, e.pr_base, e.base_commit, e.merge_commit
+FROM evaluations e JOIN projects p ON p.id = e.project_id
 WHERE e.project_id = $1 AND e.commit_sha = $2 AND e.branch = $3`
 
 	// Tree-hash dedup: the newest succeeded evaluation of the project with the same tree, if
@@ -142,7 +150,12 @@ SELECT ea.attr, COALESCE(ea.drv_path, ''), COALESCE(ea.error, ''), COALESCE(bj.i
 FROM eval_attrs ea LEFT JOIN build_jobs bj ON bj.drv_path = ea.drv_path
 WHERE ea.eval_id = $1 ORDER BY ea.attr`
 
-	sqlListEvals = `SELECT ` + evalColumns + ` FROM evaluations e JOIN projects p ON p.id = e.project_id
+	sqlListEvals = `
+SELECT e.id, e.project_id, p.name, e.flake_url, e.commit_sha, e.branch, COALESCE(e.tree_hash, ''),
+       e.status, COALESCE(e.skipped_reason, ''), e.reuses_eval_id, COALESCE(e.claimed_by, ''), e.attempt,
+       COALESCE(e.error, ''), e.created_at, e.started_at, e.finished_at, COALESCE(e.pr_number, 0),
+       COALESCE(e.pr_author, ''), e.nix_version, e.pr_base, e.base_commit, e.merge_commit
+FROM evaluations e JOIN projects p ON p.id = e.project_id
 WHERE ($1 = '' OR p.name = $1) ORDER BY e.id DESC LIMIT $2`
 
 	// The jobs an evaluation needs, by status: those of its attributes' closures.
@@ -154,3 +167,12 @@ WITH RECURSIVE closure AS (
 )
 SELECT bj.status, count(*)::int FROM closure JOIN build_jobs bj USING (drv_path) GROUP BY bj.status`
 )
+
+// scanEval reads a row of the statements that return evaluations, in their column order.
+func scanEval(row pgx.CollectableRow) (Evaluation, error) {
+	var e Evaluation
+	err := row.Scan(&e.ID, &e.ProjectID, &e.Project, &e.FlakeURL, &e.Commit, &e.Branch, &e.TreeHash,
+		&e.Status, &e.SkippedReason, &e.ReusesEvalID, &e.ClaimedBy, &e.Attempt, &e.Error, &e.CreatedAt,
+		&e.StartedAt, &e.FinishedAt, &e.PRNumber, &e.PRAuthor, &e.NixVersion, &e.PRBase, &e.BaseCommit, &e.MergeCommit)
+	return e, err
+}

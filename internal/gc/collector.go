@@ -26,6 +26,7 @@ import (
 
 	"github.com/harmonia-ci/harmonia-ci/internal/blob"
 	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
+	"github.com/harmonia-ci/harmonia-ci/internal/db"
 	"github.com/harmonia-ci/harmonia-ci/internal/publication"
 )
 
@@ -234,7 +235,7 @@ func (c *Collector) databaseStep(ctx context.Context, tx pgx.Tx, rep *Report) er
 }
 
 // liveFromDB reads the live store paths (hash parts) and live log basenames.
-func (c *Collector) liveFromDB(ctx context.Context, q querier, rep *Report) (paths, logs []string, err error) {
+func (c *Collector) liveFromDB(ctx context.Context, q db.DBTX, rep *Report) (paths, logs []string, err error) {
 	start := time.Now()
 	if paths, err = collectStrings(q.Query(ctx, sqlLivePaths)); err != nil {
 		return nil, nil, fmt.Errorf("read the live paths: %w", err)
@@ -244,10 +245,6 @@ func (c *Collector) liveFromDB(ctx context.Context, q querier, rep *Report) (pat
 		return nil, nil, fmt.Errorf("read the live logs: %w", err)
 	}
 	return paths, logs, nil
-}
-
-type querier interface {
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }
 
 func collectStrings(rows pgx.Rows, err error) ([]string, error) {

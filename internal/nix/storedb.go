@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"database/sql"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"net/url"
 	"os"
@@ -18,7 +19,7 @@ import (
 // storeDBPath is where Nix keeps its database, relative to the store's root.
 const storeDBPath = "nix/var/nix/db/db.sqlite"
 
-// storeDBChunk bounds the bound parameters per query, well below SQLite's limit of 32766.
+// storeDBChunk bounds the paths one query looks up.
 const storeDBChunk = 500
 
 // StoreDB reads a local Nix store's SQLite database directly: asking nix-store or the daemon
@@ -103,13 +104,11 @@ func (s *StoreDB) PathInfos(ctx context.Context, paths []string) (map[string]Pat
 
 // queryPathInfos adds the valid paths among chunk to infos.
 func queryPathInfos(ctx context.Context, tx *sql.Tx, chunk []string, infos map[string]PathInfo) error {
-	args := make([]any, len(chunk))
-	for i, p := range chunk {
-		args[i] = p
+	list, err := json.Marshal(chunk)
+	if err != nil {
+		return err
 	}
-	rows, err := tx.QueryContext(ctx,
-		`SELECT id, path, hash, narSize, deriver FROM ValidPaths WHERE path IN (`+placeholders(len(chunk))+`)`,
-		args...)
+	rows, err := tx.QueryContext(ctx, sqlStorePathInfos, string(list))
 	if err != nil {
 		return err
 	}
@@ -149,14 +148,14 @@ func queryPathInfos(ctx context.Context, tx *sql.Tx, chunk []string, infos map[s
 		return nil
 	}
 
-	args = args[:0]
+	ids := make([]int64, 0, len(byID))
 	for id := range byID {
-		args = append(args, id)
+		ids = append(ids, id)
 	}
-	rows, err = tx.QueryContext(ctx,
-		`SELECT Refs.referrer, ValidPaths.path FROM Refs JOIN ValidPaths ON ValidPaths.id = Refs.reference
-		 WHERE Refs.referrer IN (`+placeholders(len(args))+`)`,
-		args...)
+	if list, err = json.Marshal(ids); err != nil {
+		return err
+	}
+	rows, err = tx.QueryContext(ctx, sqlStoreReferences, string(list))
 	if err != nil {
 		return err
 	}
@@ -180,11 +179,6 @@ func queryPathInfos(ctx context.Context, tx *sql.Tx, chunk []string, infos map[s
 		slices.Sort(infos[p].References)
 	}
 	return nil
-}
-
-// placeholders returns "?,?,…,?" with n parameters.
-func placeholders(n int) string {
-	return strings.TrimSuffix(strings.Repeat("?,", n), ",")
 }
 
 // dbNarHash converts the database's "sha256:<base16>" to the "sha256:<nix32>" spelling that

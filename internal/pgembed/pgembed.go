@@ -417,7 +417,7 @@ func (s *Server) ensureDatabase(ctx context.Context) error {
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	var one int
-	err = conn.QueryRow(ctx, `SELECT 1 FROM pg_database WHERE datname = $1`, database).Scan(&one)
+	err = conn.QueryRow(ctx, sqlDatabaseExists, database).Scan(&one)
 	if err == nil {
 		return nil
 	}

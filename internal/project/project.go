@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/harmonia-ci/harmonia-ci/internal/db"
 	"github.com/harmonia-ci/harmonia-ci/internal/gitrepo"
 )
 
@@ -146,7 +147,7 @@ func Add(ctx context.Context, pool *pgxpool.Pool, p AddParams) (Project, error) 
 
 // List returns every project, by name.
 func List(ctx context.Context, pool *pgxpool.Pool) ([]Project, error) {
-	rows, err := pool.Query(ctx, sqlSelectProjects+` ORDER BY p.name`)
+	rows, err := pool.Query(ctx, sqlListProjects)
 	if err != nil {
 		return nil, fmt.Errorf("list projects: %w", err)
 	}
@@ -158,8 +159,8 @@ func List(ctx context.Context, pool *pgxpool.Pool) ([]Project, error) {
 }
 
 // Get returns the project called name.
-func Get(ctx context.Context, q Querier, name string) (Project, error) {
-	rows, err := q.Query(ctx, sqlSelectProjects+` WHERE p.name = $1`, name)
+func Get(ctx context.Context, q db.DBTX, name string) (Project, error) {
+	rows, err := q.Query(ctx, sqlProjectByName, name)
 	if err != nil {
 		return Project{}, fmt.Errorf("get project %s: %w", name, err)
 	}
@@ -171,11 +172,6 @@ func Get(ctx context.Context, q Querier, name string) (Project, error) {
 		return Project{}, fmt.Errorf("get project %s: %w", name, err)
 	}
 	return p, nil
-}
-
-// Querier is a pool, connection or transaction.
-type Querier interface {
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }
 
 // SetParams change a project; nil fields are left alone.
@@ -203,13 +199,4 @@ func Set(ctx context.Context, pool *pgxpool.Pool, name string, s SetParams) (Pro
 		return Project{}, fmt.Errorf("project %q: %w", name, ErrNotFound)
 	}
 	return Get(ctx, pool, name)
-}
-
-func scanProject(row pgx.CollectableRow) (Project, error) {
-	var p Project
-	var poll int
-	err := row.Scan(&p.ID, &p.Name, &p.RepoURL, &p.Branch, &p.Shares, &p.Enabled, &p.CreatedAt,
-		&p.RepoID, &p.Forge, &p.FullName, &p.PREnabled, &p.PRTrust, &poll)
-	p.PollInterval = time.Duration(poll) * time.Second
-	return p, err
 }

@@ -1,5 +1,11 @@
 package project
 
+import (
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
 const (
 	// A repository added by hand has forge 'git' and its clone URL as its full name.
 	sqlInsertRepository = `
@@ -7,20 +13,51 @@ INSERT INTO repositories (forge, owner, name, full_name, clone_url, default_bran
 VALUES ('git', '', $2, $1, $1, $3)
 RETURNING id`
 
+	// The statements that return projects list the columns in scanProject's order.
 	sqlInsertProject = `
 WITH p AS (
     INSERT INTO projects (repo_id, name, scheduling_shares) VALUES ($1, $2, $3)
     RETURNING *
 )
-SELECT ` + projectColumns + `
+SELECT p.id, p.name, r.clone_url, r.default_branch, p.scheduling_shares, p.enabled, p.created_at,
+       r.id, r.forge, r.full_name, p.pr_enabled, p.pr_trust, p.poll_interval
 FROM p JOIN repositories r ON r.id = p.repo_id`
 
-	projectColumns = `p.id, p.name, r.clone_url, r.default_branch, p.scheduling_shares, p.enabled, p.created_at,
-       r.id, r.forge, r.full_name, p.pr_enabled, p.pr_trust, p.poll_interval`
+	sqlListProjects = `
+SELECT p.id, p.name, r.clone_url, r.default_branch, p.scheduling_shares, p.enabled, p.created_at,
+       r.id, r.forge, r.full_name, p.pr_enabled, p.pr_trust, p.poll_interval
+FROM projects p JOIN repositories r ON r.id = p.repo_id
+ORDER BY p.name`
 
-	sqlSelectProjects = `
-SELECT ` + projectColumns + `
-FROM projects p JOIN repositories r ON r.id = p.repo_id`
+	// $1 name
+	sqlProjectByName = `
+SELECT p.id, p.name, r.clone_url, r.default_branch, p.scheduling_shares, p.enabled, p.created_at,
+       r.id, r.forge, r.full_name, p.pr_enabled, p.pr_trust, p.poll_interval
+FROM projects p JOIN repositories r ON r.id = p.repo_id
+WHERE p.name = $1`
+
+	// $1 forge, $2 full name
+	sqlProjectByRepo = `
+SELECT p.id, p.name, r.clone_url, r.default_branch, p.scheduling_shares, p.enabled, p.created_at,
+       r.id, r.forge, r.full_name, p.pr_enabled, p.pr_trust, p.poll_interval
+FROM projects p JOIN repositories r ON r.id = p.repo_id
+WHERE r.forge = $1 AND r.full_name = $2`
+
+	// $1 repository id
+	sqlProjectByRepoID = `
+SELECT p.id, p.name, r.clone_url, r.default_branch, p.scheduling_shares, p.enabled, p.created_at,
+       r.id, r.forge, r.full_name, p.pr_enabled, p.pr_trust, p.poll_interval
+FROM projects p JOIN repositories r ON r.id = p.repo_id
+WHERE r.id = $1`
+
+	// Enabled projects, not of forge git, whose poll interval has passed.
+	sqlDuePolls = `
+SELECT p.id, p.name, r.clone_url, r.default_branch, p.scheduling_shares, p.enabled, p.created_at,
+       r.id, r.forge, r.full_name, p.pr_enabled, p.pr_trust, p.poll_interval
+FROM projects p JOIN repositories r ON r.id = p.repo_id
+WHERE p.enabled AND p.poll_interval > 0 AND r.forge <> 'git'
+  AND (p.last_polled IS NULL OR p.last_polled + p.poll_interval * interval '1 second' <= now())
+ORDER BY p.id`
 
 	// $1 name, $2 shares, $3 enabled, $4 branch (NULL = unchanged)
 	sqlUpdateProject = `
@@ -33,10 +70,6 @@ WITH p AS (
 UPDATE repositories r SET default_branch = COALESCE($4, r.default_branch)
 FROM p WHERE r.id = p.repo_id`
 
-	repositoryColumns = `r.id, r.forge, r.full_name, r.clone_url, r.default_branch, r.is_private,
-       COALESCE(r.installation_id, 0), COALESCE(r.hook_id, ''), COALESCE(r.last_synced, 'epoch'::timestamptz),
-       COALESCE(p.name, ''), COALESCE(p.enabled, false), COALESCE(r.forge_id, 0)`
-
 	// $1 forge, $2 owner, $3 name, $4 full name, $5 clone URL, $6 private, $7 default branch,
 	// $8 installation (0: none), $9 the forge's id of the repository (0: unknown, kept)
 	sqlUpsertRepository = `
@@ -48,15 +81,20 @@ SET owner = EXCLUDED.owner, name = EXCLUDED.name, clone_url = EXCLUDED.clone_url
     installation_id = EXCLUDED.installation_id,
     forge_id = COALESCE(EXCLUDED.forge_id, repositories.forge_id), last_synced = now()`
 
+	// The statements that return repositories list the columns in scanRepository's order.
 	// $1 forge ("" all), $2 substring of the name ("" all)
 	sqlListRepositories = `
-SELECT ` + repositoryColumns + `
+SELECT r.id, r.forge, r.full_name, r.clone_url, r.default_branch, r.is_private,
+       COALESCE(r.installation_id, 0), COALESCE(r.hook_id, ''), COALESCE(r.last_synced, 'epoch'::timestamptz),
+       COALESCE(p.name, ''), COALESCE(p.enabled, false), COALESCE(r.forge_id, 0)
 FROM repositories r LEFT JOIN projects p ON p.repo_id = r.id
 WHERE ($1 = '' OR r.forge = $1) AND ($2 = '' OR strpos(lower(r.full_name), lower($2)) > 0)
 ORDER BY r.forge, r.full_name`
 
 	sqlRepositoryByID = `
-SELECT ` + repositoryColumns + `
+SELECT r.id, r.forge, r.full_name, r.clone_url, r.default_branch, r.is_private,
+       COALESCE(r.installation_id, 0), COALESCE(r.hook_id, ''), COALESCE(r.last_synced, 'epoch'::timestamptz),
+       COALESCE(p.name, ''), COALESCE(p.enabled, false), COALESCE(r.forge_id, 0)
 FROM repositories r LEFT JOIN projects p ON p.repo_id = r.id
 WHERE r.id = $1`
 
@@ -67,7 +105,9 @@ WHERE r.id = $1`
 	// Enabled projects of forges $1 whose hook was registered before hooks had a secret each,
 	// or ($3) for another base URL than $2/webhook/{forge}.
 	sqlStaleHooks = `
-SELECT ` + repositoryColumns + `
+SELECT r.id, r.forge, r.full_name, r.clone_url, r.default_branch, r.is_private,
+       COALESCE(r.installation_id, 0), COALESCE(r.hook_id, ''), COALESCE(r.last_synced, 'epoch'::timestamptz),
+       COALESCE(p.name, ''), COALESCE(p.enabled, false), COALESCE(r.forge_id, 0)
 FROM repositories r JOIN projects p ON p.repo_id = r.id
 WHERE p.enabled AND r.forge = ANY($1) AND r.forge_id IS NOT NULL
   AND (r.hook_url IS NULL OR ($3 AND r.hook_url <> $2 || '/webhook/' || r.forge))
@@ -90,10 +130,23 @@ WHERE repo_id = $1`
 
 	sqlNameTaken = `SELECT EXISTS (SELECT 1 FROM projects WHERE name = $1)`
 
-	sqlWhereDuePoll = `
-WHERE p.enabled AND p.poll_interval > 0 AND r.forge <> 'git'
-  AND (p.last_polled IS NULL OR p.last_polled + p.poll_interval * interval '1 second' <= now())
-ORDER BY p.id`
-
 	sqlMarkPolled = `UPDATE projects SET last_polled = now() WHERE id = ANY($1)`
 )
+
+// scanProject reads a row of the statements that return projects, in their column order.
+func scanProject(row pgx.CollectableRow) (Project, error) {
+	var p Project
+	var poll int
+	err := row.Scan(&p.ID, &p.Name, &p.RepoURL, &p.Branch, &p.Shares, &p.Enabled, &p.CreatedAt,
+		&p.RepoID, &p.Forge, &p.FullName, &p.PREnabled, &p.PRTrust, &poll)
+	p.PollInterval = time.Duration(poll) * time.Second
+	return p, err
+}
+
+// scanRepository reads a row of the statements that return repositories, in their column order.
+func scanRepository(row pgx.CollectableRow) (Repository, error) {
+	var r Repository
+	err := row.Scan(&r.ID, &r.Forge, &r.FullName, &r.CloneURL, &r.DefaultBranch, &r.Private,
+		&r.InstallationID, &r.HookID, &r.LastSynced, &r.Project, &r.Enabled, &r.ForgeID)
+	return r, err
+}

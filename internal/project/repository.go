@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/harmonia-ci/harmonia-ci/internal/db"
 	"github.com/harmonia-ci/harmonia-ci/internal/forge"
 )
 
@@ -46,17 +47,10 @@ func (r Repository) Repo() forge.Repo {
 	return forge.Repo{Owner: owner, Name: name, InstallationID: r.InstallationID, ForgeID: r.ForgeID}
 }
 
-func scanRepository(row pgx.CollectableRow) (Repository, error) {
-	var r Repository
-	err := row.Scan(&r.ID, &r.Forge, &r.FullName, &r.CloneURL, &r.DefaultBranch, &r.Private,
-		&r.InstallationID, &r.HookID, &r.LastSynced, &r.Project, &r.Enabled, &r.ForgeID)
-	return r, err
-}
-
 // SyncRepositories records the repositories a forge listed: new ones are added, known ones
 // updated (clone URL, default branch, visibility, installation). It returns how many rows
 // changed.
-func SyncRepositories(ctx context.Context, q Execer, forgeName string, repos []forge.Repository) (int64, error) {
+func SyncRepositories(ctx context.Context, q db.DBTX, forgeName string, repos []forge.Repository) (int64, error) {
 	var n int64
 	for _, r := range repos {
 		if err := forge.ValidateRepo(r.Repo); err != nil {
@@ -70,11 +64,6 @@ func SyncRepositories(ctx context.Context, q Execer, forgeName string, repos []f
 		n += tag.RowsAffected()
 	}
 	return n, nil
-}
-
-// Execer is a pool, connection or transaction that runs statements.
-type Execer interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }
 
 // ListRepositories returns the repositories of forgeName ("" for every forge) whose name
@@ -92,7 +81,7 @@ func ListRepositories(ctx context.Context, pool *pgxpool.Pool, forgeName, search
 }
 
 // GetRepository returns repository id.
-func GetRepository(ctx context.Context, q Querier, id int64) (Repository, error) {
+func GetRepository(ctx context.Context, q db.DBTX, id int64) (Repository, error) {
 	rows, err := q.Query(ctx, sqlRepositoryByID, id)
 	if err != nil {
 		return Repository{}, fmt.Errorf("get repository %d: %w", id, err)
@@ -108,8 +97,8 @@ func GetRepository(ctx context.Context, q Querier, id int64) (Repository, error)
 }
 
 // ByRepository returns the project of a forge's repository; ErrNotFound if it has none.
-func ByRepository(ctx context.Context, q Querier, forgeName, fullName string) (Project, error) {
-	rows, err := q.Query(ctx, sqlSelectProjects+` WHERE r.forge = $1 AND r.full_name = $2`, forgeName, fullName)
+func ByRepository(ctx context.Context, q db.DBTX, forgeName, fullName string) (Project, error) {
+	rows, err := q.Query(ctx, sqlProjectByRepo, forgeName, fullName)
 	if err != nil {
 		return Project{}, fmt.Errorf("project of %s/%s: %w", forgeName, fullName, err)
 	}
@@ -227,7 +216,7 @@ func (en Enabler) Enable(ctx context.Context, repoID int64, p EnableParams) (Pro
 		if _, err := tx.Exec(ctx, sqlProjectSettings, repoID, p.Shares, p.PREnabled, p.PRTrust, p.pollSeconds()); err != nil {
 			return err
 		}
-		rows, err := tx.Query(ctx, sqlSelectProjects+` WHERE r.id = $1`, repoID)
+		rows, err := tx.Query(ctx, sqlProjectByRepoID, repoID)
 		if err != nil {
 			return err
 		}
@@ -317,7 +306,7 @@ func Configure(ctx context.Context, pool *pgxpool.Pool, repoID int64, s Settings
 	if tag.RowsAffected() == 0 {
 		return Project{}, fmt.Errorf("repository %d has no project: %w", repoID, ErrNotFound)
 	}
-	rows, err := pool.Query(ctx, sqlSelectProjects+` WHERE r.id = $1`, repoID)
+	rows, err := pool.Query(ctx, sqlProjectByRepoID, repoID)
 	if err != nil {
 		return Project{}, fmt.Errorf("configure the project of repository %d: %w", repoID, err)
 	}
@@ -358,8 +347,8 @@ func freeName(ctx context.Context, tx pgx.Tx, repo Repository) (string, error) {
 
 // DuePolls returns the enabled forge projects with a poll_interval whose last poll is that
 // long ago (or never happened).
-func DuePolls(ctx context.Context, q Querier) ([]Project, error) {
-	rows, err := q.Query(ctx, sqlSelectProjects+sqlWhereDuePoll)
+func DuePolls(ctx context.Context, q db.DBTX) ([]Project, error) {
+	rows, err := q.Query(ctx, sqlDuePolls)
 	if err != nil {
 		return nil, fmt.Errorf("projects due for polling: %w", err)
 	}
@@ -371,7 +360,7 @@ func DuePolls(ctx context.Context, q Querier) ([]Project, error) {
 }
 
 // MarkPolled records that project id's default branch was just polled.
-func MarkPolled(ctx context.Context, q Execer, ids []int64) (int64, error) {
+func MarkPolled(ctx context.Context, q db.DBTX, ids []int64) (int64, error) {
 	tag, err := q.Exec(ctx, sqlMarkPolled, ids)
 	if err != nil {
 		return 0, fmt.Errorf("record polls: %w", err)

@@ -6,6 +6,8 @@ import (
 	"maps"
 	"slices"
 	"sync"
+
+	"github.com/harmonia-ci/harmonia-ci/internal/db"
 )
 
 // Charger adds builder time to projects' consumed_seconds, the measure fair shares are computed
@@ -32,7 +34,7 @@ func (c *Charger) Add(project *int64, seconds float64) {
 
 // Flush writes what was recorded since the last flush. On failure the amounts are kept for the
 // next flush.
-func (c *Charger) Flush(ctx context.Context, q execer) error {
+func (c *Charger) Flush(ctx context.Context, q db.DBTX) error {
 	c.mu.Lock()
 	pending := c.pending
 	c.pending = nil

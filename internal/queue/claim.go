@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
+	"github.com/harmonia-ci/harmonia-ci/internal/db"
 )
 
 // Claimer is what a worker offers: its node, systems and features.
@@ -29,19 +30,14 @@ const (
 	ClaimNotExists
 )
 
-// Querier runs queries; a pool, a connection or a transaction.
-type Querier interface {
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-}
-
 // ClaimJobs claims up to limit ready jobs for c in one statement: building, claimed by c's node,
 // started now, attempt incremented. Callers must not claim while draining or with no free slot
 // (the Worker enforces both).
-func ClaimJobs(ctx context.Context, q Querier, c Claimer, limit int) ([]Job, error) {
+func ClaimJobs(ctx context.Context, q db.DBTX, c Claimer, limit int) ([]Job, error) {
 	return claimJobs(ctx, q, c, limit, ClaimReady)
 }
 
-func claimJobs(ctx context.Context, q Querier, c Claimer, limit int, form ClaimForm) ([]Job, error) {
+func claimJobs(ctx context.Context, q db.DBTX, c Claimer, limit int, form ClaimForm) ([]Job, error) {
 	if limit <= 0 {
 		return nil, nil
 	}

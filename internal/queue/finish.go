@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
+	"github.com/harmonia-ci/harmonia-ci/internal/db"
 )
 
 // FailKind classifies a failure: transient ones are retried, permanent ones wait for a
@@ -36,7 +37,7 @@ type Outcome struct {
 // dependents may be ready now, and tells the frontend) with an Announcer, and charges
 // Outcome.Seconds to the project with a Charger; a Worker does both. A claim that no longer
 // holds returns ErrStale.
-func Succeed(ctx context.Context, q Querier, c Claim) (Outcome, error) {
+func Succeed(ctx context.Context, q db.DBTX, c Claim) (Outcome, error) {
 	out := Outcome{Status: "succeeded"}
 	rows, err := q.Query(ctx, sqlJobSucceed, c.JobID, c.NodeID, c.Attempt, nil, cluster.LockClass)
 	if err == nil {

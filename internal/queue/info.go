@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/harmonia-ci/harmonia-ci/internal/db"
 )
 
 // ErrNotFound means no job has the id.
@@ -32,9 +34,7 @@ type JobInfo struct {
 }
 
 // GetJob returns job id, or an error wrapping ErrNotFound.
-func GetJob(ctx context.Context, q interface {
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}, id int64) (JobInfo, error) {
+func GetJob(ctx context.Context, q db.DBTX, id int64) (JobInfo, error) {
 	var j JobInfo
 	err := q.QueryRow(ctx, sqlJobInfo, id).Scan(&j.ID, &j.DrvPath, &j.Project, &j.System, &j.Status, &j.Priority,
 		&j.Attempt, &j.RetryCount, &j.ClaimedBy, &j.StartedAt, &j.FinishedAt, &j.ExitCode, &j.ErrorMessage,

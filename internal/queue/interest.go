@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
+	"github.com/harmonia-ci/harmonia-ci/internal/db"
 )
 
 // MaxInterested bounds the evaluations InterestedEvals lists: a job that more evaluations
@@ -20,15 +21,10 @@ const MaxInterested = 1000
 // and others do: there is nothing the caller may cancel.
 var ErrNotInterested = errors.New("none of these evaluations needs the job")
 
-// querier is what read queries need: a pool, a connection or a transaction.
-type querier interface {
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-}
-
 // InterestedEvals lists the live evaluations interested in job jobID: those with an attribute,
 // not detached, whose derivation is the job's or depends on it. truncated says there were more
 // than MaxInterested.
-func InterestedEvals(ctx context.Context, q querier, jobID int64) (ids []int64, truncated bool, err error) {
+func InterestedEvals(ctx context.Context, q db.DBTX, jobID int64) (ids []int64, truncated bool, err error) {
 	rows, err := q.Query(ctx, sqlInterestedEvals, jobID, MaxInterested+1)
 	if err != nil {
 		return nil, false, fmt.Errorf("evaluations interested in job %d: %w", jobID, err)

@@ -18,10 +18,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
+	"github.com/harmonia-ci/harmonia-ci/internal/db"
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
 )
 
@@ -272,18 +272,13 @@ func isDrvPath(p string) bool {
 	return true
 }
 
-// execer is what single statements need: a pool, a connection or a transaction.
-type execer interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-}
-
 // NotifyJobs sends one build_jobs notification (a JSON object: {"system"} wakes builders,
 // {"drv_path","status"} announces a finish) at the commit of tx.
 func NotifyJobs(ctx context.Context, tx pgx.Tx, payload map[string]string) error {
 	return notifyJobs(ctx, tx, payload)
 }
 
-func notifyJobs(ctx context.Context, q execer, payload map[string]string) error {
+func notifyJobs(ctx context.Context, q db.DBTX, payload map[string]string) error {
 	b, _ := json.Marshal(payload)
 	if _, err := q.Exec(ctx, sqlNotify, string(b)); err != nil {
 		return fmt.Errorf("notify build_jobs: %w", err)

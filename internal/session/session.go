@@ -28,7 +28,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/harmonia-ci/harmonia-ci/internal/db"
 )
 
 // CookieName holds the session where the UI is served over plain HTTP (a UI tried out on
@@ -79,18 +80,12 @@ type Session struct {
 	Expires time.Time `json:"expires"`
 }
 
-// DB is what the Manager needs of the database: *pgxpool.Pool and pgx.Tx satisfy it.
-type DB interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
-
 // Config configures a Manager.
 type Config struct {
 	// Secret signs the cookies: at least MinSecret bytes.
 	Secret []byte
 	// DB holds the sessions (web_sessions).
-	DB DB
+	DB db.DBTX
 	// TrustedOrigins are origins besides the request's own host that may POST (the public URL
 	// behind a proxy that rewrites Host), as "https://ci.example.com".
 	TrustedOrigins []string
@@ -102,7 +97,7 @@ type Config struct {
 // Manager signs and checks cookies with one secret, and keeps the sessions in the database.
 type Manager struct {
 	secret  []byte
-	db      DB
+	db      db.DBTX
 	https   bool
 	now     func() time.Time
 	origins *http.CrossOriginProtection

@@ -41,6 +41,7 @@ import (
 
 	"github.com/harmonia-ci/harmonia-ci/internal/blob"
 	"github.com/harmonia-ci/harmonia-ci/internal/config"
+	"github.com/harmonia-ci/harmonia-ci/internal/db"
 	"github.com/harmonia-ci/harmonia-ci/internal/httpapi"
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
 	"github.com/harmonia-ci/harmonia-ci/internal/nodetoken"
@@ -117,9 +118,7 @@ func (s *Server) RecordKey(ctx context.Context) error {
 }
 
 // TrustedKeys returns the cluster's signing public keys ("name:base64"), oldest first.
-func TrustedKeys(ctx context.Context, q interface {
-	Query(context.Context, string, ...any) (pgx.Rows, error)
-}) ([]string, error) {
+func TrustedKeys(ctx context.Context, q db.DBTX) ([]string, error) {
 	rows, err := q.Query(ctx, sqlTrustedKeys)
 	if err != nil {
 		return nil, fmt.Errorf("read signing keys: %w", err)

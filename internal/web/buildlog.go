@@ -20,15 +20,6 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/notify"
 )
 
-// buildLogStateSQL reads a build and its live tail; $1 is the job id. One statement, so status
-// and tail come from one snapshot: the builder records the final status before it deletes the
-// tail, so a finished status is never seen with a tail older than the last one written.
-const buildLogStateSQL = `
-SELECT j.status, j.log_url, j.error_message, t.log_tail, t.log_seq
-FROM build_jobs j
-LEFT JOIN build_log_tails t ON t.build_job_id = j.id
-WHERE j.id = $1`
-
 // buildLogChannel is the NOTIFY channel of build_log_tails; the payload is the job id.
 const buildLogChannel = "build_log"
 
@@ -330,7 +321,7 @@ func (s *Server) readBuildLog(ctx context.Context, id int64) (buildLogState, err
 	ctx, cancel := context.WithTimeout(ctx, logQueryTimeout)
 	defer cancel()
 	var st buildLogState
-	err := s.pool.QueryRow(ctx, buildLogStateSQL, id).Scan(&st.status, &st.logURL, &st.errorMessage, &st.tail, &st.seq)
+	err := s.pool.QueryRow(ctx, sqlBuildLogState, id).Scan(&st.status, &st.logURL, &st.errorMessage, &st.tail, &st.seq)
 	if err != nil {
 		return st, fmt.Errorf("read log tail of build %d: %w", id, err)
 	}

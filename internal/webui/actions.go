@@ -149,17 +149,6 @@ func (u *UI) returnTo(r *http.Request, fallback string) string {
 	return fallback
 }
 
-const (
-	sqlEvalProject = `SELECT p.name FROM evaluations e JOIN projects p ON p.id = e.project_id WHERE e.id = $1`
-	// A job's page is under the project it was queued for, or that of its newest evaluation.
-	sqlBuildProject = `
-SELECT COALESCE(
-    (SELECT p.name FROM projects p WHERE p.id = j.project_id),
-    (SELECT p.name FROM eval_attrs a JOIN evaluations e ON e.id = a.eval_id JOIN projects p ON p.id = e.project_id
-     WHERE a.drv_path = j.drv_path ORDER BY e.id DESC LIMIT 1))
-FROM build_jobs j WHERE j.id = $1`
-)
-
 // backURL is the page of the evaluation or build, "/ci/" if it has none.
 func (u *UI) backURL(ctx context.Context, kind string, id int64) string {
 	q, seg := sqlEvalProject, "eval"
@@ -223,23 +212,6 @@ func (u *UI) cancelBuild(ctx context.Context, id int64, who actor) (string, erro
 	return fmt.Sprintf("build %d goes on for the other evaluations that need it; detached from it: %s",
 		id, plural(len(res.Detached), "evaluation", "evaluations")), nil
 }
-
-// sqlEvalFailed lists the jobs an evaluation's failed attributes are failed by: the failed
-// and dep-failed attribute jobs, and below each dep-failed one its failed, dep-failed or
-// cancelled inputs, top-down (attributes first).
-const sqlEvalFailed = `
-WITH RECURSIVE down(drv_path, depth) AS (
-    SELECT a.drv_path, 0 FROM eval_attrs a JOIN build_jobs j ON j.drv_path = a.drv_path
-    WHERE a.eval_id = $1 AND j.status IN ('failed', 'dep-failed')
-  UNION
-    SELECT di.input_drv, d.depth + 1 FROM down d
-    JOIN build_jobs r ON r.drv_path = d.drv_path AND r.status = 'dep-failed'
-    JOIN derivation_inputs di ON di.referrer = d.drv_path
-    JOIN build_jobs j ON j.drv_path = di.input_drv AND j.status IN ('failed', 'dep-failed', 'cancelled')
-    WHERE d.depth < 500
-)
-SELECT j.id FROM down JOIN build_jobs j ON j.drv_path = down.drv_path
-GROUP BY j.id ORDER BY min(down.depth), j.id`
 
 // rebuildFailed is POST /api/evals/{id}/rebuild-failed: every job its failed attributes are
 // failed by back to pending with fresh retries (queue.Rebuild each, top-down, so each still

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/harmonia-ci/harmonia-ci/internal/db"
 )
 
 // The dashboard's charts cover the last 6 hours in 10-minute buckets (sqlActivity's window).
@@ -33,9 +35,7 @@ type Activity struct {
 }
 
 // loadActivity reads the activity of the activityBucketCount buckets before end (a bucket boundary).
-func loadActivity(ctx context.Context, q interface {
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-}, end time.Time) (Activity, error) {
+func loadActivity(ctx context.Context, q db.DBTX, end time.Time) (Activity, error) {
 	a := Activity{End: end}
 	rows, err := q.Query(ctx, sqlActivity, end)
 	if err != nil {

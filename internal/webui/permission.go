@@ -218,53 +218,6 @@ func (u *UI) projectVisible(r *http.Request, name string) (bool, error) {
 	return u.canSee(r, private, forgeName, fullName)
 }
 
-// SQL of the permission checks.
-const (
-	// The repository of an evaluation, and its pull request's author's forge user id.
-	sqlEvalTarget = `
-SELECT r.forge, r.full_name, COALESCE(r.installation_id, 0), r.is_private,
-       CASE WHEN e.pr_number IS NOT NULL THEN COALESCE(e.pr_author_id, 0) ELSE 0 END
-FROM evaluations e
-JOIN projects p ON p.id = e.project_id
-JOIN repositories r ON r.id = p.repo_id
-WHERE e.id = $1`
-
-	// The repositories a build job belongs to directly: the project it was queued for, and the
-	// evaluations that have its derivation as an attribute. NULL forge: the job exists but has
-	// neither.
-	sqlBuildTargets = `
-WITH j AS (SELECT id, drv_path, project_id FROM build_jobs WHERE id = $1)
-SELECT r.forge, r.full_name, COALESCE(r.installation_id, 0), r.is_private, 0::bigint
-FROM j JOIN projects p ON p.id = j.project_id JOIN repositories r ON r.id = p.repo_id
-UNION
-SELECT r.forge, r.full_name, COALESCE(r.installation_id, 0), r.is_private,
-       CASE WHEN e.pr_number IS NOT NULL THEN COALESCE(e.pr_author_id, 0) ELSE 0 END
-FROM j
-JOIN eval_attrs a ON a.drv_path = j.drv_path
-JOIN evaluations e ON e.id = a.eval_id
-JOIN projects p ON p.id = e.project_id
-JOIN repositories r ON r.id = p.repo_id
-UNION
-SELECT NULL, '', 0, false, 0::bigint FROM j`
-
-	// The repositories of the evaluations whose attributes need the job's derivation through
-	// their closure (the job is a dependency), at most 200.
-	sqlBuildClosureTargets = `
-WITH RECURSIVE up(drv_path) AS (
-    SELECT drv_path FROM build_jobs WHERE id = $1
-  UNION
-    SELECT di.referrer FROM derivation_inputs di JOIN up ON di.input_drv = up.drv_path
-)
-SELECT DISTINCT r.forge, r.full_name, COALESCE(r.installation_id, 0), r.is_private,
-       CASE WHEN e.pr_number IS NOT NULL THEN COALESCE(e.pr_author_id, 0) ELSE 0 END
-FROM up
-JOIN eval_attrs a ON a.drv_path = up.drv_path
-JOIN evaluations e ON e.id = a.eval_id
-JOIN projects p ON p.id = e.project_id
-JOIN repositories r ON r.id = p.repo_id
-LIMIT 200`
-)
-
 func scanTargets(rows pgx.Rows) ([]target, error) {
 	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (target, error) {
 		var t target

@@ -454,24 +454,28 @@ SELECT p.name FROM evaluations e JOIN projects p ON p.id = e.project_id WHERE e.
 
 // Settings pages.
 const (
-	// A repository with its project's settings (zero values when it has none).
-	settingsColumns = `
-SELECT r.id, r.forge, r.full_name, r.clone_url, r.default_branch, r.is_private, COALESCE(r.hook_id, ''),
-       COALESCE(p.name, ''), p.id IS NOT NULL, COALESCE(p.enabled, false), COALESCE(p.scheduling_shares, 0),
-       COALESCE(p.pr_enabled, false), COALESCE(p.pr_trust, ''), COALESCE(p.poll_interval, 0)
-FROM repositories r LEFT JOIN projects p ON p.repo_id = r.id`
-
+	// A repository with its project's settings (zero values when it has none), in
+	// scanRepoSettings's column order (settings.go).
+	//
 	// The repositories whose owner/name, forge or project name match an ILIKE pattern ('' for
 	// all), by forge and name, after a repository (keyset; 0 for the first page).
 	// $1 pattern, $2 after repository id, $3 limit.
-	sqlSettingsRepos = settingsColumns + `
+	sqlSettingsRepos = `
+SELECT r.id, r.forge, r.full_name, r.clone_url, r.default_branch, r.is_private, COALESCE(r.hook_id, ''),
+       COALESCE(p.name, ''), p.id IS NOT NULL, COALESCE(p.enabled, false), COALESCE(p.scheduling_shares, 0),
+       COALESCE(p.pr_enabled, false), COALESCE(p.pr_trust, ''), COALESCE(p.poll_interval, 0)
+FROM repositories r LEFT JOIN projects p ON p.repo_id = r.id
 WHERE ($1::text = '' OR r.full_name ILIKE $1 OR r.forge ILIKE $1 OR p.name ILIKE $1)
   AND ($2::bigint = 0 OR (r.forge, r.full_name) > (SELECT forge, full_name FROM repositories WHERE id = $2))
 ORDER BY r.forge, r.full_name
 LIMIT $3`
 
 	// One repository. $1 repository id.
-	sqlSettingsRepo = settingsColumns + `
+	sqlSettingsRepo = `
+SELECT r.id, r.forge, r.full_name, r.clone_url, r.default_branch, r.is_private, COALESCE(r.hook_id, ''),
+       COALESCE(p.name, ''), p.id IS NOT NULL, COALESCE(p.enabled, false), COALESCE(p.scheduling_shares, 0),
+       COALESCE(p.pr_enabled, false), COALESCE(p.pr_trust, ''), COALESCE(p.poll_interval, 0)
+FROM repositories r LEFT JOIN projects p ON p.repo_id = r.id
 WHERE r.id = $1`
 )
 
@@ -500,4 +504,80 @@ const (
 	sqlAdminBind = `
 INSERT INTO admin_logins (forge, login, user_id) VALUES ($1, $2, $3)
 ON CONFLICT (forge, login) DO NOTHING`
+)
+
+// Actions: the page an action sends its user back to, and what rebuild-failed rebuilds.
+const (
+	sqlEvalProject = `SELECT p.name FROM evaluations e JOIN projects p ON p.id = e.project_id WHERE e.id = $1`
+	// A job's page is under the project it was queued for, or that of its newest evaluation.
+	sqlBuildProject = `
+SELECT COALESCE(
+    (SELECT p.name FROM projects p WHERE p.id = j.project_id),
+    (SELECT p.name FROM eval_attrs a JOIN evaluations e ON e.id = a.eval_id JOIN projects p ON p.id = e.project_id
+     WHERE a.drv_path = j.drv_path ORDER BY e.id DESC LIMIT 1))
+FROM build_jobs j WHERE j.id = $1`
+)
+
+// sqlEvalFailed lists the jobs an evaluation's failed attributes are failed by: the failed
+// and dep-failed attribute jobs, and below each dep-failed one its failed, dep-failed or
+// cancelled inputs, top-down (attributes first).
+const sqlEvalFailed = `
+WITH RECURSIVE down(drv_path, depth) AS (
+    SELECT a.drv_path, 0 FROM eval_attrs a JOIN build_jobs j ON j.drv_path = a.drv_path
+    WHERE a.eval_id = $1 AND j.status IN ('failed', 'dep-failed')
+  UNION
+    SELECT di.input_drv, d.depth + 1 FROM down d
+    JOIN build_jobs r ON r.drv_path = d.drv_path AND r.status = 'dep-failed'
+    JOIN derivation_inputs di ON di.referrer = d.drv_path
+    JOIN build_jobs j ON j.drv_path = di.input_drv AND j.status IN ('failed', 'dep-failed', 'cancelled')
+    WHERE d.depth < 500
+)
+SELECT j.id FROM down JOIN build_jobs j ON j.drv_path = down.drv_path
+GROUP BY j.id ORDER BY min(down.depth), j.id`
+
+// SQL of the permission checks.
+const (
+	// The repository of an evaluation, and its pull request's author's forge user id.
+	sqlEvalTarget = `
+SELECT r.forge, r.full_name, COALESCE(r.installation_id, 0), r.is_private,
+       CASE WHEN e.pr_number IS NOT NULL THEN COALESCE(e.pr_author_id, 0) ELSE 0 END
+FROM evaluations e
+JOIN projects p ON p.id = e.project_id
+JOIN repositories r ON r.id = p.repo_id
+WHERE e.id = $1`
+
+	// The repositories a build job belongs to directly: the project it was queued for, and the
+	// evaluations that have its derivation as an attribute. NULL forge: the job exists but has
+	// neither.
+	sqlBuildTargets = `
+WITH j AS (SELECT id, drv_path, project_id FROM build_jobs WHERE id = $1)
+SELECT r.forge, r.full_name, COALESCE(r.installation_id, 0), r.is_private, 0::bigint
+FROM j JOIN projects p ON p.id = j.project_id JOIN repositories r ON r.id = p.repo_id
+UNION
+SELECT r.forge, r.full_name, COALESCE(r.installation_id, 0), r.is_private,
+       CASE WHEN e.pr_number IS NOT NULL THEN COALESCE(e.pr_author_id, 0) ELSE 0 END
+FROM j
+JOIN eval_attrs a ON a.drv_path = j.drv_path
+JOIN evaluations e ON e.id = a.eval_id
+JOIN projects p ON p.id = e.project_id
+JOIN repositories r ON r.id = p.repo_id
+UNION
+SELECT NULL, '', 0, false, 0::bigint FROM j`
+
+	// The repositories of the evaluations whose attributes need the job's derivation through
+	// their closure (the job is a dependency), at most 200.
+	sqlBuildClosureTargets = `
+WITH RECURSIVE up(drv_path) AS (
+    SELECT drv_path FROM build_jobs WHERE id = $1
+  UNION
+    SELECT di.referrer FROM derivation_inputs di JOIN up ON di.input_drv = up.drv_path
+)
+SELECT DISTINCT r.forge, r.full_name, COALESCE(r.installation_id, 0), r.is_private,
+       CASE WHEN e.pr_number IS NOT NULL THEN COALESCE(e.pr_author_id, 0) ELSE 0 END
+FROM up
+JOIN eval_attrs a ON a.drv_path = up.drv_path
+JOIN evaluations e ON e.id = a.eval_id
+JOIN projects p ON p.id = e.project_id
+JOIN repositories r ON r.id = p.repo_id
+LIMIT 200`
 )
