@@ -46,7 +46,7 @@ func OpenDatabase(ctx context.Context, o DatabaseOptions) (*Database, error) {
 		return nil, err
 	}
 	if _, err = db.Migrate(ctx, d.Pool, "bench"); err == nil {
-		err = d.Pool.QueryRow(ctx, queryServerVersion).Scan(&d.Version)
+		err = d.Pool.QueryRow(ctx, sqlServerVersion).Scan(&d.Version)
 	}
 	if err != nil {
 		d.Close()

@@ -2,10 +2,10 @@ package bench
 
 // The harness's SQL.
 const (
-	queryServerVersion = `SELECT current_setting('server_version')`
+	sqlServerVersion = `SELECT current_setting('server_version')`
 
-	// queryProjectCreate adds project $1 with scheduling share $2 on a repository of its own.
-	queryProjectCreate = `
+	// sqlProjectCreate adds project $1 with scheduling share $2 on a repository of its own.
+	sqlProjectCreate = `
 WITH repo AS (
     INSERT INTO repositories (forge, owner, name, full_name, clone_url)
     VALUES ('bench', 'bench', $1, 'bench/' || $1, 'https://example.invalid/' || $1) RETURNING id

@@ -37,7 +37,7 @@ func CreateProjects(ctx context.Context, pool *pgxpool.Pool, seed uint64, shares
 	ids := make([]int64, len(shares))
 	for i, s := range shares {
 		name := fmt.Sprintf("bench-%d-%d", seed%100000, i)
-		if err := pool.QueryRow(ctx, queryProjectCreate, name, s).Scan(&ids[i]); err != nil {
+		if err := pool.QueryRow(ctx, sqlProjectCreate, name, s).Scan(&ids[i]); err != nil {
 			return nil, fmt.Errorf("create bench project: %w", err)
 		}
 	}

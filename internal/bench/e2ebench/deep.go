@@ -216,7 +216,7 @@ func (b *e2e) addDeepProjects(ctx context.Context, order string, round int) ([]s
 // run.EvalSeconds.
 func (b *e2e) evaluateAll(ctx context.Context, names []string, run *E2EDeepRun) ([]int64, time.Time, error) {
 	var trigger time.Time
-	if err := b.pool.QueryRow(ctx, queryNow).Scan(&trigger); err != nil {
+	if err := b.pool.QueryRow(ctx, sqlNow).Scan(&trigger); err != nil {
 		return nil, trigger, err
 	}
 	evals := make([]evaluation.Evaluation, len(names))
@@ -284,7 +284,7 @@ func (b *e2e) waitBuilt(ctx context.Context, projects []int64) error {
 
 // measureDeep fills run's figures from the build jobs of projects.
 func (b *e2e) measureDeep(ctx context.Context, run *E2EDeepRun, projects []int64, trigger time.Time) error {
-	rows, err := b.pool.Query(ctx, queryDeepJobs, projects)
+	rows, err := b.pool.Query(ctx, sqlDeepJobs, projects)
 	if err != nil {
 		return err
 	}

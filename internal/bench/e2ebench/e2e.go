@@ -73,7 +73,7 @@ func (b *e2e) observeBuild(t builder.Timings) {
 
 // waitTimings waits until the builders reported the timings of every job of project.
 func (b *e2e) waitTimings(ctx context.Context, project int64) error {
-	rows, err := b.pool.Query(ctx, queryProjectSucceededJobs, project)
+	rows, err := b.pool.Query(ctx, sqlProjectSucceededJobs, project)
 	if err != nil {
 		return err
 	}
@@ -374,7 +374,7 @@ func (b *e2e) round(ctx context.Context, name, salt string, round int) (roundRes
 	if err := b.clusterRound(ctx, name, round, projectID, &rr); err != nil {
 		return rr, err
 	}
-	if err := b.pool.QueryRow(ctx, queryProjectMakespan, projectID).Scan(&rr.cluster); err != nil {
+	if err := b.pool.QueryRow(ctx, sqlProjectMakespan, projectID).Scan(&rr.cluster); err != nil {
 		return rr, err
 	}
 	rr.rows, rr.perBuilder, err = b.readJobs(ctx, projectID)
@@ -438,7 +438,7 @@ func (b *e2e) evaluate(ctx context.Context, name, salt string, round int, expr s
 		return 0, fmt.Errorf("evaluation %s: %s", e.Status, e.Error)
 	}
 	var pending int
-	if err := b.pool.QueryRow(ctx, queryProjectPendingCount, e.ProjectID).Scan(&pending); err != nil {
+	if err := b.pool.QueryRow(ctx, sqlProjectPendingCount, e.ProjectID).Scan(&pending); err != nil {
 		return 0, err
 	}
 	if pending != o.Derivations {
@@ -510,7 +510,7 @@ func (b *e2e) clusterRound(ctx context.Context, name string, round int, projectI
 
 // readJobs reads the project's jobs, and counts them per builder.
 func (b *e2e) readJobs(ctx context.Context, projectID int64) ([]jobRow, map[string]int, error) {
-	rows, err := b.pool.Query(ctx, queryProjectJobs, projectID)
+	rows, err := b.pool.Query(ctx, sqlProjectJobs, projectID)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -565,7 +565,7 @@ func (b *e2e) readFailures() (int, []string) {
 // unfinishedJobs counts the projects' jobs still pending or in progress, and describes those
 // that ended without success.
 func unfinishedJobs(ctx context.Context, pool *pgxpool.Pool, projects []int64) (open int, failures []string, err error) {
-	rows, err := pool.Query(ctx, queryUnsucceededJobs, projects)
+	rows, err := pool.Query(ctx, sqlUnsucceededJobs, projects)
 	if err != nil {
 		return 0, nil, err
 	}

@@ -27,7 +27,7 @@ func (b *e2e) probe(ctx context.Context, name string, rows []jobRow) ([]ProbeSte
 	var withInputs []jobRow
 	for _, j := range rows {
 		var n int
-		if err := b.pool.QueryRow(ctx, queryInputCount, j.drv).Scan(&n); err != nil {
+		if err := b.pool.QueryRow(ctx, sqlInputCount, j.drv).Scan(&n); err != nil {
 			return nil, err
 		}
 		if n > 0 {
@@ -40,7 +40,7 @@ func (b *e2e) probe(ctx context.Context, name string, rows []jobRow) ([]ProbeSte
 		sample = append(sample, withInputs[i])
 	}
 	var caches, keys []string
-	if err := b.pool.QueryRow(ctx, queryCacheEndpoints).Scan(&caches, &keys); err != nil {
+	if err := b.pool.QueryRow(ctx, sqlCacheEndpoints).Scan(&caches, &keys); err != nil {
 		return nil, err
 	}
 	if len(caches) == 0 {

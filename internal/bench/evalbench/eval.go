@@ -121,7 +121,7 @@ func Eval(ctx context.Context, o EvalOptions) (EvalReport, error) {
 		}
 	}
 	r.Ratio = r.EvalSeconds / r.NixSeconds
-	err = pool.QueryRow(ctx, queryGraphRows).Scan(&r.Rows, &r.Jobs)
+	err = pool.QueryRow(ctx, sqlGraphRows).Scan(&r.Rows, &r.Jobs)
 	if err != nil {
 		return r, err
 	}
@@ -131,7 +131,7 @@ func Eval(ctx context.Context, o EvalOptions) (EvalReport, error) {
 	// The .drv files' narinfos are rows (blob.Derivations); sources' are files.
 	narinfos, _ := filepath.Glob(filepath.Join(cfg.StateDir, "cache", "*.narinfo"))
 	var drvObjects int64
-	if err := pool.QueryRow(ctx, queryDrvObjectCount).Scan(&drvObjects); err != nil {
+	if err := pool.QueryRow(ctx, sqlDrvObjectCount).Scan(&drvObjects); err != nil {
 		return r, err
 	}
 	r.Published = (int64(len(narinfos)) + drvObjects) / int64(o.Rounds)

@@ -229,7 +229,7 @@ func (b *gcBench) open(ctx context.Context, r *GCReport) error {
 	}
 	r.Postgres = b.db.Version
 	var n int64
-	err = b.db.Pool.QueryRow(ctx, queryDerivationsAndEvals).Scan(&n)
+	err = b.db.Pool.QueryRow(ctx, sqlDerivationsAndEvals).Scan(&n)
 	if err != nil {
 		return err
 	}

@@ -165,18 +165,18 @@ func (w *gcWorld) record(ctx context.Context, pool *pgxpool.Pool, projectID int6
 			return err
 		}
 	}
-	if _, err := pool.Exec(ctx, queryJobsFinish, projectID, w.unbuilt); err != nil {
+	if _, err := pool.Exec(ctx, sqlJobsFinish, projectID, w.unbuilt); err != nil {
 		return fmt.Errorf("finish jobs: %w", err)
 	}
 	var evalID int64
-	if err := pool.QueryRow(ctx, queryEvalCreate,
+	if err := pool.QueryRow(ctx, sqlEvalCreate,
 		projectID, bench.RandomHex(20)).Scan(&evalID); err != nil {
 		return fmt.Errorf("record evaluation: %w", err)
 	}
-	if _, err := pool.Exec(ctx, queryEvalAttrsCreate, evalID, w.roots); err != nil {
+	if _, err := pool.Exec(ctx, sqlEvalAttrsCreate, evalID, w.roots); err != nil {
 		return fmt.Errorf("record attributes: %w", err)
 	}
-	_, err := pool.Exec(ctx, queryAnalyze)
+	_, err := pool.Exec(ctx, sqlAnalyze)
 	return err
 }
 
@@ -188,14 +188,14 @@ func (w *gcWorld) forget(ctx context.Context, pool *pgxpool.Pool, projectID int6
 	}
 	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		for _, q := range []string{
-			queryProjectEvalsDelete,
-			queryProjectJobsDelete,
+			sqlProjectEvalsDelete,
+			sqlProjectJobsDelete,
 		} {
 			if _, err := tx.Exec(ctx, q, projectID); err != nil {
 				return fmt.Errorf("forget the package set: %w", err)
 			}
 		}
-		if _, err := tx.Exec(ctx, queryDerivationsDelete, drvs); err != nil {
+		if _, err := tx.Exec(ctx, sqlDerivationsDelete, drvs); err != nil {
 			return fmt.Errorf("forget the package set: %w", err)
 		}
 		return nil

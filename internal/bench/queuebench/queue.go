@@ -144,7 +144,7 @@ func openEmptyDatabase(ctx context.Context, o QueueOptions) (*bench.Database, fu
 		return nil, nil, err
 	}
 	var existing int64
-	if err := d.Pool.QueryRow(ctx, queryJobCount).Scan(&existing); err != nil {
+	if err := d.Pool.QueryRow(ctx, sqlJobCount).Scan(&existing); err != nil {
 		closeAll(d)
 		return nil, nil, err
 	}
@@ -170,11 +170,11 @@ func enqueueDAG(ctx context.Context, pool *pgxpool.Pool, o QueueOptions, r *Queu
 		}
 	}
 	r.EnqueueSeconds = time.Since(start).Seconds()
-	if err := pool.QueryRow(ctx, queryBlockedCount).Scan(&r.BlockedAtStart); err != nil {
+	if err := pool.QueryRow(ctx, sqlBlockedCount).Scan(&r.BlockedAtStart); err != nil {
 		return err
 	}
 	o.Logger.Info("enqueued", "jobs", o.Jobs, "blocked", r.BlockedAtStart, "seconds", r.EnqueueSeconds)
-	_, err = pool.Exec(ctx, queryAnalyze)
+	_, err = pool.Exec(ctx, sqlAnalyze)
 	return err
 }
 
@@ -307,7 +307,7 @@ func waitDone(ctx context.Context, pool *pgxpool.Pool, timeout time.Duration) er
 		// Whether any job is left, not how many: counting 300,000 unfinished jobs five times a
 		// second took a share of a CPU from the queue being measured.
 		var left bool
-		if err := pool.QueryRow(ctx, queryAnyOpen).Scan(&left); err != nil {
+		if err := pool.QueryRow(ctx, sqlAnyOpen).Scan(&left); err != nil {
 			return err
 		}
 		if !left {
@@ -315,7 +315,7 @@ func waitDone(ctx context.Context, pool *pgxpool.Pool, timeout time.Duration) er
 		}
 		if time.Now().After(deadline) {
 			var n int64
-			if err := pool.QueryRow(ctx, queryOpenCount).Scan(&n); err != nil {
+			if err := pool.QueryRow(ctx, sqlOpenCount).Scan(&n); err != nil {
 				return err
 			}
 			return fmt.Errorf("bench: %d jobs still unfinished after %s", n, timeout)
@@ -342,7 +342,7 @@ func wakeLatency(ctx context.Context, pool *pgxpool.Pool, o QueueOptions) (p50, 
 	for i, d := range chain {
 		paths[i] = d.DrvPath
 	}
-	rows, err := pool.Query(ctx, queryWakeGaps, paths)
+	rows, err := pool.Query(ctx, sqlWakeGaps, paths)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -451,7 +451,7 @@ func drainCPU(ctx context.Context, pool *pgxpool.Pool) (cpuTimes, error) {
 	}
 	t.self = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 	var backend int
-	if err := pool.QueryRow(ctx, queryBackendPID).Scan(&backend); err != nil {
+	if err := pool.QueryRow(ctx, sqlBackendPID).Scan(&backend); err != nil {
 		return t, err
 	}
 	st, err := procStat(backend)

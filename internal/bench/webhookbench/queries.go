@@ -2,24 +2,24 @@ package webhookbench
 
 // The benchmark's SQL, named for what it reads or writes.
 const (
-	// queryBenchJobs reads the fixture's build jobs, oldest first.
-	queryBenchJobs = `SELECT drv_path FROM build_jobs WHERE drv_path LIKE '%-bench-%' ORDER BY id`
+	// sqlBenchJobs reads the fixture's build jobs, oldest first.
+	sqlBenchJobs = `SELECT drv_path FROM build_jobs WHERE drv_path LIKE '%-bench-%' ORDER BY id`
 
-	// queryEvalCount counts every evaluation.
-	queryEvalCount = `SELECT count(*) FROM evaluations`
+	// sqlEvalCount counts every evaluation.
+	sqlEvalCount = `SELECT count(*) FROM evaluations`
 
-	// queryJobSucceed sets job $1 succeeded and sends the queue's notification $2, as the signer does.
-	queryJobSucceed = `WITH u AS (UPDATE build_jobs SET status = 'succeeded', finished_at = now() WHERE drv_path = $1)
+	// sqlJobSucceed sets job $1 succeeded and sends the queue's notification $2, as the signer does.
+	sqlJobSucceed = `WITH u AS (UPDATE build_jobs SET status = 'succeeded', finished_at = now() WHERE drv_path = $1)
 SELECT pg_notify('build_jobs', $2)`
 
-	// queryPendingReportedCount counts the evaluations whose pending build status reached the forge.
-	queryPendingReportedCount = `SELECT count(*) FROM evaluations WHERE reported_status LIKE '%"build":{"state":"pending"%'`
+	// sqlPendingReportedCount counts the evaluations whose pending build status reached the forge.
+	sqlPendingReportedCount = `SELECT count(*) FROM evaluations WHERE reported_status LIKE '%"build":{"state":"pending"%'`
 
-	// queryProjectsFromRepos inserts a project per repository, named after it.
-	queryProjectsFromRepos = `INSERT INTO projects (repo_id, name) SELECT id, name FROM repositories`
+	// sqlProjectsFromRepos inserts a project per repository, named after it.
+	sqlProjectsFromRepos = `INSERT INTO projects (repo_id, name) SELECT id, name FROM repositories`
 
-	// queryStatusFixture inserts evaluations of the first project, each with one pending build job as its last.
-	queryStatusFixture = `
+	// sqlStatusFixture inserts evaluations of the first project, each with one pending build job as its last.
+	sqlStatusFixture = `
 WITH p AS (SELECT id FROM projects ORDER BY id LIMIT 1),
 d AS (
     INSERT INTO derivations (drv_path, hash_part, name, system, nar_hash, nar_size)

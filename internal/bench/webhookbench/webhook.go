@@ -137,7 +137,7 @@ func benchProjects(ctx context.Context, pool *pgxpool.Pool, n int) ([]string, er
 	if _, err := project.SyncRepositories(ctx, pool, "gitea", repos); err != nil {
 		return nil, err
 	}
-	if _, err := pool.Exec(ctx, queryProjectsFromRepos); err != nil {
+	if _, err := pool.Exec(ctx, sqlProjectsFromRepos); err != nil {
 		return nil, err
 	}
 	names := make([]string, n)
@@ -196,7 +196,7 @@ func deliveries(ctx context.Context, pool *pgxpool.Pool, forges forge.Set, repos
 	}
 	elapsed := time.Since(start)
 	var n int
-	if err := pool.QueryRow(ctx, queryEvalCount).Scan(&n); err != nil {
+	if err := pool.QueryRow(ctx, sqlEvalCount).Scan(&n); err != nil {
 		return err
 	}
 	if n != o.Deliveries {
@@ -274,7 +274,7 @@ func post(ctx context.Context, c *http.Client, url string, body []byte, h http.H
 func statusLatency(ctx context.Context, pool *pgxpool.Pool, forges forge.Set, o WebhookOptions, fs *fakeStatusForge, r *WebhookReport) error {
 	// One evaluation per build, succeeded, its build pending: the state in which a finished
 	// build decides the commit's nix-build status.
-	_, err := pool.Exec(ctx, queryStatusFixture, o.Statuses)
+	_, err := pool.Exec(ctx, sqlStatusFixture, o.Statuses)
 	if err != nil {
 		return fmt.Errorf("prepare the status benchmark: %w", err)
 	}
@@ -306,12 +306,12 @@ func statusLatency(ctx context.Context, pool *pgxpool.Pool, forges forge.Set, o 
 	// The reporter reconciles at start: wait until every evaluation shows nix-build pending.
 	if err := bench.WaitUntil(ctx, time.Minute, func() (bool, error) {
 		var n int
-		err := pool.QueryRow(ctx, queryPendingReportedCount).Scan(&n)
+		err := pool.QueryRow(ctx, sqlPendingReportedCount).Scan(&n)
 		return n == o.Statuses, err
 	}); err != nil {
 		return fmt.Errorf("initial statuses: %w", err)
 	}
-	rows, err := pool.Query(ctx, queryBenchJobs)
+	rows, err := pool.Query(ctx, sqlBenchJobs)
 	if err != nil {
 		return err
 	}
@@ -329,7 +329,7 @@ func statusLatency(ctx context.Context, pool *pgxpool.Pool, forges forge.Set, o 
 	for _, drv := range drvs {
 		// Finished as a builder's finish and the announcer's batch do it.
 		payload, _ := json.Marshal(map[string]any{"status": "succeeded", "drv_paths": []string{drv}})
-		if _, err := pool.Exec(ctx, queryJobSucceed, drv, string(payload)); err != nil {
+		if _, err := pool.Exec(ctx, sqlJobSucceed, drv, string(payload)); err != nil {
 			return err
 		}
 		select {
