@@ -174,11 +174,17 @@ func (b *Builder) Daemon() DaemonInfo { return b.daemon }
 
 // Start checks the store's daemon (a Nix older than MinNixVersion is refused), removes the GC
 // roots a crashed predecessor left and runs the claim checks and the store's free-space checks
-// until Stop.
+// until Stop. A second Start is a no-op.
 func (b *Builder) Start(ctx context.Context) error {
+	_, err := b.Launch(ctx, func() (func(context.Context), error) { return b.prepare(ctx) })
+	return err
+}
+
+// prepare does Start's checks and subscription and returns the loop.
+func (b *Builder) prepare(ctx context.Context) (func(context.Context), error) {
 	d, err := b.cfg.Store.Init(ctx)
 	if err != nil {
-		return fmt.Errorf("builder: %w", err)
+		return nil, fmt.Errorf("builder: %w", err)
 	}
 	b.daemon = d
 	b.logger.Info("building with Nix", "nix_version", d.Version, "protocol", d.Protocol,
@@ -189,10 +195,10 @@ func (b *Builder) Start(ctx context.Context) error {
 	var sub *notify.Sub
 	if b.cfg.Notifier != nil {
 		if sub, err = b.cfg.Notifier.Subscribe("build_jobs"); err != nil {
-			return fmt.Errorf("builder: %w", err)
+			return nil, fmt.Errorf("builder: %w", err)
 		}
 	}
-	b.Run(ctx, func(ctx context.Context) {
+	return func(ctx context.Context) {
 		defer b.sessions.close()
 		defer b.gc.wait()
 		var notes <-chan notify.Notification
@@ -218,8 +224,7 @@ func (b *Builder) Start(ctx context.Context) error {
 				tick = b.clock.After(b.cfg.CheckInterval)
 			}
 		}
-	})
-	return nil
+	}, nil
 }
 
 // cancelled reports whether a build_jobs notification may announce a cancelled job.

@@ -118,23 +118,23 @@ func cmpOr(d, def time.Duration) time.Duration {
 	return def
 }
 
-// Start campaigns until Stop; Stop resigns gracefully if this node leads.
+// Start campaigns until Stop; Stop resigns gracefully if this node leads. A second Start is a
+// no-op.
 func (e *Elector) Start(ctx context.Context) error {
-	var resigned <-chan notify.Notification
-	if e.cfg.Notifier != nil {
+	_, err := e.Launch(ctx, func() (func(context.Context), error) {
+		if e.cfg.Notifier == nil {
+			return func(ctx context.Context) { e.loop(ctx, nil) }, nil
+		}
 		sub, err := e.cfg.Notifier.Subscribe("leaders")
 		if err != nil {
-			return fmt.Errorf("leader election %s: %w", e.cfg.Role, err)
+			return nil, fmt.Errorf("leader election %s: %w", e.cfg.Role, err)
 		}
-		resigned = sub.C
-		e.Run(ctx, func(ctx context.Context) {
+		return func(ctx context.Context) {
 			defer sub.Close()
-			e.loop(ctx, resigned)
-		})
-		return nil
-	}
-	e.Run(ctx, func(ctx context.Context) { e.loop(ctx, nil) })
-	return nil
+			e.loop(ctx, sub.C)
+		}, nil
+	})
+	return err
 }
 
 // Term returns the current term, or nil if this node does not lead the role.

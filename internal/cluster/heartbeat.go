@@ -48,20 +48,22 @@ func NewHeartbeat(cfg HeartbeatConfig, registry *Registry, metrics *Metrics, log
 }
 
 // Start beats once right away (so a failure to reach the database shows at start) and then every
-// Interval until Stop.
+// Interval until Stop. A second Start is a no-op.
 func (h *Heartbeat) Start(ctx context.Context) error {
-	stop := h.beat(ctx)
-	h.Run(ctx, func(ctx context.Context) {
-		for !stop {
-			select {
-			case <-ctx.Done():
-				return
-			case <-h.clock.After(h.cfg.Interval):
-				stop = h.beat(ctx)
+	_, err := h.Launch(ctx, func() (func(context.Context), error) {
+		stop := h.beat(ctx)
+		return func(ctx context.Context) {
+			for !stop {
+				select {
+				case <-ctx.Done():
+					return
+				case <-h.clock.After(h.cfg.Interval):
+					stop = h.beat(ctx)
+				}
 			}
-		}
+		}, nil
 	})
-	return nil
+	return err
 }
 
 // beat reports whether the loop must end.
