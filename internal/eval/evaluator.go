@@ -7,7 +7,7 @@ import (
 	"log/slog"
 	neturl "net/url"
 	"strings"
-	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -392,60 +392,16 @@ func (e *Evaluator) run(ctx context.Context, c claim, log *slog.Logger) (ingestS
 		}
 		ingestDone <- err
 	}()
-	// A batch goes to ingestion at BatchAttrs attributes, or BatchWait after its first one.
-	var (
-		mu    sync.Mutex
-		batch []Attr
-		timer <-chan time.Time
-		kick  = make(chan struct{}, 1)
-	)
-	send := func() { // with mu held
-		if len(batch) > 0 {
-			batches <- batch
-			batch = nil
-		}
-	}
-	tickDone, stopTick := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(tickDone)
-		for {
-			select {
-			case <-stopTick:
-				return
-			case <-kick:
-				timer = e.clock.After(e.cfg.BatchWait)
-			case <-timer:
-				mu.Lock()
-				send()
-				mu.Unlock()
-				timer = nil
-			}
-		}
-	}()
-	attrs := 0
+	batcher := newBatcher(e.cfg.BatchAttrs, e.cfg.BatchWait, e.clock, batches)
+	var attrs atomic.Int64
 	walkErr := runner.Walk(tctx, spec, func(a Attr) error {
-		mu.Lock()
-		defer mu.Unlock()
-		if attrs++; e.cfg.MaxAttrs > 0 && attrs > e.cfg.MaxAttrs {
+		if n := attrs.Add(1); e.cfg.MaxAttrs > 0 && n > int64(e.cfg.MaxAttrs) {
 			return fmt.Errorf("%w: more than %d attributes (eval.max_attrs)", ErrTooLarge, e.cfg.MaxAttrs)
 		}
-		batch = append(batch, a)
-		if len(batch) == 1 {
-			select {
-			case kick <- struct{}{}:
-			default:
-			}
-		}
-		if len(batch) >= e.cfg.BatchAttrs {
-			send()
-		}
+		batcher.add(a)
 		return nil
 	})
-	close(stopTick)
-	<-tickDone
-	mu.Lock()
-	send()
-	mu.Unlock()
+	batcher.close()
 	close(batches)
 	ingestErr := <-ingestDone
 	if cause := context.Cause(tctx); tctx.Err() != nil && ctx.Err() == nil {
