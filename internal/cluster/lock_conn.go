@@ -55,13 +55,6 @@ func (l *LockConn) Do(ctx context.Context, fn func(conn *pgx.Conn) error) (uint6
 	return l.gen, err
 }
 
-// Gen is the generation of the current session (0 before the first).
-func (l *LockConn) Gen() uint64 {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.gen
-}
-
 // Close ends the session, which releases every lock it holds.
 func (l *LockConn) Close() {
 	l.mu.Lock()

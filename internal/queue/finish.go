@@ -155,11 +155,6 @@ func Release(ctx context.Context, pool *pgxpool.Pool, c Claim) error {
 	return nil
 }
 
-// CancelClaimed cancels a job on behalf of the worker holding it.
-func CancelClaimed(ctx context.Context, pool *pgxpool.Pool, c Claim) error {
-	return cancel(ctx, pool, sqlJobCancelClaimed, fmt.Sprint(c), c.JobID, c.NodeID, c.Attempt)
-}
-
 // Cancel cancels a pending or running job on a user's behalf; a builder running it finds its
 // claim gone. Its pending dependents become dep-failed (a rebuild restores them). It returns
 // ErrStale if the job is already finished.

@@ -159,12 +159,6 @@ UPDATE build_jobs SET status = 'pending', claimed_by = NULL, claimed_at = NULL, 
 WHERE id = $1 AND claimed_by = $2 AND attempt = $3 AND status IN ('building', 'uploading')
 RETURNING system`
 
-	// Cancel a claimed job on behalf of its holder (the build was aborted).
-	sqlJobCancelClaimed = `
-UPDATE build_jobs SET status = 'cancelled', finished_at = now()
-WHERE id = $1 AND claimed_by = $2 AND attempt = $3 AND status IN ('building', 'uploading')
-RETURNING id, drv_path`
-
 	// Cancel by a user: pending or building (the builder learns of it and stops).
 	sqlJobCancel = `
 UPDATE build_jobs SET status = 'cancelled', finished_at = now()

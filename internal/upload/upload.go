@@ -96,19 +96,6 @@ type preparedLog struct {
 	done bool
 }
 
-// PublishBuild publishes a build's outputs and its log (if any) under the job's claim: the NARs
-// and the log are uploaded, then build-complete signs the outputs and records the success with
-// the log. A failed or expired upload is retried with fresh slots; what already landed is
-// skipped by the signer.
-func (p *Publisher) PublishBuild(ctx context.Context, job signerapi.JobClaim, paths []Path, log *Log) (Response, error) {
-	b, err := p.PrepareBuild(ctx, paths)
-	if err != nil {
-		return Response{}, err
-	}
-	defer b.Close()
-	return p.SendBuild(ctx, job, b, log)
-}
-
 // PreparedBuild is a build's outputs serialised, hashed and compressed: what SendBuild uploads.
 // The store is no longer needed once it exists. Close removes its temporary files.
 type PreparedBuild struct {
@@ -128,8 +115,8 @@ func (b *PreparedBuild) Close() {
 	}
 }
 
-// PrepareBuild serialises, hashes and compresses a build's outputs (the first half of
-// PublishBuild): a builder frees its build slot after it, before the network round trips.
+// PrepareBuild serialises, hashes and compresses a build's outputs, the first half of a build's
+// publication: a builder frees its build slot after it, before the network round trips.
 func (p *Publisher) PrepareBuild(ctx context.Context, paths []Path) (*PreparedBuild, error) {
 	start := time.Now()
 	prep, cleanup, err := p.prepareAll(ctx, paths)
@@ -140,7 +127,8 @@ func (p *Publisher) PrepareBuild(ctx context.Context, paths []Path) (*PreparedBu
 }
 
 // SendBuild uploads a prepared build and its log, then build-complete signs the outputs and
-// records the success with the log (the second half of PublishBuild).
+// records the success with the log. A failed or expired upload is retried with fresh slots;
+// what already landed is skipped by the signer.
 func (p *Publisher) SendBuild(ctx context.Context, job signerapi.JobClaim, b *PreparedBuild, log *Log) (Response, error) {
 	start := time.Now().Add(-b.took)
 	var pl *preparedLog
@@ -166,7 +154,7 @@ func (p *Publisher) SendBuild(ctx context.Context, job signerapi.JobClaim, b *Pr
 }
 
 // UploadLog uploads a failed build's log alone (a successful build's log goes with its
-// outputs, see PublishBuild). The caller records log.Key with the failure.
+// outputs, see SendBuild). The caller records log.Key with the failure.
 func (p *Publisher) UploadLog(ctx context.Context, job signerapi.JobClaim, log Log) error {
 	pl := &preparedLog{key: log.Key, body: nix.Compress(log.Data)}
 	if err := p.uploadAll(ctx, slotClaim{job: &job}, nil, pl); err != nil {

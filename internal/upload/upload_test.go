@@ -465,7 +465,7 @@ func TestPublishBuildAndSubstitute(t *testing.T) {
 	pub := e.publisher()
 	pub.Parallel = 2
 
-	resp, err := pub.PublishBuild(ctx(t), claim, outs, nil)
+	resp, err := publishBuild(ctx(t), pub, claim, outs, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -485,7 +485,7 @@ func TestPublishBuildAndSubstitute(t *testing.T) {
 	// upload, every narinfo skipped.
 	putsBefore := e.puts.Load()
 	again, _, outs2 := e.buildJob(t, b, 1)
-	resp, err = e.publisher().PublishBuild(ctx(t), again, outs2, nil)
+	resp, err = publishBuild(ctx(t), e.publisher(), again, outs2, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -498,7 +498,7 @@ func TestPublishBuildAndSubstitute(t *testing.T) {
 
 	// A finished job's claim publishes nothing more.
 	var se *signerclient.StatusError
-	if _, err := e.publisher().PublishBuild(ctx(t), claim, outs, nil); !errors.As(err, &se) || se.Code != http.StatusConflict {
+	if _, err := publishBuild(ctx(t), e.publisher(), claim, outs, nil); !errors.As(err, &se) || se.Code != http.StatusConflict {
 		t.Fatalf("publish under a finished claim = %v, want a 409", err)
 	}
 }
@@ -645,7 +645,7 @@ func TestPublishRetriesFailedUploads(t *testing.T) {
 	claim, _, outs := e.buildJob(t, b, 0)
 
 	e.failPuts.Store(1)
-	resp, err := e.publisher().PublishBuild(ctx(t), claim, outs, nil)
+	resp, err := publishBuild(ctx(t), e.publisher(), claim, outs, nil)
 	if err != nil {
 		t.Fatalf("publish with one failing PUT: %v", err)
 	}
@@ -663,7 +663,7 @@ func TestPublishRetriesFailedUploads(t *testing.T) {
 	dclaim, _ := e.fixedJob(t, doomed.StorePath)
 	e.failPuts.Store(1 << 30)
 	before := e.puts.Load()
-	_, err = e.publisher().PublishBuild(ctx(t), dclaim, []Path{doomed}, nil)
+	_, err = publishBuild(ctx(t), e.publisher(), dclaim, []Path{doomed}, nil)
 	if err == nil || !strings.Contains(err.Error(), "1 uploads failed") || !strings.Contains(err.Error(), "500") {
 		t.Fatalf("publish whose uploads all fail = %v, want an error saying 1 upload failed with 500", err)
 	}
@@ -687,7 +687,7 @@ func TestCacheLookup(t *testing.T) {
 	// paths[0] is seeded as the job's input; the job publishes out (paths[1]) only.
 	e.cluster.Seed(t, "", signertest.SeedPath{StorePath: paths[0].StorePath})
 	claim, _ := e.fixedJob(t, paths[1].StorePath, paths[0].StorePath)
-	if _, err := e.publisher().PublishBuild(ctx(t), claim, paths[1:2], nil); err != nil {
+	if _, err := publishBuild(ctx(t), e.publisher(), claim, paths[1:2], nil); err != nil {
 		t.Fatal(err)
 	}
 	published, unpublished := paths[:2], paths[2:]
@@ -773,7 +773,7 @@ func TestPublishBuildWithLog(t *testing.T) {
 	claim, drv := e.fixedJob(t, paths[1].StorePath)
 	key := "log/" + filepath.Base(drv)
 	text := strings.Repeat("building logged\n", 1000)
-	if _, err := e.publisher().PublishBuild(ctx(t), claim, paths[1:2], &Log{Key: key, Data: []byte(text)}); err != nil {
+	if _, err := publishBuild(ctx(t), e.publisher(), claim, paths[1:2], &Log{Key: key, Data: []byte(text)}); err != nil {
 		t.Fatal(err)
 	}
 	if status, logURL := e.jobRow(t, claim.ID); status != "succeeded" || logURL != key {
@@ -813,4 +813,14 @@ func (e *env) checkLog(t *testing.T, key, want string) {
 	if resp.StatusCode != http.StatusOK || string(body) != want {
 		t.Fatalf("GET /%s: %s, %d bytes; want the log (%d bytes)", key, resp.Status, len(body), len(want))
 	}
+}
+
+// publishBuild publishes outputs and log under job as a builder does: prepare, then send.
+func publishBuild(ctx context.Context, p *Publisher, job signerapi.JobClaim, paths []Path, log *Log) (Response, error) {
+	b, err := p.PrepareBuild(ctx, paths)
+	if err != nil {
+		return Response{}, err
+	}
+	defer b.Close()
+	return p.SendBuild(ctx, job, b, log)
 }
