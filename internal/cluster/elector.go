@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/clock"
+	"github.com/harmonia-ci/harmonia-ci/internal/db"
 	"github.com/harmonia-ci/harmonia-ci/internal/notify"
 	"github.com/harmonia-ci/harmonia-ci/internal/startstop"
 )
@@ -28,10 +29,10 @@ const (
 	RoleGC = "gc"
 )
 
-// leaderLockIDs gives each leader role its advisory lock object id (class LockClass).
+// leaderLockIDs gives each leader role its advisory lock object id (class db.LockClass).
 var leaderLockIDs = map[string]int32{
-	RoleMaintenance: 1,
-	RoleGC:          4, // objects 2 and 3 are the enqueue and job-need locks
+	RoleMaintenance: db.LockMaintenance,
+	RoleGC:          db.LockGC,
 }
 
 // ElectorConfig configures leader election for one role. The refresh interval is lease/3, not
@@ -205,11 +206,11 @@ func (e *Elector) campaign(ctx context.Context) {
 	)
 	gen, err := e.lock.Do(cctx, func(conn *pgx.Conn) error {
 		var got bool
-		if err := conn.QueryRow(cctx, sqlTryAdvisoryLock, LockClass, e.lockID).Scan(&got); err != nil {
+		if err := conn.QueryRow(cctx, sqlTryAdvisoryLock, db.LockClass, e.lockID).Scan(&got); err != nil {
 			return fmt.Errorf("try lock: %w", err)
 		}
 		if !got {
-			rows, err := conn.Query(cctx, sqlPreemptExpiredHolder, LockClass, e.lockID, e.cfg.Role, seconds(e.cfg.CheckInterval))
+			rows, err := conn.Query(cctx, sqlPreemptExpiredHolder, db.LockClass, e.lockID, e.cfg.Role, seconds(e.cfg.CheckInterval))
 			if err != nil {
 				return fmt.Errorf("preempt expired holder: %w", err)
 			}
@@ -230,7 +231,7 @@ func (e *Elector) campaign(ctx context.Context) {
 				seconds(e.cfg.LeaseDuration)).Scan(&epoch, &prevNode, &prevInc, &prevUnresigned)
 		})
 		if errAcquire != nil {
-			if _, err := conn.Exec(context.WithoutCancel(cctx), sqlAdvisoryUnlock, LockClass, e.lockID); err != nil {
+			if _, err := conn.Exec(context.WithoutCancel(cctx), sqlAdvisoryUnlock, db.LockClass, e.lockID); err != nil {
 				return fmt.Errorf("unlock after failed lease write: %w", err)
 			}
 			return nil
@@ -311,7 +312,7 @@ func (e *Elector) maintain(ctx context.Context) {
 	renewDue := now.Sub(e.lastRenew) >= e.cfg.RefreshInterval
 	var held, renewed bool
 	gen, err := e.lock.Do(cctx, func(conn *pgx.Conn) error {
-		if err := conn.QueryRow(cctx, sqlAdvisoryLockHeld, LockClass, e.lockID).Scan(&held); err != nil {
+		if err := conn.QueryRow(cctx, sqlAdvisoryLockHeld, db.LockClass, e.lockID).Scan(&held); err != nil {
 			return fmt.Errorf("check lock: %w", err)
 		}
 		if !held || !renewDue {
@@ -373,7 +374,7 @@ func (e *Elector) stepDown(graceful bool, reason string) {
 				return fmt.Errorf("resign lease: %w", err)
 			}
 		}
-		if _, err := conn.Exec(ctx, sqlAdvisoryUnlock, LockClass, e.lockID); err != nil {
+		if _, err := conn.Exec(ctx, sqlAdvisoryUnlock, db.LockClass, e.lockID); err != nil {
 			return err
 		}
 		if graceful {

@@ -11,10 +11,6 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/db"
 )
 
-// LockClass is the first key of every advisory lock harmonia-ci takes ("HCI1"); the second key
-// names the lock (0: migrations, see package db; leader roles from 1).
-const LockClass int32 = 0x48434931
-
 // LockConn is the one connection per process that holds session advisory locks. It is never a
 // pooled connection: a session lock lives exactly as long as this session, so losing the
 // connection means losing every lock, and each new session gets a new generation number that

@@ -19,13 +19,6 @@ import (
 //go:embed migrations/*.sql
 var migrationFiles embed.FS
 
-// migrateLockKey serialises migration runs across every node sharing the database.
-// Leader roles use the same class (see cluster.LockClass) with other object ids.
-const (
-	migrateLockClass = 0x48434931 // "HCI1"
-	migrateLockObj   = 0
-)
-
 // The migration runner's own SQL.
 const (
 	sqlMigrationsTableExists = `SELECT to_regclass('schema_migrations') IS NOT NULL`
@@ -97,7 +90,7 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, nodeID string) (MigrateRes
 	// Closing the session releases the lock whatever happens below.
 	defer conn.Close(context.WithoutCancel(ctx))
 
-	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock($1, $2)`, migrateLockClass, migrateLockObj); err != nil {
+	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock($1, $2)`, LockClass, LockMigrate); err != nil {
 		return res, fmt.Errorf("migrate: take migration lock: %w", err)
 	}
 	// Looked up before it is created: CREATE TABLE IF NOT EXISTS needs the CREATE privilege on
@@ -167,7 +160,7 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, nodeID string) (MigrateRes
 		res.Applied = append(res.Applied, m.Version)
 		res.Current = m.Version
 	}
-	if _, err := conn.Exec(ctx, `SELECT pg_advisory_unlock($1, $2)`, migrateLockClass, migrateLockObj); err != nil {
+	if _, err := conn.Exec(ctx, `SELECT pg_advisory_unlock($1, $2)`, LockClass, LockMigrate); err != nil {
 		return res, fmt.Errorf("migrate: release migration lock: %w", err)
 	}
 	return res, nil

@@ -5,10 +5,9 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/harmonia-ci/harmonia-ci/internal/db"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
 )
 
 // FailKind classifies a failure: transient ones are retried, permanent ones wait for a
@@ -38,7 +37,7 @@ type Outcome struct {
 // holds returns ErrStale.
 func Succeed(ctx context.Context, q Querier, c Claim) (Outcome, error) {
 	out := Outcome{Status: "succeeded"}
-	rows, err := q.Query(ctx, sqlJobSucceed, c.JobID, c.NodeID, c.Attempt, nil, cluster.LockClass)
+	rows, err := q.Query(ctx, sqlJobSucceed, c.JobID, c.NodeID, c.Attempt, nil, db.LockClass, db.LockEnqueue)
 	if err == nil {
 		var found bool
 		for rows.Next() {
@@ -68,7 +67,7 @@ func QueueSucceed(b *pgx.Batch, c Claim, logKey string, out *Outcome) {
 	if logKey != "" {
 		key = &logKey
 	}
-	b.Queue(sqlJobSucceed, c.JobID, c.NodeID, c.Attempt, key, cluster.LockClass).QueryRow(func(row pgx.Row) error {
+	b.Queue(sqlJobSucceed, c.JobID, c.NodeID, c.Attempt, key, db.LockClass, db.LockEnqueue).QueryRow(func(row pgx.Row) error {
 		*out = Outcome{Status: "succeeded"}
 		err := row.Scan(&out.ProjectID, &out.Seconds, &out.DrvPath)
 		if errors.Is(err, pgx.ErrNoRows) {

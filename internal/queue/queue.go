@@ -21,7 +21,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
+	"github.com/harmonia-ci/harmonia-ci/internal/db"
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
 )
 
@@ -135,7 +135,7 @@ func EnqueueTx(ctx context.Context, tx pgx.Tx, p EnqueueParams) (EnqueueResult, 
 	}
 	systems := map[string]bool{}
 	err := func() error {
-		if _, err := tx.Exec(ctx, sqlEnqueueLock, cluster.LockClass); err != nil {
+		if _, err := tx.Exec(ctx, sqlEnqueueLock, db.LockClass, db.LockEnqueue); err != nil {
 			return fmt.Errorf("take enqueue lock: %w", err)
 		}
 		for chunk := range slices.Chunk(p.Derivations, batchSize) {
