@@ -21,6 +21,7 @@ import (
 
 	"github.com/harmonia-ci/harmonia-ci/internal/blob"
 	"github.com/harmonia-ci/harmonia-ci/internal/clock"
+	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
 	"github.com/harmonia-ci/harmonia-ci/internal/notify"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
@@ -51,7 +52,7 @@ type Config struct {
 	// reclaimed in the database is killed: one heartbeat interval. Default 30s.
 	CheckInterval time.Duration
 	// DeadThreshold is the silence after which a cache node is not substituted from
-	// (cluster.heartbeat.dead_threshold). Default 2m.
+	// (cluster.heartbeat.dead_threshold). Default cluster.DefaultDeadThreshold.
 	DeadThreshold time.Duration
 	// Signer uploads and completes builds. Required.
 	Signer *signerclient.Client
@@ -146,9 +147,7 @@ func New(cfg Config, pool *pgxpool.Pool, logger *slog.Logger, clk clock.Clock) (
 	if cfg.RetryPause <= 0 {
 		cfg.RetryPause = time.Second
 	}
-	if cfg.DeadThreshold <= 0 {
-		cfg.DeadThreshold = 2 * time.Minute
-	}
+	cfg.DeadThreshold = cmp.Or(cfg.DeadThreshold, cluster.DefaultDeadThreshold)
 	var steps *prometheus.HistogramVec
 	if cfg.Registerer != nil {
 		steps = prometheus.NewHistogramVec(prometheus.HistogramOpts{

@@ -11,9 +11,18 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/startstop"
 )
 
+// Liveness defaults (cluster.heartbeat in the configuration).
+const (
+	// DefaultHeartbeatInterval is how often a node beats.
+	DefaultHeartbeatInterval = 30 * time.Second
+	// DefaultDeadThreshold is the silence after which a node counts as dead: four missed
+	// beats. Whatever judges liveness (the reaper, the signer and cache lookups) defaults to it.
+	DefaultDeadThreshold = 2 * time.Minute
+)
+
 // HeartbeatConfig configures the heartbeat loop.
 type HeartbeatConfig struct {
-	// Interval between beats. Default 30s.
+	// Interval between beats. Default DefaultHeartbeatInterval.
 	Interval time.Duration
 	// LoadFunc reports the node's load for each beat; nil reports zeros.
 	LoadFunc func() Load
@@ -42,7 +51,7 @@ type Heartbeat struct {
 // NewHeartbeat builds the loop; Start runs it.
 func NewHeartbeat(cfg HeartbeatConfig, registry *Registry, metrics *Metrics, logger *slog.Logger, clk clock.Clock) *Heartbeat {
 	if cfg.Interval <= 0 {
-		cfg.Interval = 30 * time.Second
+		cfg.Interval = DefaultHeartbeatInterval
 	}
 	return &Heartbeat{cfg: cfg, registry: registry, metrics: metrics, logger: logger.With("service", "heartbeat"), clock: clk}
 }

@@ -11,6 +11,8 @@ import (
 	"runtime"
 	"slices"
 	"time"
+
+	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
 )
 
 // Roles a node can run.
@@ -307,8 +309,8 @@ func defaults(getenv func(string) string) *Config {
 		},
 		Cluster: ClusterConfig{
 			Heartbeat: HeartbeatConfig{
-				Interval:      Duration{30 * time.Second},
-				DeadThreshold: Duration{2 * time.Minute},
+				Interval:      Duration{cluster.DefaultHeartbeatInterval},
+				DeadThreshold: Duration{cluster.DefaultDeadThreshold},
 				DeadRetention: Duration{24 * time.Hour},
 			},
 			LeaderElection: LeaderElectionConfig{
