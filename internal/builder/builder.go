@@ -25,7 +25,6 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
 	"github.com/harmonia-ci/harmonia-ci/internal/notify"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
-	"github.com/harmonia-ci/harmonia-ci/internal/signerapi"
 	"github.com/harmonia-ci/harmonia-ci/internal/signerclient"
 	"github.com/harmonia-ci/harmonia-ci/internal/startstop"
 	"github.com/harmonia-ci/harmonia-ci/internal/upload"
@@ -119,7 +118,7 @@ type sources struct {
 const sourcesTTL = 5 * time.Second
 
 type runningJob struct {
-	attempt int
+	claim   queue.Claim
 	drvPath string
 	cancel  context.CancelCauseFunc
 }
@@ -240,7 +239,7 @@ func (b *Builder) checkClaims(ctx context.Context) {
 	ids := slices.Collect(maps.Keys(b.running))
 	attempts := make([]int, len(ids))
 	for i, id := range ids {
-		attempts[i] = b.running[id].attempt
+		attempts[i] = b.running[id].claim.Attempt
 	}
 	b.mu.Unlock()
 	if len(ids) == 0 {
@@ -253,13 +252,9 @@ func (b *Builder) checkClaims(ctx context.Context) {
 		}
 		return
 	}
-	type claim struct {
-		ID      int64
-		Attempt int
-	}
-	var lost []claim
-	var c claim
-	_, err = pgx.ForEachRow(rows, []any{&c.ID, &c.Attempt}, func() error {
+	var lost []queue.Claim
+	var c queue.Claim
+	_, err = pgx.ForEachRow(rows, []any{&c.JobID, &c.Attempt}, func() error {
 		lost = append(lost, c)
 		return nil
 	})
@@ -272,8 +267,8 @@ func (b *Builder) checkClaims(ctx context.Context) {
 	for _, c := range lost {
 		// The job may have been claimed again since the snapshot: only the attempt that lost
 		// its claim is killed.
-		if j := b.running[c.ID]; j != nil && j.attempt == c.Attempt {
-			b.logger.Info("killing a build whose job was cancelled or reclaimed", "job_id", c.ID, "attempt", c.Attempt, "drv_path", j.drvPath)
+		if j := b.running[c.JobID]; j != nil && j.claim.Attempt == c.Attempt {
+			b.logger.Info("killing a build whose job was cancelled or reclaimed", "job_id", c.JobID, "attempt", c.Attempt, "drv_path", j.drvPath)
 			j.cancel(errClaimLost)
 		}
 	}
@@ -285,7 +280,7 @@ func (b *Builder) checkClaims(ctx context.Context) {
 // log through the signer, which records the success.
 func (b *Builder) Handle(ctx context.Context, job queue.Job) queue.Result {
 	jctx, cancel := context.WithCancelCause(ctx)
-	rj := &runningJob{attempt: job.Attempt, drvPath: job.DrvPath, cancel: cancel}
+	rj := &runningJob{claim: job.Claim(), drvPath: job.DrvPath, cancel: cancel}
 	b.mu.Lock()
 	b.running[job.ID] = rj
 	b.mu.Unlock()
@@ -446,7 +441,7 @@ func (b *Builder) handle(ctx context.Context, job queue.Job, logger *slog.Logger
 	logData := log.Bytes()
 	return queue.Result{}, func(ctx context.Context) queue.Result {
 		defer prepared.Close()
-		_, err := pub.SendBuild(ctx, jobClaim(job), prepared, &upload.Log{Key: logKey, Data: logData})
+		_, err := pub.SendBuild(ctx, job.Claim(), prepared, &upload.Log{Key: logKey, Data: logData})
 		if err != nil {
 			var se *signerclient.StatusError
 			if errors.As(err, &se) && se.Code == 409 {
@@ -507,7 +502,7 @@ func (b *Builder) failed(ctx context.Context, ss *Session, job queue.Job, err er
 		res.ExitCode = &be.ExitCode
 	}
 	pub := upload.Publisher{Signer: b.cfg.Signer, StoreRoot: ss.store.Root}
-	if uerr := pub.UploadLog(ctx, jobClaim(job), upload.Log{Key: logKey, Data: log.Bytes()}); uerr != nil {
+	if uerr := pub.UploadLog(ctx, job.Claim(), upload.Log{Key: logKey, Data: log.Bytes()}); uerr != nil {
 		logger.Warn("could not upload the failed build's log", "error", uerr)
 	} else {
 		res.LogKey = logKey
@@ -531,10 +526,6 @@ func (b *Builder) backOff(ctx context.Context, job queue.Job, logger *slog.Logge
 	case <-ctx.Done():
 	case <-b.clock.After(d):
 	}
-}
-
-func jobClaim(job queue.Job) signerapi.JobClaim {
-	return signerapi.JobClaim{ID: job.ID, Attempt: job.Attempt}
 }
 
 // verify checks that drv's output paths are the ones its text and its inputs' hashes give,

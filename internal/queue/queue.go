@@ -308,7 +308,8 @@ type Job struct {
 // Claim identifies one attempt at a job: every write its holder makes is guarded by it.
 func (j *Job) Claim() Claim { return Claim{JobID: j.ID, NodeID: j.NodeID, Attempt: j.Attempt} }
 
-// Claim identifies one attempt at a job.
+// Claim identifies one attempt at a job: the one type the worker, the builder, the uploader and
+// the signer hold a job's claim in (signerapi.JobClaim is only its form on the wire).
 type Claim struct {
 	JobID   int64
 	NodeID  string

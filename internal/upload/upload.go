@@ -23,6 +23,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
+	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 	"github.com/harmonia-ci/harmonia-ci/internal/signerapi"
 	"github.com/harmonia-ci/harmonia-ci/internal/signerclient"
 )
@@ -129,15 +130,15 @@ func (p *Publisher) PrepareBuild(ctx context.Context, paths []Path) (*PreparedBu
 // SendBuild uploads a prepared build and its log, then build-complete signs the outputs and
 // records the success with the log. A failed or expired upload is retried with fresh slots;
 // what already landed is skipped by the signer.
-func (p *Publisher) SendBuild(ctx context.Context, job signerapi.JobClaim, b *PreparedBuild, log *Log) (Response, error) {
+func (p *Publisher) SendBuild(ctx context.Context, job queue.Claim, b *PreparedBuild, log *Log) (Response, error) {
 	start := time.Now().Add(-b.took)
 	var pl *preparedLog
-	req := signerapi.BuildCompleteRequest{Job: job, Outputs: make([]signerapi.Output, len(b.prep))}
+	req := signerapi.BuildCompleteRequest{Job: *wireJob(job), Outputs: make([]signerapi.Output, len(b.prep))}
 	if log != nil {
 		pl = &preparedLog{key: log.Key, body: nix.Compress(log.Data)}
 		req.LogKey = log.Key
 	}
-	if err := p.uploadAll(ctx, slotClaim{job: &job}, b.prep, pl); err != nil {
+	if err := p.uploadAll(ctx, slotClaim{job: wireJob(job)}, b.prep, pl); err != nil {
 		return Response{}, err
 	}
 	p.observe("upload", start)
@@ -155,9 +156,9 @@ func (p *Publisher) SendBuild(ctx context.Context, job signerapi.JobClaim, b *Pr
 
 // UploadLog uploads a failed build's log alone (a successful build's log goes with its
 // outputs, see SendBuild). The caller records log.Key with the failure.
-func (p *Publisher) UploadLog(ctx context.Context, job signerapi.JobClaim, log Log) error {
+func (p *Publisher) UploadLog(ctx context.Context, job queue.Claim, log Log) error {
 	pl := &preparedLog{key: log.Key, body: nix.Compress(log.Data)}
-	if err := p.uploadAll(ctx, slotClaim{job: &job}, nil, pl); err != nil {
+	if err := p.uploadAll(ctx, slotClaim{job: wireJob(job)}, nil, pl); err != nil {
 		return fmt.Errorf("upload log %s: %w", log.Key, err)
 	}
 	return nil
@@ -388,7 +389,13 @@ func (l *limitedWriter) Write(b []byte) (int, error) {
 	return l.w.Write(b)
 }
 
-// slotClaim is the claim upload slots are asked under: a build's job or an evaluation.
+// wireJob is a job's claim as the signer's API carries it; the node is the caller's token's.
+func wireJob(c queue.Claim) *signerapi.JobClaim {
+	return &signerapi.JobClaim{ID: c.JobID, Attempt: c.Attempt}
+}
+
+// slotClaim is the claim upload slots are asked under, in the API's form: a build's job or an
+// evaluation.
 type slotClaim struct {
 	job  *signerapi.JobClaim
 	eval *signerapi.EvalClaim
