@@ -48,7 +48,7 @@ type Config struct {
 	// TailInterval is how often the live log tail is written. Default 2s.
 	TailInterval time.Duration
 	// CheckInterval is how often running jobs' claims are checked, so a build cancelled or
-	// reclaimed in the database is killed: one heartbeat interval. Default 30s.
+	// reclaimed in the database is killed. Default cluster.DefaultHeartbeatInterval.
 	CheckInterval time.Duration
 	// DeadThreshold is the silence after which a cache node is not substituted from
 	// (cluster.heartbeat.dead_threshold). Default cluster.DefaultDeadThreshold.
@@ -140,9 +140,7 @@ func New(cfg Config, pool *pgxpool.Pool, logger *slog.Logger, clk clock.Clock) (
 	if cfg.TailInterval <= 0 {
 		cfg.TailInterval = 2 * time.Second
 	}
-	if cfg.CheckInterval <= 0 {
-		cfg.CheckInterval = 30 * time.Second
-	}
+	cfg.CheckInterval = cmp.Or(cfg.CheckInterval, cluster.DefaultHeartbeatInterval)
 	if cfg.RetryPause <= 0 {
 		cfg.RetryPause = time.Second
 	}

@@ -35,17 +35,24 @@ var leaderLockIDs = map[string]int32{
 	RoleGC:          db.LockGC,
 }
 
+// Leader election defaults (cluster.leader_election in the configuration).
+const (
+	DefaultElectionCheck = 5 * time.Second
+	DefaultLease         = 60 * time.Second
+)
+
 // ElectorConfig configures leader election for one role. The refresh interval is lease/3, not
 // lease/2, so a leader gets two retries before its lease runs out.
 type ElectorConfig struct {
 	// Role is the leader role; it must be one of the Role* constants.
 	Role string
 	// CheckInterval is how often a standby tries to take over and a leader checks its lock
-	// session. Default 5s.
+	// session. Default DefaultElectionCheck.
 	CheckInterval time.Duration
-	// LeaseDuration is how long a lease lasts without renewal. Default 60s.
+	// LeaseDuration is how long a lease lasts without renewal. Default DefaultLease.
 	LeaseDuration time.Duration
-	// RefreshInterval is how often the leader renews; at most LeaseDuration/3. Default 20s.
+	// RefreshInterval is how often the leader renews; at most LeaseDuration/3. Default
+	// LeaseDuration/3.
 	RefreshInterval time.Duration
 	// Notifier, if set, wakes this elector when a leader of the role resigns, so it campaigns at
 	// once rather than at its next check.
@@ -97,8 +104,8 @@ func NewElector(cfg ElectorConfig, pool *pgxpool.Pool, lock *LockConn, id Identi
 	if !ok {
 		return nil, fmt.Errorf("leader election: unknown role %q", cfg.Role)
 	}
-	cfg.CheckInterval = cmpOr(cfg.CheckInterval, 5*time.Second)
-	cfg.LeaseDuration = cmpOr(cfg.LeaseDuration, 60*time.Second)
+	cfg.CheckInterval = cmpOr(cfg.CheckInterval, DefaultElectionCheck)
+	cfg.LeaseDuration = cmpOr(cfg.LeaseDuration, DefaultLease)
 	cfg.RefreshInterval = cmpOr(cfg.RefreshInterval, cfg.LeaseDuration/3)
 	if cfg.RefreshInterval > cfg.LeaseDuration/3 {
 		return nil, fmt.Errorf("leader election %s: refresh interval %s exceeds lease/3 (%s)", cfg.Role, cfg.RefreshInterval, cfg.LeaseDuration/3)
