@@ -54,7 +54,7 @@ func TestWorkerCatchesUpAfterListenerKilled(t *testing.T) {
 	var early bool // a job of this round was claimed while the notifier was down
 	w := startWorker(t, pool, queue.WorkerConfig{
 		Claimer: claimer("worker"), MaxJobs: 4, PollInterval: time.Minute, Notifier: n, Handler: noop,
-		ChargeInterval: time.Hour, // the loop also wakes to flush charges; keep that out of the way
+		ChargeInterval: time.Hour, // no charge writes to compete with the claims it watches
 		ClaimFunc: func(_ time.Duration, jobs []queue.Job) {
 			mu.Lock()
 			defer mu.Unlock()
