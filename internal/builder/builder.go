@@ -21,10 +21,10 @@ import (
 
 	"github.com/harmonia-ci/harmonia-ci/internal/blob"
 	"github.com/harmonia-ci/harmonia-ci/internal/clock"
+	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
 	"github.com/harmonia-ci/harmonia-ci/internal/notify"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
-	"github.com/harmonia-ci/harmonia-ci/internal/signerapi"
 	"github.com/harmonia-ci/harmonia-ci/internal/signerclient"
 	"github.com/harmonia-ci/harmonia-ci/internal/startstop"
 	"github.com/harmonia-ci/harmonia-ci/internal/upload"
@@ -48,10 +48,10 @@ type Config struct {
 	// TailInterval is how often the live log tail is written. Default 2s.
 	TailInterval time.Duration
 	// CheckInterval is how often running jobs' claims are checked, so a build cancelled or
-	// reclaimed in the database is killed: one heartbeat interval. Default 30s.
+	// reclaimed in the database is killed. Default cluster.DefaultHeartbeatInterval.
 	CheckInterval time.Duration
 	// DeadThreshold is the silence after which a cache node is not substituted from
-	// (cluster.heartbeat.dead_threshold). Default 2m.
+	// (cluster.heartbeat.dead_threshold). Default cluster.DefaultDeadThreshold.
 	DeadThreshold time.Duration
 	// Signer uploads and completes builds. Required.
 	Signer *signerclient.Client
@@ -118,7 +118,7 @@ type sources struct {
 const sourcesTTL = 5 * time.Second
 
 type runningJob struct {
-	attempt int
+	claim   queue.Claim
 	drvPath string
 	cancel  context.CancelCauseFunc
 }
@@ -140,15 +140,11 @@ func New(cfg Config, pool *pgxpool.Pool, logger *slog.Logger, clk clock.Clock) (
 	if cfg.TailInterval <= 0 {
 		cfg.TailInterval = 2 * time.Second
 	}
-	if cfg.CheckInterval <= 0 {
-		cfg.CheckInterval = 30 * time.Second
-	}
+	cfg.CheckInterval = cmp.Or(cfg.CheckInterval, cluster.DefaultHeartbeatInterval)
 	if cfg.RetryPause <= 0 {
 		cfg.RetryPause = time.Second
 	}
-	if cfg.DeadThreshold <= 0 {
-		cfg.DeadThreshold = 2 * time.Minute
-	}
+	cfg.DeadThreshold = cmp.Or(cfg.DeadThreshold, cluster.DefaultDeadThreshold)
 	var steps *prometheus.HistogramVec
 	if cfg.Registerer != nil {
 		steps = prometheus.NewHistogramVec(prometheus.HistogramOpts{
@@ -174,11 +170,17 @@ func (b *Builder) Daemon() DaemonInfo { return b.daemon }
 
 // Start checks the store's daemon (a Nix older than MinNixVersion is refused), removes the GC
 // roots a crashed predecessor left and runs the claim checks and the store's free-space checks
-// until Stop.
+// until Stop. A second Start is a no-op.
 func (b *Builder) Start(ctx context.Context) error {
+	_, err := b.Launch(ctx, func() (func(context.Context), error) { return b.prepare(ctx) })
+	return err
+}
+
+// prepare does Start's checks and subscription and returns the loop.
+func (b *Builder) prepare(ctx context.Context) (func(context.Context), error) {
 	d, err := b.cfg.Store.Init(ctx)
 	if err != nil {
-		return fmt.Errorf("builder: %w", err)
+		return nil, fmt.Errorf("builder: %w", err)
 	}
 	b.daemon = d
 	b.logger.Info("building with Nix", "nix_version", d.Version, "protocol", d.Protocol,
@@ -189,10 +191,10 @@ func (b *Builder) Start(ctx context.Context) error {
 	var sub *notify.Sub
 	if b.cfg.Notifier != nil {
 		if sub, err = b.cfg.Notifier.Subscribe("build_jobs"); err != nil {
-			return fmt.Errorf("builder: %w", err)
+			return nil, fmt.Errorf("builder: %w", err)
 		}
 	}
-	b.Run(ctx, func(ctx context.Context) {
+	return func(ctx context.Context) {
 		defer b.sessions.close()
 		defer b.gc.wait()
 		var notes <-chan notify.Notification
@@ -218,8 +220,7 @@ func (b *Builder) Start(ctx context.Context) error {
 				tick = b.clock.After(b.cfg.CheckInterval)
 			}
 		}
-	})
-	return nil
+	}, nil
 }
 
 // cancelled reports whether a build_jobs notification may announce a cancelled job.
@@ -236,7 +237,7 @@ func (b *Builder) checkClaims(ctx context.Context) {
 	ids := slices.Collect(maps.Keys(b.running))
 	attempts := make([]int, len(ids))
 	for i, id := range ids {
-		attempts[i] = b.running[id].attempt
+		attempts[i] = b.running[id].claim.Attempt
 	}
 	b.mu.Unlock()
 	if len(ids) == 0 {
@@ -249,13 +250,9 @@ func (b *Builder) checkClaims(ctx context.Context) {
 		}
 		return
 	}
-	type claim struct {
-		ID      int64
-		Attempt int
-	}
-	var lost []claim
-	var c claim
-	_, err = pgx.ForEachRow(rows, []any{&c.ID, &c.Attempt}, func() error {
+	var lost []queue.Claim
+	var c queue.Claim
+	_, err = pgx.ForEachRow(rows, []any{&c.JobID, &c.Attempt}, func() error {
 		lost = append(lost, c)
 		return nil
 	})
@@ -268,8 +265,8 @@ func (b *Builder) checkClaims(ctx context.Context) {
 	for _, c := range lost {
 		// The job may have been claimed again since the snapshot: only the attempt that lost
 		// its claim is killed.
-		if j := b.running[c.ID]; j != nil && j.attempt == c.Attempt {
-			b.logger.Info("killing a build whose job was cancelled or reclaimed", "job_id", c.ID, "attempt", c.Attempt, "drv_path", j.drvPath)
+		if j := b.running[c.JobID]; j != nil && j.claim.Attempt == c.Attempt {
+			b.logger.Info("killing a build whose job was cancelled or reclaimed", "job_id", c.JobID, "attempt", c.Attempt, "drv_path", j.drvPath)
 			j.cancel(errClaimLost)
 		}
 	}
@@ -281,7 +278,7 @@ func (b *Builder) checkClaims(ctx context.Context) {
 // log through the signer, which records the success.
 func (b *Builder) Handle(ctx context.Context, job queue.Job) queue.Result {
 	jctx, cancel := context.WithCancelCause(ctx)
-	rj := &runningJob{attempt: job.Attempt, drvPath: job.DrvPath, cancel: cancel}
+	rj := &runningJob{claim: job.Claim(), drvPath: job.DrvPath, cancel: cancel}
 	b.mu.Lock()
 	b.running[job.ID] = rj
 	b.mu.Unlock()
@@ -442,7 +439,7 @@ func (b *Builder) handle(ctx context.Context, job queue.Job, logger *slog.Logger
 	logData := log.Bytes()
 	return queue.Result{}, func(ctx context.Context) queue.Result {
 		defer prepared.Close()
-		_, err := pub.SendBuild(ctx, jobClaim(job), prepared, &upload.Log{Key: logKey, Data: logData})
+		_, err := pub.SendBuild(ctx, job.Claim(), prepared, &upload.Log{Key: logKey, Data: logData})
 		if err != nil {
 			var se *signerclient.StatusError
 			if errors.As(err, &se) && se.Code == 409 {
@@ -503,7 +500,7 @@ func (b *Builder) failed(ctx context.Context, ss *Session, job queue.Job, err er
 		res.ExitCode = &be.ExitCode
 	}
 	pub := upload.Publisher{Signer: b.cfg.Signer, StoreRoot: ss.store.Root}
-	if uerr := pub.UploadLog(ctx, jobClaim(job), upload.Log{Key: logKey, Data: log.Bytes()}); uerr != nil {
+	if uerr := pub.UploadLog(ctx, job.Claim(), upload.Log{Key: logKey, Data: log.Bytes()}); uerr != nil {
 		logger.Warn("could not upload the failed build's log", "error", uerr)
 	} else {
 		res.LogKey = logKey
@@ -527,10 +524,6 @@ func (b *Builder) backOff(ctx context.Context, job queue.Job, logger *slog.Logge
 	case <-ctx.Done():
 	case <-b.clock.After(d):
 	}
-}
-
-func jobClaim(job queue.Job) signerapi.JobClaim {
-	return signerapi.JobClaim{ID: job.ID, Attempt: job.Attempt}
 }
 
 // verify checks that drv's output paths are the ones its text and its inputs' hashes give,

@@ -12,9 +12,6 @@ ON CONFLICT (build_job_id) DO UPDATE
 SET log_tail = EXCLUDED.log_tail, log_seq = build_log_tails.log_seq + 1
 WHERE build_log_tails.log_tail IS DISTINCT FROM EXCLUDED.log_tail`
 
-	// $1 job id.
-	sqlDeleteTail = `DELETE FROM build_log_tails WHERE build_job_id = $1`
-
 	// A finished job's tail: the result is recorded, so watchers may stop watching. A job that
 	// went back to the queue (or to another builder) keeps it.
 	sqlDeleteFinishedTail = `

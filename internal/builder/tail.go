@@ -124,12 +124,3 @@ func (w *TailWriter) write(ctx context.Context) {
 	}
 	w.written = seq
 }
-
-// DeleteTail removes job jobID's live tail, once its full log is uploaded (and its TailWriter
-// stopped, which would otherwise write it again).
-func DeleteTail(ctx context.Context, pool *pgxpool.Pool, jobID int64) error {
-	if _, err := pool.Exec(ctx, sqlDeleteTail, jobID); err != nil {
-		return fmt.Errorf("delete log tail of job %d: %w", jobID, err)
-	}
-	return nil
-}

@@ -245,47 +245,6 @@ func TestTailWriterStop(t *testing.T) {
 	})
 }
 
-func TestDeleteTail(t *testing.T) {
-	t.Parallel()
-	pool := dbtest.NewPool(t)
-	ctx := context.Background()
-	job := tailJob(t, pool, "deleted")
-	log := builder.NewLogBuffer(0, clock.Real{})
-	w := tailStart(t, pool, builder.TailConfig{JobID: job, Log: log, Interval: time.Hour}, queuetest.TestLogger(t))
-	fmt.Fprintln(log, "uploaded")
-	w.Stop()
-	if !tailRead(t, pool, job).ok {
-		t.Fatal("no tail row to delete")
-	}
-
-	tests := []struct {
-		name  string
-		jobID int64
-	}{
-		{"existing row", job},
-		{"row already gone", job},
-		{"no such job", 1 << 40},
-	}
-	for _, tt := range tests {
-		if err := builder.DeleteTail(ctx, pool, tt.jobID); err != nil {
-			t.Errorf("%s: DeleteTail: %v", tt.name, err)
-		}
-		if tailRead(t, pool, tt.jobID).ok {
-			t.Errorf("%s: row still there", tt.name)
-		}
-	}
-	if queuetest.QueryInt(t, pool, `SELECT count(*) FROM build_jobs WHERE id = $1`, job) != 1 {
-		t.Error("DeleteTail touched the job")
-	}
-
-	cctx, cancel := context.WithCancel(ctx)
-	cancel()
-	err := builder.DeleteTail(cctx, pool, job)
-	if !errors.Is(err, context.Canceled) || !strings.HasPrefix(err.Error(), fmt.Sprintf("delete log tail of job %d: ", job)) {
-		t.Errorf("DeleteTail on a cancelled context: %v", err)
-	}
-}
-
 func TestTailWriterSurvivesMissingJob(t *testing.T) {
 	t.Parallel()
 	pool := dbtest.NewPool(t)

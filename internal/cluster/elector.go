@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/clock"
+	"github.com/harmonia-ci/harmonia-ci/internal/db"
 	"github.com/harmonia-ci/harmonia-ci/internal/notify"
 	"github.com/harmonia-ci/harmonia-ci/internal/startstop"
 )
@@ -28,11 +29,17 @@ const (
 	RoleGC = "gc"
 )
 
-// leaderLockIDs gives each leader role its advisory lock object id (class LockClass).
+// leaderLockIDs gives each leader role its advisory lock object id (class db.LockClass).
 var leaderLockIDs = map[string]int32{
-	RoleMaintenance: 1,
-	RoleGC:          4, // objects 2 and 3 are the enqueue and job-need locks
+	RoleMaintenance: db.LockMaintenance,
+	RoleGC:          db.LockGC,
 }
+
+// Leader election defaults (cluster.leader_election in the configuration).
+const (
+	DefaultElectionCheck = 5 * time.Second
+	DefaultLease         = 60 * time.Second
+)
 
 // ElectorConfig configures leader election for one role. The refresh interval is lease/3, not
 // lease/2, so a leader gets two retries before its lease runs out.
@@ -40,11 +47,12 @@ type ElectorConfig struct {
 	// Role is the leader role; it must be one of the Role* constants.
 	Role string
 	// CheckInterval is how often a standby tries to take over and a leader checks its lock
-	// session. Default 5s.
+	// session. Default DefaultElectionCheck.
 	CheckInterval time.Duration
-	// LeaseDuration is how long a lease lasts without renewal. Default 60s.
+	// LeaseDuration is how long a lease lasts without renewal. Default DefaultLease.
 	LeaseDuration time.Duration
-	// RefreshInterval is how often the leader renews; at most LeaseDuration/3. Default 20s.
+	// RefreshInterval is how often the leader renews; at most LeaseDuration/3. Default
+	// LeaseDuration/3.
 	RefreshInterval time.Duration
 	// Notifier, if set, wakes this elector when a leader of the role resigns, so it campaigns at
 	// once rather than at its next check.
@@ -96,8 +104,8 @@ func NewElector(cfg ElectorConfig, pool *pgxpool.Pool, lock *LockConn, id Identi
 	if !ok {
 		return nil, fmt.Errorf("leader election: unknown role %q", cfg.Role)
 	}
-	cfg.CheckInterval = cmpOr(cfg.CheckInterval, 5*time.Second)
-	cfg.LeaseDuration = cmpOr(cfg.LeaseDuration, 60*time.Second)
+	cfg.CheckInterval = cmpOr(cfg.CheckInterval, DefaultElectionCheck)
+	cfg.LeaseDuration = cmpOr(cfg.LeaseDuration, DefaultLease)
 	cfg.RefreshInterval = cmpOr(cfg.RefreshInterval, cfg.LeaseDuration/3)
 	if cfg.RefreshInterval > cfg.LeaseDuration/3 {
 		return nil, fmt.Errorf("leader election %s: refresh interval %s exceeds lease/3 (%s)", cfg.Role, cfg.RefreshInterval, cfg.LeaseDuration/3)
@@ -118,23 +126,23 @@ func cmpOr(d, def time.Duration) time.Duration {
 	return def
 }
 
-// Start campaigns until Stop; Stop resigns gracefully if this node leads.
+// Start campaigns until Stop; Stop resigns gracefully if this node leads. A second Start is a
+// no-op.
 func (e *Elector) Start(ctx context.Context) error {
-	var resigned <-chan notify.Notification
-	if e.cfg.Notifier != nil {
+	_, err := e.Launch(ctx, func() (func(context.Context), error) {
+		if e.cfg.Notifier == nil {
+			return func(ctx context.Context) { e.loop(ctx, nil) }, nil
+		}
 		sub, err := e.cfg.Notifier.Subscribe("leaders")
 		if err != nil {
-			return fmt.Errorf("leader election %s: %w", e.cfg.Role, err)
+			return nil, fmt.Errorf("leader election %s: %w", e.cfg.Role, err)
 		}
-		resigned = sub.C
-		e.Run(ctx, func(ctx context.Context) {
+		return func(ctx context.Context) {
 			defer sub.Close()
-			e.loop(ctx, resigned)
-		})
-		return nil
-	}
-	e.Run(ctx, func(ctx context.Context) { e.loop(ctx, nil) })
-	return nil
+			e.loop(ctx, sub.C)
+		}, nil
+	})
+	return err
 }
 
 // Term returns the current term, or nil if this node does not lead the role.
@@ -205,11 +213,11 @@ func (e *Elector) campaign(ctx context.Context) {
 	)
 	gen, err := e.lock.Do(cctx, func(conn *pgx.Conn) error {
 		var got bool
-		if err := conn.QueryRow(cctx, sqlTryAdvisoryLock, LockClass, e.lockID).Scan(&got); err != nil {
+		if err := conn.QueryRow(cctx, sqlTryAdvisoryLock, db.LockClass, e.lockID).Scan(&got); err != nil {
 			return fmt.Errorf("try lock: %w", err)
 		}
 		if !got {
-			rows, err := conn.Query(cctx, sqlPreemptExpiredHolder, LockClass, e.lockID, e.cfg.Role, seconds(e.cfg.CheckInterval))
+			rows, err := conn.Query(cctx, sqlPreemptExpiredHolder, db.LockClass, e.lockID, e.cfg.Role, seconds(e.cfg.CheckInterval))
 			if err != nil {
 				return fmt.Errorf("preempt expired holder: %w", err)
 			}
@@ -230,7 +238,7 @@ func (e *Elector) campaign(ctx context.Context) {
 				seconds(e.cfg.LeaseDuration)).Scan(&epoch, &prevNode, &prevInc, &prevUnresigned)
 		})
 		if errAcquire != nil {
-			if _, err := conn.Exec(context.WithoutCancel(cctx), sqlAdvisoryUnlock, LockClass, e.lockID); err != nil {
+			if _, err := conn.Exec(context.WithoutCancel(cctx), sqlAdvisoryUnlock, db.LockClass, e.lockID); err != nil {
 				return fmt.Errorf("unlock after failed lease write: %w", err)
 			}
 			return nil
@@ -311,7 +319,7 @@ func (e *Elector) maintain(ctx context.Context) {
 	renewDue := now.Sub(e.lastRenew) >= e.cfg.RefreshInterval
 	var held, renewed bool
 	gen, err := e.lock.Do(cctx, func(conn *pgx.Conn) error {
-		if err := conn.QueryRow(cctx, sqlAdvisoryLockHeld, LockClass, e.lockID).Scan(&held); err != nil {
+		if err := conn.QueryRow(cctx, sqlAdvisoryLockHeld, db.LockClass, e.lockID).Scan(&held); err != nil {
 			return fmt.Errorf("check lock: %w", err)
 		}
 		if !held || !renewDue {
@@ -373,7 +381,7 @@ func (e *Elector) stepDown(graceful bool, reason string) {
 				return fmt.Errorf("resign lease: %w", err)
 			}
 		}
-		if _, err := conn.Exec(ctx, sqlAdvisoryUnlock, LockClass, e.lockID); err != nil {
+		if _, err := conn.Exec(ctx, sqlAdvisoryUnlock, db.LockClass, e.lockID); err != nil {
 			return err
 		}
 		if graceful {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/harmonia-ci/harmonia-ci/internal/clock"
 	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
+	"github.com/harmonia-ci/harmonia-ci/internal/db"
 	"github.com/harmonia-ci/harmonia-ci/internal/dbtest"
 )
 
@@ -181,7 +182,7 @@ func TestElectorPreemptsExpiredHolder(t *testing.T) {
 	// A wedged leader: it still holds the lock on a live session, but its lease ran out long ago.
 	wedged := rawConn(t, pool)
 	var got bool
-	if err := wedged.QueryRow(ctx, `SELECT pg_try_advisory_lock($1, 1)`, cluster.LockClass).Scan(&got); err != nil || !got {
+	if err := wedged.QueryRow(ctx, `SELECT pg_try_advisory_lock($1, $2)`, db.LockClass, db.LockMaintenance).Scan(&got); err != nil || !got {
 		t.Fatalf("take the leader lock: %v %v", got, err)
 	}
 	mustExec(t, pool, `
@@ -213,7 +214,7 @@ func TestElectorDoesNotPreemptHolderWithValidLease(t *testing.T) {
 
 	holder := rawConn(t, pool)
 	var got bool
-	if err := holder.QueryRow(ctx, `SELECT pg_try_advisory_lock($1, 1)`, cluster.LockClass).Scan(&got); err != nil || !got {
+	if err := holder.QueryRow(ctx, `SELECT pg_try_advisory_lock($1, $2)`, db.LockClass, db.LockMaintenance).Scan(&got); err != nil || !got {
 		t.Fatalf("take the leader lock: %v %v", got, err)
 	}
 	mustExec(t, pool, `
@@ -247,7 +248,7 @@ func TestPreemptionStaysInItsOwnDatabase(t *testing.T) {
 	// The neighbouring database's healthy leader holds (LockClass, 1) in its own database.
 	bystander := rawConn(t, neighbour)
 	var got bool
-	if err := bystander.QueryRow(ctx, `SELECT pg_try_advisory_lock($1, 1)`, cluster.LockClass).Scan(&got); err != nil || !got {
+	if err := bystander.QueryRow(ctx, `SELECT pg_try_advisory_lock($1, $2)`, db.LockClass, db.LockMaintenance).Scan(&got); err != nil || !got {
 		t.Fatalf("bystander: take the leader lock: %v %v", got, err)
 	}
 	mustExec(t, neighbour, `
@@ -256,7 +257,7 @@ VALUES ('maintenance', 'neighbour', gen_random_uuid(), 1, now() + interval '1 mi
 
 	// Our database has a wedged holder with an expired lease.
 	wedged := rawConn(t, pool)
-	if err := wedged.QueryRow(ctx, `SELECT pg_try_advisory_lock($1, 1)`, cluster.LockClass).Scan(&got); err != nil || !got {
+	if err := wedged.QueryRow(ctx, `SELECT pg_try_advisory_lock($1, $2)`, db.LockClass, db.LockMaintenance).Scan(&got); err != nil || !got {
 		t.Fatalf("wedged: take the leader lock: %v %v", got, err)
 	}
 	mustExec(t, pool, `

@@ -11,9 +11,18 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/startstop"
 )
 
+// Liveness defaults (cluster.heartbeat in the configuration).
+const (
+	// DefaultHeartbeatInterval is how often a node beats.
+	DefaultHeartbeatInterval = 30 * time.Second
+	// DefaultDeadThreshold is the silence after which a node counts as dead: four missed
+	// beats. Whatever judges liveness (the reaper, the signer and cache lookups) defaults to it.
+	DefaultDeadThreshold = 2 * time.Minute
+)
+
 // HeartbeatConfig configures the heartbeat loop.
 type HeartbeatConfig struct {
-	// Interval between beats. Default 30s.
+	// Interval between beats. Default DefaultHeartbeatInterval.
 	Interval time.Duration
 	// LoadFunc reports the node's load for each beat; nil reports zeros.
 	LoadFunc func() Load
@@ -42,26 +51,28 @@ type Heartbeat struct {
 // NewHeartbeat builds the loop; Start runs it.
 func NewHeartbeat(cfg HeartbeatConfig, registry *Registry, metrics *Metrics, logger *slog.Logger, clk clock.Clock) *Heartbeat {
 	if cfg.Interval <= 0 {
-		cfg.Interval = 30 * time.Second
+		cfg.Interval = DefaultHeartbeatInterval
 	}
 	return &Heartbeat{cfg: cfg, registry: registry, metrics: metrics, logger: logger.With("service", "heartbeat"), clock: clk}
 }
 
 // Start beats once right away (so a failure to reach the database shows at start) and then every
-// Interval until Stop.
+// Interval until Stop. A second Start is a no-op.
 func (h *Heartbeat) Start(ctx context.Context) error {
-	stop := h.beat(ctx)
-	h.Run(ctx, func(ctx context.Context) {
-		for !stop {
-			select {
-			case <-ctx.Done():
-				return
-			case <-h.clock.After(h.cfg.Interval):
-				stop = h.beat(ctx)
+	_, err := h.Launch(ctx, func() (func(context.Context), error) {
+		stop := h.beat(ctx)
+		return func(ctx context.Context) {
+			for !stop {
+				select {
+				case <-ctx.Done():
+					return
+				case <-h.clock.After(h.cfg.Interval):
+					stop = h.beat(ctx)
+				}
 			}
-		}
+		}, nil
 	})
-	return nil
+	return err
 }
 
 // beat reports whether the loop must end.

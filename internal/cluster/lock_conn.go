@@ -11,10 +11,6 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/db"
 )
 
-// LockClass is the first key of every advisory lock harmonia-ci takes ("HCI1"); the second key
-// names the lock (0: migrations, see package db; leader roles from 1).
-const LockClass int32 = 0x48434931
-
 // LockConn is the one connection per process that holds session advisory locks. It is never a
 // pooled connection: a session lock lives exactly as long as this session, so losing the
 // connection means losing every lock, and each new session gets a new generation number that
@@ -53,13 +49,6 @@ func (l *LockConn) Do(ctx context.Context, fn func(conn *pgx.Conn) error) (uint6
 		l.conn = nil
 	}
 	return l.gen, err
-}
-
-// Gen is the generation of the current session (0 before the first).
-func (l *LockConn) Gen() uint64 {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.gen
 }
 
 // Close ends the session, which releases every lock it holds.

@@ -17,6 +17,7 @@ import (
 
 	"github.com/harmonia-ci/harmonia-ci/internal/clock"
 	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
+	"github.com/harmonia-ci/harmonia-ci/internal/db"
 	"github.com/harmonia-ci/harmonia-ci/internal/dbtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/waittest"
 )
@@ -333,9 +334,9 @@ SELECT a.pid
 FROM pg_stat_activity a
 JOIN pg_locks l ON l.pid = a.pid
 WHERE a.application_name = 'harmonia-ci locks'
-  AND l.locktype = 'advisory' AND l.classid::bigint = $1 AND l.objid = 1 AND l.objsubid = 2 AND l.granted
+  AND l.locktype = 'advisory' AND l.classid::bigint = $1 AND l.objid::bigint = $2 AND l.objsubid = 2 AND l.granted
   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())`,
-		int64(cluster.LockClass)).Scan(&pid)
+		int64(db.LockClass), int64(db.LockMaintenance)).Scan(&pid)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, false
 	}

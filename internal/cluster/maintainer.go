@@ -120,7 +120,7 @@ func (m *Maintainer) RunOnce(ctx context.Context, term *Term, task Task) error {
 type NodeTasksConfig struct {
 	// Interval between runs. Default 30s (the heartbeat interval).
 	Interval time.Duration
-	// DeadThreshold: a node silent this long is dead. Default 2m (four missed heartbeats).
+	// DeadThreshold: a node silent this long is dead. Default DefaultDeadThreshold.
 	DeadThreshold time.Duration
 	// DeadRetention: a dead node's row is deleted this long after its last beat, once nothing
 	// is claimed in its name any more. Default 24h.
@@ -133,7 +133,7 @@ type NodeTasksConfig struct {
 // rows, prune the maintenance log.
 func NodeTasks(cfg NodeTasksConfig, logger *slog.Logger) []Task {
 	cfg.Interval = cmpOr(cfg.Interval, 30*time.Second)
-	cfg.DeadThreshold = cmpOr(cfg.DeadThreshold, 2*time.Minute)
+	cfg.DeadThreshold = cmpOr(cfg.DeadThreshold, DefaultDeadThreshold)
 	cfg.DeadRetention = cmpOr(cfg.DeadRetention, 24*time.Hour)
 	cfg.RunsRetention = cmpOr(cfg.RunsRetention, 24*time.Hour)
 	return []Task{

@@ -98,36 +98,38 @@ func New(cfg Config, pool *pgxpool.Pool) *Reporter {
 		kick: make(chan struct{}, 1)}
 }
 
-// Start subscribes to the notifications and runs until Stop.
+// Start subscribes to the notifications and runs until Stop. A second Start is a no-op.
 func (r *Reporter) Start(ctx context.Context) error {
 	if len(r.forges) == 0 {
 		return nil // nothing to report to
 	}
-	// A previous process of this node may have died holding deliveries: nobody else would take
-	// them before its lease ran out.
-	if _, err := r.pool.Exec(ctx, sqlReleaseMine, r.cfg.NodeID); err != nil {
-		return fmt.Errorf("commit statuses: release this node's old deliveries: %w", err)
-	}
-	jobs, err := r.cfg.Notifier.Subscribe("build_jobs")
-	if err != nil {
-		return fmt.Errorf("commit statuses: %w", err)
-	}
-	evals, err := r.cfg.Notifier.Subscribe("evaluations")
-	if err != nil {
-		jobs.Close()
-		return fmt.Errorf("commit statuses: %w", err)
-	}
-	r.Run(ctx, func(ctx context.Context) {
-		defer jobs.Close()
-		defer evals.Close()
-		var wg sync.WaitGroup
-		wg.Add(2)
-		go func() { defer wg.Done(); r.listen(ctx, jobs, evals) }()
-		go func() { defer wg.Done(); r.sweep(ctx) }()
-		r.work(ctx)
-		wg.Wait()
+	_, err := r.Launch(ctx, func() (func(context.Context), error) {
+		// A previous process of this node may have died holding deliveries: nobody else would
+		// take them before its lease ran out.
+		if _, err := r.pool.Exec(ctx, sqlReleaseMine, r.cfg.NodeID); err != nil {
+			return nil, fmt.Errorf("commit statuses: release this node's old deliveries: %w", err)
+		}
+		jobs, err := r.cfg.Notifier.Subscribe("build_jobs")
+		if err != nil {
+			return nil, fmt.Errorf("commit statuses: %w", err)
+		}
+		evals, err := r.cfg.Notifier.Subscribe("evaluations")
+		if err != nil {
+			jobs.Close()
+			return nil, fmt.Errorf("commit statuses: %w", err)
+		}
+		return func(ctx context.Context) {
+			defer jobs.Close()
+			defer evals.Close()
+			var wg sync.WaitGroup
+			wg.Add(2)
+			go func() { defer wg.Done(); r.listen(ctx, jobs, evals) }()
+			go func() { defer wg.Done(); r.sweep(ctx) }()
+			r.work(ctx)
+			wg.Wait()
+		}, nil
 	})
-	return nil
+	return err
 }
 
 // listen turns notifications into due evaluations.

@@ -11,6 +11,9 @@ import (
 	"runtime"
 	"slices"
 	"time"
+
+	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
+	"github.com/harmonia-ci/harmonia-ci/internal/slots"
 )
 
 // Roles a node can run.
@@ -307,14 +310,14 @@ func defaults(getenv func(string) string) *Config {
 		},
 		Cluster: ClusterConfig{
 			Heartbeat: HeartbeatConfig{
-				Interval:      Duration{30 * time.Second},
-				DeadThreshold: Duration{2 * time.Minute},
+				Interval:      Duration{cluster.DefaultHeartbeatInterval},
+				DeadThreshold: Duration{cluster.DefaultDeadThreshold},
 				DeadRetention: Duration{24 * time.Hour},
 			},
 			LeaderElection: LeaderElectionConfig{
-				CheckInterval:   Duration{5 * time.Second},
-				LeaseDuration:   Duration{60 * time.Second},
-				RefreshInterval: Duration{20 * time.Second},
+				CheckInterval:   Duration{cluster.DefaultElectionCheck},
+				LeaseDuration:   Duration{cluster.DefaultLease},
+				RefreshInterval: Duration{cluster.DefaultLease / 3},
 			},
 			Shutdown: ShutdownConfig{
 				DrainTimeout: Duration{5 * time.Minute},
@@ -323,7 +326,7 @@ func defaults(getenv func(string) string) *Config {
 		Cache: CacheConfig{Store: "local", Priority: 30, NarinfoMemory: 64 * sizeMiB,
 			S3: S3Config{Region: "us-east-1", UseTLS: true}},
 		Signer: SignerConfig{URLExpiry: Duration{15 * time.Minute}},
-		Eval: EvalConfig{Timeout: Duration{time.Hour}, MaxMemory: 4 * sizeGiB, PollInterval: Duration{5 * time.Second},
+		Eval: EvalConfig{Timeout: Duration{time.Hour}, MaxMemory: 4 * sizeGiB, PollInterval: Duration{slots.DefaultPollInterval},
 			MaxAttrs: 500_000, MaxDerivations: 1_000_000, User: "harmonia-eval"},
 		Substituters: SubstitutersConfig{
 			URLs:              []string{},
@@ -334,7 +337,7 @@ func defaults(getenv func(string) string) *Config {
 			GCInterval: Duration{24 * time.Hour}, Grace: Duration{24 * time.Hour}},
 		Forges: []ForgeConfig{},
 		Queue: QueueConfig{
-			PollInterval:           Duration{5 * time.Second},
+			PollInterval:           Duration{slots.DefaultPollInterval},
 			ReapInterval:           Duration{30 * time.Second},
 			UnsupportedInterval:    Duration{5 * time.Minute},
 			UnsupportedGrace:       Duration{30 * time.Minute},

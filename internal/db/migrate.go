@@ -19,13 +19,6 @@ import (
 //go:embed migrations/*.sql
 var migrationFiles embed.FS
 
-// migrateLockKey serialises migration runs across every node sharing the database.
-// Leader roles use the same class (see cluster.LockClass) with other object ids.
-const (
-	migrateLockClass = 0x48434931 // "HCI1"
-	migrateLockObj   = 0
-)
-
 // Migration is one embedded schema change.
 type Migration struct {
 	Version int
@@ -84,7 +77,7 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, nodeID string) (MigrateRes
 	// Closing the session releases the lock whatever happens below.
 	defer conn.Close(context.WithoutCancel(ctx))
 
-	if _, err := conn.Exec(ctx, sqlMigrateLock, migrateLockClass, migrateLockObj); err != nil {
+	if _, err := conn.Exec(ctx, sqlMigrateLock, LockClass, LockMigrate); err != nil {
 		return res, fmt.Errorf("migrate: take migration lock: %w", err)
 	}
 	// Looked up before it is created: CREATE TABLE IF NOT EXISTS needs the CREATE privilege on
@@ -154,7 +147,7 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, nodeID string) (MigrateRes
 		res.Applied = append(res.Applied, m.Version)
 		res.Current = m.Version
 	}
-	if _, err := conn.Exec(ctx, sqlMigrateUnlock, migrateLockClass, migrateLockObj); err != nil {
+	if _, err := conn.Exec(ctx, sqlMigrateUnlock, LockClass, LockMigrate); err != nil {
 		return res, fmt.Errorf("migrate: release migration lock: %w", err)
 	}
 	return res, nil

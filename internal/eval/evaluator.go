@@ -7,7 +7,7 @@ import (
 	"log/slog"
 	neturl "net/url"
 	"strings"
-	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -22,6 +22,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/notify"
 	"github.com/harmonia-ci/harmonia-ci/internal/publication"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
+	"github.com/harmonia-ci/harmonia-ci/internal/slots"
 	"github.com/harmonia-ci/harmonia-ci/internal/startstop"
 	"github.com/harmonia-ci/harmonia-ci/internal/upstream"
 )
@@ -86,15 +87,11 @@ type Evaluator struct {
 	pool    *pgxpool.Pool
 	logger  *slog.Logger
 	clock   clock.Clock
-	wake    chan struct{}
+	slots   *slots.Runner[claim]
 	confine *confinement
 	metrics *evalMetrics
 	// nixVersion is the version of the Nix it evaluates with, found at start ("" if unknown).
 	nixVersion string
-
-	mu      sync.Mutex
-	running int
-	wg      sync.WaitGroup
 }
 
 // New returns an evaluator; Start runs it.
@@ -104,9 +101,6 @@ func New(cfg Config, pool *pgxpool.Pool, logger *slog.Logger, clk clock.Clock) (
 	}
 	if cfg.MaxEvals <= 0 {
 		cfg.MaxEvals = 1
-	}
-	if cfg.PollInterval <= 0 {
-		cfg.PollInterval = 5 * time.Second
 	}
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = time.Hour
@@ -143,40 +137,55 @@ func New(cfg Config, pool *pgxpool.Pool, logger *slog.Logger, clk clock.Clock) (
 	if err != nil {
 		return nil, err
 	}
-	return &Evaluator{cfg: cfg, pool: pool, clock: clk, wake: make(chan struct{}, 1), logger: logger, confine: cf,
-		metrics: newEvalMetrics(cfg.Registerer)}, nil
+	e := &Evaluator{cfg: cfg, pool: pool, clock: clk, logger: logger, confine: cf,
+		metrics: newEvalMetrics(cfg.Registerer)}
+	e.slots = slots.New(slots.Config[claim]{
+		Slots:        cfg.MaxEvals,
+		PollInterval: cfg.PollInterval,
+		Gate:         cfg.Gate,
+		Claim:        e.claim,
+		Claimed: func(_ time.Duration, _ []claim, err error) {
+			if err != nil {
+				e.logger.Warn("claim evaluation failed", "error", err)
+			}
+		},
+		Run:     func(ctx context.Context, c claim, _ func()) { e.evaluate(ctx, c) },
+		Release: e.release,
+	}, clk)
+	return e, nil
 }
 
 // Start runs the claim loop until Stop; Stop kills running evaluations and hands them back
-// to the queue.
+// to the queue. A second Start is a no-op.
 func (e *Evaluator) Start(ctx context.Context) error {
-	if err := e.confine.prepare(); err != nil {
-		return err
-	}
-	// Recorded on each evaluation it claims. A Nix missing now fails evaluations, not the node:
-	// they are run again once it is there.
-	runner := *e.cfg.Runner
-	runner.User = e.confine.user
-	if v, err := runner.Version(ctx); err != nil {
-		e.logger.Warn("cannot tell which Nix evaluates", "error", err)
-	} else {
-		e.nixVersion = v
-	}
-	var sub *notify.Sub
-	if e.cfg.Notifier != nil {
-		var err error
-		if sub, err = e.cfg.Notifier.Subscribe("evaluations"); err != nil {
-			return fmt.Errorf("evaluator: %w", err)
+	_, err := e.Launch(ctx, func() (func(context.Context), error) {
+		if err := e.confine.prepare(); err != nil {
+			return nil, err
 		}
-	}
-	e.Run(ctx, func(ctx context.Context) {
-		if sub != nil {
-			defer sub.Close()
+		// Recorded on each evaluation it claims. A Nix missing now fails evaluations, not the
+		// node: they are run again once it is there.
+		runner := *e.cfg.Runner
+		runner.User = e.confine.user
+		if v, err := runner.Version(ctx); err != nil {
+			e.logger.Warn("cannot tell which Nix evaluates", "error", err)
+		} else {
+			e.nixVersion = v
 		}
-		e.loop(ctx, sub)
-		e.wg.Wait()
+		var sub *notify.Sub
+		if e.cfg.Notifier != nil {
+			var err error
+			if sub, err = e.cfg.Notifier.Subscribe("evaluations"); err != nil {
+				return nil, fmt.Errorf("evaluator: %w", err)
+			}
+		}
+		return func(ctx context.Context) {
+			if sub != nil {
+				defer sub.Close()
+			}
+			e.slots.Loop(ctx, sub) // returns once every running evaluation has
+		}, nil
 	})
-	return nil
+	return err
 }
 
 // NixVersion is the version of the Nix it evaluates with, known once started ("" if its
@@ -184,77 +193,27 @@ func (e *Evaluator) Start(ctx context.Context) error {
 func (e *Evaluator) NixVersion() string { return e.nixVersion }
 
 // Running is the number of evaluations running now.
-func (e *Evaluator) Running() int {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.running
-}
+func (e *Evaluator) Running() int { return e.slots.Running() }
 
-func (e *Evaluator) loop(ctx context.Context, sub *notify.Sub) {
-	var notes <-chan notify.Notification
-	var resync <-chan struct{}
-	if sub != nil {
-		notes, resync = sub.C, sub.Resync
-	}
-	poll := e.clock.After(e.cfg.PollInterval)
-	for {
-		e.fill(ctx)
-		select {
-		case <-ctx.Done():
-			return
-		case <-notes:
-		case <-resync:
-		case <-e.wake:
-		case <-poll:
-			poll = e.clock.After(e.cfg.PollInterval)
-		}
-	}
-}
-
-func (e *Evaluator) fill(ctx context.Context) {
-	for ctx.Err() == nil {
-		e.mu.Lock()
-		free := e.cfg.MaxEvals - e.running
-		e.mu.Unlock()
-		if free <= 0 || e.cfg.Gate.Closed() {
-			return
-		}
-		var c claim
+// claim claims up to n queued evaluations, one statement each; fewer when the queue runs dry.
+func (e *Evaluator) claim(ctx context.Context, n int) ([]claim, error) {
+	var claims []claim
+	for range n {
+		c := claim{node: e.cfg.NodeID}
 		err := e.pool.QueryRow(ctx, sqlClaimEval, e.cfg.NodeID, e.nixVersion).Scan(&c.id, &c.attempt)
 		if errors.Is(err, pgx.ErrNoRows) {
-			return
+			break
 		}
 		if err != nil {
-			if ctx.Err() == nil {
-				e.logger.Warn("claim evaluation failed", "error", err)
+			// What is claimed is run; the error shows next time round.
+			if len(claims) > 0 {
+				break
 			}
-			return
+			return nil, err
 		}
-		c.node = e.cfg.NodeID
-		release, ok := e.cfg.Gate.Acquire()
-		if !ok {
-			e.release(c)
-			return
-		}
-		e.mu.Lock()
-		e.running++
-		e.mu.Unlock()
-		e.wg.Add(1)
-		go func() {
-			defer e.wg.Done()
-			defer func() {
-				e.mu.Lock()
-				e.running--
-				e.mu.Unlock()
-				release()
-				select {
-				case e.wake <- struct{}{}:
-				default:
-				}
-			}()
-			e.evaluate(ctx, c)
-		}()
+		claims = append(claims, c)
 	}
+	return claims, nil
 }
 
 // claim is one attempt at an evaluation.
@@ -433,60 +392,16 @@ func (e *Evaluator) run(ctx context.Context, c claim, log *slog.Logger) (ingestS
 		}
 		ingestDone <- err
 	}()
-	// A batch goes to ingestion at BatchAttrs attributes, or BatchWait after its first one.
-	var (
-		mu    sync.Mutex
-		batch []Attr
-		timer <-chan time.Time
-		kick  = make(chan struct{}, 1)
-	)
-	send := func() { // with mu held
-		if len(batch) > 0 {
-			batches <- batch
-			batch = nil
-		}
-	}
-	tickDone, stopTick := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(tickDone)
-		for {
-			select {
-			case <-stopTick:
-				return
-			case <-kick:
-				timer = e.clock.After(e.cfg.BatchWait)
-			case <-timer:
-				mu.Lock()
-				send()
-				mu.Unlock()
-				timer = nil
-			}
-		}
-	}()
-	attrs := 0
+	batcher := newBatcher(e.cfg.BatchAttrs, e.cfg.BatchWait, e.clock, batches)
+	var attrs atomic.Int64
 	walkErr := runner.Walk(tctx, spec, func(a Attr) error {
-		mu.Lock()
-		defer mu.Unlock()
-		if attrs++; e.cfg.MaxAttrs > 0 && attrs > e.cfg.MaxAttrs {
+		if n := attrs.Add(1); e.cfg.MaxAttrs > 0 && n > int64(e.cfg.MaxAttrs) {
 			return fmt.Errorf("%w: more than %d attributes (eval.max_attrs)", ErrTooLarge, e.cfg.MaxAttrs)
 		}
-		batch = append(batch, a)
-		if len(batch) == 1 {
-			select {
-			case kick <- struct{}{}:
-			default:
-			}
-		}
-		if len(batch) >= e.cfg.BatchAttrs {
-			send()
-		}
+		batcher.add(a)
 		return nil
 	})
-	close(stopTick)
-	<-tickDone
-	mu.Lock()
-	send()
-	mu.Unlock()
+	batcher.close()
 	close(batches)
 	ingestErr := <-ingestDone
 	if cause := context.Cause(tctx); tctx.Err() != nil && ctx.Err() == nil {

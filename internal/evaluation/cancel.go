@@ -8,7 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
+	"github.com/harmonia-ci/harmonia-ci/internal/db"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 )
 
@@ -57,7 +57,7 @@ func Rollback(ctx context.Context, tx pgx.Tx, ids []int64) error {
 // while an evaluation that needs it commits its attributes. An ingest takes it before the
 // enqueue lock, as cancelUnneeded does.
 func LockJobNeed(ctx context.Context, tx pgx.Tx) error {
-	if _, err := tx.Exec(ctx, sqlNeedLock, cluster.LockClass); err != nil {
+	if _, err := tx.Exec(ctx, sqlNeedLock, db.LockClass, db.LockJobNeed); err != nil {
 		return fmt.Errorf("take job-need lock: %w", err)
 	}
 	return nil

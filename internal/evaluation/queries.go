@@ -93,9 +93,9 @@ WHERE id = $1 AND status IN ('queued', 'running')
 RETURNING id`
 
 	// Cancelling, superseding and failing evaluations, and ingesting attributes, are serialised by
-	// this transaction lock (class cluster.LockClass, object 3): a job is never cancelled as
+	// the job-need lock ($1 db.LockClass, $2 db.LockJobNeed): a job is never cancelled as
 	// unneeded while an evaluation that needs it commits its attributes.
-	sqlNeedLock = `SELECT pg_advisory_xact_lock($1, 3)`
+	sqlNeedLock = `SELECT pg_advisory_xact_lock($1, $2)`
 
 	// A project's evaluation requests run one at a time. $1 class, $2 project id (folded into
 	// the lock's 32-bit key; two projects sharing a key only wait for each other).

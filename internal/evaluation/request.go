@@ -11,6 +11,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/harmonia-ci/harmonia-ci/internal/db"
 )
 
 // RequestParams ask for one evaluation.
@@ -78,10 +80,6 @@ func Request(ctx context.Context, pool *pgxpool.Pool, p RequestParams) (e Evalua
 	return e, created, nil
 }
 
-// requestLockClass is the first key of the per-project request locks ("HCIR"), apart from
-// cluster.LockClass's.
-const requestLockClass int32 = 0x48434952
-
 // retryConflicts runs f again, a few milliseconds later, while PostgreSQL reports a
 // serialization failure or a deadlock (f's transaction was rolled back), up to 20 times.
 func retryConflicts(ctx context.Context, f func() error) error {
@@ -122,7 +120,7 @@ func request(ctx context.Context, pool *pgxpool.Pool, p RequestParams, head *boo
 		// One request per project at a time: the existing evaluation, the tree-hash hit and
 		// what to supersede are decided on what the previous request committed. (Serializable
 		// isolation decided the same, but aborted most of a burst of pushes.)
-		if _, err := tx.Exec(ctx, sqlRequestLock, requestLockClass, p.ProjectID); err != nil {
+		if _, err := tx.Exec(ctx, sqlRequestLock, db.RequestLockClass, p.ProjectID); err != nil {
 			return fmt.Errorf("take the project's request lock: %w", err)
 		}
 		if d := p.Delivery; d != nil {

@@ -198,7 +198,7 @@ func (c *Collector) databaseStep(ctx context.Context, tx pgx.Tx, rep *Report) er
 	if err := publication.HoldExclusiveTx(ctx, tx); err != nil {
 		return err
 	}
-	if _, err := tx.Exec(ctx, sqlNeedLock, cluster.LockClass); err != nil {
+	if _, err := tx.Exec(ctx, sqlNeedLock, db.LockClass, db.LockJobNeed); err != nil {
 		return fmt.Errorf("take the job-need lock: %w", err)
 	}
 	exec := func(what string, n *int64, sql string, args ...any) error {

@@ -19,6 +19,7 @@ import (
 
 	"github.com/harmonia-ci/harmonia-ci/internal/blob"
 	"github.com/harmonia-ci/harmonia-ci/internal/blobtest"
+	"github.com/harmonia-ci/harmonia-ci/internal/db"
 	"github.com/harmonia-ci/harmonia-ci/internal/dbtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/gc"
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
@@ -470,7 +471,7 @@ func TestCollectWaitsForAPublisher(t *testing.T) {
 	waittest.For(t, 10*time.Second, func() bool {
 		var waiting bool
 		w.must(w.pool.QueryRow(w.ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks
-			WHERE locktype = 'advisory' AND objid = 5 AND NOT granted)`).Scan(&waiting))
+			WHERE locktype = 'advisory' AND objid::bigint = $1 AND NOT granted)`, int64(db.LockPublication)).Scan(&waiting))
 		return waiting
 	}, "the collection to wait for the publication lock")
 	select {

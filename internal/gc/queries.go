@@ -1,10 +1,10 @@
 package gc
 
 const (
-	// The job-need lock (class cluster.LockClass, object 3): evaluations commit their
+	// The job-need lock ($1 db.LockClass, $2 db.LockJobNeed): evaluations commit their
 	// attributes and cancel unneeded jobs under it, so no job is deleted as unneeded while an
 	// evaluation commits a need.
-	sqlNeedLock = `SELECT pg_advisory_xact_lock($1, 3)`
+	sqlNeedLock = `SELECT pg_advisory_xact_lock($1, $2)`
 
 	sqlNow = `SELECT now()`
 )

@@ -108,25 +108,33 @@ func (d *Derivation) References() []string {
 }
 
 // drvParser is a hand-written recursive-descent parser: regexps or a general ATerm library
-// would be much slower, and whole dependency graphs of 10,000+ derivations get parsed.
+// would be much slower, and whole dependency graphs of 10,000+ derivations get parsed. Its
+// errors are sticky: the first one is kept and every later read is a no-op, so a caller reads
+// a whole derivation and checks err once at the end.
 type drvParser struct {
 	b   []byte
 	pos int
+	err error
 }
 
-// syntaxErrorf reports an error at byte offset at; format may use %w.
-func (p *drvParser) syntaxErrorf(at int, format string, args ...any) error {
-	return fmt.Errorf("byte %d: "+format, append([]any{at}, args...)...)
+// fail records an error at byte offset at, unless one is recorded already; format may use %w.
+func (p *drvParser) fail(at int, format string, args ...any) {
+	if p.err == nil {
+		p.err = fmt.Errorf("byte %d: "+format, append([]any{at}, args...)...)
+	}
 }
 
-// expect consumes tok or reports what was found instead.
-func (p *drvParser) expect(tok string) error {
+// expect consumes tok or records what was found instead.
+func (p *drvParser) expect(tok string) {
+	if p.err != nil {
+		return
+	}
 	// The string conversion in a comparison does not allocate.
 	if len(p.b)-p.pos >= len(tok) && string(p.b[p.pos:p.pos+len(tok)]) == tok {
 		p.pos += len(tok)
-		return nil
+		return
 	}
-	return p.syntaxErrorf(p.pos, "expected %q, found %s", tok, p.found())
+	p.fail(p.pos, "expected %q, found %s", tok, p.found())
 }
 
 // found describes the input at the current position for error messages.
@@ -143,17 +151,18 @@ func (p *drvParser) found() string {
 }
 
 // list parses '[' elem (',' elem)* ']', allowing the empty list.
-func (p *drvParser) list(elem func() error) error {
-	if err := p.expect("["); err != nil {
-		return err
+func (p *drvParser) list(elem func()) {
+	p.expect("[")
+	if p.err != nil {
+		return
 	}
 	if p.pos < len(p.b) && p.b[p.pos] == ']' {
 		p.pos++
-		return nil
+		return
 	}
 	for {
-		if err := elem(); err != nil {
-			return err
+		if elem(); p.err != nil {
+			return
 		}
 		if p.pos < len(p.b) {
 			switch p.b[p.pos] {
@@ -162,40 +171,43 @@ func (p *drvParser) list(elem func() error) error {
 				continue
 			case ']':
 				p.pos++
-				return nil
+				return
 			}
 		}
-		return p.syntaxErrorf(p.pos, "expected ',' or ']', found %s", p.found())
+		p.fail(p.pos, "expected ',' or ']', found %s", p.found())
+		return
 	}
 }
 
 // str parses a quoted string with Nix's escapes: \" \\ \n \r \t. Nix never writes any other
 // escape, so anything else is treated as corruption rather than guessed at.
-func (p *drvParser) str() (string, error) {
+func (p *drvParser) str() string {
 	start := p.pos
-	if err := p.expect(`"`); err != nil {
-		return "", err
+	if p.expect(`"`); p.err != nil {
+		return ""
 	}
 	rest := p.b[p.pos:]
 	end := bytes.IndexByte(rest, '"')
 	if end < 0 {
-		return "", p.syntaxErrorf(start, "unterminated string")
+		p.fail(start, "unterminated string")
+		return ""
 	}
 	// Fast path: most strings (paths, names) have no escapes and cost one allocation.
 	if bytes.IndexByte(rest[:end], '\\') < 0 {
 		p.pos += end + 1
-		return string(rest[:end]), nil
+		return string(rest[:end])
 	}
 	buf := make([]byte, 0, end)
 	for i := 0; i < len(rest); i++ {
 		switch c := rest[i]; c {
 		case '"':
 			p.pos += i + 1
-			return string(buf), nil
+			return string(buf)
 		case '\\':
 			i++
 			if i == len(rest) {
-				return "", p.syntaxErrorf(start, "unterminated string")
+				p.fail(start, "unterminated string")
+				return ""
 			}
 			switch e := rest[i]; e {
 			case '"', '\\':
@@ -207,26 +219,28 @@ func (p *drvParser) str() (string, error) {
 			case 't':
 				buf = append(buf, '\t')
 			default:
-				return "", p.syntaxErrorf(p.pos+i-1, "invalid escape %q", rest[i-1:i+1])
+				p.fail(p.pos+i-1, "invalid escape %q", rest[i-1:i+1])
+				return ""
 			}
 		default:
 			buf = append(buf, c)
 		}
 	}
-	return "", p.syntaxErrorf(start, "unterminated string")
+	p.fail(start, "unterminated string")
+	return ""
 }
 
 // path parses a string that must be a store path.
-func (p *drvParser) path() (string, error) {
+func (p *drvParser) path() string {
 	start := p.pos
-	s, err := p.str()
-	if err != nil {
-		return "", err
+	s := p.str()
+	if p.err != nil {
+		return ""
 	}
 	if _, err := ParseStorePath(s); err != nil {
-		return "", p.syntaxErrorf(start, "%w", err)
+		p.fail(start, "%w", err)
 	}
-	return s, nil
+	return s
 }
 
 func parseDerivation(b []byte) (*Derivation, error) {
@@ -240,176 +254,88 @@ func parseDerivation(b []byte) (*Derivation, error) {
 	}
 	// Newer formats (DrvWithVersion, dynamic derivations) start differently and carry
 	// semantics this parser would silently drop, so they are rejected here.
-	if err := p.expect("Derive("); err != nil {
-		return nil, err
-	}
+	p.expect("Derive(")
 
-	err := p.list(func() error {
+	p.list(func() {
 		start := p.pos
-		if err := p.expect("("); err != nil {
-			return err
-		}
-		name, err := p.str()
-		if err != nil {
-			return err
-		}
-		if err := p.expect(","); err != nil {
-			return err
-		}
-		var o DerivationOutput
+		p.expect("(")
+		name := p.str()
+		p.expect(",")
 		pathAt := p.pos
-		if o.Path, err = p.str(); err != nil {
-			return err
-		}
+		o := DerivationOutput{Path: p.str()}
 		if o.Path != "" {
 			if _, err := ParseStorePath(o.Path); err != nil {
-				return p.syntaxErrorf(pathAt, "output %q: %w", name, err)
+				p.fail(pathAt, "output %q: %w", name, err)
 			}
 		}
-		if err := p.expect(","); err != nil {
-			return err
-		}
-		if o.HashAlgo, err = p.str(); err != nil {
-			return err
-		}
-		if err := p.expect(","); err != nil {
-			return err
-		}
-		if o.Hash, err = p.str(); err != nil {
-			return err
-		}
-		if err := p.expect(")"); err != nil {
-			return err
-		}
-		switch {
+		p.expect(",")
+		o.HashAlgo = p.str()
+		p.expect(",")
+		o.Hash = p.str()
+		p.expect(")")
+		switch _, dup := d.Outputs[name]; {
+		case p.err != nil:
 		case name == "":
-			return p.syntaxErrorf(start, "empty output name")
+			p.fail(start, "empty output name")
 		case o.Hash != "" && (o.Path == "" || o.HashAlgo == ""):
-			return p.syntaxErrorf(start, "fixed output %q needs a path and a hash algorithm", name)
+			p.fail(start, "fixed output %q needs a path and a hash algorithm", name)
+		case dup:
+			p.fail(start, "duplicate output %q", name)
+		default:
+			d.Outputs[name] = o
 		}
-		if _, dup := d.Outputs[name]; dup {
-			return p.syntaxErrorf(start, "duplicate output %q", name)
-		}
-		d.Outputs[name] = o
-		return nil
 	})
-	if err != nil {
-		return nil, err
-	}
 	if len(d.Outputs) == 0 {
-		return nil, p.syntaxErrorf(p.pos, "derivation has no outputs")
+		p.fail(p.pos, "derivation has no outputs")
 	}
 
-	if err := p.expect(","); err != nil {
-		return nil, err
-	}
-	err = p.list(func() error {
+	p.expect(",")
+	p.list(func() {
 		start := p.pos
-		if err := p.expect("("); err != nil {
-			return err
+		p.expect("(")
+		drv := p.path()
+		if p.err == nil && !strings.HasSuffix(drv, ".drv") {
+			p.fail(start+1, "input derivation %q is not a .drv", drv)
 		}
-		drv, err := p.path()
-		if err != nil {
-			return err
-		}
-		if !strings.HasSuffix(drv, ".drv") {
-			return p.syntaxErrorf(start+1, "input derivation %q is not a .drv", drv)
-		}
-		if err := p.expect(","); err != nil {
-			return err
-		}
+		p.expect(",")
 		outs := []string{}
-		if err := p.list(func() error {
-			o, err := p.str()
-			outs = append(outs, o)
-			return err
-		}); err != nil {
-			return err
-		}
-		if err := p.expect(")"); err != nil {
-			return err
-		}
+		p.list(func() { outs = append(outs, p.str()) })
+		p.expect(")")
 		if _, dup := d.InputDrvs[drv]; dup {
-			return p.syntaxErrorf(start, "duplicate input derivation %q", drv)
+			p.fail(start, "duplicate input derivation %q", drv)
 		}
 		d.InputDrvs[drv] = outs
-		return nil
 	})
-	if err != nil {
-		return nil, err
-	}
 
-	if err := p.expect(","); err != nil {
-		return nil, err
-	}
-	if err := p.list(func() error {
-		s, err := p.path()
-		d.InputSrcs = append(d.InputSrcs, s)
-		return err
-	}); err != nil {
-		return nil, err
-	}
+	p.expect(",")
+	p.list(func() { d.InputSrcs = append(d.InputSrcs, p.path()) })
+	p.expect(",")
+	d.Platform = p.str()
+	p.expect(",")
+	d.Builder = p.str()
+	p.expect(",")
+	p.list(func() { d.Args = append(d.Args, p.str()) })
 
-	if err := p.expect(","); err != nil {
-		return nil, err
-	}
-	if d.Platform, err = p.str(); err != nil {
-		return nil, err
-	}
-	if err := p.expect(","); err != nil {
-		return nil, err
-	}
-	if d.Builder, err = p.str(); err != nil {
-		return nil, err
-	}
-	if err := p.expect(","); err != nil {
-		return nil, err
-	}
-	if err := p.list(func() error {
-		s, err := p.str()
-		d.Args = append(d.Args, s)
-		return err
-	}); err != nil {
-		return nil, err
-	}
-
-	if err := p.expect(","); err != nil {
-		return nil, err
-	}
-	err = p.list(func() error {
+	p.expect(",")
+	p.list(func() {
 		start := p.pos
-		if err := p.expect("("); err != nil {
-			return err
-		}
-		k, err := p.str()
-		if err != nil {
-			return err
-		}
-		if err := p.expect(","); err != nil {
-			return err
-		}
-		v, err := p.str()
-		if err != nil {
-			return err
-		}
-		if err := p.expect(")"); err != nil {
-			return err
-		}
+		p.expect("(")
+		k := p.str()
+		p.expect(",")
+		v := p.str()
+		p.expect(")")
 		if _, dup := d.Env[k]; dup {
-			return p.syntaxErrorf(start, "duplicate environment variable %q", k)
+			p.fail(start, "duplicate environment variable %q", k)
 		}
 		d.Env[k] = v
-		return nil
 	})
-	if err != nil {
-		return nil, err
-	}
 
-	if err := p.expect(")"); err != nil {
-		return nil, err
+	p.expect(")")
+	if p.err == nil && p.pos != len(b) {
+		p.fail(p.pos, "trailing data after derivation: %s", p.found())
 	}
-	if p.pos != len(b) {
-		return nil, p.syntaxErrorf(p.pos, "trailing data after derivation: %s", p.found())
+	if p.err != nil {
+		return nil, p.err
 	}
 	return d, nil
 }

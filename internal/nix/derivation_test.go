@@ -348,6 +348,13 @@ func TestParseDerivationMalformed(t *testing.T) {
 		{"duplicate env", replace(`[("name","hci-a")`, `[("name","hci-a"),("name","b")`), `duplicate environment variable "name"`},
 		{"missing final paren", strings.TrimSuffix(minimalDrv, ")"), fmt.Sprintf(`byte %d: expected ")", found end of input`, len(minimalDrv)-1)},
 		{"extra element in output", replace(`"","")]`, `"","","")]`), `expected ")"`},
+		{"input drv outputs not a list", replace(`["dev","out"]`, `"dev"`), `expected "[", found "\"dev\"`},
+		{"input drv output unquoted", replace(`["dev","out"]`, `[dev]`), `expected "\"", found "dev]`},
+		{"env entry without value", replace(`("name","hci-a")`, `("name")`), `expected ",", found ")`},
+		{"arg unterminated", minimalDrv[:strings.Index(minimalDrv, `echo`)], fmt.Sprintf(`byte %d: unterminated string`, strings.Index(minimalDrv, `echo`)-1)},
+		{"invalid escape in env", replace(`"hci-a")`, `"hci\q")`), `invalid escape "\\q"`},
+		{"first error wins", replace(`("out","/nix`, `("","/nix`) + "x", `byte 8: empty output name`},
+		{"error inside a list ends it", replace(`["-c",`, `["-c",x,`), `expected "\"", found "x,`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

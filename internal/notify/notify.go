@@ -161,6 +161,14 @@ func (n *Notifier) Reconnects() int64 {
 	return max(n.connects-1, 0)
 }
 
+// Subscribers is the number of open subscriptions to channel (tests: a service started twice
+// must not subscribe twice).
+func (n *Notifier) Subscribers(channel string) int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return len(n.subs[channel])
+}
+
 // BackendPID is the server pid of the current LISTEN session, 0 if none (tests use it with
 // pg_terminate_backend).
 func (n *Notifier) BackendPID() uint32 {

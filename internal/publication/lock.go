@@ -16,7 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
+	"github.com/harmonia-ci/harmonia-ci/internal/db"
 )
 
 // releaseTimeout bounds an unlock, which runs even when the holder's context is done.
@@ -60,7 +60,7 @@ func HoldWith(ctx context.Context, pool *pgxpool.Pool, with *pgx.Batch) (*Lock, 
 		return nil, fmt.Errorf("%w: %w", ErrLock, err)
 	}
 	b := &pgx.Batch{}
-	b.Queue(sqlLockShared, cluster.LockClass)
+	b.Queue(sqlLockShared, db.LockClass, db.LockPublication)
 	if with != nil {
 		b.QueuedQueries = append(b.QueuedQueries, with.QueuedQueries...)
 	}
@@ -90,7 +90,7 @@ func HoldExclusive(ctx context.Context, pool *pgxpool.Pool) (release func(), err
 	if err != nil {
 		return nil, fmt.Errorf("take the publication lock: %w", err)
 	}
-	if _, err := conn.Exec(ctx, sqlLock, cluster.LockClass); err != nil {
+	if _, err := conn.Exec(ctx, sqlLock, db.LockClass, db.LockPublication); err != nil {
 		conn.Release()
 		return nil, fmt.Errorf("take the publication lock: %w", err)
 	}
@@ -99,7 +99,7 @@ func HoldExclusive(ctx context.Context, pool *pgxpool.Pool) (release func(), err
 
 // HoldExclusiveTx takes the publication lock exclusively until tx ends.
 func HoldExclusiveTx(ctx context.Context, tx pgx.Tx) error {
-	if _, err := tx.Exec(ctx, sqlXactLock, cluster.LockClass); err != nil {
+	if _, err := tx.Exec(ctx, sqlXactLock, db.LockClass, db.LockPublication); err != nil {
 		return fmt.Errorf("take the publication lock: %w", err)
 	}
 	return nil
@@ -110,7 +110,7 @@ func unlock(conn *pgxpool.Conn, sql string) {
 	// rather than returned to the pool with the lock held.
 	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
 	defer cancel()
-	if _, err := conn.Exec(ctx, sql, cluster.LockClass); err != nil {
+	if _, err := conn.Exec(ctx, sql, db.LockClass, db.LockPublication); err != nil {
 		_ = conn.Conn().Close(ctx)
 	}
 	conn.Release()

@@ -2,13 +2,10 @@ package queue
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
 	"github.com/harmonia-ci/harmonia-ci/internal/db"
 )
 
@@ -57,39 +54,6 @@ func claimJobs(ctx context.Context, q db.DBTX, c Claimer, limit int, form ClaimF
 		return nil, fmt.Errorf("claim jobs for %s: %w", c.NodeID, err)
 	}
 	return jobs, nil
-}
-
-// SucceedAndClaim records c's success and claims up to limit jobs for next in one round trip
-// and one transaction: a worker whose slot the success frees fills it without a second commit.
-// The claim runs after the success within the transaction, so it already sees the
-// dependents the success readied. A claim that no longer held returns the claimed jobs (they
-// are next's either way) with an error wrapping ErrStale; any other error means nothing
-// was recorded and nothing claimed.
-func SucceedAndClaim(ctx context.Context, pool *pgxpool.Pool, c Claim, next Claimer, limit int) (Outcome, []Job, error) {
-	b := &pgx.Batch{}
-	b.Queue(sqlJobSucceed, c.JobID, c.NodeID, c.Attempt, nil, cluster.LockClass)
-	b.Queue(sqlClaim, next.Systems, next.features(), next.NodeID, limit, limit)
-	br := pool.SendBatch(ctx, b)
-	out := Outcome{Status: "succeeded"}
-	err := br.QueryRow().Scan(&out.ProjectID, &out.Seconds, &out.DrvPath)
-	stale := errors.Is(err, pgx.ErrNoRows)
-	var jobs []Job
-	if err == nil || stale {
-		var rows pgx.Rows
-		if rows, err = br.Query(); err == nil {
-			jobs, err = collectJobs(rows, next.NodeID)
-		}
-	}
-	if cerr := br.Close(); err == nil {
-		err = cerr
-	}
-	switch {
-	case err != nil:
-		return Outcome{}, nil, fmt.Errorf("succeed %s and claim: %w", c, err)
-	case stale:
-		return Outcome{}, jobs, fmt.Errorf("succeed %s: %w", c, ErrStale)
-	}
-	return out, jobs, nil
 }
 
 func (c Claimer) features() []string {

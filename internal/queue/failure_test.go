@@ -317,7 +317,6 @@ func TestStaleFinishChangesNothing(t *testing.T) {
 		}},
 		{"MarkUploading", func(c queue.Claim) error { return queue.MarkUploading(ctx, pool, c) }},
 		{"Release", func(c queue.Claim) error { return queue.Release(ctx, pool, c) }},
-		{"CancelClaimed", func(c queue.Claim) error { return queue.CancelClaimed(ctx, pool, c) }},
 	}
 	stale := []struct {
 		name  string

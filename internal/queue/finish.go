@@ -8,7 +8,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
 	"github.com/harmonia-ci/harmonia-ci/internal/db"
 )
 
@@ -39,7 +38,7 @@ type Outcome struct {
 // holds returns ErrStale.
 func Succeed(ctx context.Context, q db.DBTX, c Claim) (Outcome, error) {
 	out := Outcome{Status: "succeeded"}
-	rows, err := q.Query(ctx, sqlJobSucceed, c.JobID, c.NodeID, c.Attempt, nil, cluster.LockClass)
+	rows, err := q.Query(ctx, sqlJobSucceed, c.JobID, c.NodeID, c.Attempt, nil, db.LockClass, db.LockEnqueue)
 	if err == nil {
 		var found bool
 		for rows.Next() {
@@ -69,7 +68,7 @@ func QueueSucceed(b *pgx.Batch, c Claim, logKey string, out *Outcome) {
 	if logKey != "" {
 		key = &logKey
 	}
-	b.Queue(sqlJobSucceed, c.JobID, c.NodeID, c.Attempt, key, cluster.LockClass).QueryRow(func(row pgx.Row) error {
+	b.Queue(sqlJobSucceed, c.JobID, c.NodeID, c.Attempt, key, db.LockClass, db.LockEnqueue).QueryRow(func(row pgx.Row) error {
 		*out = Outcome{Status: "succeeded"}
 		err := row.Scan(&out.ProjectID, &out.Seconds, &out.DrvPath)
 		if errors.Is(err, pgx.ErrNoRows) {
@@ -154,11 +153,6 @@ func Release(ctx context.Context, pool *pgxpool.Pool, c Claim) error {
 		return fmt.Errorf("release %s: %w", c, err)
 	}
 	return nil
-}
-
-// CancelClaimed cancels a job on behalf of the worker holding it.
-func CancelClaimed(ctx context.Context, pool *pgxpool.Pool, c Claim) error {
-	return cancel(ctx, pool, sqlJobCancelClaimed, fmt.Sprint(c), c.JobID, c.NodeID, c.Attempt)
 }
 
 // Cancel cancels a pending or running job on a user's behalf; a builder running it finds its

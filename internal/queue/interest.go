@@ -9,7 +9,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
 	"github.com/harmonia-ci/harmonia-ci/internal/db"
 )
 
@@ -58,7 +57,7 @@ type CancelResult struct {
 func CancelFor(ctx context.Context, pool *pgxpool.Pool, jobID int64, evals []int64) (CancelResult, error) {
 	var res CancelResult
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, sqlNeedLock, cluster.LockClass); err != nil {
+		if _, err := tx.Exec(ctx, sqlNeedLock, db.LockClass, db.LockJobNeed); err != nil {
 			return fmt.Errorf("take job-need lock: %w", err)
 		}
 		var drv string

@@ -14,7 +14,8 @@ import (
 
 // MaintenanceConfig configures the queue's leader-only tasks. Zero values take the defaults.
 type MaintenanceConfig struct {
-	// DeadThreshold: a node silent this long is dead and its claims are reaped. Default 2m.
+	// DeadThreshold: a node silent this long is dead and its claims are reaped. Default
+	// cluster.DefaultDeadThreshold.
 	DeadThreshold time.Duration
 	// ReapInterval between reaper runs. Default 30s.
 	ReapInterval time.Duration
@@ -43,7 +44,7 @@ func (c *MaintenanceConfig) withDefaults() {
 			*d = v
 		}
 	}
-	def(&c.DeadThreshold, 2*time.Minute)
+	def(&c.DeadThreshold, cluster.DefaultDeadThreshold)
 	def(&c.ReapInterval, 30*time.Second)
 	def(&c.UnsupportedInterval, 5*time.Minute)
 	def(&c.UnsupportedGrace, 30*time.Minute)

@@ -125,48 +125,6 @@ func TestDependentChains(t *testing.T) {
 	}
 }
 
-// TestSucceedAndClaim: a success and the next claim in one transaction. The claim sees the
-// dependents the success readied; a success whose claim no longer holds records nothing, and
-// the jobs claimed with it are still returned, claimed by the node.
-func TestSucceedAndClaim(t *testing.T) {
-	t.Parallel()
-	pool := dbtest.NewPool(t)
-	project := qt.NewProject(t, pool, "p", 100)
-	qt.Enqueue(t, pool, &project, qt.Drv("a", sys), qt.Drv("b", sys, "a"), qt.Drv("c", sys))
-	a := claimOne(t, pool, claimer("n1"))
-	c := claimOne(t, pool, claimer("n2"))
-	if qt.NameOf(a.DrvPath) != "a" || qt.NameOf(c.DrvPath) != "c" {
-		t.Fatalf("claimed %s and %s, want a and c", qt.NameOf(a.DrvPath), qt.NameOf(c.DrvPath))
-	}
-	out, next, err := queue.SucceedAndClaim(qt.Ctx(t, 30*time.Second), pool, a.Claim(), claimer("n1"), 2)
-	if err != nil {
-		t.Fatalf("SucceedAndClaim(a): %v", err)
-	}
-	if out.Status != "succeeded" || qt.NameOf(out.DrvPath) != "a" || out.ProjectID == nil || *out.ProjectID != project {
-		t.Fatalf("outcome %+v, want a succeeded for project %d", out, project)
-	}
-	if got := qt.Names(next); !slices.Equal(got, []string{"b"}) {
-		t.Fatalf("claimed with the success: %v, want [b] (readied by it)", got)
-	}
-	if j := qt.Job(t, pool, "b"); j.Status != "building" || j.ClaimedBy == nil || *j.ClaimedBy != "n1" {
-		t.Fatalf("b is %s, want building by n1", j)
-	}
-	// A stale success (n1 never held c) changes nothing and still claims for n1.
-	qt.Enqueue(t, pool, &project, qt.Drv("d", sys))
-	stale := c.Claim()
-	stale.NodeID = "n1"
-	_, next, err = queue.SucceedAndClaim(qt.Ctx(t, 30*time.Second), pool, stale, claimer("n1"), 1)
-	if !qt.IsStale(err) {
-		t.Fatalf("SucceedAndClaim with n2's claim as n1: %v, want ErrStale", err)
-	}
-	if got := qt.Names(next); !slices.Equal(got, []string{"d"}) {
-		t.Fatalf("claimed with a stale success: %v, want [d]", got)
-	}
-	if s := qt.Status(t, pool, "c"); s != "building" {
-		t.Fatalf("c is %s after a stale success, want building", s)
-	}
-}
-
 // TestDeferredChainRaise: enqueues that defer the raise leave the jobs below them as they were,
 // and one RaiseDeferred over them then gives every chain the value raising at each enqueue
 // would have given, on a graph that arrives inputs first as an evaluation's does, and raises

@@ -4,11 +4,11 @@ package queue
 // and trusts rows-affected; times come from now().
 
 const (
-	// Enqueues are serialised by this transaction-scoped lock (class cluster.LockClass, object 2):
+	// Enqueues are serialised by this transaction-scoped lock ($1 db.LockClass, $2 db.LockEnqueue):
 	// two concurrent inserts of a job and its input could otherwise each miss the other, leaving
 	// the dependent ready too early. Status changes need no such lock (their counter deltas
 	// commute).
-	sqlEnqueueLock = `SELECT pg_advisory_xact_lock($1, 2)`
+	sqlEnqueueLock = `SELECT pg_advisory_xact_lock($1, $2)`
 
 	// $1 drv_path[], $2 hash_part[], $3 name[], $4 system[], $5 features (comma-joined)[],
 	// $6 nar_hash[], $7 nar_size[], $8 input sources (space-joined)[]
@@ -116,17 +116,17 @@ RETURNING build_jobs.id, build_jobs.drv_path, build_jobs.system, build_jobs.proj
 	//
 	// Success is one statement (one round trip, no explicit transaction). Its notification is
 	// the caller's, batched (see Announcer).
-	// $4 the log's blob key, or NULL to keep log_url; $5 cluster.LockClass.
+	// $4 the log's blob key, or NULL to keep log_url; $5, $6 the enqueue lock.
 	//
-	// A success moves the job into 'succeeded', so it takes the readiness lock shared (object 2,
-	// see sqlEnqueueLock) before it touches the row: the uncorrelated EXISTS is a one-time
+	// A success moves the job into 'succeeded', so it takes the readiness lock shared ($5, $6:
+	// db.LockClass, db.LockEnqueue; see sqlEnqueueLock) before it touches the row: the uncorrelated EXISTS is a one-time
 	// filter, evaluated before the scan. Taken later, by the readiness trigger with the row
 	// already locked, it could deadlock against an enqueue of the same job waiting on that row.
 	sqlJobSucceed = `
 UPDATE build_jobs SET status = 'succeeded', finished_at = now(), exit_code = 0, error_message = NULL,
     log_url = COALESCE($4, log_url)
 WHERE id = $1 AND claimed_by = $2 AND attempt = $3 AND status IN ('building', 'uploading')
-  AND EXISTS (SELECT FROM pg_advisory_xact_lock_shared($5, 2))
+  AND EXISTS (SELECT FROM pg_advisory_xact_lock_shared($5, $6))
 RETURNING project_id, EXTRACT(EPOCH FROM now() - started_at)::float8, drv_path`
 
 	sqlJobUploading = `
@@ -159,22 +159,16 @@ UPDATE build_jobs SET status = 'pending', claimed_by = NULL, claimed_at = NULL, 
 WHERE id = $1 AND claimed_by = $2 AND attempt = $3 AND status IN ('building', 'uploading')
 RETURNING system`
 
-	// Cancel a claimed job on behalf of its holder (the build was aborted).
-	sqlJobCancelClaimed = `
-UPDATE build_jobs SET status = 'cancelled', finished_at = now()
-WHERE id = $1 AND claimed_by = $2 AND attempt = $3 AND status IN ('building', 'uploading')
-RETURNING id, drv_path`
-
 	// Cancel by a user: pending or building (the builder learns of it and stops).
 	sqlJobCancel = `
 UPDATE build_jobs SET status = 'cancelled', finished_at = now()
 WHERE id = $1 AND status IN ('pending', 'building', 'uploading')
 RETURNING id, drv_path`
 
-	// The job-need lock (class cluster.LockClass, object 3) that the evaluator's ingest and the
+	// The job-need lock ($1 db.LockClass, $2 db.LockJobNeed) that the evaluator's ingest and the
 	// cancelling of unneeded jobs take too: while a cancel holds it, no evaluation becomes
 	// interested in a job or stops being.
-	sqlNeedLock = `SELECT pg_advisory_xact_lock($1, 3)`
+	sqlNeedLock = `SELECT pg_advisory_xact_lock($1, $2)`
 
 	// A job a user cancels, if unfinished, locked against finishes until the cancel commits.
 	// $1 job id.

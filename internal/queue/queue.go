@@ -20,7 +20,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
 	"github.com/harmonia-ci/harmonia-ci/internal/db"
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
 )
@@ -135,7 +134,7 @@ func EnqueueTx(ctx context.Context, tx pgx.Tx, p EnqueueParams) (EnqueueResult, 
 	}
 	systems := map[string]bool{}
 	err := func() error {
-		if _, err := tx.Exec(ctx, sqlEnqueueLock, cluster.LockClass); err != nil {
+		if _, err := tx.Exec(ctx, sqlEnqueueLock, db.LockClass, db.LockEnqueue); err != nil {
 			return fmt.Errorf("take enqueue lock: %w", err)
 		}
 		for chunk := range slices.Chunk(p.Derivations, batchSize) {
@@ -303,7 +302,8 @@ type Job struct {
 // Claim identifies one attempt at a job: every write its holder makes is guarded by it.
 func (j *Job) Claim() Claim { return Claim{JobID: j.ID, NodeID: j.NodeID, Attempt: j.Attempt} }
 
-// Claim identifies one attempt at a job.
+// Claim identifies one attempt at a job: the one type the worker, the builder, the uploader and
+// the signer hold a job's claim in (signerapi.JobClaim is only its form on the wire).
 type Claim struct {
 	JobID   int64
 	NodeID  string

@@ -20,6 +20,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/clock"
 	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
 	"github.com/harmonia-ci/harmonia-ci/internal/notify"
+	"github.com/harmonia-ci/harmonia-ci/internal/slots"
 	"github.com/harmonia-ci/harmonia-ci/internal/startstop"
 )
 
@@ -82,24 +83,22 @@ type WorkerConfig struct {
 	Registerer prometheus.Registerer
 }
 
-// Worker ties a node's build slots to the queue: whenever a slot is free and the node is not
-// draining, it claims; it wakes on notifications, on a freed slot, after every (re)connect of
-// the notifier, and on a poll timer.
+// Worker ties a node's build slots to the queue through a slots.Runner: whenever a slot is free
+// and the node is not draining, it claims; it wakes on notifications, on a freed slot, after
+// every (re)connect of the notifier, and on a poll timer.
 type Worker struct {
 	startstop.Base
 	cfg    WorkerConfig
 	pool   *pgxpool.Pool
 	logger *slog.Logger
 	clock  clock.Clock
+	slots  *slots.Runner[Job]
 
-	wake         chan struct{}
-	jobs         sync.WaitGroup
 	charger      Charger
 	ownAnnouncer bool
 	metrics      *workerMetrics
 
 	mu      sync.Mutex
-	running int
 	avgSecs float64 // rolling average of build durations
 }
 
@@ -112,12 +111,6 @@ func NewWorker(cfg WorkerConfig, pool *pgxpool.Pool, logger *slog.Logger, clk cl
 	if len(cfg.Claimer.Systems) == 0 {
 		return nil, errors.New("queue worker: no systems to build for")
 	}
-	if cfg.MaxJobs <= 0 {
-		cfg.MaxJobs = 1
-	}
-	if cfg.PollInterval <= 0 {
-		cfg.PollInterval = 5 * time.Second
-	}
 	if cfg.Gate == nil {
 		cfg.Gate = &cluster.InFlight{}
 	}
@@ -128,47 +121,72 @@ func NewWorker(cfg WorkerConfig, pool *pgxpool.Pool, logger *slog.Logger, clk cl
 	if cfg.ChargeInterval <= 0 {
 		cfg.ChargeInterval = time.Second
 	}
-	return &Worker{
-		cfg: cfg, pool: pool, clock: clk, wake: make(chan struct{}, 1), ownAnnouncer: ownAnnouncer,
+	if clk == nil {
+		clk = clock.Real{}
+	}
+	w := &Worker{
+		cfg: cfg, pool: pool, clock: clk, ownAnnouncer: ownAnnouncer,
 		metrics: newWorkerMetrics(cfg.Registerer),
 		logger:  logger.With("service", "worker", "node_id", cfg.Claimer.NodeID),
-	}, nil
+	}
+	w.slots = slots.New(slots.Config[Job]{
+		Slots:        cfg.MaxJobs,
+		PollInterval: cfg.PollInterval,
+		Gate:         cfg.Gate,
+		Interested:   w.interested,
+		Claim: func(ctx context.Context, n int) ([]Job, error) {
+			return claimJobs(ctx, w.pool, w.cfg.Claimer, n, w.cfg.ClaimForm)
+		},
+		Claimed: w.claimed,
+		Run:     w.build,
+		Release: w.releaseClaim,
+	}, clk)
+	return w, nil
 }
 
 // Start runs the claim loop until Stop. Stop cancels running handlers and releases their claims.
+// A second Start is a no-op.
 func (w *Worker) Start(ctx context.Context) error {
-	var sub *notify.Sub
-	if w.cfg.Notifier != nil {
-		var err error
-		if sub, err = w.cfg.Notifier.Subscribe("build_jobs"); err != nil {
-			return fmt.Errorf("queue worker: %w", err)
+	_, err := w.Launch(ctx, func() (func(context.Context), error) {
+		var sub *notify.Sub
+		if w.cfg.Notifier != nil {
+			var err error
+			if sub, err = w.cfg.Notifier.Subscribe("build_jobs"); err != nil {
+				return nil, fmt.Errorf("queue worker: %w", err)
+			}
 		}
-	}
-	if w.ownAnnouncer {
-		if err := w.cfg.Announcer.Start(ctx); err != nil {
-			return err
-		}
-	}
-	w.Run(ctx, func(ctx context.Context) {
-		if sub != nil {
-			defer sub.Close()
-		}
-		w.loop(ctx, sub)
-		w.jobs.Wait()
-		w.flushCharges()
 		if w.ownAnnouncer {
-			w.cfg.Announcer.Stop()
+			if err := w.cfg.Announcer.Start(ctx); err != nil {
+				if sub != nil {
+					sub.Close()
+				}
+				return nil, err
+			}
 		}
+		return func(ctx context.Context) {
+			if sub != nil {
+				defer sub.Close()
+			}
+			charged := make(chan struct{})
+			cctx, stopCharging := context.WithCancel(ctx)
+			go func() {
+				defer close(charged)
+				w.chargeLoop(cctx)
+			}()
+			w.slots.Loop(ctx, sub) // returns once every running job has
+			stopCharging()
+			<-charged
+			w.flushCharges()
+			if w.ownAnnouncer {
+				w.cfg.Announcer.Stop()
+			}
+		}, nil
 	})
-	return nil
+	return err
 }
 
 // Running is the number of jobs being built now.
-func (w *Worker) Running() int {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.running
-}
+func (w *Worker) Running() int { return w.slots.Running() }
 
 // SpeedFactor is builds per minute at the pace of recent builds (0 before the first), so a
 // faster or less loaded node shows a higher factor.
@@ -181,33 +199,14 @@ func (w *Worker) SpeedFactor() float64 {
 	return 60 / math.Max(w.avgSecs, 0.001)
 }
 
-func (w *Worker) loop(ctx context.Context, sub *notify.Sub) {
-	var notes <-chan notify.Notification
-	var resync <-chan struct{}
-	if sub != nil {
-		notes, resync = sub.C, sub.Resync
-	}
-	charge := w.clock.After(w.cfg.ChargeInterval)
-	poll := w.clock.After(w.cfg.PollInterval)
-	claim := true
+// chargeLoop writes the batched charges every ChargeInterval until ctx ends.
+func (w *Worker) chargeLoop(ctx context.Context) {
 	for {
-		if claim {
-			w.fill(ctx)
-		}
-		claim = true
 		select {
 		case <-ctx.Done():
 			return
-		case n := <-notes:
-			claim = w.interested(n.Payload)
-		case <-resync:
-		case <-w.wake:
-		case <-poll:
-			poll = w.clock.After(w.cfg.PollInterval)
-		case <-charge:
+		case <-w.clock.After(w.cfg.ChargeInterval):
 			w.flushCharges()
-			charge = w.clock.After(w.cfg.ChargeInterval)
-			claim = false // the charge timer is no claim trigger: it would hide lost wake-ups
 		}
 	}
 }
@@ -242,74 +241,15 @@ func (w *Worker) interested(payload string) bool {
 	}
 }
 
-// fill claims jobs for the free slots, unless the node drains.
-func (w *Worker) fill(ctx context.Context) {
-	for ctx.Err() == nil {
-		w.mu.Lock()
-		free := w.cfg.MaxJobs - w.running
-		w.mu.Unlock()
-		if free <= 0 || w.cfg.Gate.Closed() {
-			return
-		}
-		start := time.Now()
-		jobs, err := claimJobs(ctx, w.pool, w.cfg.Claimer, free, w.cfg.ClaimForm)
-		if err == nil {
-			w.claimed(time.Since(start), jobs)
-		}
-		if err != nil {
-			if ctx.Err() == nil {
-				w.logger.Warn("claim failed", "error", err)
-			}
-			return
-		}
-		for _, job := range jobs {
-			w.launch(ctx, job)
-		}
-		if len(jobs) < free {
-			return // nothing more is ready
-		}
-	}
-}
-
-// launch builds a claimed job in a slot of its own.
-func (w *Worker) launch(ctx context.Context, job Job) {
-	release, ok := w.cfg.Gate.Acquire()
-	if !ok {
-		// The node began draining between the check and the claim.
-		w.releaseClaim(job)
-		return
-	}
-	w.mu.Lock()
-	w.running++
-	w.mu.Unlock()
-	w.jobs.Add(1)
-	go w.build(ctx, job, release)
-}
-
-func (w *Worker) build(ctx context.Context, job Job, release func()) {
-	defer w.jobs.Done()
-	// The gate is held until the job is recorded: a draining node waits for its uploads.
-	defer release()
-	var freeOnce sync.Once
-	freeSlot := func() {
-		freeOnce.Do(func() {
-			w.mu.Lock()
-			w.running--
-			w.mu.Unlock()
-			select {
-			case w.wake <- struct{}{}:
-			default:
-			}
-		})
-	}
-	defer freeSlot()
+// build runs a claimed job in its slot, then records the result. The slot is freed as soon as
+// the handler no longer needs it (see Result.Continue); the gate is held until the job is
+// recorded, so a draining node waits for its uploads.
+func (w *Worker) build(ctx context.Context, job Job, freeSlot func()) {
 	start := time.Now()
 	res := w.cfg.Handler(ctx, job)
-	slotHeld := true
 	if res.Continue != nil {
 		next := res.Continue
 		freeSlot()
-		slotHeld = false
 		res = next(ctx)
 		res.Continue = nil
 	}
@@ -333,27 +273,6 @@ func (w *Worker) build(ctx context.Context, job Job, release func()) {
 		w.charger.Add(job.ProjectID, elapsed.Seconds())
 		w.recordDuration(elapsed)
 		return
-	}
-	if res.Err == nil && slotHeld && w.cfg.ClaimForm == ClaimReady && !w.cfg.Gate.Closed() {
-		// The slot this job frees is filled in the same round trip; the successor is
-		// launched before the deferred freeSlot, so the count of running jobs never dips.
-		start := time.Now()
-		out, next, err := SucceedAndClaim(fctx, w.pool, job.Claim(), w.cfg.Claimer, 1)
-		if err == nil || errors.Is(err, ErrStale) {
-			w.claimed(time.Since(start), next)
-			for _, j := range next {
-				w.launch(ctx, j)
-			}
-		}
-		if err == nil {
-			w.succeeded(job, res, elapsed, out)
-			return
-		}
-		if errors.Is(err, ErrStale) {
-			w.logger.Warn("finished a job whose claim no longer holds; nothing recorded", "job_id", job.ID, "attempt", job.Attempt)
-			return
-		}
-		w.logger.Warn("could not record a success and claim the next job; recording the success alone", "job_id", job.ID, "error", err)
 	}
 	out, err := retryFinish(fctx, func() (Outcome, error) {
 		if res.Err == nil {
@@ -390,8 +309,12 @@ func (w *Worker) succeeded(job Job, res Result, elapsed time.Duration, out Outco
 	w.recordDuration(elapsed)
 }
 
-// claimed reports a claim to the metrics and the benchmark's hook.
-func (w *Worker) claimed(d time.Duration, jobs []Job) {
+// claimed reports a claim to the log, the metrics and the benchmark's hook.
+func (w *Worker) claimed(d time.Duration, jobs []Job, err error) {
+	if err != nil {
+		w.logger.Warn("claim failed", "error", err)
+		return
+	}
 	w.metrics.claimed(d, jobs)
 	if w.cfg.ClaimFunc != nil {
 		w.cfg.ClaimFunc(d, jobs)

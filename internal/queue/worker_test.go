@@ -16,6 +16,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/notify"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 	qt "github.com/harmonia-ci/harmonia-ci/internal/queuetest"
+	"github.com/harmonia-ci/harmonia-ci/internal/waittest"
 )
 
 func noop(context.Context, queue.Job) queue.Result { return queue.Result{} }
@@ -53,7 +54,7 @@ func TestWorkerCatchesUpAfterListenerKilled(t *testing.T) {
 	var early bool // a job of this round was claimed while the notifier was down
 	w := startWorker(t, pool, queue.WorkerConfig{
 		Claimer: claimer("worker"), MaxJobs: 4, PollInterval: time.Minute, Notifier: n, Handler: noop,
-		ChargeInterval: time.Hour, // the loop also wakes to flush charges; keep that out of the way
+		ChargeInterval: time.Hour, // no charge writes to compete with the claims it watches
 		ClaimFunc: func(_ time.Duration, jobs []queue.Job) {
 			mu.Lock()
 			defer mu.Unlock()
@@ -365,5 +366,37 @@ func TestContinueFreesTheSlot(t *testing.T) {
 	}
 	if continued.Load() != 1 {
 		t.Fatalf("the continuation ran %d times, want 1", continued.Load())
+	}
+}
+
+// TestWorkerStartTwice: a second Start neither subscribes again nor runs a second claim loop,
+// and after Stop the worker's subscription is gone.
+func TestWorkerStartTwice(t *testing.T) {
+	t.Parallel()
+	pool, _ := newPool(t, 4)
+	n := startNotifier(t, pool, notify.Config{})
+	var claims atomic.Int64
+	w := startWorker(t, pool, queue.WorkerConfig{
+		Claimer: claimer("twice"), PollInterval: time.Hour, Notifier: n, Handler: noop,
+		ClaimFunc: func(time.Duration, []queue.Job) { claims.Add(1) },
+	})
+	// The loop claims at its start and again on the resync of its LISTEN.
+	qt.WaitFor(t, 10*time.Second, func() bool { return n.Connected() && claims.Load() >= 2 }, "the first claims")
+	base := claims.Load()
+	if err := w.Start(context.Background()); err != nil {
+		t.Fatalf("second Start: %v", err)
+	}
+	if got := n.Subscribers("build_jobs"); got != 1 {
+		t.Errorf("%d build_jobs subscriptions after two Starts, want 1", got)
+	}
+	// A second loop would claim at once on its own start; the poll timer is an hour away.
+	waittest.Hold(t, 200*time.Millisecond, func() {
+		if got := claims.Load(); got != base {
+			t.Fatalf("%d claims after the second Start, want %d", got, base)
+		}
+	})
+	w.Stop()
+	if got := n.Subscribers("build_jobs"); got != 0 {
+		t.Errorf("%d build_jobs subscriptions after Stop, want 0", got)
 	}
 }

@@ -13,7 +13,8 @@ import (
 // MaxRequestBody bounds a request body; a larger one is answered 413.
 const MaxRequestBody = 16 << 20
 
-// JobClaim is a builder's claim of a build job: the job and the attempt it claimed.
+// JobClaim is a builder's claim of a build job on the wire: the job and the attempt it claimed
+// (the node is the token's). Go code holds a queue.Claim and converts at the API's edge.
 type JobClaim struct {
 	ID      int64 `json:"id"`
 	Attempt int   `json:"attempt"`

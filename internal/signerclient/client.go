@@ -5,6 +5,7 @@ package signerclient
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -17,9 +18,11 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/harmonia-ci/harmonia-ci/internal/signerapi"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
+	"github.com/harmonia-ci/harmonia-ci/internal/signerapi"
 )
 
 // ErrUnavailable means no signer answered within Config.GiveUpAfter: a transient failure
@@ -40,7 +43,7 @@ func (e *StatusError) Error() string {
 // Config configures a Client.
 type Config struct {
 	Token         string        // this node's token (package nodetoken)
-	DeadThreshold time.Duration // signers silent this long are not tried; default 2m (cluster.heartbeat.dead_threshold)
+	DeadThreshold time.Duration // signers silent this long are not tried; default cluster.DefaultDeadThreshold (cluster.heartbeat.dead_threshold)
 	HTTP          *http.Client  // default: a client with a 2 minute timeout
 	GiveUpAfter   time.Duration // default 5m
 	MinBackoff    time.Duration // default 1s
@@ -61,9 +64,7 @@ func New(cfg Config, pool *pgxpool.Pool, logger *slog.Logger) *Client {
 	if cfg.HTTP == nil {
 		cfg.HTTP = &http.Client{Timeout: 2 * time.Minute}
 	}
-	if cfg.DeadThreshold <= 0 {
-		cfg.DeadThreshold = 2 * time.Minute
-	}
+	cfg.DeadThreshold = cmp.Or(cfg.DeadThreshold, cluster.DefaultDeadThreshold)
 	if cfg.GiveUpAfter <= 0 {
 		cfg.GiveUpAfter = 5 * time.Minute
 	}

@@ -22,6 +22,9 @@ var ErrStopped = errors.New("service stopped")
 
 // Base implements the lifecycle for a service that embeds it.
 type Base struct {
+	// starting serialises Launch, so that of two concurrent Starts only one prepares.
+	starting sync.Mutex
+
 	mu     sync.Mutex
 	cancel context.CancelCauseFunc
 	done   chan struct{}
@@ -32,12 +35,8 @@ type Base struct {
 func (b *Base) Run(ctx context.Context, fn func(ctx context.Context)) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.done != nil {
-		select {
-		case <-b.done:
-		default:
-			return false
-		}
+	if b.runningLocked() {
+		return false
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	done := make(chan struct{})
@@ -48,6 +47,38 @@ func (b *Base) Run(ctx context.Context, fn func(ctx context.Context)) bool {
 		fn(ctx)
 	}()
 	return true
+}
+
+// Launch is Run for a service whose Start does work before its loop (subscribes, checks the
+// database): prepare runs only if the service is not running, and returns the loop, or an error
+// that Launch returns without starting anything. A second Start is thus a no-op that opens
+// nothing. Launch reports whether it started the loop.
+func (b *Base) Launch(ctx context.Context, prepare func() (func(ctx context.Context), error)) (bool, error) {
+	b.starting.Lock()
+	defer b.starting.Unlock()
+	b.mu.Lock()
+	running := b.runningLocked()
+	b.mu.Unlock()
+	if running {
+		return false, nil
+	}
+	fn, err := prepare()
+	if err != nil {
+		return false, err
+	}
+	return b.Run(ctx, fn), nil
+}
+
+func (b *Base) runningLocked() bool {
+	if b.done == nil {
+		return false
+	}
+	select {
+	case <-b.done:
+		return false
+	default:
+		return true
+	}
 }
 
 // Stop cancels the running loop, if any, and waits for it to return.

@@ -23,6 +23,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
+	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 	"github.com/harmonia-ci/harmonia-ci/internal/signerapi"
 	"github.com/harmonia-ci/harmonia-ci/internal/signerclient"
 )
@@ -96,19 +97,6 @@ type preparedLog struct {
 	done bool
 }
 
-// PublishBuild publishes a build's outputs and its log (if any) under the job's claim: the NARs
-// and the log are uploaded, then build-complete signs the outputs and records the success with
-// the log. A failed or expired upload is retried with fresh slots; what already landed is
-// skipped by the signer.
-func (p *Publisher) PublishBuild(ctx context.Context, job signerapi.JobClaim, paths []Path, log *Log) (Response, error) {
-	b, err := p.PrepareBuild(ctx, paths)
-	if err != nil {
-		return Response{}, err
-	}
-	defer b.Close()
-	return p.SendBuild(ctx, job, b, log)
-}
-
 // PreparedBuild is a build's outputs serialised, hashed and compressed: what SendBuild uploads.
 // The store is no longer needed once it exists. Close removes its temporary files.
 type PreparedBuild struct {
@@ -128,8 +116,8 @@ func (b *PreparedBuild) Close() {
 	}
 }
 
-// PrepareBuild serialises, hashes and compresses a build's outputs (the first half of
-// PublishBuild): a builder frees its build slot after it, before the network round trips.
+// PrepareBuild serialises, hashes and compresses a build's outputs, the first half of a build's
+// publication: a builder frees its build slot after it, before the network round trips.
 func (p *Publisher) PrepareBuild(ctx context.Context, paths []Path) (*PreparedBuild, error) {
 	start := time.Now()
 	prep, cleanup, err := p.prepareAll(ctx, paths)
@@ -140,16 +128,17 @@ func (p *Publisher) PrepareBuild(ctx context.Context, paths []Path) (*PreparedBu
 }
 
 // SendBuild uploads a prepared build and its log, then build-complete signs the outputs and
-// records the success with the log (the second half of PublishBuild).
-func (p *Publisher) SendBuild(ctx context.Context, job signerapi.JobClaim, b *PreparedBuild, log *Log) (Response, error) {
+// records the success with the log. A failed or expired upload is retried with fresh slots;
+// what already landed is skipped by the signer.
+func (p *Publisher) SendBuild(ctx context.Context, job queue.Claim, b *PreparedBuild, log *Log) (Response, error) {
 	start := time.Now().Add(-b.took)
 	var pl *preparedLog
-	req := signerapi.BuildCompleteRequest{Job: job, Outputs: make([]signerapi.Output, len(b.prep))}
+	req := signerapi.BuildCompleteRequest{Job: *wireJob(job), Outputs: make([]signerapi.Output, len(b.prep))}
 	if log != nil {
 		pl = &preparedLog{key: log.Key, body: nix.Compress(log.Data)}
 		req.LogKey = log.Key
 	}
-	if err := p.uploadAll(ctx, slotClaim{job: &job}, b.prep, pl); err != nil {
+	if err := p.uploadAll(ctx, slotClaim{job: wireJob(job)}, b.prep, pl); err != nil {
 		return Response{}, err
 	}
 	p.observe("upload", start)
@@ -166,10 +155,10 @@ func (p *Publisher) SendBuild(ctx context.Context, job signerapi.JobClaim, b *Pr
 }
 
 // UploadLog uploads a failed build's log alone (a successful build's log goes with its
-// outputs, see PublishBuild). The caller records log.Key with the failure.
-func (p *Publisher) UploadLog(ctx context.Context, job signerapi.JobClaim, log Log) error {
+// outputs, see SendBuild). The caller records log.Key with the failure.
+func (p *Publisher) UploadLog(ctx context.Context, job queue.Claim, log Log) error {
 	pl := &preparedLog{key: log.Key, body: nix.Compress(log.Data)}
-	if err := p.uploadAll(ctx, slotClaim{job: &job}, nil, pl); err != nil {
+	if err := p.uploadAll(ctx, slotClaim{job: wireJob(job)}, nil, pl); err != nil {
 		return fmt.Errorf("upload log %s: %w", log.Key, err)
 	}
 	return nil
@@ -400,7 +389,13 @@ func (l *limitedWriter) Write(b []byte) (int, error) {
 	return l.w.Write(b)
 }
 
-// slotClaim is the claim upload slots are asked under: a build's job or an evaluation.
+// wireJob is a job's claim as the signer's API carries it; the node is the caller's token's.
+func wireJob(c queue.Claim) *signerapi.JobClaim {
+	return &signerapi.JobClaim{ID: c.JobID, Attempt: c.Attempt}
+}
+
+// slotClaim is the claim upload slots are asked under, in the API's form: a build's job or an
+// evaluation.
 type slotClaim struct {
 	job  *signerapi.JobClaim
 	eval *signerapi.EvalClaim

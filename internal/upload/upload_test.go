@@ -80,7 +80,7 @@ func ctx(t *testing.T) context.Context {
 // store with no references, so a recursive sha256 of its NAR gives it), with input sources
 // srcs, its .drv in the cache as an evaluation publishes it; it claims the job as the test's
 // node and returns the claim and the .drv path.
-func (e *env) fixedJob(t *testing.T, out string, srcs ...string) (signerapi.JobClaim, string) {
+func (e *env) fixedJob(t *testing.T, out string, srcs ...string) (queue.Claim, string) {
 	t.Helper()
 	sp, err := nix.ParseStorePath(out)
 	if err != nil {
@@ -103,13 +103,13 @@ func (e *env) fixedJob(t *testing.T, out string, srcs ...string) (signerapi.JobC
 }
 
 // claim claims the one ready job, of the derivation at drv, as the test's node.
-func (e *env) claim(t *testing.T, drv string) signerapi.JobClaim {
+func (e *env) claim(t *testing.T, drv string) queue.Claim {
 	t.Helper()
 	jobs, err := queue.ClaimJobs(ctx(t), e.pool, queue.Claimer{NodeID: node, Systems: []string{system}}, 1)
 	if err != nil || len(jobs) != 1 || jobs[0].DrvPath != drv {
 		t.Fatalf("claim %s: %v, %v", drv, jobs, err)
 	}
-	return signerapi.JobClaim{ID: jobs[0].ID, Attempt: jobs[0].Attempt}
+	return jobs[0].Claim()
 }
 
 // evaluation inserts a running evaluation claimed by the test's node and returns its claim.
@@ -325,7 +325,7 @@ in { a = job "a"; b = job "b"; }`, small, bigSrc, tag, system, hex.EncodeToStrin
 // buildJob claims the job of b's derivation drvs[i], its .drv closure in the cache and its input
 // source paths[0] too (an evaluator published them). It returns the outputs to publish,
 // paths[1:], with the job's .drv as deriver as the builder passes it.
-func (e *env) buildJob(t *testing.T, b built, i int) (signerapi.JobClaim, string, []Path) {
+func (e *env) buildJob(t *testing.T, b built, i int) (queue.Claim, string, []Path) {
 	t.Helper()
 	drv := b.drvs[i]
 	seed := []signertest.SeedPath{{StorePath: b.paths[0].StorePath, References: b.paths[0].References}}
@@ -465,7 +465,7 @@ func TestPublishBuildAndSubstitute(t *testing.T) {
 	pub := e.publisher()
 	pub.Parallel = 2
 
-	resp, err := pub.PublishBuild(ctx(t), claim, outs, nil)
+	resp, err := publishBuild(ctx(t), pub, claim, outs, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -475,7 +475,7 @@ func TestPublishBuildAndSubstitute(t *testing.T) {
 	if got := e.puts.Load(); got != int64(len(outs)) {
 		t.Fatalf("publish made %d PUTs, want %d", got, len(outs))
 	}
-	if status, _ := e.jobRow(t, claim.ID); status != "succeeded" {
+	if status, _ := e.jobRow(t, claim.JobID); status != "succeeded" {
 		t.Fatalf("the job is %s, want succeeded", status)
 	}
 	e.checkCache(t, paths)
@@ -485,7 +485,7 @@ func TestPublishBuildAndSubstitute(t *testing.T) {
 	// upload, every narinfo skipped.
 	putsBefore := e.puts.Load()
 	again, _, outs2 := e.buildJob(t, b, 1)
-	resp, err = e.publisher().PublishBuild(ctx(t), again, outs2, nil)
+	resp, err = publishBuild(ctx(t), e.publisher(), again, outs2, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -498,7 +498,7 @@ func TestPublishBuildAndSubstitute(t *testing.T) {
 
 	// A finished job's claim publishes nothing more.
 	var se *signerclient.StatusError
-	if _, err := e.publisher().PublishBuild(ctx(t), claim, outs, nil); !errors.As(err, &se) || se.Code != http.StatusConflict {
+	if _, err := publishBuild(ctx(t), e.publisher(), claim, outs, nil); !errors.As(err, &se) || se.Code != http.StatusConflict {
 		t.Fatalf("publish under a finished claim = %v, want a 409", err)
 	}
 }
@@ -645,7 +645,7 @@ func TestPublishRetriesFailedUploads(t *testing.T) {
 	claim, _, outs := e.buildJob(t, b, 0)
 
 	e.failPuts.Store(1)
-	resp, err := e.publisher().PublishBuild(ctx(t), claim, outs, nil)
+	resp, err := publishBuild(ctx(t), e.publisher(), claim, outs, nil)
 	if err != nil {
 		t.Fatalf("publish with one failing PUT: %v", err)
 	}
@@ -663,7 +663,7 @@ func TestPublishRetriesFailedUploads(t *testing.T) {
 	dclaim, _ := e.fixedJob(t, doomed.StorePath)
 	e.failPuts.Store(1 << 30)
 	before := e.puts.Load()
-	_, err = e.publisher().PublishBuild(ctx(t), dclaim, []Path{doomed}, nil)
+	_, err = publishBuild(ctx(t), e.publisher(), dclaim, []Path{doomed}, nil)
 	if err == nil || !strings.Contains(err.Error(), "1 uploads failed") || !strings.Contains(err.Error(), "500") {
 		t.Fatalf("publish whose uploads all fail = %v, want an error saying 1 upload failed with 500", err)
 	}
@@ -673,7 +673,7 @@ func TestPublishRetriesFailedUploads(t *testing.T) {
 	if ni := e.narinfo(t, doomed.StorePath); ni != nil {
 		t.Fatalf("%s was published although its upload failed", doomed.StorePath)
 	}
-	if status, _ := e.jobRow(t, dclaim.ID); status != "building" {
+	if status, _ := e.jobRow(t, dclaim.JobID); status != "building" {
 		t.Fatalf("the job is %s, want building", status)
 	}
 }
@@ -687,7 +687,7 @@ func TestCacheLookup(t *testing.T) {
 	// paths[0] is seeded as the job's input; the job publishes out (paths[1]) only.
 	e.cluster.Seed(t, "", signertest.SeedPath{StorePath: paths[0].StorePath})
 	claim, _ := e.fixedJob(t, paths[1].StorePath, paths[0].StorePath)
-	if _, err := e.publisher().PublishBuild(ctx(t), claim, paths[1:2], nil); err != nil {
+	if _, err := publishBuild(ctx(t), e.publisher(), claim, paths[1:2], nil); err != nil {
 		t.Fatal(err)
 	}
 	published, unpublished := paths[:2], paths[2:]
@@ -773,10 +773,10 @@ func TestPublishBuildWithLog(t *testing.T) {
 	claim, drv := e.fixedJob(t, paths[1].StorePath)
 	key := "log/" + filepath.Base(drv)
 	text := strings.Repeat("building logged\n", 1000)
-	if _, err := e.publisher().PublishBuild(ctx(t), claim, paths[1:2], &Log{Key: key, Data: []byte(text)}); err != nil {
+	if _, err := publishBuild(ctx(t), e.publisher(), claim, paths[1:2], &Log{Key: key, Data: []byte(text)}); err != nil {
 		t.Fatal(err)
 	}
-	if status, logURL := e.jobRow(t, claim.ID); status != "succeeded" || logURL != key {
+	if status, logURL := e.jobRow(t, claim.JobID); status != "succeeded" || logURL != key {
 		t.Fatalf("job %s with log_url %q, want succeeded with %q", status, logURL, key)
 	}
 	e.checkLog(t, key, text)
@@ -788,7 +788,7 @@ func TestPublishBuildWithLog(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.checkLog(t, fkey, "error: it failed\n")
-	if status, _ := e.jobRow(t, fclaim.ID); status != "building" {
+	if status, _ := e.jobRow(t, fclaim.JobID); status != "building" {
 		t.Fatalf("the failed job is %s after its log upload, want building (the worker records the failure)", status)
 	}
 	if ni := e.narinfo(t, paths[2].StorePath); ni != nil {
@@ -813,4 +813,14 @@ func (e *env) checkLog(t *testing.T, key, want string) {
 	if resp.StatusCode != http.StatusOK || string(body) != want {
 		t.Fatalf("GET /%s: %s, %d bytes; want the log (%d bytes)", key, resp.Status, len(body), len(want))
 	}
+}
+
+// publishBuild publishes outputs and log under job as a builder does: prepare, then send.
+func publishBuild(ctx context.Context, p *Publisher, job queue.Claim, paths []Path, log *Log) (Response, error) {
+	b, err := p.PrepareBuild(ctx, paths)
+	if err != nil {
+		return Response{}, err
+	}
+	defer b.Close()
+	return p.SendBuild(ctx, job, b, log)
 }

@@ -13,6 +13,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/harmonia-ci/harmonia-ci/internal/bench"
 	"github.com/harmonia-ci/harmonia-ci/internal/config"
 	"github.com/harmonia-ci/harmonia-ci/internal/eval"
@@ -21,7 +23,6 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/nixgen"
 	"github.com/harmonia-ci/harmonia-ci/internal/node"
 	"github.com/harmonia-ci/harmonia-ci/internal/project"
-	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // EvalOptions configures `harmonia-ci bench eval`.
