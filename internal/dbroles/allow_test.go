@@ -31,7 +31,7 @@ func TestRolesAllow(t *testing.T) {
 	var (
 		sqlClaimEval          = realQuery(t, "eval", "sqlClaimEval")
 		sqlHoldClaim          = realQuery(t, "eval", "sqlHoldClaim")
-		sqlDeleteAttrs        = realQuery(t, "eval", "sqlDeleteAttrs")
+		sqlDeleteAttrs        = realQuery(t, "evaluation", "sqlDeleteAttrs")
 		sqlInsertAttrs        = realQuery(t, "eval", "sqlInsertAttrs")
 		sqlRevive             = realQuery(t, "eval", "sqlRevive")
 		sqlSetMerge           = realQuery(t, "eval", "sqlSetMerge")

@@ -302,7 +302,7 @@ func (e *Evaluator) run(ctx context.Context, c claim, log *slog.Logger) (ingestS
 	var url, commit, branch, prBase string
 	var projectID int64
 	var prNumber int
-	if _, err := e.pool.Exec(ctx, sqlDeleteAttrs, []int64{c.id}); err != nil {
+	if err := evaluation.ClearAttrs(ctx, e.pool, c.id); err != nil {
 		return ingestStats{}, fmt.Errorf("clear attributes of an earlier attempt: %w", err)
 	}
 	if err := e.pool.QueryRow(ctx, sqlRepoOfEval, c.id).Scan(&projectID, &url, &commit, &branch, &prNumber, &prBase); err != nil {

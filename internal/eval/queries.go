@@ -19,10 +19,6 @@ UPDATE evaluations e SET status = 'running', claimed_by = $1, claimed_at = now()
 FROM next WHERE e.id = next.id
 RETURNING e.id, e.attempt`
 
-	// Attributes of an earlier attempt at a re-claimed evaluation (evaluation.Rollback deletes
-	// those of rolled-back ones). $1 ids.
-	sqlDeleteAttrs = `DELETE FROM eval_attrs WHERE eval_id = ANY($1)`
-
 	sqlRepoOfEval = `
 SELECT e.project_id, r.clone_url, e.commit_sha, e.branch, COALESCE(e.pr_number, 0), e.pr_base FROM evaluations e
 JOIN projects p ON p.id = e.project_id JOIN repositories r ON r.id = p.repo_id

@@ -46,7 +46,13 @@ func Rollback(ctx context.Context, tx pgx.Tx, ids []int64) error {
 	if err := cancelUnneeded(ctx, tx, ids); err != nil {
 		return err
 	}
-	if _, err := tx.Exec(ctx, sqlDeleteAttrs, ids); err != nil {
+	return ClearAttrs(ctx, tx, ids...)
+}
+
+// ClearAttrs deletes the attributes of evaluations ids: those of a rolled-back evaluation, or
+// of an earlier attempt at one that is claimed again.
+func ClearAttrs(ctx context.Context, q db.DBTX, ids ...int64) error {
+	if _, err := q.Exec(ctx, sqlDeleteAttrs, ids); err != nil {
 		return fmt.Errorf("delete attributes: %w", err)
 	}
 	return nil

@@ -59,8 +59,7 @@ type QueueReport struct {
 	BlockedAtStart int     `json:"blocked_at_start"`
 	RunSeconds     float64 `json:"run_seconds"`
 	JobsPerSecond  float64 `json:"jobs_per_second"`
-	// Claim latencies time each claim's round trip; a claim made with the success of the
-	// worker's previous job (queue.SucceedAndClaim) counts the success too.
+	// Claim latencies time each claim's round trip.
 	ClaimP50Ms     float64 `json:"claim_p50_ms"`
 	ClaimP99Ms     float64 `json:"claim_p99_ms"`
 	ClaimP99FullMs float64 `json:"claim_p99_full_queue_ms"` // claims made while over half the jobs were still unclaimed
