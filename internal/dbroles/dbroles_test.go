@@ -159,7 +159,7 @@ func TestMigratePendingAsNode(t *testing.T) {
 		t.Fatalf("migrate as b1 with a pending migration: %v", err)
 	}
 	// A database with no schema at all (PostgreSQL 15 and later give PUBLIC no CREATE on public).
-	empty := openPool(t, dbtest.NewEmptyDB(t), "b1")
+	empty := dbtest.PoolAs(t, dbtest.NewEmptyDB(t), "b1")
 	_, err = db.Migrate(testCtx(t), empty, "b1")
 	if err == nil || !strings.Contains(err.Error(), "run `harmonia-ci migrate` as the database owner") {
 		t.Fatalf("migrate as b1 on an empty database: %v", err)

@@ -3,7 +3,6 @@ package dbroles_test
 import (
 	"context"
 	"errors"
-	"net/url"
 	"sync"
 	"testing"
 	"time"
@@ -41,7 +40,7 @@ func setup(t *testing.T) *testDB {
 	t.Helper()
 	ctx := testCtx(t)
 	c := &testDB{url: dbtest.NewDB(t), as: map[string]*pgxpool.Pool{}}
-	c.owner = openPool(t, c.url, "")
+	c.owner = dbtest.PoolAs(t, c.url, "")
 	rolesMu.Lock()
 	defer rolesMu.Unlock()
 	if err := dbroles.Apply(ctx, c.owner); err != nil {
@@ -51,31 +50,13 @@ func setup(t *testing.T) *testDB {
 		if err := dbroles.GrantNode(ctx, c.owner, n); err != nil {
 			t.Fatal(err)
 		}
-		c.as[n.ID] = openPool(t, c.url, n.ID)
+		c.as[n.ID] = dbtest.PoolAs(t, c.url, n.ID)
 		var user string
 		if err := c.as[n.ID].QueryRow(ctx, `SELECT session_user`).Scan(&user); err != nil || user != n.ID {
 			t.Fatalf("connected as %q (%v), want %s", user, err, n.ID)
 		}
 	}
 	return c
-}
-
-// openPool connects to the database at dbURL as user (the URL's own user if "").
-func openPool(t *testing.T, dbURL, user string) *pgxpool.Pool {
-	t.Helper()
-	u, err := url.Parse(dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if user != "" {
-		u.User = url.User(user)
-	}
-	pool, err := pgxpool.New(testCtx(t), u.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	return pool
 }
 
 func testCtx(t *testing.T) context.Context {

@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	neturl "net/url"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -228,6 +229,27 @@ func NewPool(t testing.TB) *pgxpool.Pool {
 		t.Fatalf("dbtest: open pool: %v", err)
 	}
 	// Registered after NewDB's drop, so it runs first.
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// PoolAs connects to the database at dbURL as user (the URL's own user if ""), for tests that
+// run statements under a role's own login. The pool is closed in t.Cleanup.
+func PoolAs(t testing.TB, dbURL, user string) *pgxpool.Pool {
+	t.Helper()
+	u, err := neturl.Parse(dbURL)
+	if err != nil {
+		t.Fatalf("dbtest: parse %q: %v", dbURL, err)
+	}
+	if user != "" {
+		u.User = neturl.User(user)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pool, err := pgxpool.New(ctx, u.String())
+	if err != nil {
+		t.Fatalf("dbtest: open pool as %q: %v", user, err)
+	}
 	t.Cleanup(pool.Close)
 	return pool
 }

@@ -3,12 +3,10 @@ package signer
 import (
 	"errors"
 	"net/http"
-	"net/url"
 	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/dbroles"
 	"github.com/harmonia-ci/harmonia-ci/internal/dbtest"
@@ -26,7 +24,7 @@ import (
 func TestBuildCompleteRefusesPickedJobs(t *testing.T) {
 	t.Parallel()
 	dbURL := dbtest.NewDB(t)
-	owner := openPool(t, dbURL, "")
+	owner := dbtest.PoolAs(t, dbURL, "")
 	if err := dbroles.Apply(ctx(t), owner); err != nil {
 		t.Fatal(err)
 	}
@@ -34,7 +32,7 @@ func TestBuildCompleteRefusesPickedJobs(t *testing.T) {
 	if err := dbroles.GrantNode(ctx(t), owner, dbroles.Node{ID: node, Roles: []string{"builder"}, Systems: []string{system}, MaxJobs: 1}); err != nil {
 		t.Fatal(err)
 	}
-	builderDB := openPool(t, dbURL, node)
+	builderDB := dbtest.PoolAs(t, dbURL, node)
 	e := newEnvOn(t, false, owner)
 	queuetest.InsertNode(t, owner, queuetest.Node{ID: node, Systems: []string{system}})
 	e.enqueue(t, fixture("fit-base", nil), fixture("fit-top", []string{"fit-base"}),
@@ -88,22 +86,4 @@ WHERE id = $1`, id, node)
 			}
 		})
 	}
-}
-
-// openPool connects to the database at dbURL as user (the URL's own user if "").
-func openPool(t *testing.T, dbURL, user string) *pgxpool.Pool {
-	t.Helper()
-	u, err := url.Parse(dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if user != "" {
-		u.User = url.User(user)
-	}
-	pool, err := pgxpool.New(ctx(t), u.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	return pool
 }
