@@ -27,6 +27,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/signerapi"
 	"github.com/harmonia-ci/harmonia-ci/internal/signerclient"
 	"github.com/harmonia-ci/harmonia-ci/internal/startstop"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 	"github.com/harmonia-ci/harmonia-ci/internal/upload"
 )
 
@@ -225,9 +226,9 @@ func (b *Builder) Start(ctx context.Context) error {
 // cancelled reports whether a build_jobs notification may announce a cancelled job.
 func cancelled(payload string) bool {
 	var p struct {
-		Status string `json:"status"`
+		Status status.JobStatus `json:"status"`
 	}
-	return json.Unmarshal([]byte(payload), &p) != nil || p.Status == "cancelled"
+	return json.Unmarshal([]byte(payload), &p) != nil || p.Status == status.JobCancelled
 }
 
 // checkClaims kills the builds whose claim no longer holds, in one query for all of them.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -60,5 +61,5 @@ func reevaluate(ctx context.Context, tx pgx.Tx, id int64) error {
 	if err := Rollback(ctx, tx, append(old, id)); err != nil {
 		return err
 	}
-	return Notify(ctx, tx, id, StatusQueued)
+	return Notify(ctx, tx, id, status.EvalQueued)
 }

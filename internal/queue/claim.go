@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 // Claimer is what a worker offers: its node, systems and features.
@@ -74,7 +75,7 @@ func SucceedAndClaim(ctx context.Context, pool *pgxpool.Pool, c Claim, next Clai
 	b.Queue(sqlJobSucceed, c.JobID, c.NodeID, c.Attempt, nil, cluster.LockClass)
 	b.Queue(sqlClaim, next.Systems, next.features(), next.NodeID, limit, limit)
 	br := pool.SendBatch(ctx, b)
-	out := Outcome{Status: "succeeded"}
+	out := Outcome{Status: status.JobSucceeded}
 	err := br.QueryRow().Scan(&out.ProjectID, &out.Seconds, &out.DrvPath)
 	stale := errors.Is(err, pgx.ErrNoRows)
 	var jobs []Job

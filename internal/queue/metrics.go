@@ -4,6 +4,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -89,7 +90,7 @@ func (m *maintenanceMetrics) released(kind string, jobs []releasedJob, changed i
 		return
 	}
 	for _, j := range jobs {
-		if j.Status == "failed" {
+		if j.Status == status.JobFailed {
 			m.failures.WithLabelValues(kind).Inc()
 		}
 	}

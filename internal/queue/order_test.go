@@ -11,6 +11,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/dbtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 	qt "github.com/harmonia-ci/harmonia-ci/internal/queuetest"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 // enqueueOrdered enqueues ds for project in the given order.
@@ -142,13 +143,13 @@ func TestSucceedAndClaim(t *testing.T) {
 	if err != nil {
 		t.Fatalf("SucceedAndClaim(a): %v", err)
 	}
-	if out.Status != "succeeded" || qt.NameOf(out.DrvPath) != "a" || out.ProjectID == nil || *out.ProjectID != project {
+	if out.Status != status.JobSucceeded || qt.NameOf(out.DrvPath) != "a" || out.ProjectID == nil || *out.ProjectID != project {
 		t.Fatalf("outcome %+v, want a succeeded for project %d", out, project)
 	}
 	if got := qt.Names(next); !slices.Equal(got, []string{"b"}) {
 		t.Fatalf("claimed with the success: %v, want [b] (readied by it)", got)
 	}
-	if j := qt.Job(t, pool, "b"); j.Status != "building" || j.ClaimedBy == nil || *j.ClaimedBy != "n1" {
+	if j := qt.Job(t, pool, "b"); j.Status != status.JobBuilding || j.ClaimedBy == nil || *j.ClaimedBy != "n1" {
 		t.Fatalf("b is %s, want building by n1", j)
 	}
 	// A stale success (n1 never held c) changes nothing and still claims for n1.
@@ -162,7 +163,7 @@ func TestSucceedAndClaim(t *testing.T) {
 	if got := qt.Names(next); !slices.Equal(got, []string{"d"}) {
 		t.Fatalf("claimed with a stale success: %v, want [d]", got)
 	}
-	if s := qt.Status(t, pool, "c"); s != "building" {
+	if s := qt.Status(t, pool, "c"); s != status.JobBuilding {
 		t.Fatalf("c is %s after a stale success, want building", s)
 	}
 }
