@@ -12,6 +12,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/browsertest"
 	"github.com/harmonia-ci/harmonia-ci/internal/giteatest"
 	"github.com/harmonia-ci/harmonia-ci/internal/proctest"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 // A pull request's author writes, as an attribute, the very derivation another project is
@@ -43,10 +44,10 @@ func TestPullRequestAuthorActsOnlyOnOwnJobs(t *testing.T) {
 	victimEval, _ := u.evalOf(victim, "main")
 	var longID int64
 	proctest.WaitFor(t, 2*time.Minute, "the victim's long build running", func() bool {
-		var s string
+		var s status.JobStatus
 		err := u.pool.QueryRow(ctx, `SELECT j.id, j.status FROM eval_attrs a JOIN build_jobs j ON j.drv_path = a.drv_path
 WHERE a.eval_id = $1 AND a.attr = 'long'`, victimEval).Scan(&longID, &s)
-		return err == nil && s == "building"
+		return err == nil && s == status.JobBuilding
 	})
 
 	// The attacker's pull request names the same derivation, approved by the owner.
@@ -100,7 +101,7 @@ WHERE a.eval_id = $1 AND a.attr = 'long'`, victimEval).Scan(&longID, &s)
 		}
 		return code
 	}
-	status := func(id int64) (s string, priority int) {
+	jobState := func(id int64) (s status.JobStatus, priority int) {
 		t.Helper()
 		if err := u.pool.QueryRow(ctx, `SELECT status, priority FROM build_jobs WHERE id = $1`, id).Scan(&s, &priority); err != nil {
 			t.Fatal(err)
@@ -108,13 +109,13 @@ WHERE a.eval_id = $1 AND a.attr = 'long'`, victimEval).Scan(&longID, &s)
 		return s, priority
 	}
 
-	if s, _ := status(longID); s != "building" {
+	if s, _ := jobState(longID); s != status.JobBuilding {
 		t.Fatalf("the victim's build is %s before the attack: the test was too slow to see it", s)
 	}
 	if code := post(fmt.Sprintf("/api/builds/%d/cancel", longID)); code != http.StatusOK && code != http.StatusForbidden {
 		t.Errorf("the author cancels the victim's build: %d, want 200 (a detach) or 403", code)
 	}
-	if s, _ := status(longID); s == "cancelled" {
+	if s, _ := jobState(longID); s == status.JobCancelled {
 		t.Fatal("the pull request's author cancelled another project's running build")
 	}
 
@@ -122,13 +123,13 @@ WHERE a.eval_id = $1 AND a.attr = 'long'`, victimEval).Scan(&longID, &s)
 	if code := post(fmt.Sprintf("/api/builds/%d/cancel", ownJob)); code != http.StatusOK {
 		t.Errorf("the author cancels their own job: %d, want 200", code)
 	}
-	if s, _ := status(ownJob); s != "cancelled" {
+	if s, _ := jobState(ownJob); s != status.JobCancelled {
 		t.Errorf("the author's own job is %s after their cancel, want cancelled", s)
 	}
 	if code := post(fmt.Sprintf("/api/builds/%d/rebuild", ownJob)); code != http.StatusOK {
 		t.Errorf("the author rebuilds their own job: %d, want 200", code)
 	}
-	if s, p := status(ownJob); s == "cancelled" || p != 0 {
+	if s, p := jobState(ownJob); s == status.JobCancelled || p != 0 {
 		t.Errorf("the author's rebuilt job: %s at priority %d, want queued again at 0", s, p)
 	}
 
@@ -140,9 +141,9 @@ WHERE a.eval_id = $1 AND j.status IN ('succeeded', 'failed', 'cancelled', 'dep-f
 		return done == 2
 	})
 	for _, attr := range []string{"long", "after"} {
-		var s string
+		var s status.JobStatus
 		if err := u.pool.QueryRow(ctx, `SELECT j.status FROM eval_attrs a JOIN build_jobs j ON j.drv_path = a.drv_path
-WHERE a.eval_id = $1 AND a.attr = $2`, victimEval, attr).Scan(&s); err != nil || s != "succeeded" {
+WHERE a.eval_id = $1 AND a.attr = $2`, victimEval, attr).Scan(&s); err != nil || s != status.JobSucceeded {
 			t.Errorf("the victim's %s: %s (%v), want succeeded", attr, s, err)
 		}
 	}

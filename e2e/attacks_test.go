@@ -38,6 +38,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/proctest"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 	"github.com/harmonia-ci/harmonia-ci/internal/signerapi"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 // The attacks of the issue "Trust zones that hold", replayed against real clusters with nothing
@@ -571,7 +572,7 @@ in { a = foreign "a"; b = foreign "b"; c = foreign "c"; }
 			drvC = a.DrvPath
 		}
 	}
-	if drvC == "" || c.job(drvC).Status != "pending" {
+	if drvC == "" || c.job(drvC).Status != status.JobPending {
 		t.Fatalf("evaluation %d: want a third job pending besides %s and %s: %+v", e.ID, jobA.DrvPath, jobB.DrvPath, e.Attrs)
 	}
 	jobC := c.job(drvC)
@@ -747,9 +748,11 @@ in { a = foreign "a"; b = foreign "b"; c = foreign "c"; }
 	// Nothing was written: the store byte for byte, the jobs as they were, no canonical hash.
 	c.checkUnchanged(before, "the refused attacks")
 	for _, w := range []struct {
-		drv, status, by string
-		attempt         int
-	}{{jobA.DrvPath, "building", "evil-1", jobA.Attempt}, {jobB.DrvPath, "building", "victim-1", jobB.Attempt}, {drvC, "pending", "", jobC.Attempt}} {
+		drv     string
+		status  status.JobStatus
+		by      string
+		attempt int
+	}{{jobA.DrvPath, status.JobBuilding, "evil-1", jobA.Attempt}, {jobB.DrvPath, status.JobBuilding, "victim-1", jobB.Attempt}, {drvC, status.JobPending, "", jobC.Attempt}} {
 		if j := c.job(w.drv); j.Status != w.status || j.ClaimedBy != w.by || j.Attempt != w.attempt || j.LogURL != "" {
 			t.Errorf("after the attacks: %s; want %s by %q, attempt %d, no log", j, w.status, w.by, w.attempt)
 		}
@@ -787,7 +790,7 @@ in { a = foreign "a"; b = foreign "b"; c = foreign "c"; }
 	if !slices.Equal(added, []string{wantInfo}) || len(removed)+len(changed) != 0 {
 		t.Errorf("completing job A: added %v, removed %v, changed %v; want exactly %s added", added, removed, changed, wantInfo)
 	}
-	if j := c.job(jobA.DrvPath); j.Status != "succeeded" || j.LogURL != "log/"+filepath.Base(jobA.DrvPath) {
+	if j := c.job(jobA.DrvPath); j.Status != status.JobSucceeded || j.LogURL != "log/"+filepath.Base(jobA.DrvPath) {
 		t.Errorf("after completing job A: %s", j)
 	}
 	c.checkSubstitutable([]string{outA})
@@ -819,7 +822,7 @@ func TestAttackEvaluationReadsSecrets(t *testing.T) {
 	c.cli.ok("project", "add", "private", "--repo", other.Dir)
 	var done evalJSON
 	c.cli.json(&done, "eval", "private", "--wait", "--json")
-	if done.Status != "succeeded" {
+	if done.Status != status.EvalSucceeded {
 		t.Fatalf("evaluation of the private project: %s (%s)", done.Status, done.Error)
 	}
 	projectID := func(name string) int64 {
@@ -869,7 +872,7 @@ in {
 	code, out := c.cli.run("eval", c.project, "--wait", "--json")
 	var e evalJSON
 	decodeJSONOutput(t, out, &e)
-	if code != 0 || e.Status != "succeeded" {
+	if code != 0 || e.Status != status.EvalSucceeded {
 		t.Fatalf("evaluation %d: exit %d, %s (%s)\n%s", e.ID, code, e.Status, e.Error, out)
 	}
 	attrs := map[string]struct{ drv, err string }{}
@@ -947,7 +950,7 @@ in {
 	}
 	for _, n := range []string{"good", "procs"} {
 		j := c.job(drvOf(t, e, n))
-		if j.Status != "succeeded" || j.ClaimedBy != "b-sys" {
+		if j.Status != status.JobSucceeded || j.ClaimedBy != "b-sys" {
 			t.Errorf("%s: %s; want succeeded on b-sys", n, j)
 			continue
 		}
@@ -964,7 +967,7 @@ in {
 	}
 	for _, n := range names {
 		j := c.job(drvOf(t, e, n))
-		if j.Status != "failed" || j.ClaimedBy != "b-sys" {
+		if j.Status != status.JobFailed || j.ClaimedBy != "b-sys" {
 			t.Errorf("%s (reads %s): %s; want failed on b-sys", n, steal[n], j)
 			continue
 		}
@@ -1022,7 +1025,7 @@ in {
 	code, out := c.cli.run("eval", c.project, "--wait", "--json")
 	var e evalJSON
 	decodeJSONOutput(t, out, &e)
-	if code == 0 || e.Status != "failed" || !strings.Contains(e.Error, "timed out after 3s") {
+	if code == 0 || e.Status != status.EvalFailed || !strings.Contains(e.Error, "timed out after 3s") {
 		t.Fatalf("evaluation %d: exit %d, %s (%s); want failed, timed out after the node's 3s\n%s", e.ID, code, e.Status, e.Error, out)
 	}
 	if e.StartedAt == nil || e.FinishedAt == nil || e.FinishedAt.Sub(*e.StartedAt) > 30*time.Second {

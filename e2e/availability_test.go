@@ -17,6 +17,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/db"
 	"github.com/harmonia-ci/harmonia-ci/internal/pgembed"
 	"github.com/harmonia-ci/harmonia-ci/internal/proctest"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 	"github.com/harmonia-ci/harmonia-ci/internal/waittest"
 )
 
@@ -172,7 +173,7 @@ func TestDatabasePaused(t *testing.T) {
 		if p.Exited() {
 			t.Fatalf("the node exited:\n%s", p.Logs())
 		}
-		return f.nodeStatus("steady") == "active"
+		return f.nodeStatus("steady") == status.NodeActive
 	})
 	base := f.endpoint("steady")
 	for _, path := range []string{"/healthz", "/api/cluster"} {
@@ -252,9 +253,9 @@ func TestNodeStartsBeforeItsDatabase(t *testing.T) {
 		if p.Exited() {
 			t.Fatalf("the node exited:\n%s", p.Logs())
 		}
-		var status string
-		err := f.pool.QueryRow(context.Background(), `SELECT status FROM nodes WHERE id = 'early'`).Scan(&status)
-		return err == nil && status == "active"
+		var st status.NodeStatus
+		err := f.pool.QueryRow(context.Background(), `SELECT status FROM nodes WHERE id = 'early'`).Scan(&st)
+		return err == nil && st == status.NodeActive
 	})
 	t.Logf("active %s after the database started", time.Since(startedAt).Round(time.Millisecond))
 	if code, msg, _ := timedGet(t, f.endpoint("early"), "/healthz", 10*time.Second); code != http.StatusOK {

@@ -21,6 +21,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/nixtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/pgembed"
 	"github.com/harmonia-ci/harmonia-ci/internal/proctest"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 // dagSize and dagWidth shape TestBuildClusterBuildsDAG's evaluation: ten layers. Every build is
@@ -46,7 +47,7 @@ func TestBuildClusterBuildsDAG(t *testing.T) {
 	builders := map[string]int{}
 	for _, j := range jobs {
 		builders[j.ClaimedBy]++
-		if j.Status != "succeeded" {
+		if j.Status != status.JobSucceeded {
 			t.Errorf("%s; want succeeded", j)
 			continue
 		}
@@ -106,7 +107,7 @@ in { inherit r0 r1 r2 r3 m0 m1 m2 t0 t1; top = s "top" [ t0 t1 ]; }
 	proctest.WaitFor(t, 30*time.Second, "a job building", func() bool {
 		c.checkRunning()
 		for _, j := range c.evalJobs(e.ID) {
-			if j.Status == "building" {
+			if j.Status == status.JobBuilding {
 				victim = j
 				return true
 			}
@@ -120,7 +121,7 @@ in { inherit r0 r1 r2 r3 m0 m1 m2 t0 t1; top = s "top" [ t0 t1 ]; }
 	// dead threshold) and is built elsewhere.
 	var reclaimed []int64
 	for _, j := range c.evalJobs(e.ID) {
-		if j.ClaimedBy == dead && (j.Status == "building" || j.Status == "uploading") {
+		if j.ClaimedBy == dead && j.Status.Claimed() {
 			reclaimed = append(reclaimed, j.ID)
 		}
 	}
@@ -133,7 +134,7 @@ in { inherit r0 r1 r2 r3 m0 m1 m2 t0 t1; top = s "top" [ t0 t1 ]; }
 		t.Fatalf("%d jobs for 10 derivations", len(jobs))
 	}
 	for _, j := range jobs {
-		if j.Status != "succeeded" {
+		if j.Status != status.JobSucceeded {
 			t.Errorf("%s; want succeeded", j)
 		}
 		if slices.Contains(reclaimed, j.ID) {
@@ -169,7 +170,7 @@ let bad = fail "bad" [ ]; dep = mk "dep" [ bad ]; in { inherit bad dep; top = mk
 	checkFailed := func(round string, builds, minAttempt int) (jobRow, []jobRow) {
 		t.Helper()
 		j := c.job(bad)
-		if j.Status != "failed" || j.Attempt <= minAttempt || j.ExitCode == nil || *j.ExitCode == 0 ||
+		if j.Status != status.JobFailed || j.Attempt <= minAttempt || j.ExitCode == nil || *j.ExitCode == 0 ||
 			!strings.Contains(j.ErrorMessage, "builder for '"+bad+"' failed with exit code 1") {
 			t.Fatalf("%s: %s; want failed after attempt %d with a non-zero exit code and Nix's error", round, j, minAttempt)
 		}
@@ -196,7 +197,7 @@ let bad = fail "bad" [ ]; dep = mk "dep" [ bad ]; in { inherit bad dep; top = mk
 		var deps []jobRow
 		for _, d := range []string{dep, top} {
 			dj := c.job(d)
-			if dj.Status != "dep-failed" || dj.Attempt != 0 || dj.FinishedAt == nil {
+			if dj.Status != status.JobDepFailed || dj.Attempt != 0 || dj.FinishedAt == nil {
 				t.Fatalf("%s: %s; want dep-failed, never claimed", round, dj)
 			}
 			deps = append(deps, dj)
@@ -204,7 +205,7 @@ let bad = fail "bad" [ ]; dep = mk "dep" [ bad ]; in { inherit bad dep; top = mk
 		return j, deps
 	}
 	j, deps := checkFailed("first build", 1, 0)
-	if okJob := c.job(ok); okJob.Status != "succeeded" {
+	if okJob := c.job(ok); okJob.Status != status.JobSucceeded {
 		t.Fatalf("%s; want succeeded", okJob)
 	}
 	id := strconv.FormatInt(j.ID, 10)
@@ -229,11 +230,11 @@ let bad = fail "bad" [ ]; dep = mk "dep" [ bad ]; in { inherit bad dep; top = mk
 	}
 	for _, d := range deps {
 		now := c.job(d.DrvPath)
-		if now.Status != "pending" && (now.Status != "dep-failed" || now.FinishedAt == nil || !now.FinishedAt.After(*d.FinishedAt)) {
+		if now.Status != status.JobPending && (now.Status != status.JobDepFailed || now.FinishedAt == nil || !now.FinishedAt.After(*d.FinishedAt)) {
 			t.Fatalf("after job rebuild: %s; want pending, or dep-failed anew", now)
 		}
 	}
-	c.waitJob(bad, 30*time.Second, "failed again", func(r jobRow) bool { return r.Status == "failed" && r.Attempt > j.Attempt })
+	c.waitJob(bad, 30*time.Second, "failed again", func(r jobRow) bool { return r.Status == status.JobFailed && r.Attempt > j.Attempt })
 	c.waitFinished(e.ID, 30*time.Second)
 	j2, deps2 := checkFailed("rebuild", 2, j.Attempt)
 	if j2.Priority != 100 {
@@ -247,7 +248,7 @@ let bad = fail "bad" [ ]; dep = mk "dep" [ bad ]; in { inherit bad dep; top = mk
 
 	okID := strconv.FormatInt(c.job(ok).ID, 10)
 	c.cli.fails([]string{"job", "rebuild", okID}, "job "+okID+" is not failed, dep-failed or cancelled: nothing to rebuild")
-	if okJob := c.job(ok); okJob.Status != "succeeded" || okJob.Priority != 0 {
+	if okJob := c.job(ok); okJob.Status != status.JobSucceeded || okJob.Priority != 0 {
 		t.Errorf("after a refused rebuild: %s; want succeeded, untouched", okJob)
 	}
 	c.cli.fails([]string{"job", "rebuild", "999999"}, "999999")
@@ -283,7 +284,7 @@ max_output_size = "16KB"`})
 	failed := func(attr, message string) jobRow {
 		t.Helper()
 		j := c.job(drvOf(t, e, attr))
-		if j.Status != "failed" || j.ErrorMessage != message {
+		if j.Status != status.JobFailed || j.ErrorMessage != message {
 			t.Errorf("%s: %s; want failed with error %q", attr, j, message)
 		}
 		return j
@@ -294,13 +295,13 @@ max_output_size = "16KB"`})
 	c.checkLog(quiet, "once")
 
 	big := c.job(drvOf(t, e, "big"))
-	if big.Status != "failed" || !strings.HasPrefix(big.ErrorMessage, "outputs are ") ||
+	if big.Status != status.JobFailed || !strings.HasPrefix(big.ErrorMessage, "outputs are ") ||
 		!strings.HasSuffix(big.ErrorMessage, " KB, over max_output_size 16 KB") {
 		t.Errorf("big: %s; want failed with \"outputs are 200.x KB, over max_output_size 16 KB\"", big)
 	}
 
 	loud := c.job(drvOf(t, e, "loud"))
-	if loud.Status != "succeeded" {
+	if loud.Status != status.JobSucceeded {
 		t.Fatalf("loud: %s; want succeeded (a long log is truncated, not a failure)", loud)
 	}
 	log := c.fetchLog(loud)
@@ -347,7 +348,7 @@ let input = sh "input" [ ] "read -r u < /proc/sys/kernel/random/uuid; echo \"$u\
 		t.Fatalf("the evaluator's input is %s, b1's %s: not the same derivation", drv, localDrv)
 	}
 	jobs := c.waitFinished(e1.ID, 30*time.Second)
-	if len(jobs) != 1 || jobs[0].Status != "succeeded" || jobs[0].ClaimedBy != "b2" {
+	if len(jobs) != 1 || jobs[0].Status != status.JobSucceeded || jobs[0].ClaimedBy != "b2" {
 		t.Fatalf("phase 1: %v; want the input succeeded on b2", jobs)
 	}
 	canonical := c.canonicalHash(localOut)
@@ -362,7 +363,7 @@ let input = sh "input" [ ] "read -r u < /proc/sys/kernel/random/uuid; echo \"$u\
 	e2 := c.evaluate(both)
 	jobs = c.waitFinished(e2.ID, 30*time.Second)
 	dependent := c.job(drvOf(t, e2, "dependent"))
-	if len(jobs) != 2 || dependent.Status != "succeeded" || dependent.ClaimedBy != "b1" {
+	if len(jobs) != 2 || dependent.Status != status.JobSucceeded || dependent.ClaimedBy != "b1" {
 		t.Fatalf("phase 2: %v; want the dependent succeeded on b1", jobs)
 	}
 	logs := c.procs["b1"].Logs()
@@ -428,11 +429,11 @@ in builtins.listToAttrs (map (d: { name = d.name; value = d; }) (l0 ++ l1 ++ l2 
 `)
 	proctest.WaitFor(t, 30*time.Second, "some jobs succeeded and others pending", func() bool {
 		c.checkRunning()
-		counts := map[string]int{}
+		counts := map[status.JobStatus]int{}
 		for _, j := range c.evalJobs(e.ID) {
 			counts[j.Status]++
 		}
-		return counts["succeeded"] >= 5 && counts["pending"] >= 10
+		return counts[status.JobSucceeded] >= 5 && counts[status.JobPending] >= 10
 	})
 
 	if err := srv.Stop(); err != nil {
@@ -453,7 +454,7 @@ in builtins.listToAttrs (map (d: { name = d.name; value = d; }) (l0 ++ l1 ++ l2 
 	}
 	retried := 0
 	for _, j := range jobs {
-		if j.Status != "succeeded" {
+		if j.Status != status.JobSucceeded {
 			t.Errorf("%s; want succeeded", j)
 		}
 		if j.Attempt > 1 {
@@ -490,7 +491,7 @@ func TestBuildLogStream(t *testing.T) {
 { talker = sh "talker" [ ] "i=0; while [ $i -lt 27 ]; do echo \"line $i\"; /bin/sleep 0.3; i=$((i+1)); done"; }
 `)
 	drv := drvOf(t, e, "talker")
-	j := c.waitJob(drv, 30*time.Second, "building", func(j jobRow) bool { return j.Status == "building" })
+	j := c.waitJob(drv, 30*time.Second, "building", func(j jobRow) bool { return j.Status == status.JobBuilding })
 	url := fmt.Sprintf("%s/api/builds/%d/log", c.cacheURL, j.ID)
 
 	// A first stream: the first tail holding build output.
@@ -521,16 +522,16 @@ func TestBuildLogStream(t *testing.T) {
 		}
 	}
 	var endData struct {
-		Status string `json:"status"`
-		LogURL string `json:"log_url"`
+		Status status.JobStatus `json:"status"`
+		LogURL string           `json:"log_url"`
 	}
 	wantLoc := "/log/" + filepath.Base(drv)
-	if err := json.Unmarshal([]byte(end.Data), &endData); err != nil || endData.Status != "succeeded" || endData.LogURL != wantLoc {
+	if err := json.Unmarshal([]byte(end.Data), &endData); err != nil || endData.Status != status.JobSucceeded || endData.LogURL != wantLoc {
 		t.Fatalf("end event %q (%v); want status succeeded, log_url %s", end.Data, err, wantLoc)
 	}
 
 	// A finished build's log is a redirect to the cache's copy.
-	finished := c.waitJob(drv, 10*time.Second, "succeeded", func(j jobRow) bool { return j.Status == "succeeded" })
+	finished := c.waitJob(drv, 10*time.Second, "succeeded", func(j jobRow) bool { return j.Status == status.JobSucceeded })
 	noRedirect := &http.Client{Timeout: 10 * time.Second, CheckRedirect: func(*http.Request, []*http.Request) error {
 		return http.ErrUseLastResponse
 	}}

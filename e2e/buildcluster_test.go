@@ -23,6 +23,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
 	"github.com/harmonia-ci/harmonia-ci/internal/nixtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/proctest"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 	"github.com/harmonia-ci/harmonia-ci/internal/waittest"
 )
 
@@ -178,7 +179,7 @@ func (c *buildCluster) waitActive(id string) {
 	c.t.Helper()
 	proctest.WaitFor(c.t, 30*time.Second, "node "+id+" active", func() bool {
 		c.checkRunning()
-		return c.nodeStatus(id) == "active"
+		return c.nodeStatus(id) == status.NodeActive
 	})
 }
 
@@ -216,7 +217,7 @@ func (c *buildCluster) evaluate(ciNix string) evalJSON {
 	c.repo.Commit("ci", map[string]string{"ci.nix": ciNix})
 	var done evalJSON
 	c.cli.json(&done, "eval", c.project, "--wait", "--json")
-	if done.Status != "succeeded" {
+	if done.Status != status.EvalSucceeded {
 		c.t.Fatalf("evaluation %d: %s (%s)", done.ID, done.Status, done.Error)
 	}
 	for _, a := range done.Attrs {
@@ -242,7 +243,8 @@ func drvOf(t *testing.T, e evalJSON, attr string) string {
 // jobRow is one build_jobs row.
 type jobRow struct {
 	ID                              int64
-	DrvPath, Status                 string
+	DrvPath                         string
+	Status                          status.JobStatus
 	Attempt, RetryCount, Priority   int
 	ClaimedBy, LogURL, ErrorMessage string
 	ExitCode                        *int
@@ -301,14 +303,6 @@ func (c *buildCluster) job(drvPath string) jobRow {
 	return jobs[0]
 }
 
-func finished(status string) bool {
-	switch status {
-	case "succeeded", "failed", "cancelled", "dep-failed":
-		return true
-	}
-	return false
-}
-
 // waitFinished waits until every job of the evaluation is finished and returns them.
 func (c *buildCluster) waitFinished(evalID int64, timeout time.Duration) []jobRow {
 	c.t.Helper()
@@ -323,16 +317,16 @@ func (c *buildCluster) waitFinished(evalID int64, timeout time.Duration) []jobRo
 	proctest.WaitFor(c.t, timeout, fmt.Sprintf("every job of evaluation %d finished", evalID), func() bool {
 		c.checkRunning()
 		jobs = c.evalJobs(evalID)
-		counts := map[string]int{}
+		counts := map[status.JobStatus]int{}
 		var open []string
 		for _, j := range jobs {
 			counts[j.Status]++
-			if !finished(j.Status) && len(open) < 10 {
+			if !j.Status.Terminal() && len(open) < 10 {
 				open = append(open, j.String())
 			}
 		}
 		last = fmt.Sprint(counts) + "\n" + strings.Join(open, "\n")
-		return len(jobs) > 0 && !slices.ContainsFunc(jobs, func(j jobRow) bool { return !finished(j.Status) })
+		return len(jobs) > 0 && !slices.ContainsFunc(jobs, func(j jobRow) bool { return !j.Status.Terminal() })
 	})
 	done = true
 	return jobs

@@ -26,6 +26,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 	"github.com/harmonia-ci/harmonia-ci/internal/signerapi"
 	"github.com/harmonia-ci/harmonia-ci/internal/signerclient"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 // TestPublishAndSubstitute is the binary cache end to end, on each blob store: real Nix builds a
@@ -79,13 +80,13 @@ func testPublishAndSubstitute(t *testing.T, backend string) {
 		if _, err := client.BuildComplete(ctx, signerapi.BuildCompleteRequest{Job: claim, Outputs: []signerapi.Output{o}, LogKey: logKey}); err != nil {
 			t.Fatalf("build-complete for %s: %v", name, err)
 		}
-		var status string
+		var st status.JobStatus
 		var logURL *string
-		if err := f.pool.QueryRow(ctx, `SELECT status, log_url FROM build_jobs WHERE id = $1`, job.ID).Scan(&status, &logURL); err != nil {
+		if err := f.pool.QueryRow(ctx, `SELECT status, log_url FROM build_jobs WHERE id = $1`, job.ID).Scan(&st, &logURL); err != nil {
 			t.Fatal(err)
 		}
-		if status != "succeeded" || logURL == nil || *logURL != logKey {
-			t.Fatalf("%s: job is %s with log_url %v after build-complete", name, status, logURL)
+		if st != status.JobSucceeded || logURL == nil || *logURL != logKey {
+			t.Fatalf("%s: job is %s with log_url %v after build-complete", name, st, logURL)
 		}
 	}
 
@@ -362,7 +363,7 @@ func (f *fixture) startSigners(cfg string, env []string, stateDir string, ids ..
 			"--node-id", id, "--roles", "signer,cache", "--listen", "127.0.0.1:0", "--state-dir", filepath.Join(stateDir, id))
 	}
 	for _, id := range ids {
-		proctest.WaitFor(f.t, 30*time.Second, id+" active", func() bool { return f.nodeStatus(id) == "active" })
+		proctest.WaitFor(f.t, 30*time.Second, id+" active", func() bool { return f.nodeStatus(id) == status.NodeActive })
 	}
 }
 

@@ -19,6 +19,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/nixtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/proctest"
 	"github.com/harmonia-ci/harmonia-ci/internal/project"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 // ciCLI runs one-shot harmonia-ci commands against a fixture's database, with a state
@@ -159,7 +160,7 @@ func TestTwoEvaluatorsShareTheQueue(t *testing.T) {
 			"--roles", roles, "--listen", "127.0.0.1:0", "--state-dir", filepath.Join(stateDir(t), id))
 	}
 	for id := range nodes {
-		proctest.WaitFor(t, 30*time.Second, id+" active", func() bool { return f.nodeStatus(id) == "active" })
+		proctest.WaitFor(t, 30*time.Second, id+" active", func() bool { return f.nodeStatus(id) == status.NodeActive })
 	}
 	cacheURL := f.endpoint("eval-a")
 
@@ -212,7 +213,7 @@ func TestTwoEvaluatorsShareTheQueue(t *testing.T) {
 	}
 	type evalRow struct {
 		id               int64
-		status           string
+		status           status.EvalStatus
 		attempt          int
 		claimedBy, error string
 	}
@@ -235,7 +236,7 @@ func TestTwoEvaluatorsShareTheQueue(t *testing.T) {
 		if _, ok := queued[e.id]; !ok {
 			t.Errorf("evaluation %d was never queued", e.id)
 		}
-		if e.status != "succeeded" || e.attempt != 1 || nodes[e.claimedBy] == "" {
+		if e.status != status.EvalSucceeded || e.attempt != 1 || nodes[e.claimedBy] == "" {
 			t.Errorf("evaluation %d (%v): %s at attempt %d by %q, error %q; want succeeded at attempt 1 by eval-a or eval-b",
 				e.id, queued[e.id], e.status, e.attempt, e.claimedBy, e.error)
 		}
@@ -249,7 +250,7 @@ func TestTwoEvaluatorsShareTheQueue(t *testing.T) {
 	for id, k := range queued {
 		var shown evalJSON
 		cli.json(&shown, "eval", "show", strconv.FormatInt(id, 10), "--json")
-		if shown.ID != id || shown.Project != k.project || shown.Branch != k.branch || shown.Status != "succeeded" || shown.Attempt != 1 {
+		if shown.ID != id || shown.Project != k.project || shown.Branch != k.branch || shown.Status != status.EvalSucceeded || shown.Attempt != 1 {
 			t.Errorf("eval show %d: %+v, want %v succeeded at attempt 1", id, shown.Evaluation, k)
 		}
 		drvs := wantAttrs(t, fmt.Sprintf("eval show %d", id), shown.Attrs)
@@ -297,7 +298,7 @@ func TestEvalCLI(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, "[eval]\npoll_interval = \"500ms\"\n")
 	f.start("evaluator-1", "--roles", "evaluator")
-	proctest.WaitFor(t, 30*time.Second, "evaluator-1 active", func() bool { return f.nodeStatus("evaluator-1") == "active" })
+	proctest.WaitFor(t, 30*time.Second, "evaluator-1 active", func() bool { return f.nodeStatus("evaluator-1") == status.NodeActive })
 	cli := newCLI(t, f)
 
 	repo := nixtest.NewRepo(t)
@@ -374,7 +375,7 @@ func TestEvalCLI(t *testing.T) {
 	var done evalJSON
 	cli.json(&done, "eval", "web", "--wait", "--json")
 	head := repo.Git("rev-parse", "main")
-	if done.Status != "succeeded" || done.Project != "web" || done.Branch != "main" || done.Commit != head ||
+	if done.Status != status.EvalSucceeded || done.Project != "web" || done.Branch != "main" || done.Commit != head ||
 		done.Attempt != 1 || done.ClaimedBy != "evaluator-1" || done.FinishedAt == nil {
 		t.Fatalf("eval web --wait --json: %+v, want succeeded at %s by evaluator-1", done.Evaluation, head)
 	}
@@ -387,12 +388,12 @@ func TestEvalCLI(t *testing.T) {
 	}
 	var again evalJSON
 	cli.json(&again, "eval", "web", "--commit", head[:10], "--json")
-	if again.ID != done.ID || again.Status != "succeeded" {
+	if again.ID != done.ID || again.Status != status.EvalSucceeded {
 		t.Fatalf("eval web --commit %s: evaluation %d (%s), want %d", head[:10], again.ID, again.Status, done.ID)
 	}
 	var shown evalJSON
 	cli.json(&shown, "eval", "show", strconv.FormatInt(done.ID, 10), "--json")
-	if shown.ID != done.ID || shown.Status != "succeeded" || len(shown.Attrs) != len(done.Attrs) {
+	if shown.ID != done.ID || shown.Status != status.EvalSucceeded || len(shown.Attrs) != len(done.Attrs) {
 		t.Fatalf("eval show %d --json: %+v", done.ID, shown)
 	}
 
@@ -416,7 +417,7 @@ func TestEvalCLI(t *testing.T) {
 	// Nothing above queued anything or touched the finished evaluation.
 	var list []evaluation.Evaluation
 	cli.json(&list, "eval", "list", "--json")
-	if len(list) != 1 || list[0].ID != done.ID || list[0].Status != "succeeded" {
+	if len(list) != 1 || list[0].ID != done.ID || list[0].Status != status.EvalSucceeded {
 		t.Fatalf("eval list --json after the refusals: %+v, want only evaluation %d, succeeded", list, done.ID)
 	}
 
@@ -425,7 +426,7 @@ func TestEvalCLI(t *testing.T) {
 	out = cli.fails([]string{"eval", "web", "--branch", "broken", "--wait"}, "failed", "error:")
 	brokenID := evalID(t, out)
 	cli.json(&shown, "eval", "show", strconv.FormatInt(brokenID, 10), "--json")
-	if shown.Status != "failed" || shown.Branch != "broken" || !strings.Contains(shown.Error, "syntax error") || len(shown.Attrs) != 0 {
+	if shown.Status != status.EvalFailed || shown.Branch != "broken" || !strings.Contains(shown.Error, "syntax error") || len(shown.Attrs) != 0 {
 		t.Fatalf("eval show %d --json of the broken commit: status %s, error %q, attrs %v; want failed with the syntax error",
 			brokenID, shown.Status, shown.Error, shown.Attrs)
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/giteatest"
 	"github.com/harmonia-ci/harmonia-ci/internal/nodetoken"
 	"github.com/harmonia-ci/harmonia-ci/internal/proctest"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m, proctest.Cleanup, blobtest.Cleanup, giteatest.Cleanup) }
@@ -86,14 +87,14 @@ func (f *fixture) startActive(ids ...string) {
 	}
 	for _, id := range ids {
 		proctest.WaitFor(f.t, 30*time.Second, "node "+id+" active", func() bool {
-			return f.nodeStatus(id) == "active"
+			return f.nodeStatus(id) == status.NodeActive
 		})
 	}
 }
 
 // nodeStatus is the node's status in the nodes table, "" if it has no row.
-func (f *fixture) nodeStatus(id string) string {
-	var s string
+func (f *fixture) nodeStatus(id string) status.NodeStatus {
+	var s status.NodeStatus
 	err := f.pool.QueryRow(context.Background(), `SELECT status FROM nodes WHERE id = $1`, id).Scan(&s)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return ""

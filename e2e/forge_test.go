@@ -22,6 +22,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/forge"
 	"github.com/harmonia-ci/harmonia-ci/internal/giteatest"
 	"github.com/harmonia-ci/harmonia-ci/internal/proctest"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 const (
@@ -200,14 +201,14 @@ func checkOnce(t *testing.T, ss []giteatest.Status) {
 }
 
 // evalOf returns the evaluation of commit sha on branch, waiting for it to exist.
-func (c *forgeCluster) evalOf(sha, branch string) (id int64, status string) {
+func (c *forgeCluster) evalOf(sha, branch string) (id int64, st status.EvalStatus) {
 	c.t.Helper()
 	proctest.WaitFor(c.t, 30*time.Second, "evaluation of "+sha[:12]+" on "+branch, func() bool {
 		err := c.pool.QueryRow(context.Background(), `SELECT id, status FROM evaluations WHERE commit_sha = $1 AND branch = $2`,
-			sha, branch).Scan(&id, &status)
+			sha, branch).Scan(&id, &st)
 		return err == nil
 	})
-	return id, status
+	return id, st
 }
 
 func (c *forgeCluster) evaluations(sha string) int {
@@ -349,9 +350,9 @@ func TestGiteaPushToCommitStatuses(t *testing.T) {
 	slow := c.push(c.owner, c.repo, "main", map[string]string{"ci.nix": slowNix(salt)}, false)
 	slowID, _ := c.evalOf(slow, "main")
 	proctest.WaitFor(t, 60*time.Second, "the slow evaluation running", func() bool {
-		var st string
+		var st status.EvalStatus
 		_ = c.pool.QueryRow(ctx, `SELECT status FROM evaluations WHERE id = $1`, slowID).Scan(&st)
-		return st == "running"
+		return st == status.EvalRunning
 	})
 	amended := c.push(c.owner, c.repo, "main", map[string]string{"ci.nix": okNix(salt + "-amended")}, true)
 	ss = c.waitStatuses(slow, "error", "", time.Minute)

@@ -23,6 +23,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
 	"github.com/harmonia-ci/harmonia-ci/internal/node"
 	"github.com/harmonia-ci/harmonia-ci/internal/proctest"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 	"github.com/harmonia-ci/harmonia-ci/internal/waittest"
 )
 
@@ -78,7 +79,7 @@ func (c *gcCluster) build(ciNix string) (evalJSON, []jobRow) {
 	e := c.evaluate(ciNix)
 	jobs := c.waitFinished(e.ID, 2*time.Minute)
 	for _, j := range jobs {
-		if j.Status != "succeeded" {
+		if j.Status != status.JobSucceeded {
 			c.t.Fatalf("%s; want succeeded", j)
 		}
 	}
@@ -316,7 +317,7 @@ func (c *gcCluster) buildHead() evalJSON {
 	c.t.Helper()
 	var done evalJSON
 	c.cli.json(&done, "eval", c.project, "--wait", "--json")
-	if done.Status != "succeeded" {
+	if done.Status != status.EvalSucceeded {
 		c.t.Fatalf("evaluation %d: %s (%s)", done.ID, done.Status, done.Error)
 	}
 	// Every job exists once the evaluation succeeded; there are none if the cache had it all.
@@ -324,10 +325,10 @@ func (c *gcCluster) buildHead() evalJSON {
 	waittest.For(c.t, 2*time.Minute, func() bool {
 		c.checkRunning()
 		jobs = c.evalJobs(done.ID)
-		return !slices.ContainsFunc(jobs, func(j jobRow) bool { return !finished(j.Status) })
+		return !slices.ContainsFunc(jobs, func(j jobRow) bool { return !j.Status.Terminal() })
 	}, "the jobs of evaluation %d to finish", done.ID)
 	for _, j := range jobs {
-		if j.Status != "succeeded" {
+		if j.Status != status.JobSucceeded {
 			c.t.Fatalf("%s; want succeeded", j)
 		}
 	}

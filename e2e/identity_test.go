@@ -17,6 +17,7 @@ import (
 
 	"github.com/harmonia-ci/harmonia-ci/internal/giteatest"
 	"github.com/harmonia-ci/harmonia-ci/internal/proctest"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 // identityFrontend is one harmonia-ci frontend with Gitea login behind a known public URL (the
@@ -91,7 +92,7 @@ func (f *identityFrontend) restart(admins ...string) {
 	}
 	f.start("front-1", "--roles", "frontend")
 	proctest.WaitFor(f.t, 30*time.Second, "front-1 active again", func() bool {
-		return f.nodeStatus("front-1") == "active" && f.incarnation("front-1") != incarnation
+		return f.nodeStatus("front-1") == status.NodeActive && f.incarnation("front-1") != incarnation
 	})
 	f.lb.set(f.endpoint("front-1"))
 }

@@ -100,11 +100,11 @@ func TestWebhookSignedForAnotherRepository(t *testing.T) {
 	// commit is neither evaluated again nor allowed to supersede the newer one.
 	victimSecret := forge.RepositorySecret([]byte(giteaWebhookSecret), c.forgeID)
 	state := func(id int64) string {
-		var status, errText string
-		if err := c.pool.QueryRow(ctx, `SELECT status, COALESCE(error, '') FROM evaluations WHERE id = $1`, id).Scan(&status, &errText); err != nil {
+		var st, errText string
+		if err := c.pool.QueryRow(ctx, `SELECT status, COALESCE(error, '') FROM evaluations WHERE id = $1`, id).Scan(&st, &errText); err != nil {
 			t.Fatal(err)
 		}
-		return status + " " + errText
+		return st + " " + errText
 	}
 	olderBefore := state(olderEval)
 	lateBody := giteaPushBody(t, c.repo, c.forgeID, older)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/proctest"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 // Timings of proctest.FastConfig.
@@ -52,7 +53,7 @@ func TestLeaderElectionSurvivesFaults(t *testing.T) {
 	t.Logf("failover after kill -9 took %s", time.Since(killedAt).Round(time.Millisecond))
 	f.start(leader) // back to three nodes
 	proctest.WaitFor(t, 30*time.Second, leader+" registered again", func() bool {
-		return f.nodeStatus(leader) == "active" && f.incarnation(leader) != killedInc
+		return f.nodeStatus(leader) == status.NodeActive && f.incarnation(leader) != killedInc
 	})
 	leader, epoch = f.steadyLeader(30*time.Second, running()...)
 

@@ -14,6 +14,7 @@ import (
 
 	"github.com/harmonia-ci/harmonia-ci/internal/dbtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/proctest"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 	"github.com/harmonia-ci/harmonia-ci/internal/waittest"
 )
 
@@ -25,7 +26,7 @@ func TestDeadNodeLifecycle(t *testing.T) {
 	f := newFixture(t, "")
 	f.startActive("leader")
 	f.start("worker", "--roles", "cache")
-	proctest.WaitFor(t, 30*time.Second, "worker active", func() bool { return f.nodeStatus("worker") == "active" })
+	proctest.WaitFor(t, 30*time.Second, "worker active", func() bool { return f.nodeStatus("worker") == status.NodeActive })
 	firstInc := f.incarnation("worker")
 
 	ctx := context.Background()
@@ -44,7 +45,7 @@ func TestDeadNodeLifecycle(t *testing.T) {
 	f.procs["worker"].Wait(t, 10*time.Second)
 	killedAt := time.Now()
 	// Threshold 1s, checked every heartbeat interval (200ms).
-	proctest.WaitFor(t, 1*time.Second+slack, "worker marked dead", func() bool { return f.nodeStatus("worker") == "dead" })
+	proctest.WaitFor(t, 1*time.Second+slack, "worker marked dead", func() bool { return f.nodeStatus("worker") == status.NodeDead })
 	t.Logf("marked dead %s after kill", time.Since(killedAt).Round(time.Millisecond))
 	// Past the 2s retention the row must stay for as long as a build is claimed in its name (the
 	// reaper may release the claim first; then the row may go).
@@ -61,23 +62,23 @@ func TestDeadNodeLifecycle(t *testing.T) {
 
 	f.start("worker", "--roles", "cache")
 	proctest.WaitFor(t, 30*time.Second, "worker back", func() bool {
-		return f.nodeStatus("worker") == "active" && f.incarnation("worker") != firstInc
+		return f.nodeStatus("worker") == status.NodeActive && f.incarnation("worker") != firstInc
 	})
-	var status string
+	var st status.JobStatus
 	var retries int
 	var claimedBy *string
-	if err := f.pool.QueryRow(ctx, `SELECT status, retry_count, claimed_by FROM build_jobs WHERE id = $1`, jobID).Scan(&status, &retries, &claimedBy); err != nil {
+	if err := f.pool.QueryRow(ctx, `SELECT status, retry_count, claimed_by FROM build_jobs WHERE id = $1`, jobID).Scan(&st, &retries, &claimedBy); err != nil {
 		t.Fatal(err)
 	}
-	if status != "pending" || retries != 1 || claimedBy != nil {
-		t.Fatalf("after the restart the old claim is (%s, retry %d, claimed_by %v), want (pending, retry 1, nil)", status, retries, claimedBy)
+	if st != status.JobPending || retries != 1 || claimedBy != nil {
+		t.Fatalf("after the restart the old claim is (%s, retry %d, claimed_by %v), want (pending, retry 1, nil)", st, retries, claimedBy)
 	}
 
 	f.procs["worker"].Signal(t, syscall.SIGKILL)
 	f.procs["worker"].Wait(t, 10*time.Second)
-	proctest.WaitFor(t, 1*time.Second+slack, "worker dead again", func() bool { return f.nodeStatus("worker") == "dead" })
+	proctest.WaitFor(t, 1*time.Second+slack, "worker dead again", func() bool { return f.nodeStatus("worker") == status.NodeDead })
 	proctest.WaitFor(t, 2*time.Second+slack, "dead worker's row cleaned up", func() bool { return f.nodeStatus("worker") == "" })
-	if got := f.nodeStatus("leader"); got != "active" {
+	if got := f.nodeStatus("leader"); got != status.NodeActive {
 		t.Fatalf("the live node is %q, want active", got)
 	}
 }
@@ -157,7 +158,7 @@ func TestDrain(t *testing.T) {
 			t.Errorf("%s still has a node row (status %s)", id, s)
 		}
 	}
-	if f.procs["stays"].Exited() || f.nodeStatus("stays") != "active" {
+	if f.procs["stays"].Exited() || f.nodeStatus("stays") != status.NodeActive {
 		t.Fatal("the node nobody drained stopped")
 	}
 	f.steadyLeader(10*time.Second, "stays")
@@ -183,9 +184,9 @@ func TestConcurrentStartMigratesOnce(t *testing.T) {
 	wg.Wait()
 	for _, id := range ids {
 		proctest.WaitFor(t, 60*time.Second, id+" active", func() bool {
-			var s string
+			var s status.NodeStatus
 			err := f.pool.QueryRow(context.Background(), `SELECT status FROM nodes WHERE id = $1`, id).Scan(&s)
-			return err == nil && s == "active"
+			return err == nil && s == status.NodeActive
 		})
 	}
 	rows, err := f.pool.Query(context.Background(), `SELECT version, count(*) OVER (PARTITION BY version) FROM schema_migrations`)

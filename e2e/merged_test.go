@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/giteatest"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 // waitEvalStatus waits until sha's newest nix-eval status has state and returns it.
@@ -100,10 +101,10 @@ func TestGiteaPullRequestEvaluatedMerged(t *testing.T) {
 	if e := latest(ss, ctxEval); e.Description != "merge conflict: main and the pull request conflict in value.nix" {
 		t.Errorf("conflicting pull request's nix-eval: %+v", e)
 	}
-	cid, status := c.evalOf(conflicting, fmt.Sprintf("pull/%d", prConflict))
+	cid, st := c.evalOf(conflicting, fmt.Sprintf("pull/%d", prConflict))
 	var attrs int
-	if err := c.pool.QueryRow(ctx, `SELECT count(*) FROM eval_attrs WHERE eval_id = $1`, cid).Scan(&attrs); err != nil || status != "cancelled" || attrs != 0 {
-		t.Errorf("conflicting pull request's evaluation: %s with %d attributes (%v), want cancelled with none", status, attrs, err)
+	if err := c.pool.QueryRow(ctx, `SELECT count(*) FROM eval_attrs WHERE eval_id = $1`, cid).Scan(&attrs); err != nil || st != status.EvalCancelled || attrs != 0 {
+		t.Errorf("conflicting pull request's evaluation: %s with %d attributes (%v), want cancelled with none", st, attrs, err)
 	}
 
 	// The base chooses the head: the next event of the pull request (a "/ci run") evaluates its

@@ -20,6 +20,7 @@ import (
 
 	"github.com/harmonia-ci/harmonia-ci/internal/nixtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/proctest"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 // gcMetrics are the garbage collector's series TestMetrics expects on front-1 (a signer, where
@@ -106,14 +107,14 @@ in {
 }`}, false)
 	firstEval := c.waitEvaluated(first)
 	jobs := c.waitFinished(firstEval, 2*time.Minute)
-	want := map[string]string{"ok": "succeeded", "above-ok": "succeeded", "bad": "failed", "above-bad": "dep-failed",
-		"unsupported": "failed", "above-unsupported": "dep-failed"}
+	want := map[string]status.JobStatus{"ok": status.JobSucceeded, "above-ok": status.JobSucceeded, "bad": status.JobFailed, "above-bad": status.JobDepFailed,
+		"unsupported": status.JobFailed, "above-unsupported": status.JobDepFailed}
 	var built []jobRow
 	for _, j := range jobs {
 		if w := want[drvName(j.DrvPath)]; j.Status != w {
 			t.Fatalf("%s; want %s", j, w)
 		}
-		if j.Status == "succeeded" {
+		if j.Status == status.JobSucceeded {
 			built = append(built, j)
 		}
 	}
@@ -179,12 +180,12 @@ func (c *forgeCluster) waitEvaluated(sha string) int64 {
 	var id int64
 	proctest.WaitFor(c.t, 2*time.Minute, "evaluation of "+sha[:12]+" succeeded", func() bool {
 		c.checkRunning()
-		var status string
-		id, status = c.evalOf(sha, "main")
-		if finished(status) && status != "succeeded" {
-			c.t.Fatalf("evaluation %d of %s: %s", id, sha[:12], status)
+		var st status.EvalStatus
+		id, st = c.evalOf(sha, "main")
+		if st.Terminal() && st != status.EvalSucceeded {
+			c.t.Fatalf("evaluation %d of %s: %s", id, sha[:12], st)
 		}
-		return status == "succeeded"
+		return st == status.EvalSucceeded
 	})
 	return id
 }
@@ -222,16 +223,16 @@ func (c *forgeCluster) queueState() queueState {
 	}
 	systems := map[string]bool{}
 	add(`SELECT status, system, count(*)::float8 FROM build_jobs WHERE status IN ('pending', 'building', 'uploading')
-GROUP BY status, system`, func(status, system string, v float64) {
+GROUP BY status, system`, func(st, system string, v float64) {
 		systems[system] = true
-		q.series[fmt.Sprintf(`harmonia_ci_build_jobs{status=%q,system=%q}`, status, system)] = v
-		if status != "pending" {
+		q.series[fmt.Sprintf(`harmonia_ci_build_jobs{status=%q,system=%q}`, st, system)] = v
+		if st != string(status.JobPending) {
 			q.building += v
 		}
 	})
 	for system := range systems {
-		for _, status := range []string{"pending", "building", "uploading"} {
-			k := fmt.Sprintf(`harmonia_ci_build_jobs{status=%q,system=%q}`, status, system)
+		for _, st := range status.UnfinishedJobs() {
+			k := fmt.Sprintf(`harmonia_ci_build_jobs{status=%q,system=%q}`, st, system)
 			q.series[k] += 0
 		}
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/harmonia-ci/harmonia-ci/internal/nixtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/proctest"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 // An evaluation's private nix-daemon never outlives its node, even one killed with SIGKILL,
@@ -21,7 +22,7 @@ func TestNixDaemonDiesWithItsNode(t *testing.T) {
 	nixtest.RequireNix(t)
 	f := newFixture(t, "[eval]\npoll_interval = \"200ms\"\n")
 	node := f.start("ev-1", "--roles", "frontend,evaluator,cache")
-	proctest.WaitFor(t, 30*time.Second, "ev-1 active", func() bool { return f.nodeStatus("ev-1") == "active" })
+	proctest.WaitFor(t, 30*time.Second, "ev-1 active", func() bool { return f.nodeStatus("ev-1") == status.NodeActive })
 	cli := newCLI(t, f)
 	repo := nixtest.NewRepo(t)
 	salt := "daemon-" + randomHex(t, 6)

@@ -13,6 +13,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
 	"github.com/harmonia-ci/harmonia-ci/internal/nixtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/proctest"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 // TestMixedNixVersions: a cluster whose builder runs one Nix and whose evaluator runs another
@@ -50,7 +51,7 @@ func TestMixedNixVersions(t *testing.T) {
 			c.repo.Commit("example", example)
 			var e evalJSON
 			c.cli.json(&e, "eval", c.project, "--wait", "--json")
-			if e.Status != "succeeded" || e.NixVersion != tt.evalNix {
+			if e.Status != status.EvalSucceeded || e.NixVersion != tt.evalNix {
 				t.Fatalf("evaluation %d: %s with Nix %q (%s); want succeeded with %s", e.ID, e.Status, e.NixVersion, e.Error, tt.evalNix)
 			}
 			if out := c.cli.ok("eval", "show", strconv.FormatInt(e.ID, 10)); !strings.Contains(out, "evaluated by Nix "+tt.evalNix+" on eval-1") {
@@ -59,12 +60,12 @@ func TestMixedNixVersions(t *testing.T) {
 			jobs := c.waitFinished(e.ID, 3*time.Minute)
 			var built []jobRow
 			for _, j := range jobs {
-				want := "succeeded"
+				want := status.JobSucceeded
 				switch {
 				case strings.HasSuffix(j.DrvPath, "-broken-tool.drv"):
-					want = "failed"
+					want = status.JobFailed
 				case strings.HasSuffix(j.DrvPath, "-broken-app.drv"):
-					want = "dep-failed"
+					want = status.JobDepFailed
 				default:
 					built = append(built, j)
 				}
@@ -107,11 +108,11 @@ func TestMixedNixVersions(t *testing.T) {
 			c.cli.ok("project", "add", "flake", "--repo", flake.Dir)
 			var fe evalJSON
 			c.cli.json(&fe, "eval", "flake", "--wait", "--json")
-			if fe.Status != "succeeded" || fe.NixVersion != tt.evalNix || len(fe.Attrs) != 1 || fe.Attrs[0].DrvPath == "" {
+			if fe.Status != status.EvalSucceeded || fe.NixVersion != tt.evalNix || len(fe.Attrs) != 1 || fe.Attrs[0].DrvPath == "" {
 				t.Fatalf("flake evaluation %d: %s with Nix %q (%s), attributes %+v", fe.ID, fe.Status, fe.NixVersion, fe.Error, fe.Attrs)
 			}
 			fjobs := c.waitFinished(fe.ID, time.Minute)
-			if len(fjobs) != 1 || fjobs[0].Status != "succeeded" {
+			if len(fjobs) != 1 || fjobs[0].Status != status.JobSucceeded {
 				t.Fatalf("the flake's build: %v", fjobs)
 			}
 			built = append(built, fjobs...)

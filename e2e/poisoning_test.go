@@ -12,6 +12,7 @@ import (
 
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
 	"github.com/harmonia-ci/harmonia-ci/internal/nixtest"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 // TestAttackPoisonAnotherProjectsOutput is the poisoning of issue 24, end to end on a cluster:
@@ -42,7 +43,7 @@ func TestAttackPoisonAnotherProjectsOutput(t *testing.T) {
 }`, strconv.Quote(string(text)), victim.Platform, forgedPath, victimOut)})
 	var e evalJSON
 	c.cli.json(&e, "eval", c.project, "--wait", "--json")
-	if e.Status != "succeeded" {
+	if e.Status != status.EvalSucceeded {
 		t.Fatalf("the attacker's evaluation: %s (%s)", e.Status, e.Error)
 	}
 	for _, a := range e.Attrs {
@@ -64,11 +65,11 @@ func TestAttackPoisonAnotherProjectsOutput(t *testing.T) {
 	c.cli.ok("project", "add", "victim", "--repo", repo.Dir)
 	var ve evalJSON
 	c.cli.json(&ve, "eval", "victim", "--wait", "--json")
-	if ve.Status != "succeeded" {
+	if ve.Status != status.EvalSucceeded {
 		t.Fatalf("the victim's evaluation: %s (%s)", ve.Status, ve.Error)
 	}
 	for _, j := range c.waitFinished(ve.ID, 2*time.Minute) {
-		if j.Status != "succeeded" || j.DrvPath != victimDrv {
+		if j.Status != status.JobSucceeded || j.DrvPath != victimDrv {
 			t.Fatalf("the victim's job: %s, want %s built", j, victimDrv)
 		}
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/harmonia-ci/harmonia-ci/internal/nixtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/proctest"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 // TestReevaluateRun is the issue's failure: `harmonia-ci run` on a machine where Nix cannot
@@ -51,7 +52,7 @@ func TestReevaluateRun(t *testing.T) {
 	}
 	rows := summaryRows(t, out)
 	for _, attr := range []string{"a", "b", "c"} {
-		if rows[attr].status != "succeeded" {
+		if rows[attr].status != "succeeded" { // the summary table's word
 			t.Errorf("%s: %+v after the re-evaluation, want succeeded:\n%s", attr, rows[attr], out)
 		}
 	}
@@ -109,7 +110,7 @@ func TestReevaluateEval(t *testing.T) {
 	if want := fmt.Sprintf("re-evaluating evaluation %d of demo at %s on main (was failed: ", id, commit[:12]); code != 0 || !strings.Contains(out, want) {
 		t.Fatalf("eval --again exited %d, want 0 and %q:\n%s", code, want, out)
 	}
-	if e := showEvalJSON(t, cli, id); e.Status != "queued" || e.Error != "" || e.Attempt != 1 {
+	if e := showEvalJSON(t, cli, id); e.Status != status.EvalQueued || e.Error != "" || e.Attempt != 1 {
 		t.Fatalf("after eval --again: %s at attempt %d, error %q; want queued at attempt 1 without error", e.Status, e.Attempt, e.Error)
 	}
 	code, out = cli("eval", "demo", "--commit", commit, "--again")
@@ -126,7 +127,7 @@ func TestReevaluateEval(t *testing.T) {
 		t.Fatalf("eval --again --wait of the succeeded evaluation exited %d, want 0 and %q:\n%s", code, want, out)
 	}
 	e := showEvalJSON(t, cli, id)
-	if e.Status != "succeeded" || e.Attempt != 3 {
+	if e.Status != status.EvalSucceeded || e.Attempt != 3 {
 		t.Errorf("after the second re-evaluation: %s at attempt %d, want succeeded at attempt 3", e.Status, e.Attempt)
 	}
 	wantAttrs(t, "re-evaluated", e.Attrs)

@@ -16,6 +16,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/browsertest"
 	"github.com/harmonia-ci/harmonia-ci/internal/giteatest"
 	"github.com/harmonia-ci/harmonia-ci/internal/proctest"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 // uiCluster is a forge cluster behind a known public URL (the OAuth redirect needs it before
@@ -114,14 +115,14 @@ func (u *uiCluster) evalPage(id int64) string {
 }
 
 // jobOf is the build job of an attribute of evaluation evalID.
-func (u *uiCluster) jobOf(evalID int64, attr string) (id int64, status string, attempt int) {
+func (u *uiCluster) jobOf(evalID int64, attr string) (id int64, st status.JobStatus, attempt int) {
 	u.t.Helper()
 	err := u.pool.QueryRow(context.Background(), `SELECT j.id, j.status, j.attempt FROM eval_attrs a
-JOIN build_jobs j ON j.drv_path = a.drv_path WHERE a.eval_id = $1 AND a.attr = $2`, evalID, attr).Scan(&id, &status, &attempt)
+JOIN build_jobs j ON j.drv_path = a.drv_path WHERE a.eval_id = $1 AND a.attr = $2`, evalID, attr).Scan(&id, &st, &attempt)
 	if err != nil {
 		u.t.Fatalf("job of %s in evaluation %d: %v", attr, evalID, err)
 	}
-	return id, status, attempt
+	return id, st, attempt
 }
 
 // The web UI against a real cluster, a real Gitea and a real Chromium: a visitor watches an
@@ -186,9 +187,9 @@ func TestWebUI(t *testing.T) {
 	checkTimeline(t, svg, u.jobsOf(evalID))
 
 	// The owner logs in through Gitea and rebuilds the failure with one click.
-	brokenID, status, attempt := u.jobOf(evalID, "broken")
-	if status != "failed" {
-		t.Fatalf("broken: %s, want failed", status)
+	brokenID, st, attempt := u.jobOf(evalID, "broken")
+	if st != status.JobFailed {
+		t.Fatalf("broken: %s, want failed", st)
 	}
 	owner := browsertest.New(t, browsertest.WithTimeout(3*time.Minute))
 	u.login(owner, u.owner)
@@ -207,9 +208,9 @@ func TestWebUI(t *testing.T) {
 	owner.Click(".actions form[action$='/rebuild'] button")
 	proctest.WaitFor(t, time.Minute, "the failed build rebuilt", func() bool {
 		var a int
-		var s string
+		var s status.JobStatus
 		_ = u.pool.QueryRow(ctx, `SELECT status, attempt FROM build_jobs WHERE id = $1`, brokenID).Scan(&s, &a)
-		return a > attempt && s == "failed"
+		return a > attempt && s == status.JobFailed
 	})
 
 	// Another Gitea user, without write access: no buttons, and a forged action is refused
@@ -236,7 +237,7 @@ func TestWebUI(t *testing.T) {
 	if code != http.StatusForbidden {
 		t.Errorf("a rebuild by a user without write access: %d, want 403", code)
 	}
-	if _, s, after := u.jobOf(evalID, "broken"); after != before || s != "failed" {
+	if _, s, after := u.jobOf(evalID, "broken"); after != before || s != status.JobFailed {
 		t.Errorf("a refused rebuild changed the job: %s, attempt %d → %d", s, before, after)
 	}
 	stranger.Navigate(u.public + "/ci/")

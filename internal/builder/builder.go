@@ -27,6 +27,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 	"github.com/harmonia-ci/harmonia-ci/internal/signerclient"
 	"github.com/harmonia-ci/harmonia-ci/internal/startstop"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 	"github.com/harmonia-ci/harmonia-ci/internal/upload"
 )
 
@@ -226,9 +227,9 @@ func (b *Builder) prepare(ctx context.Context) (func(context.Context), error) {
 // cancelled reports whether a build_jobs notification may announce a cancelled job.
 func cancelled(payload string) bool {
 	var p struct {
-		Status string `json:"status"`
+		Status status.JobStatus `json:"status"`
 	}
-	return json.Unmarshal([]byte(payload), &p) != nil || p.Status == "cancelled"
+	return json.Unmarshal([]byte(payload), &p) != nil || p.Status == status.JobCancelled
 }
 
 // checkClaims kills the builds whose claim no longer holds, in one query for all of them.

@@ -24,6 +24,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 	"github.com/harmonia-ci/harmonia-ci/internal/queuetest"
 	"github.com/harmonia-ci/harmonia-ci/internal/signertest"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 	"github.com/harmonia-ci/harmonia-ci/internal/waittest"
 )
 
@@ -79,7 +80,7 @@ in { inherit d0 d1 d2 d3 d4 d5 d6 d7 d8 d9; }`
 
 	var jobs []int64
 	for _, name := range names {
-		j := h.waitStatus(drvs[name], "succeeded")
+		j := h.waitStatus(drvs[name], status.JobSucceeded)
 		if j.Attempt != 1 || j.RetryCount != 0 {
 			t.Errorf("%s: %v, want built once (attempt 1, no retries)", name, j)
 		}
@@ -161,9 +162,9 @@ func TestFailedBuild(t *testing.T) {
 
 	for attempt := 1; attempt <= 2; attempt++ {
 		bad := h.waitJob(drvs["bad"], fmt.Sprintf("failed at attempt %d", attempt), func(j jobRow) bool {
-			return j.Attempt == attempt && slices.Contains(terminal, j.Status)
+			return j.Attempt == attempt && j.Status.Terminal()
 		})
-		if bad.Status != "failed" || bad.ErrorMessage == nil || *bad.ErrorMessage == "" || bad.ExitCode == nil || *bad.ExitCode == 0 {
+		if bad.Status != status.JobFailed || bad.ErrorMessage == nil || *bad.ErrorMessage == "" || bad.ExitCode == nil || *bad.ExitCode == 0 {
 			t.Fatalf("attempt %d: %v, want failed with an error message and a non-zero exit code", attempt, bad)
 		}
 		if bad.RetryCount != 0 {
@@ -175,7 +176,7 @@ func TestFailedBuild(t *testing.T) {
 		if log := h.buildLog(drvs["bad"]); !strings.Contains(log, "failing bad") {
 			t.Errorf("attempt %d: served log %q lacks the build's output", attempt, log)
 		}
-		h.waitStatus(drvs["user"], "dep-failed")
+		h.waitStatus(drvs["user"], status.JobDepFailed)
 		if attempt == 1 {
 			// Nothing is fixed: the rebuild fails the same way.
 			if n, err := queue.Rebuild(h.ctx(), h.pool, bad.ID, queue.PriorityBoost); err != nil || n != 2 {
@@ -203,23 +204,23 @@ func TestLimits(t *testing.T) {
 		name   string
 		script string
 		cfg    builder.Config
-		status string
+		status status.JobStatus
 		msg    string // error_message: exact, or a substring when sub
 		sub    bool
 		log    string // in the served log
 	}{
 		{name: "timeout", script: "echo started; /bin/sleep 30",
 			cfg:    builder.Config{Limits: builder.BuildLimits{Timeout: 2 * time.Second}},
-			status: "failed", msg: "build timed out after 2s", log: "started"},
+			status: status.JobFailed, msg: "build timed out after 2s", log: "started"},
 		{name: "silent", script: "echo once; /bin/sleep 30",
 			cfg:    builder.Config{Limits: builder.BuildLimits{Timeout: time.Minute, MaxSilent: time.Second}},
-			status: "failed", msg: "no output for 1s", log: "once"},
+			status: status.JobFailed, msg: "no output for 1s", log: "once"},
 		{name: "log", script: loop(10_000, "") + "; echo done > $out",
 			cfg:    builder.Config{Limits: builder.BuildLimits{Timeout: time.Minute}, MaxLogSize: 64 << 10},
-			status: "succeeded", log: line},
+			status: status.JobSucceeded, log: line},
 		{name: "output", script: "echo writing; " + loop(640, " > $out"),
 			cfg:    builder.Config{Limits: builder.BuildLimits{Timeout: time.Minute, MaxOutputSize: 1 << 10}},
-			status: "failed", msg: "over max_output_size 1 KB", sub: true, log: "writing"},
+			status: status.JobFailed, msg: "over max_output_size 1 KB", sub: true, log: "writing"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -304,7 +305,7 @@ in { inherit imp user; }`, h.salt, marker)
 	h.enqueue(drvs["imp"])
 	a := h.startBuilder("builder-a", builder.Config{Store: builder.Store{SandboxPaths: []string{marker}},
 		Limits: builder.BuildLimits{Timeout: time.Minute}})
-	h.waitStatus(drvs["imp"], "succeeded")
+	h.waitStatus(drvs["imp"], status.JobSucceeded)
 	a.stop()
 	canonical := h.canonicalHashes(drvs["imp"])["out"]
 	if canonical == "" {
@@ -322,7 +323,7 @@ in { inherit imp user; }`, h.salt, marker)
 
 	h.enqueue(drvs["user"])
 	h.startBuilder("builder-b", builder.Config{Store: builder.Store{Root: storeB}, Limits: builder.BuildLimits{Timeout: time.Minute}})
-	h.waitStatus(drvs["user"], "succeeded")
+	h.waitStatus(drvs["user"], status.JobSucceeded)
 
 	if logs := h.logs.String(); !strings.Contains(logs, "level=WARN msg=\"input differs from the binary cache") ||
 		!strings.Contains(logs, "path="+imp) || !strings.Contains(logs, "canonical_nar_hash="+canonical) {
@@ -349,7 +350,7 @@ func TestCancelKillsBuild(t *testing.T) {
 	const checkInterval = 200 * time.Millisecond
 	h.startBuilder("builder-1", builder.Config{Limits: builder.BuildLimits{Timeout: 5 * time.Minute}, CheckInterval: checkInterval})
 
-	j := h.waitStatus(drv, "building")
+	j := h.waitStatus(drv, status.JobBuilding)
 	waittest.For(t, jobWait, func() bool {
 		tail, ok := h.tail(j.ID)
 		return ok && strings.Contains(tail, "spinning")
@@ -376,7 +377,7 @@ func TestCancelKillsBuild(t *testing.T) {
 	waittest.For(t, 10*time.Second, func() bool { _, ok := h.tail(j.ID); return !ok },
 		"the live tail of the cancelled job %d to be deleted", j.ID)
 	waittest.Hold(t, time.Second, func() {
-		if j := h.job(drv); j.Status != "cancelled" || j.ErrorMessage != nil || j.ExitCode != nil {
+		if j := h.job(drv); j.Status != status.JobCancelled || j.ErrorMessage != nil || j.ExitCode != nil {
 			t.Fatalf("%v, want it to stay cancelled as the user left it", j)
 		}
 	})
@@ -407,11 +408,11 @@ func TestInputUnavailableIsTransient(t *testing.T) {
 	node := h.startBuilder("builder-1", builder.Config{Limits: builder.BuildLimits{Timeout: time.Minute}})
 
 	first := h.waitJob(drvs["b"], "a first retry", func(j jobRow) bool { return j.RetryCount >= 1 })
-	if first.RetryCount == 1 && (first.Status != "pending" && first.Status != "building" ||
+	if first.RetryCount == 1 && (first.Status != status.JobPending && first.Status != status.JobBuilding ||
 		first.ErrorMessage == nil || !strings.Contains(*first.ErrorMessage, outA)) {
 		t.Errorf("after the first attempt: %v, want it back in the queue with an error naming %s", first, outA)
 	}
-	j := h.waitStatus(drvs["b"], "failed")
+	j := h.waitStatus(drvs["b"], status.JobFailed)
 	if j.RetryCount != 3 || j.Attempt != 4 || j.ErrorMessage == nil ||
 		!strings.Contains(*j.ErrorMessage, outA) || !strings.Contains(*j.ErrorMessage, builder.ErrInputUnavailable.Error()) {
 		t.Errorf("%v, want failed after 3 retries (4 attempts), with an error naming %s", j, outA)
@@ -448,16 +449,16 @@ SELECT j.status, t.log_tail FROM build_jobs j LEFT JOIN build_log_tails t ON t.b
 WHERE j.drv_path = $1`, drv).Scan(&last.status, &last.tail); err != nil {
 			t.Fatal(err)
 		}
-		if slices.Contains(terminal, last.status) {
+		if last.status.Terminal() {
 			t.Fatalf("the job is %s, and no live tail was seen while it ran", last.status)
 		}
-		return last.status == "building" && strings.Contains(string(last.tail), "line1")
+		return last.status == status.JobBuilding && strings.Contains(string(last.tail), "line1")
 	}, "a live tail showing the build's first line (last seen: %v)", &last)
 	if strings.Contains(string(last.tail), "line5") {
 		t.Errorf("the first tail seen %q holds the build's last line already", last.tail)
 	}
 
-	j := h.waitStatus(drv, "succeeded")
+	j := h.waitStatus(drv, status.JobSucceeded)
 	waittest.For(t, 10*time.Second, func() bool { _, ok := h.tail(j.ID); return !ok },
 		"the live tail of the finished job %d to be deleted", j.ID)
 	log := h.buildLog(drv)
@@ -468,7 +469,7 @@ WHERE j.drv_path = $1`, drv).Scan(&last.status, &last.tail); err != nil {
 
 // liveTail is a job's status and live tail, read together.
 type liveTail struct {
-	status string
+	status status.JobStatus
 	tail   []byte
 }
 
@@ -522,7 +523,7 @@ func TestDaemonStoppedMidBuild(t *testing.T) {
 	drv := h.instantiate(sh(h.salt)+`{ slow = sh "slow" "echo started; i=0; while [ $i -lt 400000 ]; do i=$((i+1)); done; echo done > $out"; }`, "slow")["slow"]
 	h.enqueue(drv)
 	node := h.startBuilder("builder-1", builder.Config{Limits: builder.BuildLimits{Timeout: 5 * time.Minute}})
-	j := h.waitStatus(drv, "building")
+	j := h.waitStatus(drv, status.JobBuilding)
 	waittest.For(t, jobWait, func() bool {
 		tail, ok := h.tail(j.ID)
 		return ok && strings.Contains(tail, "started")
@@ -554,7 +555,7 @@ func TestDaemonStoppedMidBuild(t *testing.T) {
 		}
 		return true
 	}, "the stopped daemon's build to be gone")
-	j = h.waitStatus(drv, "succeeded")
+	j = h.waitStatus(drv, status.JobSucceeded)
 	if j.Attempt != 2 || j.RetryCount != 1 {
 		t.Errorf("%v, want built on its retry (attempt 2, one retry)", j)
 	}
@@ -586,8 +587,8 @@ func TestForgedDerivationNotBuilt(t *testing.T) {
 	}
 	b := h.startBuilder("builder-1", builder.Config{Limits: builder.BuildLimits{Timeout: time.Minute}})
 
-	j := h.waitJob(forgedPath, "failed", func(j jobRow) bool { return slices.Contains(terminal, j.Status) })
-	if j.Status != "failed" || j.ErrorMessage == nil || !strings.Contains(*j.ErrorMessage, "refusing to build a derivation whose outputs are not its own") {
+	j := h.waitJob(forgedPath, "failed", func(j jobRow) bool { return j.Status.Terminal() })
+	if j.Status != status.JobFailed || j.ErrorMessage == nil || !strings.Contains(*j.ErrorMessage, "refusing to build a derivation whose outputs are not its own") {
 		t.Fatalf("%v; want failed, saying why", j)
 	}
 	if code, body := h.narInfo(victimOut); code != http.StatusNotFound {

@@ -31,6 +31,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 	"github.com/harmonia-ci/harmonia-ci/internal/queuetest"
 	"github.com/harmonia-ci/harmonia-ci/internal/signertest"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 	"github.com/harmonia-ci/harmonia-ci/internal/waittest"
 )
 
@@ -309,7 +310,7 @@ func (h *harness) handledResults(jobID int64) []queue.Result {
 type jobRow struct {
 	ID           int64
 	DrvPath      string
-	Status       string
+	Status       status.JobStatus
 	Attempt      int
 	RetryCount   int
 	ExitCode     *int
@@ -356,17 +357,15 @@ func (h *harness) waitJob(drv, what string, cond func(jobRow) bool) jobRow {
 	return j
 }
 
-var terminal = []string{"succeeded", "failed", "dep-failed", "cancelled"}
-
-// waitStatus waits until drv's job is in status; a job that ends in another status fails the
-// test at once.
-func (h *harness) waitStatus(drv, status string) jobRow {
+// waitStatus waits until drv's job is in status want; a job that ends in another status fails
+// the test at once.
+func (h *harness) waitStatus(drv string, want status.JobStatus) jobRow {
 	h.t.Helper()
-	j := h.waitJob(drv, "status "+status, func(j jobRow) bool {
-		return j.Status == status || slices.Contains(terminal, j.Status)
+	j := h.waitJob(drv, "status "+string(want), func(j jobRow) bool {
+		return j.Status == want || j.Status.Terminal()
 	})
-	if j.Status != status {
-		h.t.Fatalf("%v, want status %s", j, status)
+	if j.Status != want {
+		h.t.Fatalf("%v, want status %s", j, want)
 	}
 	return j
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/builder"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 	"github.com/harmonia-ci/harmonia-ci/internal/waittest"
 )
 
@@ -135,7 +136,7 @@ in {
 	}
 
 	// While the build runs, blocked on the fifo.
-	j := h.waitStatus(drvs["blocked"], "building")
+	j := h.waitStatus(drvs["blocked"], status.JobBuilding)
 	waittest.For(t, jobWait, func() bool {
 		tail, ok := h.tail(j.ID)
 		return ok && strings.Contains(tail, "waiting")
@@ -175,7 +176,7 @@ WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '
 		t.Fatal(err)
 	}
 
-	h.waitStatus(drvs["blocked"], "succeeded")
+	h.waitStatus(drvs["blocked"], status.JobSucceeded)
 	if code, info := h.narInfo(out); code != 200 || !strings.Contains(info, "StorePath: "+out) {
 		t.Errorf("narinfo of %s: %d %q", out, code, info)
 	}

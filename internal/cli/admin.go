@@ -20,6 +20,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/config"
 	"github.com/harmonia-ci/harmonia-ci/internal/db"
 	"github.com/harmonia-ci/harmonia-ci/internal/node"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 // withDB runs fn against the configured database (or the embedded one, attached to or started
@@ -114,8 +115,8 @@ func newClusterCmd(g *globalFlags) *cobra.Command {
 				}
 				w := cmd.OutOrStdout()
 				fmt.Fprintf(w, "Nodes: %d active, %d draining, %d joining, %d dead\n\n",
-					st.Counts[cluster.StatusActive], st.Counts[cluster.StatusDraining],
-					st.Counts[cluster.StatusJoining], st.Counts[cluster.StatusDead])
+					st.Counts[status.NodeActive], st.Counts[status.NodeDraining],
+					st.Counts[status.NodeJoining], st.Counts[status.NodeDead])
 				printNodes(w, st.Nodes)
 				fmt.Fprintln(w)
 				printLeaders(w, st.Leaders)
@@ -162,11 +163,11 @@ func printNodes(w io.Writer, nodes []cluster.NodeStatus) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tSTATUS\tROLES\tJOBS\tLAST SEEN\tENDPOINT\tVERSION\tNIX")
 	for _, n := range nodes {
-		status := n.Status
-		if n.Draining && status != cluster.StatusDraining {
-			status += " (draining)"
+		shown := string(n.Status)
+		if n.Draining && n.Status != status.NodeDraining {
+			shown += " (draining)"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%d\t%s ago\t%s\t%s\t%s\n", n.ID, status, strings.Join(n.Roles, ","),
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%d\t%s ago\t%s\t%s\t%s\n", n.ID, shown, strings.Join(n.Roles, ","),
 			n.CurrentJobs, n.MaxJobs, ago(n.LastSeenSecondsAgo), n.Endpoint, n.Version, n.NixInfo)
 	}
 	if len(nodes) == 0 {

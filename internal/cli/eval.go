@@ -16,6 +16,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/config"
 	"github.com/harmonia-ci/harmonia-ci/internal/eval"
 	"github.com/harmonia-ci/harmonia-ci/internal/evaluation"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 func newEvalCmd(g *globalFlags) *cobra.Command {
@@ -49,7 +50,7 @@ is queued as without --again.`,
 				}
 				verb, note := "already requested:", ""
 				switch {
-				case created && e.Status == evaluation.StatusSkipped:
+				case created && e.Status == status.EvalSkipped:
 					verb = fmt.Sprintf("skipped (same tree as evaluation %d):", *e.ReusesEvalID)
 				case created:
 					verb = "queued"
@@ -268,7 +269,7 @@ func showEval(ctx context.Context, w io.Writer, pool *pgxpool.Pool, e evaluation
 
 // waitResult is the exit status of a command that waited: failing when the evaluation did.
 func waitResult(e evaluation.Evaluation) error {
-	if e.Status == evaluation.StatusFailed || e.Status == evaluation.StatusCancelled {
+	if e.Status == status.EvalFailed || e.Status == status.EvalCancelled {
 		return fmt.Errorf("evaluation %d %s", e.ID, e.Status)
 	}
 	return nil

@@ -47,7 +47,7 @@ func newJobCmd(g *globalFlags) *cobra.Command {
 				row("job", strconv.FormatInt(j.ID, 10))
 				row("derivation", j.DrvPath)
 				row("project", j.Project)
-				row("status", j.Status)
+				row("status", string(j.Status))
 				row("attempt", strconv.Itoa(j.Attempt))
 				row("retries", strconv.Itoa(j.RetryCount))
 				row("priority", strconv.Itoa(j.Priority))

@@ -29,6 +29,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/gitrepo"
 	"github.com/harmonia-ci/harmonia-ci/internal/node"
 	"github.com/harmonia-ci/harmonia-ci/internal/project"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 // runBranch is the branch of the snapshot repository `run` evaluates.
@@ -172,7 +173,7 @@ func (r *runner) run(ctx context.Context, force <-chan struct{}, source, branch 
 // failure outside the project (Nix missing, a crash, a timeout) as after one inside it.
 func (r *runner) trigger(ctx context.Context, pool *pgxpool.Pool, name, commit string) (evaluation.Evaluation, error) {
 	e, created, err := eval.Trigger(ctx, pool, eval.TriggerParams{Project: name, Commit: commit, Branch: runBranch, StateDir: r.cfg.StateDir})
-	if err != nil || created || (e.Status != evaluation.StatusFailed && e.Status != evaluation.StatusCancelled) {
+	if err != nil || created || (e.Status != status.EvalFailed && e.Status != status.EvalCancelled) {
 		return e, err
 	}
 	again, err := evaluation.Reevaluate(ctx, pool, e.ID)
@@ -209,7 +210,7 @@ func (r *runner) startNode(ctx context.Context, pool *pgxpool.Pool, logger *slog
 	for {
 		if nodes, err := cluster.ListNodes(ctx, pool); err == nil {
 			for _, n := range nodes {
-				if n.ID == cfg.Node.ID && n.Status == cluster.StatusActive {
+				if n.ID == cfg.Node.ID && n.Status == status.NodeActive {
 					return stop, nil
 				}
 			}
@@ -242,7 +243,7 @@ func liveBuilder(ctx context.Context, pool *pgxpool.Pool, deadThreshold time.Dur
 	}
 	var endpoints []string
 	for _, n := range nodes {
-		if slices.Contains(n.Roles, config.RoleBuilder) && n.Status == cluster.StatusActive && n.LastSeenSecondsAgo < deadThreshold.Seconds() {
+		if slices.Contains(n.Roles, config.RoleBuilder) && n.Status == status.NodeActive && n.LastSeenSecondsAgo < deadThreshold.Seconds() {
 			endpoints = append(endpoints, n.Endpoint)
 		}
 	}

@@ -15,13 +15,14 @@ import (
 
 	"github.com/harmonia-ci/harmonia-ci/internal/evaluation"
 	"github.com/harmonia-ci/harmonia-ci/internal/signer"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 // progress is what `run` shows while it waits.
 type progress struct {
-	evalStatus string
+	evalStatus status.EvalStatus
 	attrs      int
-	counts     map[string]int
+	counts     map[status.JobStatus]int
 }
 
 func (p progress) total() int {
@@ -33,20 +34,32 @@ func (p progress) total() int {
 }
 
 func (p progress) active() int {
-	return p.counts["pending"] + p.counts["building"] + p.counts["uploading"]
+	n := 0
+	for _, s := range status.UnfinishedJobs() {
+		n += p.counts[s]
+	}
+	return n
 }
 
 func (p progress) line(elapsed time.Duration, bar bool) string {
 	el := elapsed.Truncate(time.Second).String()
-	if p.evalStatus == "queued" || p.evalStatus == "running" {
+	if p.evalStatus.Unfinished() {
 		if bar {
 			return fmt.Sprintf("evaluating… %d attributes, %d jobs so far  %s", p.attrs, p.total(), el)
 		}
 		return fmt.Sprintf("evaluating: %d attributes, %d jobs so far (%s)", p.attrs, p.total(), el)
 	}
-	done := p.counts["succeeded"]
-	failed := p.counts["failed"] + p.counts["dep-failed"] + p.counts["cancelled"]
-	running := p.counts["building"] + p.counts["uploading"]
+	var done, failed, running int
+	for s, n := range p.counts {
+		switch {
+		case s == status.JobSucceeded:
+			done += n
+		case s.Terminal(): // failed, dep-failed or cancelled: not built
+			failed += n
+		case s.Claimed():
+			running += n
+		}
+	}
 	total := p.total()
 	text := fmt.Sprintf("%d/%d built, %d running, %d failed", done, total, running, failed)
 	if !bar {
@@ -132,23 +145,24 @@ func (r *runner) summary(ctx context.Context, pool *pgxpool.Pool, e evaluation.E
 	fmt.Fprintln(tw, "ATTRIBUTE\tSTATUS\tDURATION\tSTORE PATH")
 	failed := 0
 	for _, a := range attrs {
-		status, dur, path := a.JobStatus, "-", "-"
+		shown, dur, path := string(a.JobStatus), "-", "-"
 		switch {
 		case a.Error != "":
-			status = "eval-error"
-		case status == "":
-			status = "cached"
+			shown = "eval-error"
+		case a.JobStatus == "":
+			shown = "cached"
 		}
+		built := a.Error == "" && (a.JobStatus == status.JobSucceeded || a.JobStatus == "")
 		if a.StartedAt != nil && a.FinishedAt != nil {
 			dur = a.FinishedAt.Sub(*a.StartedAt).Round(10 * time.Millisecond).String()
 		}
-		if len(a.Outputs) > 0 && (status == "succeeded" || status == "cached") {
+		if len(a.Outputs) > 0 && built {
 			path = strings.Join(a.Outputs, " ")
 		}
-		if status != "succeeded" && status != "cached" {
+		if !built {
 			failed++
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", a.Attr, status, dur, path)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", a.Attr, shown, dur, path)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -157,7 +171,7 @@ func (r *runner) summary(ctx context.Context, pool *pgxpool.Pool, e evaluation.E
 		switch {
 		case a.Error != "":
 			fmt.Fprintf(r.out, "\n%s: evaluation error: %s\n", a.Attr, firstLine(a.Error))
-		case a.JobStatus == "failed" && a.JobError != "":
+		case a.JobStatus == status.JobFailed && a.JobError != "":
 			fmt.Fprintf(r.out, "\n%s: %s\n", a.Attr, firstLine(a.JobError))
 		}
 	}
@@ -177,7 +191,7 @@ func (r *runner) summary(ctx context.Context, pool *pgxpool.Pool, e evaluation.E
 		cacheURL, strings.Join(keys, " "))
 
 	switch {
-	case e.Status == "failed" || e.Status == "cancelled":
+	case e.Status == status.EvalFailed || e.Status == status.EvalCancelled:
 		return fmt.Errorf("evaluation %d %s", e.ID, e.Status)
 	case failed > 0:
 		return fmt.Errorf("%d of %d attributes failed", failed, len(attrs))

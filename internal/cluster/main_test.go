@@ -19,6 +19,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
 	"github.com/harmonia-ci/harmonia-ci/internal/db"
 	"github.com/harmonia-ci/harmonia-ci/internal/dbtest"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 	"github.com/harmonia-ci/harmonia-ci/internal/waittest"
 )
 
@@ -231,7 +232,7 @@ VALUES ($1, $2, $3, $4, 'sha256:0000', 0)`, drv, hashPart, name, testSystem)
 }
 
 // insertJob adds a build job for drv; claimedBy "" means unclaimed.
-func insertJob(t testing.TB, pool *pgxpool.Pool, drv, status, claimedBy string, retries int) int64 {
+func insertJob(t testing.TB, pool *pgxpool.Pool, drv string, st status.JobStatus, claimedBy string, retries int) int64 {
 	t.Helper()
 	var claimed *string
 	if claimedBy != "" {
@@ -243,7 +244,7 @@ VALUES ($1, $2, $3, $4::text,
         CASE WHEN $4::text IS NULL THEN NULL ELSE now() END,
         CASE WHEN $4::text IS NULL THEN NULL ELSE now() END,
         $5, $5)
-RETURNING id`, drv, testSystem, status, claimed, retries)
+RETURNING id`, drv, testSystem, st, claimed, retries)
 }
 
 // insertDependency records that referrer has input as an input derivation.
@@ -253,7 +254,7 @@ func insertDependency(t testing.TB, pool *pgxpool.Pool, referrer, input string) 
 }
 
 type jobRow struct {
-	Status    string
+	Status    status.JobStatus
 	ClaimedBy *string
 	Retries   int
 }
@@ -278,7 +279,7 @@ VALUES ('github', 'owner', $1, 'owner/' || $1, 'https://example.invalid/' || $1)
 }
 
 // insertEvaluation adds an evaluation; claimedBy "" means unclaimed.
-func insertEvaluation(t testing.TB, pool *pgxpool.Pool, project int64, commit, status, claimedBy string) int64 {
+func insertEvaluation(t testing.TB, pool *pgxpool.Pool, project int64, commit string, st status.EvalStatus, claimedBy string) int64 {
 	t.Helper()
 	var claimed *string
 	if claimedBy != "" {
@@ -289,21 +290,21 @@ INSERT INTO evaluations (project_id, flake_url, commit_sha, branch, status, clai
 VALUES ($1, 'github:owner/repo', $2, 'main', $3, $4::text,
         CASE WHEN $4::text IS NULL THEN NULL ELSE now() END,
         CASE WHEN $4::text IS NULL THEN NULL ELSE now() END)
-RETURNING id`, project, commit, status, claimed)
+RETURNING id`, project, commit, st, claimed)
 }
 
 // insertNode adds a node row directly, last seen `ago` before the database's now().
-func insertNode(t testing.TB, pool *pgxpool.Pool, id, status string, ago time.Duration) {
+func insertNode(t testing.TB, pool *pgxpool.Pool, id string, st status.NodeStatus, ago time.Duration) {
 	t.Helper()
 	mustExec(t, pool, `
 INSERT INTO nodes (id, roles, endpoint, incarnation, status, last_seen)
 VALUES ($1, '{builder}', 'http://' || $1 || ':8080', gen_random_uuid(), $2, now() - make_interval(secs => $3))`,
-		id, status, ago.Seconds())
+		id, st, ago.Seconds())
 }
 
-func nodeStatus(t testing.TB, pool *pgxpool.Pool, id string) (string, bool) {
+func nodeStatus(t testing.TB, pool *pgxpool.Pool, id string) (status.NodeStatus, bool) {
 	t.Helper()
-	var s string
+	var s status.NodeStatus
 	err := pool.QueryRow(context.Background(), `SELECT status FROM nodes WHERE id = $1`, id).Scan(&s)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return "", false

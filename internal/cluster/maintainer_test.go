@@ -11,23 +11,24 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/clock"
 	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
 	"github.com/harmonia-ci/harmonia-ci/internal/dbtest"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 func TestMaintainerNodeTasks(t *testing.T) {
 	t.Parallel()
 	pool := dbtest.NewPool(t)
 
-	insertNode(t, pool, "fresh", cluster.StatusActive, 0)
-	insertNode(t, pool, "silent", cluster.StatusActive, time.Minute)
-	insertNode(t, pool, "silent-draining", cluster.StatusDraining, time.Minute)
-	insertNode(t, pool, "long-dead", cluster.StatusDead, 2*time.Hour)
-	insertNode(t, pool, "recently-dead", cluster.StatusDead, time.Minute)
-	insertNode(t, pool, "dead-building", cluster.StatusDead, 2*time.Hour)
-	insertNode(t, pool, "dead-uploading", cluster.StatusDead, 2*time.Hour)
-	insertNode(t, pool, "dead-evaluating", cluster.StatusDead, 2*time.Hour)
-	insertJob(t, pool, insertDerivation(t, pool, "held"), "building", "dead-building", 0)
-	insertJob(t, pool, insertDerivation(t, pool, "held-upload"), "uploading", "dead-uploading", 0)
-	insertEvaluation(t, pool, insertProject(t, pool, "p"), "c1", "running", "dead-evaluating")
+	insertNode(t, pool, "fresh", status.NodeActive, 0)
+	insertNode(t, pool, "silent", status.NodeActive, time.Minute)
+	insertNode(t, pool, "silent-draining", status.NodeDraining, time.Minute)
+	insertNode(t, pool, "long-dead", status.NodeDead, 2*time.Hour)
+	insertNode(t, pool, "recently-dead", status.NodeDead, time.Minute)
+	insertNode(t, pool, "dead-building", status.NodeDead, 2*time.Hour)
+	insertNode(t, pool, "dead-uploading", status.NodeDead, 2*time.Hour)
+	insertNode(t, pool, "dead-evaluating", status.NodeDead, 2*time.Hour)
+	insertJob(t, pool, insertDerivation(t, pool, "held"), status.JobBuilding, "dead-building", 0)
+	insertJob(t, pool, insertDerivation(t, pool, "held-upload"), status.JobUploading, "dead-uploading", 0)
+	insertEvaluation(t, pool, insertProject(t, pool, "p"), "c1", status.EvalRunning, "dead-evaluating")
 	// An old run that the prune task removes.
 	mustExec(t, pool, `
 INSERT INTO maintenance_runs (role, task, node_id, epoch, ran_at)
@@ -45,18 +46,18 @@ VALUES ('maintenance', 'ancient', 'someone', 1, now() - interval '2 days')`)
 	waitFor(t, 5*time.Second, func() bool {
 		s1, _ := nodeStatus(t, pool, "silent")
 		s2, _ := nodeStatus(t, pool, "silent-draining")
-		return s1 == cluster.StatusDead && s2 == cluster.StatusDead
+		return s1 == status.NodeDead && s2 == status.NodeDead
 	}, "silent nodes to be marked dead")
 	waitFor(t, 5*time.Second, func() bool {
 		_, ok := nodeStatus(t, pool, "long-dead")
 		return !ok
 	}, "the long-dead node's row to be deleted")
 
-	if s, _ := nodeStatus(t, pool, "fresh"); s != cluster.StatusActive {
+	if s, _ := nodeStatus(t, pool, "fresh"); s != status.NodeActive {
 		t.Fatalf("a live node was changed to %q", s)
 	}
 	for _, id := range []string{"recently-dead", "dead-building", "dead-uploading", "dead-evaluating"} {
-		if s, ok := nodeStatus(t, pool, id); !ok || s != cluster.StatusDead {
+		if s, ok := nodeStatus(t, pool, id); !ok || s != status.NodeDead {
 			t.Fatalf("node %s: status %q exists %v, want kept as dead", id, s, ok)
 		}
 	}

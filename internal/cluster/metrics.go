@@ -7,6 +7,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 // Metrics are the cluster's Prometheus series: leadership per role plus membership.
@@ -73,11 +75,14 @@ func (c *NodeCountCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc
 func (c *NodeCountCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	counts := map[string]int64{StatusJoining: 0, StatusActive: 0, StatusDraining: 0, StatusDead: 0}
+	counts := map[status.NodeStatus]int64{}
+	for _, s := range status.AllNodes() {
+		counts[s] = 0
+	}
 	rows, err := c.pool.Query(ctx, sqlNodesCountByStatus)
 	if err == nil {
 		err = forEachRow(rows, func(row pgx.CollectableRow) error {
-			var s string
+			var s status.NodeStatus
 			var n int64
 			if err := row.Scan(&s, &n); err != nil {
 				return err
@@ -92,7 +97,7 @@ func (c *NodeCountCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, 1)
 	for s, n := range counts {
-		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(n), s)
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(n), string(s))
 	}
 }
 

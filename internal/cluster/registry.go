@@ -12,15 +12,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/harmonia-ci/harmonia-ci/internal/db"
-)
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 
-// Node statuses, a node's lifecycle.
-const (
-	StatusJoining  = "joining"
-	StatusActive   = "active"
-	StatusDraining = "draining"
-	StatusDead     = "dead"
+	"github.com/harmonia-ci/harmonia-ci/internal/db"
 )
 
 // ErrSuperseded means another process registered under this node id after us: the row, and the
@@ -64,7 +58,7 @@ type Registry struct {
 	releaser ReleaseFunc
 
 	mu     sync.Mutex
-	status string // what this process wants the row to say; draining wins in SQL
+	status status.NodeStatus // what this process wants the row to say; draining wins in SQL
 	nix    NixInfo
 }
 
@@ -99,7 +93,7 @@ func (r *Registry) SetNix(ctx context.Context, nix NixInfo) error {
 
 // NewRegistry prepares membership for info under a fresh incarnation.
 func NewRegistry(pool *pgxpool.Pool, info NodeInfo, logger *slog.Logger) *Registry {
-	return &Registry{pool: pool, info: info, incarnation: uuid.New(), logger: logger, status: StatusJoining}
+	return &Registry{pool: pool, info: info, incarnation: uuid.New(), logger: logger, status: status.NodeJoining}
 }
 
 // ID is the node id.
@@ -148,12 +142,12 @@ func (r *Registry) OnReregister(f ReleaseFunc) { r.releaser = f }
 
 // SetStatus records the lifecycle status this process is in (joining, active, draining).
 // A draining flag set by an operator keeps the row draining whatever the process says.
-func (r *Registry) SetStatus(ctx context.Context, status string) error {
+func (r *Registry) SetStatus(ctx context.Context, st status.NodeStatus) error {
 	r.mu.Lock()
-	r.status = status
+	r.status = st
 	r.mu.Unlock()
-	if _, err := r.pool.Exec(ctx, sqlNodeSetStatus, r.info.ID, r.incarnation, status); err != nil {
-		return fmt.Errorf("set node %s status %s: %w", r.info.ID, status, err)
+	if _, err := r.pool.Exec(ctx, sqlNodeSetStatus, r.info.ID, r.incarnation, st); err != nil {
+		return fmt.Errorf("set node %s status %s: %w", r.info.ID, st, err)
 	}
 	return nil
 }
@@ -161,7 +155,7 @@ func (r *Registry) SetStatus(ctx context.Context, status string) error {
 // StartDraining marks the node draining: it takes no new work from now on.
 func (r *Registry) StartDraining(ctx context.Context) error {
 	r.mu.Lock()
-	r.status = StatusDraining
+	r.status = status.NodeDraining
 	r.mu.Unlock()
 	if _, err := r.pool.Exec(ctx, sqlNodeStartDraining, r.info.ID, r.incarnation); err != nil {
 		return fmt.Errorf("mark node %s draining: %w", r.info.ID, err)
@@ -174,9 +168,9 @@ func (r *Registry) StartDraining(ctx context.Context) error {
 // if another process owns the node id now, Beat returns ErrSuperseded.
 func (r *Registry) Beat(ctx context.Context, load Load) (draining bool, err error) {
 	r.mu.Lock()
-	status, nix := r.status, r.nix
+	st, nix := r.status, r.nix
 	r.mu.Unlock()
-	err = r.pool.QueryRow(ctx, sqlNodeBeat, r.info.ID, r.incarnation, status,
+	err = r.pool.QueryRow(ctx, sqlNodeBeat, r.info.ID, r.incarnation, st,
 		load.CurrentJobs, load.CPU, load.Memory, load.SpeedFactor).Scan(&draining)
 	if err == nil {
 		return draining, nil
@@ -190,7 +184,7 @@ func (r *Registry) Beat(ctx context.Context, load Load) (draining bool, err erro
 	case errors.Is(err, pgx.ErrNoRows):
 		i := r.info
 		if _, err := r.pool.Exec(ctx, sqlNodeRevive, i.ID, i.Roles, i.Endpoint, i.Hostname, i.MaxEvals,
-			i.Systems, i.Features, i.MaxJobs, i.Version, r.incarnation, status, nix.Version, nix.Protocol); err != nil {
+			i.Systems, i.Features, i.MaxJobs, i.Version, r.incarnation, st, nix.Version, nix.Protocol); err != nil {
 			return false, fmt.Errorf("heartbeat node %s: re-create row: %w", i.ID, err)
 		}
 		r.logger.WarnContext(ctx, "node row was gone (marked dead and cleaned up?); re-created it", "node_id", i.ID)

@@ -17,6 +17,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
 	"github.com/harmonia-ci/harmonia-ci/internal/dbtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 func testNodeInfo(id string) cluster.NodeInfo {
@@ -38,7 +39,7 @@ func register(t testing.TB, pool *pgxpool.Pool, id string) *cluster.Registry {
 }
 
 type nodeRow struct {
-	Status      string
+	Status      status.NodeStatus
 	Incarnation uuid.UUID
 	Draining    bool
 	Roles       []string
@@ -72,7 +73,7 @@ func TestRegistryLifecycle(t *testing.T) {
 	if !ok {
 		t.Fatal("Register did not create the node row")
 	}
-	if row.Status != cluster.StatusJoining || row.Incarnation != r.Incarnation() || row.Draining {
+	if row.Status != status.NodeJoining || row.Incarnation != r.Incarnation() || row.Draining {
 		t.Fatalf("after Register: %+v, want status joining, incarnation %s, not draining", row, r.Incarnation())
 	}
 	if r.Incarnation() == uuid.Nil {
@@ -82,10 +83,10 @@ func TestRegistryLifecycle(t *testing.T) {
 		t.Fatalf("node info not stored: %+v", row)
 	}
 
-	if err := r.SetStatus(ctx, cluster.StatusActive); err != nil {
+	if err := r.SetStatus(ctx, status.NodeActive); err != nil {
 		t.Fatalf("SetStatus: %v", err)
 	}
-	if row, _ := readNode(t, pool, "node-1"); row.Status != cluster.StatusActive {
+	if row, _ := readNode(t, pool, "node-1"); row.Status != status.NodeActive {
 		t.Fatalf("status after SetStatus(active) = %q", row.Status)
 	}
 
@@ -112,7 +113,7 @@ func TestRegistryLifecycle(t *testing.T) {
 	if lastSeen.Before(before) || lastSeen.After(after) {
 		t.Fatalf("last_seen %s not within the database's now() around the beat [%s, %s]", lastSeen, before, after)
 	}
-	if row, _ := readNode(t, pool, "node-1"); row.CurrentJobs != 3 || row.CPU != 0.5 || row.Status != cluster.StatusActive {
+	if row, _ := readNode(t, pool, "node-1"); row.CurrentJobs != 3 || row.CPU != 0.5 || row.Status != status.NodeActive {
 		t.Fatalf("after Beat: %+v, want current_jobs 3, cpu 0.5, status active", row)
 	}
 
@@ -127,14 +128,14 @@ func TestRegistryLifecycle(t *testing.T) {
 	if !draining {
 		t.Fatal("Beat after RequestDrain reported draining=false")
 	}
-	if row, _ := readNode(t, pool, "node-1"); row.Status != cluster.StatusDraining || !row.Draining {
+	if row, _ := readNode(t, pool, "node-1"); row.Status != status.NodeDraining || !row.Draining {
 		t.Fatalf("after drain request and beat: %+v, want status draining", row)
 	}
 	// The process cannot talk its way out of an operator's drain.
-	if err := r.SetStatus(ctx, cluster.StatusActive); err != nil {
+	if err := r.SetStatus(ctx, status.NodeActive); err != nil {
 		t.Fatalf("SetStatus: %v", err)
 	}
-	if row, _ := readNode(t, pool, "node-1"); row.Status != cluster.StatusDraining {
+	if row, _ := readNode(t, pool, "node-1"); row.Status != status.NodeDraining {
 		t.Fatalf("SetStatus(active) on a drained node made the status %q", row.Status)
 	}
 
@@ -155,7 +156,7 @@ func TestRequestDrainUnknownOrDeadNode(t *testing.T) {
 	if !errors.Is(err, cluster.ErrNodeNotFound) {
 		t.Fatalf("RequestDrain(unknown) = %v, want ErrNodeNotFound", err)
 	}
-	insertNode(t, pool, "dead-node", cluster.StatusDead, time.Hour)
+	insertNode(t, pool, "dead-node", status.NodeDead, time.Hour)
 	if err := cluster.RequestDrain(ctx, pool, "dead-node"); !errors.Is(err, cluster.ErrNodeNotFound) {
 		t.Fatalf("RequestDrain(dead) = %v, want ErrNodeNotFound", err)
 	}
@@ -169,22 +170,22 @@ func TestReRegistrationReleasesWhatThePreviousIncarnationHeld(t *testing.T) {
 
 	old := register(t, pool, id)
 
-	building := insertJob(t, pool, insertDerivation(t, pool, "building"), "building", id, 0)
-	uploading := insertJob(t, pool, insertDerivation(t, pool, "uploading"), "uploading", id, 1)
+	building := insertJob(t, pool, insertDerivation(t, pool, "building"), status.JobBuilding, id, 0)
+	uploading := insertJob(t, pool, insertDerivation(t, pool, "uploading"), status.JobUploading, id, 1)
 	exhaustedDrv := insertDerivation(t, pool, "exhausted")
-	exhausted := insertJob(t, pool, exhaustedDrv, "building", id, 3)
+	exhausted := insertJob(t, pool, exhaustedDrv, status.JobBuilding, id, 3)
 	dependentDrv := insertDerivation(t, pool, "dependent")
-	dependent := insertJob(t, pool, dependentDrv, "pending", "", 0)
+	dependent := insertJob(t, pool, dependentDrv, status.JobPending, "", 0)
 	insertDependency(t, pool, dependentDrv, exhaustedDrv)
 	transitiveDrv := insertDerivation(t, pool, "transitive")
-	transitive := insertJob(t, pool, transitiveDrv, "pending", "", 0)
+	transitive := insertJob(t, pool, transitiveDrv, status.JobPending, "", 0)
 	insertDependency(t, pool, transitiveDrv, dependentDrv)
-	unrelated := insertJob(t, pool, insertDerivation(t, pool, "unrelated"), "pending", "", 0)
-	othersJob := insertJob(t, pool, insertDerivation(t, pool, "others"), "building", "builder-2", 0)
+	unrelated := insertJob(t, pool, insertDerivation(t, pool, "unrelated"), status.JobPending, "", 0)
+	othersJob := insertJob(t, pool, insertDerivation(t, pool, "others"), status.JobBuilding, "builder-2", 0)
 
 	project := insertProject(t, pool, "proj")
-	runningEval := insertEvaluation(t, pool, project, "c1", "running", id)
-	othersEval := insertEvaluation(t, pool, project, "c2", "running", "builder-2")
+	runningEval := insertEvaluation(t, pool, project, "c1", status.EvalRunning, id)
+	othersEval := insertEvaluation(t, pool, project, "c2", status.EvalRunning, "builder-2")
 
 	mustExec(t, pool, `
 INSERT INTO leaders (role, node_id, incarnation, epoch, lease_until)
@@ -204,44 +205,44 @@ VALUES ('maintenance', $1, $2, 4, now() + interval '1 minute')`, id, old.Incarna
 	if fresh.Incarnation() == old.Incarnation() {
 		t.Fatal("a new Registry reused the old incarnation")
 	}
-	if row, _ := readNode(t, pool, id); row.Incarnation != fresh.Incarnation() || row.Status != cluster.StatusJoining {
+	if row, _ := readNode(t, pool, id); row.Incarnation != fresh.Incarnation() || row.Status != status.NodeJoining {
 		t.Fatalf("node row after re-registration: %+v, want incarnation %s, joining", row, fresh.Incarnation())
 	}
 
-	if j := readJob(t, pool, building); j.Status != "pending" || j.ClaimedBy != nil || j.Retries != 1 {
+	if j := readJob(t, pool, building); j.Status != status.JobPending || j.ClaimedBy != nil || j.Retries != 1 {
 		t.Fatalf("building job after re-registration: %+v, want pending, unclaimed, retry 1", j)
 	}
-	if j := readJob(t, pool, uploading); j.Status != "pending" || j.ClaimedBy != nil || j.Retries != 2 {
+	if j := readJob(t, pool, uploading); j.Status != status.JobPending || j.ClaimedBy != nil || j.Retries != 2 {
 		t.Fatalf("uploading job after re-registration: %+v, want pending, unclaimed, retry 2", j)
 	}
-	if j := readJob(t, pool, exhausted); j.Status != "failed" || j.Retries != 3 {
+	if j := readJob(t, pool, exhausted); j.Status != status.JobFailed || j.Retries != 3 {
 		t.Fatalf("job out of retries after re-registration: %+v, want failed, retry 3", j)
 	}
-	if j := readJob(t, pool, dependent); j.Status != "dep-failed" {
+	if j := readJob(t, pool, dependent); j.Status != status.JobDepFailed {
 		t.Fatalf("pending dependent of the failed job: %+v, want dep-failed", j)
 	}
-	if j := readJob(t, pool, transitive); j.Status != "dep-failed" {
+	if j := readJob(t, pool, transitive); j.Status != status.JobDepFailed {
 		t.Fatalf("pending transitive dependent of the failed job: %+v, want dep-failed", j)
 	}
-	if j := readJob(t, pool, unrelated); j.Status != "pending" {
+	if j := readJob(t, pool, unrelated); j.Status != status.JobPending {
 		t.Fatalf("unrelated pending job: %+v, want untouched", j)
 	}
-	if j := readJob(t, pool, othersJob); j.Status != "building" || j.ClaimedBy == nil || *j.ClaimedBy != "builder-2" {
+	if j := readJob(t, pool, othersJob); j.Status != status.JobBuilding || j.ClaimedBy == nil || *j.ClaimedBy != "builder-2" {
 		t.Fatalf("another node's job: %+v, want untouched", j)
 	}
 
-	var evalStatus string
+	var evalStatus status.EvalStatus
 	var evalClaim *string
 	if err := pool.QueryRow(ctx, `SELECT status, claimed_by FROM evaluations WHERE id = $1`, runningEval).Scan(&evalStatus, &evalClaim); err != nil {
 		t.Fatal(err)
 	}
-	if evalStatus != "queued" || evalClaim != nil {
+	if evalStatus != status.EvalQueued || evalClaim != nil {
 		t.Fatalf("running evaluation of the old incarnation: status %q claimed_by %v, want queued and unclaimed", evalStatus, evalClaim)
 	}
 	if err := pool.QueryRow(ctx, `SELECT status FROM evaluations WHERE id = $1`, othersEval).Scan(&evalStatus); err != nil {
 		t.Fatal(err)
 	}
-	if evalStatus != "running" {
+	if evalStatus != status.EvalRunning {
 		t.Fatalf("another node's evaluation: status %q, want running", evalStatus)
 	}
 
@@ -296,7 +297,7 @@ func TestBeatRecreatesDeletedRow(t *testing.T) {
 	ctx := ctxTimeout(t, 10*time.Second)
 
 	r := register(t, pool, "node-1")
-	if err := r.SetStatus(ctx, cluster.StatusActive); err != nil {
+	if err := r.SetStatus(ctx, status.NodeActive); err != nil {
 		t.Fatal(err)
 	}
 	// Maintenance deleted the row while the node was unreachable.
@@ -313,7 +314,7 @@ func TestBeatRecreatesDeletedRow(t *testing.T) {
 	if !ok {
 		t.Fatal("Beat did not re-create the node row")
 	}
-	if row.Incarnation != r.Incarnation() || row.Status != cluster.StatusActive {
+	if row.Incarnation != r.Incarnation() || row.Status != status.NodeActive {
 		t.Fatalf("re-created row: %+v, want incarnation %s and status active", row, r.Incarnation())
 	}
 	if queryBool(t, pool, `SELECT now() - last_seen > interval '10 seconds' FROM nodes WHERE id = 'node-1'`) {
@@ -331,14 +332,14 @@ func TestBeatUndoesDeadMark(t *testing.T) {
 	ctx := ctxTimeout(t, 10*time.Second)
 
 	r := register(t, pool, "node-1")
-	if err := r.SetStatus(ctx, cluster.StatusActive); err != nil {
+	if err := r.SetStatus(ctx, status.NodeActive); err != nil {
 		t.Fatal(err)
 	}
 	mustExec(t, pool, `UPDATE nodes SET status = 'dead' WHERE id = 'node-1'`)
 	if _, err := r.Beat(ctx, cluster.Load{}); err != nil {
 		t.Fatalf("Beat: %v", err)
 	}
-	if s, _ := nodeStatus(t, pool, "node-1"); s != cluster.StatusActive {
+	if s, _ := nodeStatus(t, pool, "node-1"); s != status.NodeActive {
 		t.Fatalf("status after a beat of a node marked dead = %q, want active", s)
 	}
 }
@@ -413,7 +414,7 @@ func TestHeartbeatDrainAndFailures(t *testing.T) {
 	if n := drains.Load(); n != 1 {
 		t.Fatalf("OnDrain called %d times, want once", n)
 	}
-	if s, _ := nodeStatus(t, pool, "node-1"); s != cluster.StatusDraining {
+	if s, _ := nodeStatus(t, pool, "node-1"); s != status.NodeDraining {
 		t.Fatalf("status = %q, want draining", s)
 	}
 	if failed.Load() != 0 || metricValue(t, reg, "harmonia_ci_heartbeat_failures_total") != 0 {

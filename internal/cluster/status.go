@@ -8,28 +8,30 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
+
 	"github.com/harmonia-ci/harmonia-ci/internal/db"
 )
 
 // NodeStatus is one row of the nodes table as operators see it.
 type NodeStatus struct {
-	ID                 string    `json:"id"`
-	Status             string    `json:"status"`
-	Roles              []string  `json:"roles"`
-	Draining           bool      `json:"draining"`
-	LastSeen           time.Time `json:"last_seen"`
-	LastSeenSecondsAgo float64   `json:"last_seen_seconds_ago"`
-	CurrentJobs        int       `json:"current_jobs"`
-	MaxJobs            int       `json:"max_jobs"`
-	Endpoint           string    `json:"endpoint"`
-	Hostname           string    `json:"hostname"`
-	Version            string    `json:"version"`
-	Incarnation        uuid.UUID `json:"incarnation"`
-	StartedAt          time.Time `json:"started_at"`
-	Systems            []string  `json:"systems"`
-	Features           []string  `json:"features"`
-	CPUUsage           float32   `json:"cpu_usage"`
-	MemoryUsage        float32   `json:"memory_usage"`
+	ID                 string            `json:"id"`
+	Status             status.NodeStatus `json:"status"`
+	Roles              []string          `json:"roles"`
+	Draining           bool              `json:"draining"`
+	LastSeen           time.Time         `json:"last_seen"`
+	LastSeenSecondsAgo float64           `json:"last_seen_seconds_ago"`
+	CurrentJobs        int               `json:"current_jobs"`
+	MaxJobs            int               `json:"max_jobs"`
+	Endpoint           string            `json:"endpoint"`
+	Hostname           string            `json:"hostname"`
+	Version            string            `json:"version"`
+	Incarnation        uuid.UUID         `json:"incarnation"`
+	StartedAt          time.Time         `json:"started_at"`
+	Systems            []string          `json:"systems"`
+	Features           []string          `json:"features"`
+	CPUUsage           float32           `json:"cpu_usage"`
+	MemoryUsage        float32           `json:"memory_usage"`
 	NixInfo
 }
 
@@ -48,9 +50,9 @@ type LeaderStatus struct {
 
 // Status is the cluster as `harmonia-ci cluster status` shows it.
 type Status struct {
-	Nodes   []NodeStatus   `json:"nodes"`
-	Leaders []LeaderStatus `json:"leaders"`
-	Counts  map[string]int `json:"counts"`
+	Nodes   []NodeStatus              `json:"nodes"`
+	Leaders []LeaderStatus            `json:"leaders"`
+	Counts  map[status.NodeStatus]int `json:"counts"`
 }
 
 // ListNodes reads every node row, ordered by id.
@@ -99,7 +101,10 @@ func ReadStatus(ctx context.Context, q db.DBTX) (Status, error) {
 	if s.Leaders, err = ListLeaders(ctx, q); err != nil {
 		return s, err
 	}
-	s.Counts = map[string]int{StatusJoining: 0, StatusActive: 0, StatusDraining: 0, StatusDead: 0}
+	s.Counts = map[status.NodeStatus]int{}
+	for _, st := range status.AllNodes() {
+		s.Counts[st] = 0
+	}
 	for _, n := range s.Nodes {
 		s.Counts[n.Status]++
 	}

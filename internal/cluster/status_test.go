@@ -8,6 +8,7 @@ import (
 
 	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
 	"github.com/harmonia-ci/harmonia-ci/internal/dbtest"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 func TestReadStatus(t *testing.T) {
@@ -16,14 +17,14 @@ func TestReadStatus(t *testing.T) {
 	ctx := ctxTimeout(t, 10*time.Second)
 
 	b := register(t, pool, "b-node")
-	if err := b.SetStatus(ctx, cluster.StatusActive); err != nil {
+	if err := b.SetStatus(ctx, status.NodeActive); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := b.Beat(ctx, cluster.Load{CurrentJobs: 2, CPU: 0.25, Memory: 0.5}); err != nil {
 		t.Fatal(err)
 	}
 	a := register(t, pool, "a-node")
-	insertNode(t, pool, "c-node", cluster.StatusDead, 10*time.Minute)
+	insertNode(t, pool, "c-node", status.NodeDead, 10*time.Minute)
 
 	mustExec(t, pool, `
 INSERT INTO leaders (role, node_id, incarnation, epoch, lease_until)
@@ -38,7 +39,7 @@ VALUES ('maintenance', 'b-node', $1, 3, now() + interval '1 minute'),
 		t.Fatalf("nodes %+v, want a-node, b-node, c-node in order", s.Nodes)
 	}
 	nb := s.Nodes[1]
-	if nb.Status != cluster.StatusActive || nb.Incarnation != b.Incarnation() || nb.CurrentJobs != 2 ||
+	if nb.Status != status.NodeActive || nb.Incarnation != b.Incarnation() || nb.CurrentJobs != 2 ||
 		nb.CPUUsage != 0.25 || nb.MemoryUsage != 0.5 || nb.MaxJobs != 4 || nb.Endpoint != "http://b-node:8080" ||
 		nb.Hostname != "b-node.example" || len(nb.Systems) != 1 || nb.Systems[0] != testSystem {
 		t.Fatalf("b-node status %+v", nb)
@@ -46,10 +47,10 @@ VALUES ('maintenance', 'b-node', $1, 3, now() + interval '1 minute'),
 	if nb.LastSeenSecondsAgo < 0 || nb.LastSeenSecondsAgo > 10 {
 		t.Fatalf("b-node last seen %v s ago", nb.LastSeenSecondsAgo)
 	}
-	if nc := s.Nodes[2]; nc.Status != cluster.StatusDead || nc.LastSeenSecondsAgo < 590 {
+	if nc := s.Nodes[2]; nc.Status != status.NodeDead || nc.LastSeenSecondsAgo < 590 {
 		t.Fatalf("c-node %+v, want dead, last seen ~600 s ago", nc)
 	}
-	want := map[string]int{cluster.StatusJoining: 1, cluster.StatusActive: 1, cluster.StatusDraining: 0, cluster.StatusDead: 1}
+	want := map[status.NodeStatus]int{status.NodeJoining: 1, status.NodeActive: 1, status.NodeDraining: 0, status.NodeDead: 1}
 	for k, v := range want {
 		if s.Counts[k] != v {
 			t.Fatalf("counts %v, want %v", s.Counts, want)
@@ -81,7 +82,7 @@ func TestReadStatusEmpty(t *testing.T) {
 	if err != nil {
 		t.Fatalf("ReadStatus: %v", err)
 	}
-	if len(s.Nodes) != 0 || len(s.Leaders) != 0 || s.Counts[cluster.StatusActive] != 0 {
+	if len(s.Nodes) != 0 || len(s.Leaders) != 0 || s.Counts[status.NodeActive] != 0 {
 		t.Fatalf("empty cluster status %+v", s)
 	}
 }
@@ -89,16 +90,16 @@ func TestReadStatusEmpty(t *testing.T) {
 func TestNodeCountCollector(t *testing.T) {
 	t.Parallel()
 	pool := dbtest.NewPool(t)
-	insertNode(t, pool, "a", cluster.StatusActive, 0)
-	insertNode(t, pool, "b", cluster.StatusActive, 0)
-	insertNode(t, pool, "c", cluster.StatusDead, time.Hour)
+	insertNode(t, pool, "a", status.NodeActive, 0)
+	insertNode(t, pool, "b", status.NodeActive, 0)
+	insertNode(t, pool, "c", status.NodeDead, time.Hour)
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(cluster.NewNodeCountCollector(pool))
-	want := map[string]float64{cluster.StatusActive: 2, cluster.StatusDead: 1, cluster.StatusDraining: 0, cluster.StatusJoining: 0}
-	for status, n := range want {
-		if got := metricValue(t, reg, "harmonia_ci_nodes", "status", status); got != n {
-			t.Fatalf("harmonia_ci_nodes{status=%q} = %v, want %v", status, got, n)
+	want := map[status.NodeStatus]float64{status.NodeActive: 2, status.NodeDead: 1, status.NodeDraining: 0, status.NodeJoining: 0}
+	for st, n := range want {
+		if got := metricValue(t, reg, "harmonia_ci_nodes", "status", string(st)); got != n {
+			t.Fatalf("harmonia_ci_nodes{status=%q} = %v, want %v", st, got, n)
 		}
 	}
 	if got := metricValue(t, reg, "harmonia_ci_database_up"); got != 1 {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/harmonia-ci/harmonia-ci/internal/evaluation"
 	"github.com/harmonia-ci/harmonia-ci/internal/forge"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 // The commit status contexts harmonia-ci reports: one for the evaluation, one combined status
@@ -76,7 +77,7 @@ func (r *Report) lines() []struct {
 // evalState is what compute needs of an evaluation.
 type evalState struct {
 	ID         int64
-	Status     string
+	Status     status.EvalStatus
 	Error      string
 	ReusesEval *int64
 	Project    string
@@ -114,9 +115,9 @@ func compute(s evalState, links Links) Report {
 	evalURL := links.Eval(s.Project, s.ID)
 	var r Report
 	switch s.Status {
-	case evaluation.StatusQueued, evaluation.StatusRunning:
+	case status.EvalQueued, status.EvalRunning:
 		r.Eval = Line{forge.StatePending, "queued", evalURL}
-		if s.Status == evaluation.StatusRunning {
+		if s.Status == status.EvalRunning {
 			r.Eval.Description = "evaluating"
 		}
 		// Evaluated again (re-evaluation, a push back to this commit): the commit's old
@@ -124,9 +125,9 @@ func compute(s evalState, links Links) Report {
 		if decodeReport(s.LastStatus).Build.State != "" {
 			r.Build = Line{forge.StatePending, "waiting for the evaluation", evalURL}
 		}
-	case evaluation.StatusFailed:
+	case status.EvalFailed:
 		r.Eval = Line{forge.StateFailure, oneLine("evaluation failed: " + strings.TrimSpace(s.Error)), evalURL}
-	case evaluation.StatusCancelled:
+	case status.EvalCancelled:
 		why := "cancelled"
 		switch {
 		case strings.HasPrefix(s.Error, evaluation.ConflictPrefix):
@@ -135,11 +136,11 @@ func compute(s evalState, links Links) Report {
 			why = "superseded by a newer commit"
 		}
 		r.Eval = Line{forge.StateError, why, evalURL}
-	case evaluation.StatusSucceeded, evaluation.StatusSkipped:
+	case status.EvalSucceeded, status.EvalSkipped:
 		switch {
 		case s.AttrErrors > 0:
 			r.Eval = Line{forge.StateFailure, fmt.Sprintf("%d of %d attributes failed to evaluate", s.AttrErrors, s.Attrs), evalURL}
-		case s.Status == evaluation.StatusSkipped && s.ReusesEval != nil:
+		case s.Status == status.EvalSkipped && s.ReusesEval != nil:
 			r.Eval = Line{forge.StateSuccess, fmt.Sprintf("same tree as evaluation %d: %s", *s.ReusesEval, plural(s.Attrs, "attribute")), evalURL}
 		default:
 			r.Eval = Line{forge.StateSuccess, "evaluated " + plural(s.Attrs, "attribute"), evalURL}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/harmonia-ci/harmonia-ci/internal/evaluation"
 	"github.com/harmonia-ci/harmonia-ci/internal/forge"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 const testBase = "https://ci.example"
@@ -26,76 +27,76 @@ func TestCompute(t *testing.T) {
 	}{
 		{
 			name: "queued",
-			s:    evalState{Status: evaluation.StatusQueued},
+			s:    evalState{Status: status.EvalQueued},
 			want: Report{Eval: Line{forge.StatePending, "queued", evalURL}},
 		},
 		{
 			name: "running",
-			s:    evalState{Status: evaluation.StatusRunning},
+			s:    evalState{Status: status.EvalRunning},
 			want: Report{Eval: Line{forge.StatePending, "evaluating", evalURL}},
 		},
 		{
 			name: "large evaluations report progress in fiftieths",
-			s:    evalState{Status: evaluation.StatusSucceeded, Attrs: 5000, Total: 5000, Succeeded: 342, Failed: 30, Pending: 4628},
+			s:    evalState{Status: status.EvalSucceeded, Attrs: 5000, Total: 5000, Succeeded: 342, Failed: 30, Pending: 4628},
 			want: Report{Eval: Line{forge.StateSuccess, "evaluated 5000 attributes", evalURL},
 				Build: Line{forge.StatePending, "300/5000 builds complete, some failed", evalURL}},
 		},
 		{
 			name: "large evaluations: failures in fiftieths too",
-			s:    evalState{Status: evaluation.StatusSucceeded, Attrs: 5000, Total: 5000, Succeeded: 342, Failed: 250, Pending: 4408},
+			s:    evalState{Status: status.EvalSucceeded, Attrs: 5000, Total: 5000, Succeeded: 342, Failed: 250, Pending: 4408},
 			want: Report{Eval: Line{forge.StateSuccess, "evaluated 5000 attributes", evalURL},
 				Build: Line{forge.StatePending, "500/5000 builds complete, 200 failed", evalURL}},
 		},
 		{
 			name: "running again after builds were reported: nix-build waits",
-			s:    evalState{Status: evaluation.StatusRunning, LastStatus: ptr(`{"eval":{"state":"success"},"build":{"state":"success","description":"3/3 builds complete"}}`)},
+			s:    evalState{Status: status.EvalRunning, LastStatus: ptr(`{"eval":{"state":"success"},"build":{"state":"success","description":"3/3 builds complete"}}`)},
 			want: Report{Eval: Line{forge.StatePending, "evaluating", evalURL}, Build: Line{forge.StatePending, "waiting for the evaluation", evalURL}},
 		},
 		{
 			name:      "failed: the error's first line",
-			s:         evalState{Status: evaluation.StatusFailed, Error: "error: attribute 'foo' missing\n\n       at /nix/store/x/flake.nix:3:5"},
+			s:         evalState{Status: status.EvalFailed, Error: "error: attribute 'foo' missing\n\n       at /nix/store/x/flake.nix:3:5"},
 			want:      Report{Eval: Line{forge.StateFailure, "evaluation failed: error: attribute 'foo' missing", evalURL}},
 			wantFinal: true,
 		},
 		{
 			name:      "failed: the error's first line that says something",
-			s:         evalState{Status: evaluation.StatusFailed, Error: "\n  error: flake has no outputs\n"},
+			s:         evalState{Status: status.EvalFailed, Error: "\n  error: flake has no outputs\n"},
 			want:      Report{Eval: Line{forge.StateFailure, "evaluation failed: error: flake has no outputs", evalURL}},
 			wantFinal: true,
 		},
 		{
 			name:      "failed: a long error is cut to 120 bytes",
-			s:         evalState{Status: evaluation.StatusFailed, Error: strings.Repeat("x", 300)},
+			s:         evalState{Status: status.EvalFailed, Error: strings.Repeat("x", 300)},
 			want:      Report{Eval: Line{forge.StateFailure, "evaluation failed: " + strings.Repeat("x", 98) + "...", evalURL}},
 			wantFinal: true,
 		},
 		{
 			name:      "cancelled: superseded",
-			s:         evalState{Status: evaluation.StatusCancelled, Error: "superseded by evaluation 8"},
+			s:         evalState{Status: status.EvalCancelled, Error: "superseded by evaluation 8"},
 			want:      Report{Eval: Line{forge.StateError, "superseded by a newer commit", evalURL}},
 			wantFinal: true,
 		},
 		{
 			name:      "cancelled: a pull request that conflicts with its base",
-			s:         evalState{Status: evaluation.StatusCancelled, Error: evaluation.ConflictPrefix + "main and the pull request conflict in ci.nix"},
+			s:         evalState{Status: status.EvalCancelled, Error: evaluation.ConflictPrefix + "main and the pull request conflict in ci.nix"},
 			want:      Report{Eval: Line{forge.StateError, "merge conflict: main and the pull request conflict in ci.nix", evalURL}},
 			wantFinal: true,
 		},
 		{
 			name:      "cancelled by hand",
-			s:         evalState{Status: evaluation.StatusCancelled, Error: "cancelled by alice"},
+			s:         evalState{Status: status.EvalCancelled, Error: "cancelled by alice"},
 			want:      Report{Eval: Line{forge.StateError, "cancelled", evalURL}},
 			wantFinal: true,
 		},
 		{
 			name:      "cancelled without a reason",
-			s:         evalState{Status: evaluation.StatusCancelled},
+			s:         evalState{Status: status.EvalCancelled},
 			want:      Report{Eval: Line{forge.StateError, "cancelled", evalURL}},
 			wantFinal: true,
 		},
 		{
 			name: "succeeded with attribute errors",
-			s:    evalState{Status: evaluation.StatusSucceeded, Attrs: 5, AttrErrors: 2, Total: 3, Succeeded: 1, Pending: 2},
+			s:    evalState{Status: status.EvalSucceeded, Attrs: 5, AttrErrors: 2, Total: 3, Succeeded: 1, Pending: 2},
 			want: Report{
 				Eval:  Line{forge.StateFailure, "2 of 5 attributes failed to evaluate", evalURL},
 				Build: Line{forge.StatePending, "1/3 builds complete", evalURL},
@@ -103,7 +104,7 @@ func TestCompute(t *testing.T) {
 		},
 		{
 			name: "skipped: reuses an evaluation of the same tree",
-			s:    evalState{Status: evaluation.StatusSkipped, ReusesEval: ptr(int64(3)), Attrs: 1, Total: 1, Succeeded: 1},
+			s:    evalState{Status: status.EvalSkipped, ReusesEval: ptr(int64(3)), Attrs: 1, Total: 1, Succeeded: 1},
 			want: Report{
 				Eval:  Line{forge.StateSuccess, "same tree as evaluation 3: 1 attribute", evalURL},
 				Build: Line{forge.StateSuccess, "1/1 builds complete", evalURL},
@@ -112,7 +113,7 @@ func TestCompute(t *testing.T) {
 		},
 		{
 			name: "skipped without a reused evaluation",
-			s:    evalState{Status: evaluation.StatusSkipped, Attrs: 2, Total: 2, Succeeded: 2},
+			s:    evalState{Status: status.EvalSkipped, Attrs: 2, Total: 2, Succeeded: 2},
 			want: Report{
 				Eval:  Line{forge.StateSuccess, "evaluated 2 attributes", evalURL},
 				Build: Line{forge.StateSuccess, "2/2 builds complete", evalURL},
@@ -121,7 +122,7 @@ func TestCompute(t *testing.T) {
 		},
 		{
 			name: "succeeded with nothing to build",
-			s:    evalState{Status: evaluation.StatusSucceeded},
+			s:    evalState{Status: status.EvalSucceeded},
 			want: Report{
 				Eval:  Line{forge.StateSuccess, "evaluated 0 attributes", evalURL},
 				Build: Line{forge.StateSuccess, "nothing to build", evalURL},
@@ -130,7 +131,7 @@ func TestCompute(t *testing.T) {
 		},
 		{
 			name: "builds pending",
-			s:    evalState{Status: evaluation.StatusSucceeded, Attrs: 42, Total: 42, Succeeded: 3, Pending: 39},
+			s:    evalState{Status: status.EvalSucceeded, Attrs: 42, Total: 42, Succeeded: 3, Pending: 39},
 			want: Report{
 				Eval:  Line{forge.StateSuccess, "evaluated 42 attributes", evalURL},
 				Build: Line{forge.StatePending, "3/42 builds complete", evalURL},
@@ -138,7 +139,7 @@ func TestCompute(t *testing.T) {
 		},
 		{
 			name: "builds pending, one failed",
-			s:    evalState{Status: evaluation.StatusSucceeded, Attrs: 42, Total: 42, Succeeded: 2, Failed: 1, Pending: 39, FirstFailedJob: 9},
+			s:    evalState{Status: status.EvalSucceeded, Attrs: 42, Total: 42, Succeeded: 2, Failed: 1, Pending: 39, FirstFailedJob: 9},
 			want: Report{
 				Eval:  Line{forge.StateSuccess, "evaluated 42 attributes", evalURL},
 				Build: Line{forge.StatePending, "3/42 builds complete, 1 failed", evalURL},
@@ -146,7 +147,7 @@ func TestCompute(t *testing.T) {
 		},
 		{
 			name: "all builds succeeded",
-			s:    evalState{Status: evaluation.StatusSucceeded, Attrs: 42, Total: 42, Succeeded: 42},
+			s:    evalState{Status: status.EvalSucceeded, Attrs: 42, Total: 42, Succeeded: 42},
 			want: Report{
 				Eval:  Line{forge.StateSuccess, "evaluated 42 attributes", evalURL},
 				Build: Line{forge.StateSuccess, "42/42 builds complete", evalURL},
@@ -155,7 +156,7 @@ func TestCompute(t *testing.T) {
 		},
 		{
 			name: "builds failed: links the first failed build",
-			s:    evalState{Status: evaluation.StatusSucceeded, Attrs: 42, Total: 42, Succeeded: 39, Failed: 2, Cancelled: 1, FirstFailedJob: 99},
+			s:    evalState{Status: status.EvalSucceeded, Attrs: 42, Total: 42, Succeeded: 39, Failed: 2, Cancelled: 1, FirstFailedJob: 99},
 			want: Report{
 				Eval:  Line{forge.StateSuccess, "evaluated 42 attributes", evalURL},
 				Build: Line{forge.StateFailure, "2/42 builds failed", testBase + "/ci/proj/build/99"},
@@ -164,7 +165,7 @@ func TestCompute(t *testing.T) {
 		},
 		{
 			name: "builds failed without a known job: links the evaluation",
-			s:    evalState{Status: evaluation.StatusSucceeded, Attrs: 1, Total: 1, Failed: 1},
+			s:    evalState{Status: status.EvalSucceeded, Attrs: 1, Total: 1, Failed: 1},
 			want: Report{
 				Eval:  Line{forge.StateSuccess, "evaluated 1 attribute", evalURL},
 				Build: Line{forge.StateFailure, "1/1 builds failed", evalURL},
@@ -173,7 +174,7 @@ func TestCompute(t *testing.T) {
 		},
 		{
 			name: "builds cancelled",
-			s:    evalState{Status: evaluation.StatusSucceeded, Attrs: 3, Total: 3, Succeeded: 1, Cancelled: 2},
+			s:    evalState{Status: status.EvalSucceeded, Attrs: 3, Total: 3, Succeeded: 1, Cancelled: 2},
 			want: Report{
 				Eval:  Line{forge.StateSuccess, "evaluated 3 attributes", evalURL},
 				Build: Line{forge.StateError, "2/3 builds cancelled", evalURL},
@@ -209,7 +210,7 @@ func TestCompute(t *testing.T) {
 func TestComputeCutsOnCharacterBoundary(t *testing.T) {
 	t.Parallel()
 	for pad := range 4 {
-		s := evalState{ID: 1, Project: "p", Status: evaluation.StatusFailed, Error: strings.Repeat("x", pad) + strings.Repeat("é", 100)}
+		s := evalState{ID: 1, Project: "p", Status: status.EvalFailed, Error: strings.Repeat("x", pad) + strings.Repeat("é", 100)}
 		d := compute(s, testLinks).Eval.Description
 		if !utf8.ValidString(d) || len(d) > 120 || !strings.HasSuffix(d, "...") {
 			t.Errorf("pad %d: description %q (%d bytes): want valid UTF-8 of at most 120 bytes ending in ...", pad, d, len(d))

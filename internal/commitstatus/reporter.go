@@ -25,6 +25,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/forge"
 	"github.com/harmonia-ci/harmonia-ci/internal/notify"
 	"github.com/harmonia-ci/harmonia-ci/internal/startstop"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 // Defaults of Config's durations.
@@ -171,16 +172,15 @@ func (r *Reporter) listen(ctx context.Context, jobs, evals *notify.Sub) {
 // announcer's {"status","drv_paths"} and the single {"drv_path","status"} forms.
 func terminalDrvs(payload string) []string {
 	var p struct {
-		Status   string   `json:"status"`
-		DrvPath  string   `json:"drv_path"`
-		DrvPaths []string `json:"drv_paths"`
+		Status   status.JobStatus `json:"status"`
+		DrvPath  string           `json:"drv_path"`
+		DrvPaths []string         `json:"drv_paths"`
 	}
 	if json.Unmarshal([]byte(payload), &p) != nil {
 		return nil
 	}
-	switch p.Status {
-	case "succeeded", "failed", "dep-failed", "cancelled", "pending":
-	default:
+	// A job that ended, or went back to pending (a rebuild), changes the counts; a claim does not.
+	if !p.Status.Terminal() && p.Status != status.JobPending {
 		return nil
 	}
 	if p.DrvPath != "" {

@@ -16,10 +16,10 @@ import (
 
 	"github.com/harmonia-ci/harmonia-ci/internal/clock"
 	"github.com/harmonia-ci/harmonia-ci/internal/dbtest"
-	"github.com/harmonia-ci/harmonia-ci/internal/evaluation"
 	"github.com/harmonia-ci/harmonia-ci/internal/forge"
 	"github.com/harmonia-ci/harmonia-ci/internal/metricstest"
 	"github.com/harmonia-ci/harmonia-ci/internal/notify"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 	"github.com/harmonia-ci/harmonia-ci/internal/waittest"
 )
 
@@ -140,16 +140,16 @@ func (fx *fixture) addBuilds(id int64, n int) []string {
 	return drvs
 }
 
-func (fx *fixture) setEval(id int64, status, errText string) {
+func (fx *fixture) setEval(id int64, st status.EvalStatus, errText string) {
 	fx.t.Helper()
-	fx.exec(`UPDATE evaluations SET status = $2, error = NULLIF($3, '') WHERE id = $1`, id, status, errText)
+	fx.exec(`UPDATE evaluations SET status = $2, error = NULLIF($3, '') WHERE id = $1`, id, st, errText)
 }
 
-func (fx *fixture) setJob(drv, status string) {
+func (fx *fixture) setJob(drv string, st status.JobStatus) {
 	fx.t.Helper()
 	fx.exec(`UPDATE build_jobs SET status = $2,
     claimed_by = CASE WHEN $2 IN ('building', 'uploading') THEN 'builder-1' ELSE claimed_by END
-WHERE drv_path = $1`, drv, status)
+WHERE drv_path = $1`, drv, st)
 }
 
 // reporter builds a reporter of node on the fixture's forge. The defaults keep the background
@@ -338,21 +338,21 @@ func TestTransitionSequence(t *testing.T) {
 		want   []forge.Status
 	}{
 		{"queued", func() {}, []forge.Status{evalStatus(id, forge.StatePending, "queued")}},
-		{"running", func() { fx.setEval(id, evaluation.StatusRunning, "") },
+		{"running", func() { fx.setEval(id, status.EvalRunning, "") },
 			[]forge.Status{evalStatus(id, forge.StatePending, "evaluating")}},
 		{"evaluated, builds pending", func() {
 			drvs = fx.addBuilds(id, 3)
-			fx.setEval(id, evaluation.StatusSucceeded, "")
+			fx.setEval(id, status.EvalSucceeded, "")
 		}, []forge.Status{
 			evalStatus(id, forge.StateSuccess, "evaluated 3 attributes"),
 			buildStatus(id, forge.StatePending, "0/3 builds complete"),
 		}},
-		{"a build starts: nothing to report", func() { fx.setJob(drvs[0], "building") }, nil},
-		{"first build done", func() { fx.setJob(drvs[0], "succeeded") },
+		{"a build starts: nothing to report", func() { fx.setJob(drvs[0], status.JobBuilding) }, nil},
+		{"first build done", func() { fx.setJob(drvs[0], status.JobSucceeded) },
 			[]forge.Status{buildStatus(id, forge.StatePending, "1/3 builds complete")}},
-		{"second build done", func() { fx.setJob(drvs[1], "succeeded") },
+		{"second build done", func() { fx.setJob(drvs[1], status.JobSucceeded) },
 			[]forge.Status{buildStatus(id, forge.StatePending, "2/3 builds complete")}},
-		{"last build done", func() { fx.setJob(drvs[2], "succeeded") },
+		{"last build done", func() { fx.setJob(drvs[2], status.JobSucceeded) },
 			[]forge.Status{buildStatus(id, forge.StateSuccess, "3/3 builds complete")}},
 	}
 	for i, st := range steps {
@@ -402,7 +402,7 @@ func TestTransitionAggregate(t *testing.T) {
 				fx.job(d)
 				fx.attr(id, "a", d)
 				fx.attr(id, "b", d)
-				fx.setJob(d, "succeeded")
+				fx.setJob(d, status.JobSucceeded)
 				return 0
 			},
 			wantEval: "evaluated 2 attributes", wantState: forge.StateSuccess, wantBuild: "1/1 builds complete",
@@ -411,9 +411,9 @@ func TestTransitionAggregate(t *testing.T) {
 			name: "building and uploading are pending",
 			setup: func(fx *fixture, id int64) int64 {
 				drvs := fx.addBuilds(id, 3)
-				fx.setJob(drvs[0], "building")
-				fx.setJob(drvs[1], "uploading")
-				fx.setJob(drvs[2], "succeeded")
+				fx.setJob(drvs[0], status.JobBuilding)
+				fx.setJob(drvs[1], status.JobUploading)
+				fx.setJob(drvs[2], status.JobSucceeded)
 				return 0
 			},
 			wantEval: "evaluated 3 attributes", wantState: forge.StatePending, wantBuild: "1/3 builds complete",
@@ -422,7 +422,7 @@ func TestTransitionAggregate(t *testing.T) {
 			name: "an attribute that failed to evaluate",
 			setup: func(fx *fixture, id int64) int64 {
 				fx.attr(id, "broken", "")
-				fx.setJob(fx.addBuilds(id, 1)[0], "succeeded")
+				fx.setJob(fx.addBuilds(id, 1)[0], status.JobSucceeded)
 				return 0
 			},
 			wantEval: "1 of 2 attributes failed to evaluate", wantState: forge.StateSuccess, wantBuild: "1/1 builds complete",
@@ -431,9 +431,9 @@ func TestTransitionAggregate(t *testing.T) {
 			name: "a failed build is linked before an earlier dependency failure",
 			setup: func(fx *fixture, id int64) int64 {
 				drvs := fx.addBuilds(id, 3)
-				fx.setJob(drvs[0], "dep-failed")
-				fx.setJob(drvs[1], "failed")
-				fx.setJob(drvs[2], "succeeded")
+				fx.setJob(drvs[0], status.JobDepFailed)
+				fx.setJob(drvs[1], status.JobFailed)
+				fx.setJob(drvs[2], status.JobSucceeded)
 				var job int64
 				if err := fx.pool.QueryRow(fx.ctx, `SELECT id FROM build_jobs WHERE drv_path = $1`, drvs[1]).Scan(&job); err != nil {
 					fx.t.Fatal(err)
@@ -446,8 +446,8 @@ func TestTransitionAggregate(t *testing.T) {
 			name: "a dependency failure alone is linked",
 			setup: func(fx *fixture, id int64) int64 {
 				drvs := fx.addBuilds(id, 2)
-				fx.setJob(drvs[1], "dep-failed")
-				fx.setJob(drvs[0], "succeeded")
+				fx.setJob(drvs[1], status.JobDepFailed)
+				fx.setJob(drvs[0], status.JobSucceeded)
 				var job int64
 				if err := fx.pool.QueryRow(fx.ctx, `SELECT id FROM build_jobs WHERE drv_path = $1`, drvs[1]).Scan(&job); err != nil {
 					fx.t.Fatal(err)
@@ -460,8 +460,8 @@ func TestTransitionAggregate(t *testing.T) {
 			name: "cancelled builds",
 			setup: func(fx *fixture, id int64) int64 {
 				drvs := fx.addBuilds(id, 2)
-				fx.setJob(drvs[0], "cancelled")
-				fx.setJob(drvs[1], "succeeded")
+				fx.setJob(drvs[0], status.JobCancelled)
+				fx.setJob(drvs[1], status.JobSucceeded)
 				return 0
 			},
 			wantEval: "evaluated 2 attributes", wantState: forge.StateError, wantBuild: "1/2 builds cancelled",
@@ -472,7 +472,7 @@ func TestTransitionAggregate(t *testing.T) {
 			fx := newFixture(t)
 			id := fx.newEval(fx.project)
 			link := tt.setup(fx, id)
-			fx.setEval(id, evaluation.StatusSucceeded, "")
+			fx.setEval(id, status.EvalSucceeded, "")
 			fx.transition(fx.reporter("frontend-1"), id)
 			got := decodeReport(fx.settled(id).LastStatus)
 			wantURL := testBase + "/ci/proj/eval/" + strconv.FormatInt(id, 10)
@@ -492,7 +492,7 @@ func TestTransitionAggregate(t *testing.T) {
 func progression(fx *fixture, id int64, n int) (steps []func(), statuses []forge.Status) {
 	steps = append(steps,
 		func() {},
-		func() { fx.setEval(id, evaluation.StatusRunning, "") },
+		func() { fx.setEval(id, status.EvalRunning, "") },
 	)
 	statuses = append(statuses,
 		evalStatus(id, forge.StatePending, "queued"),
@@ -503,10 +503,10 @@ func progression(fx *fixture, id int64, n int) (steps []func(), statuses []forge
 	var drvs []string
 	steps = append(steps, func() {
 		drvs = fx.addBuilds(id, n)
-		fx.setEval(id, evaluation.StatusSucceeded, "")
+		fx.setEval(id, status.EvalSucceeded, "")
 	})
 	for i := range n {
-		steps = append(steps, func() { fx.setJob(drvs[i], "succeeded") })
+		steps = append(steps, func() { fx.setJob(drvs[i], status.JobSucceeded) })
 		state := forge.StatePending
 		if i == n-1 {
 			state = forge.StateSuccess
@@ -626,7 +626,7 @@ func TestRetryFailedDelivery(t *testing.T) {
 			id := fx.newEval(fx.project)
 			if tt.evaluate {
 				fx.addBuilds(id, 2)
-				fx.setEval(id, evaluation.StatusSucceeded, "")
+				fx.setEval(id, status.EvalSucceeded, "")
 			}
 
 			fx.forge.failAfter(tt.pass, 1)
@@ -696,7 +696,7 @@ func TestTakeOverStalledDelivery(t *testing.T) {
 			a, b := fx.reporter("frontend-a"), fx.reporter("frontend-b")
 			id := fx.newEval(fx.project)
 			drvs := fx.addBuilds(id, 2)
-			fx.setEval(id, evaluation.StatusSucceeded, "")
+			fx.setEval(id, status.EvalSucceeded, "")
 
 			entered, release := fx.forge.block(true)
 			actx, die := context.WithCancel(fx.ctx)
@@ -722,7 +722,7 @@ func TestTakeOverStalledDelivery(t *testing.T) {
 			fx.backdate(id, "report_lease_until")
 			wantBuild := buildStatus(id, forge.StatePending, "0/2 builds complete")
 			if tt.byTransition {
-				fx.setJob(drvs[0], "succeeded")
+				fx.setJob(drvs[0], status.JobSucceeded)
 				fx.transition(b, id)
 				wantBuild = buildStatus(id, forge.StatePending, "1/2 builds complete")
 			} else {
@@ -765,7 +765,7 @@ func TestSameFrontendRetryAndTransition(t *testing.T) {
 	a := fx.reporter("frontend-a")
 	id := fx.newEval(fx.project)
 	drvs := fx.addBuilds(id, 2)
-	fx.setEval(id, evaluation.StatusSucceeded, "")
+	fx.setEval(id, status.EvalSucceeded, "")
 
 	fx.forge.fail(1)
 	fx.transition(a, id)
@@ -783,7 +783,7 @@ func TestSameFrontendRetryAndTransition(t *testing.T) {
 		t.Fatal("the retried delivery never reached the forge")
 	}
 
-	fx.setJob(drvs[0], "succeeded")
+	fx.setJob(drvs[0], status.JobSucceeded)
 	fx.transition(a, id)
 	release()
 	select {
@@ -916,7 +916,7 @@ func TestRestartTakesBackOwnDelivery(t *testing.T) {
 	fx := newFixture(t)
 	id := fx.newEval(fx.project)
 	fx.addBuilds(id, 1)
-	fx.setEval(id, evaluation.StatusSucceeded, "")
+	fx.setEval(id, status.EvalSucceeded, "")
 
 	// The first process: the forge gets the first status, then the process dies.
 	entered, _ := fx.forge.block(true)
@@ -997,7 +997,7 @@ func TestStartReportsOnNotifications(t *testing.T) {
 	}{
 		{
 			name:    "evaluation starts",
-			change:  func() { fx.setEval(id, evaluation.StatusRunning, "") },
+			change:  func() { fx.setEval(id, status.EvalRunning, "") },
 			channel: "evaluations", payload: func() string { return fmt.Sprintf(`{"id":%d,"status":"running"}`, id) },
 			want: []forge.Status{evalStatus(id, forge.StatePending, "evaluating")},
 		},
@@ -1005,7 +1005,7 @@ func TestStartReportsOnNotifications(t *testing.T) {
 			name: "evaluation succeeds",
 			change: func() {
 				drvs = fx.addBuilds(id, 2)
-				fx.setEval(id, evaluation.StatusSucceeded, "")
+				fx.setEval(id, status.EvalSucceeded, "")
 			},
 			channel: "evaluations", payload: func() string { return fmt.Sprintf(`{"id":%d,"status":"succeeded"}`, id) },
 			want: []forge.Status{
@@ -1015,14 +1015,14 @@ func TestStartReportsOnNotifications(t *testing.T) {
 		},
 		{
 			name:    "a build succeeds (announcer payload)",
-			change:  func() { fx.setJob(drvs[0], "succeeded") },
+			change:  func() { fx.setJob(drvs[0], status.JobSucceeded) },
 			channel: "build_jobs", payload: func() string { return fmt.Sprintf(`{"status":"succeeded","drv_paths":[%q]}`, drvs[0]) },
 			want: []forge.Status{buildStatus(id, forge.StatePending, "1/2 builds complete")},
 		},
 		{
 			name: "a build fails (single payload)",
 			change: func() {
-				fx.setJob(drvs[1], "dep-failed")
+				fx.setJob(drvs[1], status.JobDepFailed)
 				if err := fx.pool.QueryRow(fx.ctx, `SELECT id FROM build_jobs WHERE drv_path = $1`, drvs[1]).Scan(&failedJob); err != nil {
 					t.Fatal(err)
 				}

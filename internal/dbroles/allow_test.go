@@ -18,6 +18,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/gc"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 	"github.com/harmonia-ci/harmonia-ci/internal/queuetest"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 // TestRolesAllow runs each role's own work as that role, through the real code where it is
@@ -166,7 +167,7 @@ func TestRolesAllow(t *testing.T) {
 	}
 	out, err := queue.Fail(ctx, c.as["b2"], claims["b"], queue.Failure{Kind: queue.Permanent, Message: "build failed", LogKey: "log/b"})
 	must("fail permanently as b2", err)
-	if out.DepFailed != 1 || queuetest.Status(t, c.owner, "c") != "dep-failed" {
+	if out.DepFailed != 1 || queuetest.Status(t, c.owner, "c") != status.JobDepFailed {
 		t.Fatalf("after b failed: %d dep-failed, c %s", out.DepFailed, queuetest.Status(t, c.owner, "c"))
 	}
 	must("release as b2", queue.Release(ctx, c.as["b2"], claims["x"]))
@@ -197,7 +198,7 @@ func TestRolesAllow(t *testing.T) {
 		t.Fatalf("b1 claimed %v, want b", queuetest.Names(jobs))
 	}
 	regs["b1"] = register(t, c.as["b1"], "b1", []string{"builder"})
-	if s := queuetest.Status(t, c.owner, "b"); s != "pending" {
+	if s := queuetest.Status(t, c.owner, "b"); s != status.JobPending {
 		t.Fatalf("after b1 re-registered, b is %s", s)
 	}
 
@@ -213,7 +214,7 @@ func TestRolesAllow(t *testing.T) {
 	for _, task := range tasks {
 		must("maintenance task "+task.Name+" as f1", maint.RunOnce(ctx, term, task))
 	}
-	if s := queuetest.Status(t, c.owner, "b"); s != "pending" {
+	if s := queuetest.Status(t, c.owner, "b"); s != status.JobPending {
 		t.Fatalf("after the reaper, b is %s", s)
 	}
 
@@ -258,7 +259,7 @@ func register(t *testing.T, pool *pgxpool.Pool, id string, roles []string) *clus
 	if err := reg.Register(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := reg.SetStatus(ctx, cluster.StatusActive); err != nil {
+	if err := reg.SetStatus(ctx, status.NodeActive); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := reg.Beat(ctx, cluster.Load{CurrentJobs: 1, CPU: 0.5, Memory: 0.5, SpeedFactor: 2}); err != nil {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/eval"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 // A project's code cannot read the node's secrets or state, through Nix or around it: restricted
@@ -134,7 +135,7 @@ func TestEvaluationCeilings(t *testing.T) {
 		})
 		h.startEvaluator("ev-1", func(c *eval.Config) { c.Timeout = time.Second })
 		e, _ := h.trigger("slow", "", commit)
-		got := h.waitStatus(e.ID, "failed")
+		got := h.waitStatus(e.ID, status.EvalFailed)
 		if !strings.Contains(got.Error, "timed out after 1s") {
 			t.Fatalf("error %q, want a timeout after the node's 1s", got.Error)
 		}
@@ -147,7 +148,7 @@ func TestEvaluationCeilings(t *testing.T) {
 }`})
 		h.startEvaluator("ev-1", func(c *eval.Config) { c.Confinement.MaxMemory = 200 << 20 })
 		e, _ := h.trigger("greedy", "", commit)
-		got := h.waitStatus(e.ID, "failed")
+		got := h.waitStatus(e.ID, status.EvalFailed)
 		if !strings.Contains(got.Error, "evaluation used too much memory: over eval.max_memory (200 MiB)") {
 			t.Fatalf("error %q, want the memory limit", got.Error)
 		}
@@ -164,7 +165,7 @@ func TestEvaluationCeilings(t *testing.T) {
 }`})
 		h.startEvaluator("ev-1", func(c *eval.Config) { c.Confinement.MaxMemory = 200 << 20 })
 		e, _ := h.trigger("hog", "", commit)
-		got := h.waitStatus(e.ID, "failed")
+		got := h.waitStatus(e.ID, status.EvalFailed)
 		if !strings.Contains(got.Error, "evaluation used too much memory: over eval.max_memory (200 MiB)") {
 			t.Fatalf("error %q, want the memory limit", got.Error)
 		}
@@ -192,7 +193,7 @@ func TestEvaluationCeilings(t *testing.T) {
 				}
 				continue
 			}
-			if got := h.waitStatus(e.ID, "failed"); !strings.Contains(got.Error, p.want) {
+			if got := h.waitStatus(e.ID, status.EvalFailed); !strings.Contains(got.Error, p.want) {
 				t.Errorf("%s: error %q, want %q", p.name, got.Error, p.want)
 			}
 		}

@@ -24,6 +24,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 	"github.com/harmonia-ci/harmonia-ci/internal/slots"
 	"github.com/harmonia-ci/harmonia-ci/internal/startstop"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 	"github.com/harmonia-ci/harmonia-ci/internal/upstream"
 )
 
@@ -247,7 +248,7 @@ func (e *Evaluator) evaluate(ctx context.Context, c claim) {
 	defer cancel()
 	switch {
 	case err == nil:
-		err := e.finish(fctx, c, sqlSucceedEval, "succeeded")
+		err := e.finish(fctx, c, sqlSucceedEval, status.EvalSucceeded)
 		if err != nil {
 			e.unrecorded(err, start)
 			log.Warn("could not record success", "error", err)
@@ -570,7 +571,7 @@ func (e *Evaluator) recordMerge(ctx context.Context, c claim, base, merge string
 // conflict ends a pull request's evaluation whose head does not merge into its base: cancelled,
 // with msg, and nothing evaluated.
 func (e *Evaluator) conflict(ctx context.Context, c claim, msg string) error {
-	return e.end(ctx, c, sqlConflictEval, evaluation.StatusCancelled, msg)
+	return e.end(ctx, c, sqlConflictEval, status.EvalCancelled, msg)
 }
 
 // plan reads the in-tree settings and decides what to evaluate: commit of the copy of m at
@@ -656,16 +657,16 @@ func (e *Evaluator) watchStatus(ctx context.Context, c claim, cancel context.Can
 			return
 		case <-e.clock.After(e.cfg.StatusInterval):
 		}
-		var status string
-		err := e.pool.QueryRow(ctx, sqlEvalStatus, c.id, c.node, c.attempt).Scan(&status)
-		if errors.Is(err, pgx.ErrNoRows) || (err == nil && status != "running") {
+		var st status.EvalStatus
+		err := e.pool.QueryRow(ctx, sqlEvalStatus, c.id, c.node, c.attempt).Scan(&st)
+		if errors.Is(err, pgx.ErrNoRows) || (err == nil && st != status.EvalRunning) {
 			cancel(errGone)
 			return
 		}
 	}
 }
 
-func (e *Evaluator) finish(ctx context.Context, c claim, sql, status string) error {
+func (e *Evaluator) finish(ctx context.Context, c claim, sql string, st status.EvalStatus) error {
 	return pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
 		tag, err := tx.Exec(ctx, sql, c.id, c.node, c.attempt)
 		if err != nil {
@@ -674,19 +675,19 @@ func (e *Evaluator) finish(ctx context.Context, c claim, sql, status string) err
 		if tag.RowsAffected() == 0 {
 			return errStale
 		}
-		return evaluation.Notify(ctx, tx, c.id, status)
+		return evaluation.Notify(ctx, tx, c.id, st)
 	})
 }
 
 // fail rolls an evaluation back: its jobs that nothing else needs are cancelled, its
 // attributes deleted, and it is marked failed with the error.
 func (e *Evaluator) fail(ctx context.Context, c claim, msg string) error {
-	return e.end(ctx, c, sqlFailEval, "failed", msg)
+	return e.end(ctx, c, sqlFailEval, status.EvalFailed, msg)
 }
 
-// end rolls back an evaluation the claim c holds and records it as status with msg (query, one
+// end rolls back an evaluation the claim c holds and records it as st with msg (query, one
 // of sqlFailEval and sqlConflictEval, guarded by the claim), in one transaction.
-func (e *Evaluator) end(ctx context.Context, c claim, query, status, msg string) error {
+func (e *Evaluator) end(ctx context.Context, c claim, query string, st status.EvalStatus, msg string) error {
 	return pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
 		tag, err := tx.Exec(ctx, query, c.id, c.node, c.attempt, msg)
 		if err != nil {
@@ -698,7 +699,7 @@ func (e *Evaluator) end(ctx context.Context, c claim, query, status, msg string)
 		if err := evaluation.Rollback(ctx, tx, []int64{c.id}); err != nil {
 			return err
 		}
-		return evaluation.Notify(ctx, tx, c.id, status)
+		return evaluation.Notify(ctx, tx, c.id, st)
 	})
 }
 

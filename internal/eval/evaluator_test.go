@@ -27,6 +27,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 	"github.com/harmonia-ci/harmonia-ci/internal/queuetest"
 	"github.com/harmonia-ci/harmonia-ci/internal/signertest"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 	"github.com/harmonia-ci/harmonia-ci/internal/waittest"
 )
 
@@ -56,7 +57,7 @@ in `
 		_, commit := h.newProject(p.name, map[string]string{"ci.nix": dag + p.expr})
 		e, created := h.trigger(p.name, "", commit)
 		// The evaluator, already running, may have claimed it by the time Trigger reads it back.
-		if !created || (e.Status != evaluation.StatusQueued && e.Status != evaluation.StatusRunning) {
+		if !created || !e.Status.Unfinished() {
 			t.Fatalf("%s: evaluation %+v created=%v, want a new queued (or just claimed) one", p.name, e, created)
 		}
 		ids[i] = e.ID
@@ -69,7 +70,7 @@ in `
 			t.Fatalf("%s: attributes %q, want %q", p.name, got, p.attrs)
 		}
 		for _, a := range attrs {
-			if !strings.HasSuffix(a.DrvPath, ".drv") || a.Error != "" || a.JobStatus != "pending" {
+			if !strings.HasSuffix(a.DrvPath, ".drv") || a.Error != "" || a.JobStatus != status.JobPending {
 				t.Errorf("%s: attribute %+v, want a derivation with a pending job", p.name, a)
 			}
 			roots = append(roots, a.DrvPath)
@@ -205,7 +206,7 @@ let a = mk "a" [ ]; in {
 		t.Fatalf("attributes %q, want %q", got, want)
 	}
 	for _, name := range []string{"a", "b", "recursing.d"} {
-		if a := attrs[name]; !strings.HasSuffix(a.DrvPath, ".drv") || a.Error != "" || a.JobStatus != "pending" {
+		if a := attrs[name]; !strings.HasSuffix(a.DrvPath, ".drv") || a.Error != "" || a.JobStatus != status.JobPending {
 			t.Errorf("%s: %+v, want a derivation with a pending job", name, a)
 		}
 	}
@@ -258,28 +259,28 @@ func TestProjectKinds(t *testing.T) {
 		name    string
 		files   map[string]string
 		pull    bool // the commit is on no branch, only at refs/pull/1/head, and requested for branch pr-1
-		status  string
+		status  status.EvalStatus
 		attrs   []string
 		errWant string
 	}{
-		{name: "flake", files: map[string]string{"flake.nix": flake("flake")}, status: "succeeded",
+		{name: "flake", files: map[string]string{"flake.nix": flake("flake")}, status: status.EvalSucceeded,
 			attrs: []string{"checks." + sys + ".one", "checks." + sys + ".two"}},
-		{name: "flake-pull", files: map[string]string{"flake.nix": flake("pull")}, pull: true, status: "succeeded",
+		{name: "flake-pull", files: map[string]string{"flake.nix": flake("pull")}, pull: true, status: status.EvalSucceeded,
 			attrs: []string{"checks." + sys + ".one", "checks." + sys + ".two"}},
 		{name: "ci-nix", files: map[string]string{"ci.nix": h.lib() + `{ x = mk "file-x" [ ]; y = mk "file-y" [ ]; }`},
-			status: "succeeded", attrs: []string{"x", "y"}},
+			status: status.EvalSucceeded, attrs: []string{"x", "y"}},
 		{name: "default-nix", files: map[string]string{"default.nix": h.lib() + `{ z = mk "default-z" [ ]; }`},
-			status: "succeeded", attrs: []string{"z"}},
+			status: status.EvalSucceeded, attrs: []string{"z"}},
 		{name: "settings-attrs", files: map[string]string{
 			".harmonia-ci.toml": `attrs = ["only.these"]` + "\n",
 			"ci.nix": h.lib() + `{
   only = { these = { x = mk "only-x" [ ]; y = mk "only-y" [ ]; }; other = mk "only-other" [ ]; };
   top = mk "top" [ ];
-}`}, status: "succeeded", attrs: []string{"only.these.x", "only.these.y"}},
+}`}, status: status.EvalSucceeded, attrs: []string{"only.these.x", "only.these.y"}},
 		{name: "bad-settings", files: map[string]string{
 			".harmonia-ci.toml": "attrs = [\"x\"]\nbogus-key = true\n",
 			"ci.nix":            h.lib() + `{ x = mk "bad-x" [ ]; }`,
-		}, status: "failed", errWant: "bogus-key"},
+		}, status: status.EvalFailed, errWant: "bogus-key"},
 	}
 	ids := map[string]int64{}
 	for _, c := range cases {
@@ -312,7 +313,7 @@ func TestProjectKinds(t *testing.T) {
 				t.Errorf("attributes %q, want %q", got, c.attrs)
 			}
 			for name, a := range h.attrs(e.ID) {
-				if !strings.HasSuffix(a.DrvPath, ".drv") || a.JobStatus != "pending" {
+				if !strings.HasSuffix(a.DrvPath, ".drv") || a.JobStatus != status.JobPending {
 					t.Errorf("%s: %+v, want a derivation with a pending job", name, a)
 				}
 			}
@@ -354,7 +355,7 @@ in {
 	if a := attrs["cached"]; a.DrvPath != cachedDrv || a.JobID != 0 || a.JobStatus != "" {
 		t.Errorf("cached: %+v, want derivation %s and no job", a, cachedDrv)
 	}
-	if a := attrs["top"]; a.JobStatus != "pending" {
+	if a := attrs["top"]; a.JobStatus != status.JobPending {
 		t.Errorf("top: %+v, want a pending job", a)
 	}
 	jobs := sorted(h.queryStrings(`SELECT d.name FROM build_jobs j JOIN derivations d ON d.drv_path = j.drv_path`))
@@ -445,7 +446,7 @@ func TestEvaluationEnds(t *testing.T) {
 		settings string
 		slow     func(h *harness, g *gate) string // the attribute that never finishes
 		act      func(t *testing.T, h *harness, id int64, nixPid int)
-		status   string
+		status   status.EvalStatus
 		errWant  string
 		outcome  string // its harmonia_ci_evaluations_finished_total label
 		// The evaluation runs at least atLeast (started_at to finished_at); the runner stops
@@ -461,7 +462,7 @@ func TestEvaluationEnds(t *testing.T) {
     (a: i: a + builtins.foldl' (x: y: x + y) 0 (builtins.genList (x: x) 100000)) 0 (builtins.genList (x: x) 100000)))) [ ]`
 			},
 			act:        func(*testing.T, *harness, int64, int) {},
-			status:     "failed",
+			status:     status.EvalFailed,
 			errWant:    "timed out after 3s",
 			outcome:    "timeout",
 			atLeast:    3 * time.Second,
@@ -474,7 +475,7 @@ func TestEvaluationEnds(t *testing.T) {
 				if err := evaluation.Cancel(h.ctx(), h.pool, id, "cancelled by the test"); err != nil {
 					t.Fatalf("cancel: %v", err)
 				}
-				if e := h.get(id); e.Status != "cancelled" {
+				if e := h.get(id); e.Status != status.EvalCancelled {
 					t.Fatalf("status %s right after Cancel, want cancelled", e.Status)
 				}
 				if err := evaluation.Cancel(h.ctx(), h.pool, id, "again"); !errors.Is(err, evaluation.ErrFinished) {
@@ -484,7 +485,7 @@ func TestEvaluationEnds(t *testing.T) {
 					t.Errorf("cancelling a missing evaluation: %v, want ErrNotFound", err)
 				}
 			},
-			status:     "cancelled",
+			status:     status.EvalCancelled,
 			errWant:    "cancelled by the test",
 			outcome:    "cancelled",
 			stopWithin: 5 * time.Second,
@@ -497,7 +498,7 @@ func TestEvaluationEnds(t *testing.T) {
 					t.Fatalf("kill nix-instantiate %d: %v", pid, err)
 				}
 			},
-			status:     "failed",
+			status:     status.EvalFailed,
 			errWant:    "signal killed",
 			outcome:    "failed",
 			stopWithin: 5 * time.Second,
@@ -529,7 +530,7 @@ let a = mk "a" [ ]; in {
 			h.waitAttrs(e.ID, 2)
 			before := h.attrs(e.ID)
 			for _, name := range []string{"a", "b"} {
-				if before[name].JobStatus != "pending" {
+				if before[name].JobStatus != status.JobPending {
 					t.Fatalf("%s: %+v before the end, want a pending job", name, before[name])
 				}
 			}
@@ -566,7 +567,7 @@ let a = mk "a" [ ]; in {
 				t.Errorf("%d attributes left", n)
 			}
 			for _, name := range []string{"a", "b"} {
-				if s := h.jobStatus(before[name].DrvPath); s != "cancelled" {
+				if s := h.jobStatus(before[name].DrvPath); s != status.JobCancelled {
 					t.Errorf("job of %s is %s, want cancelled: nothing else needs it", name, s)
 				}
 			}
@@ -732,7 +733,7 @@ let old = builtins.any (e: e.prefix == "hci-old-node") builtins.nixPath; a = mk 
 
 			e, _ := h.trigger("reaped", "", commit)
 			h.waitAttrs(e.ID, 2)
-			if got := h.get(e.ID); got.Status != "running" || got.ClaimedBy != "ev-old" || got.Attempt != 1 {
+			if got := h.get(e.ID); got.Status != status.EvalRunning || got.ClaimedBy != "ev-old" || got.Attempt != 1 {
 				t.Fatalf("before the reap: %+v", got)
 			}
 			firstAttrs := h.queryStrings(`SELECT id::text FROM eval_attrs WHERE eval_id = $1`, e.ID)
@@ -748,7 +749,7 @@ let old = builtins.any (e: e.prefix == "hci-old-node") builtins.nixPath; a = mk 
 			if n := queuetest.RunTask(t, h.pool, term, reaper); n != 1 {
 				t.Fatalf("the reaper released %d claims, want the evaluation", n)
 			}
-			if got := h.get(e.ID); got.Status != "queued" {
+			if got := h.get(e.ID); got.Status != status.EvalQueued {
 				t.Fatalf("after the reap: %+v, want queued", got)
 			}
 
@@ -756,7 +757,7 @@ let old = builtins.any (e: e.prefix == "hci-old-node") builtins.nixPath; a = mk 
 				// Nix is still stuck at the gate: only the watcher can stop it.
 				waitNixGone(t, oldPid)
 				waittest.For(t, 10*time.Second, func() bool { return old.Running() == 0 }, "the old evaluator to stop")
-				if got := h.get(e.ID); got.Status != "queued" {
+				if got := h.get(e.ID); got.Status != status.EvalQueued {
 					t.Fatalf("the old evaluator changed the reaped evaluation: %+v", got)
 				}
 			}
@@ -795,7 +796,7 @@ let old = builtins.any (e: e.prefix == "hci-old-node") builtins.nixPath; a = mk 
 			}
 
 			after := h.get(e.ID)
-			if after.Status != "succeeded" || after.Attempt != 2 || after.ClaimedBy != "ev-new" || after.Error != "" ||
+			if after.Status != status.EvalSucceeded || after.Attempt != 2 || after.ClaimedBy != "ev-new" || after.Error != "" ||
 				after.FinishedAt == nil || !after.FinishedAt.Equal(*done.FinishedAt) {
 				t.Errorf("the old evaluator changed the evaluation: %+v, was %+v", after, done)
 			}

@@ -31,6 +31,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/project"
 	"github.com/harmonia-ci/harmonia-ci/internal/signerclient"
 	"github.com/harmonia-ci/harmonia-ci/internal/signertest"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 	"github.com/harmonia-ci/harmonia-ci/internal/upload"
 	"github.com/harmonia-ci/harmonia-ci/internal/waittest"
 )
@@ -182,7 +183,7 @@ func (h *harness) get(id int64) evaluation.Evaluation {
 
 // waitStatus waits until evaluation id has status want (polling, with a deadline) and fails
 // early if it finishes otherwise.
-func (h *harness) waitStatus(id int64, want string) evaluation.Evaluation {
+func (h *harness) waitStatus(id int64, want status.EvalStatus) evaluation.Evaluation {
 	h.t.Helper()
 	var e evaluation.Evaluation
 	waittest.For(h.t, finishTimeout, func() bool {
@@ -197,7 +198,7 @@ func (h *harness) waitStatus(id int64, want string) evaluation.Evaluation {
 
 func (h *harness) waitSucceeded(id int64) evaluation.Evaluation {
 	h.t.Helper()
-	return h.waitStatus(id, "succeeded")
+	return h.waitStatus(id, status.EvalSucceeded)
 }
 
 // attrs returns an evaluation's attributes by name.
@@ -246,9 +247,9 @@ func (h *harness) waitAttrs(id int64, n int) {
 }
 
 // jobStatus is the status of the build job of drv, "" when it has none.
-func (h *harness) jobStatus(drv string) string {
+func (h *harness) jobStatus(drv string) status.JobStatus {
 	h.t.Helper()
-	var s string
+	var s status.JobStatus
 	err := h.pool.QueryRow(h.ctx(), `SELECT status FROM build_jobs WHERE drv_path = $1`, drv).Scan(&s)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return ""

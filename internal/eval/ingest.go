@@ -18,6 +18,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 	"github.com/harmonia-ci/harmonia-ci/internal/signerapi"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 	"github.com/harmonia-ci/harmonia-ci/internal/upload"
 	"github.com/harmonia-ci/harmonia-ci/internal/upstream"
 )
@@ -226,9 +227,9 @@ func (in *ingester) commit(ctx context.Context, batches []batch) error {
 // holdClaim locks the evaluation's row for tx (FOR SHARE), errStale unless this attempt still
 // runs it: every ingest transaction proves its claim first.
 func (in *ingester) holdClaim(ctx context.Context, tx pgx.Tx) error {
-	var status string
-	err := tx.QueryRow(ctx, sqlHoldClaim, in.evalID, in.node, in.attempt).Scan(&status)
-	if errors.Is(err, pgx.ErrNoRows) || (err == nil && status != "running") {
+	var st status.EvalStatus
+	err := tx.QueryRow(ctx, sqlHoldClaim, in.evalID, in.node, in.attempt).Scan(&st)
+	if errors.Is(err, pgx.ErrNoRows) || (err == nil && st != status.EvalRunning) {
 		return errStale
 	}
 	return err

@@ -8,6 +8,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/eval"
 	"github.com/harmonia-ci/harmonia-ci/internal/evaluation"
 	"github.com/harmonia-ci/harmonia-ci/internal/nixtest"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 // A pull request's evaluation is of its head merged into its base: an attribute that holds for
@@ -31,18 +32,18 @@ func TestPullRequestMerged(t *testing.T) {
 		name     string
 		settings string            // the base's .harmonia-ci.toml
 		head     map[string]string // the pull request's change
-		status   string
+		status   status.EvalStatus
 		attrErr  string // the error of attribute errAttr
 		errAttr  string
 		merged   bool // evaluated merged (else the head)
 		errWant  string
 	}{
-		{name: "merged-red", head: map[string]string{"ci.nix": fileCI}, status: "succeeded",
+		{name: "merged-red", head: map[string]string{"ci.nix": fileCI}, status: status.EvalSucceeded,
 			errAttr: "feature", attrErr: "assert", merged: true},
-		{name: "merged-flake", head: map[string]string{"flake.nix": flake}, status: "succeeded", merged: true},
-		{name: "conflict", head: map[string]string{"value.nix": "3\n"}, status: "cancelled",
+		{name: "merged-flake", head: map[string]string{"flake.nix": flake}, status: status.EvalSucceeded, merged: true},
+		{name: "conflict", head: map[string]string{"value.nix": "3\n"}, status: status.EvalCancelled,
 			errWant: evaluation.ConflictPrefix + "main and the pull request conflict in value.nix"},
-		{name: "head", settings: "pull-requests = \"head\"\n", head: map[string]string{"ci.nix": fileCI}, status: "succeeded"},
+		{name: "head", settings: "pull-requests = \"head\"\n", head: map[string]string{"ci.nix": fileCI}, status: status.EvalSucceeded},
 	}
 	type pr struct {
 		id         int64
@@ -87,7 +88,7 @@ func TestPullRequestMerged(t *testing.T) {
 				t.Errorf("evaluated the merge %s, want the head", e.MergeCommit)
 			}
 			attrs := h.attrs(p.id)
-			if c.status == "cancelled" && len(attrs) != 0 {
+			if c.status == status.EvalCancelled && len(attrs) != 0 {
 				t.Errorf("a conflicting pull request has attributes %v", attrs)
 			}
 			for name, a := range attrs {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/harmonia-ci/harmonia-ci/internal/eval"
 	"github.com/harmonia-ci/harmonia-ci/internal/evaluation"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 // A finished evaluation of each status is run again under its id: the row is queued as before
@@ -28,14 +29,14 @@ func TestReevaluate(t *testing.T) {
 		// finish makes an evaluation of commit (on main, or another branch) end with the
 		// status under test, and stops any evaluator it started.
 		finish func(t *testing.T, h *harness, commit string) evaluation.Evaluation
-		status string
+		status status.EvalStatus
 		// onlyIt names the attributes whose pending jobs only this evaluation needs: cancelled
 		// by the re-evaluation until it is ingested again.
 		onlyIt []string
 	}{
 		{
 			name:   "succeeded",
-			status: evaluation.StatusSucceeded,
+			status: status.EvalSucceeded,
 			onlyIt: []string{"own"},
 			finish: func(t *testing.T, h *harness, commit string) evaluation.Evaluation {
 				ev := h.startEvaluator("first")
@@ -48,13 +49,13 @@ func TestReevaluate(t *testing.T) {
 		{
 			// The issue's case: Nix is missing on the evaluator, a failure outside the project.
 			name:   "failed",
-			status: evaluation.StatusFailed,
+			status: status.EvalFailed,
 			finish: func(t *testing.T, h *harness, commit string) evaluation.Evaluation {
 				ev := h.startEvaluator("no-nix", func(c *eval.Config) {
 					c.Runner = &eval.NixRunner{Bin: filepath.Join(t.TempDir(), "nix-instantiate")}
 				})
 				e, _ := h.trigger("again", "", commit)
-				e = h.waitStatus(e.ID, evaluation.StatusFailed)
+				e = h.waitStatus(e.ID, status.EvalFailed)
 				ev.Stop()
 				if e.Error == "" {
 					t.Fatalf("failed evaluation without an error: %+v", e)
@@ -64,7 +65,7 @@ func TestReevaluate(t *testing.T) {
 		},
 		{
 			name:   "cancelled",
-			status: evaluation.StatusCancelled,
+			status: status.EvalCancelled,
 			finish: func(t *testing.T, h *harness, commit string) evaluation.Evaluation {
 				e, _ := h.trigger("again", "", commit)
 				if err := evaluation.Cancel(h.ctx(), h.pool, e.ID, "cancelled by the test"); err != nil {
@@ -76,7 +77,7 @@ func TestReevaluate(t *testing.T) {
 		{
 			// The same commit on another branch reuses main's evaluation, which needs every job.
 			name:   "skipped",
-			status: evaluation.StatusSkipped,
+			status: status.EvalSkipped,
 			finish: func(t *testing.T, h *harness, commit string) evaluation.Evaluation {
 				ev := h.startEvaluator("first")
 				main, _ := h.trigger("again", "", commit)
@@ -104,7 +105,7 @@ let shared = mk "shared" [ ]; in { inherit shared; own = mk "own" [ shared ]; }`
 			h.waitSucceeded(other.ID)
 			ev.Stop()
 			shared := h.attrs(other.ID)["shared"]
-			if shared.JobStatus != "pending" {
+			if shared.JobStatus != status.JobPending {
 				t.Fatalf("shared: %+v, want a pending job", shared)
 			}
 
@@ -114,7 +115,7 @@ let shared = mk "shared" [ ]; in { inherit shared; own = mk "own" [ shared ]; }`
 			}
 			before := h.attrs(e.ID)
 			for _, name := range c.onlyIt {
-				if before[name].JobStatus != "pending" {
+				if before[name].JobStatus != status.JobPending {
 					t.Fatalf("%s: %+v before the re-evaluation, want a pending job", name, before[name])
 				}
 			}
@@ -124,25 +125,25 @@ let shared = mk "shared" [ ]; in { inherit shared; own = mk "own" [ shared ]; }`
 			if err != nil {
 				t.Fatalf("re-evaluate: %v", err)
 			}
-			if again.ID != e.ID || again.Status != evaluation.StatusQueued || again.ClaimedBy != "" || again.StartedAt != nil ||
+			if again.ID != e.ID || again.Status != status.EvalQueued || again.ClaimedBy != "" || again.StartedAt != nil ||
 				again.FinishedAt != nil || again.Error != "" || again.SkippedReason != "" || again.ReusesEvalID != nil ||
 				again.Attempt != e.Attempt || !again.CreatedAt.Equal(e.CreatedAt) || again.Commit != e.Commit || again.Branch != e.Branch {
 				t.Fatalf("after Reevaluate: %+v\nwas %+v\nwant the same row queued as before its first claim", again, e)
 			}
-			notes.want(t, e.ID, evaluation.StatusQueued)
+			notes.want(t, e.ID, status.EvalQueued)
 			if n := h.queryInt(`SELECT count(*) FROM eval_attrs WHERE eval_id = $1`, e.ID); n != 0 {
 				t.Errorf("%d attributes left", n)
 			}
 			for name, a := range before {
 				want := a.JobStatus
 				if slices.Contains(c.onlyIt, name) {
-					want = "cancelled"
+					want = status.JobCancelled
 				}
 				if got := h.jobStatus(a.DrvPath); got != want {
 					t.Errorf("job of %s is %s after the re-evaluation, want %s", name, got, want)
 				}
 			}
-			if got := h.jobStatus(shared.DrvPath); got != "pending" {
+			if got := h.jobStatus(shared.DrvPath); got != status.JobPending {
 				t.Errorf("the job of shared, which the other branch needs, is %s", got)
 			}
 			if _, err := evaluation.Reevaluate(h.ctx(), h.pool, e.ID); !errors.Is(err, evaluation.ErrNotFinished) {
@@ -159,7 +160,7 @@ let shared = mk "shared" [ ]; in { inherit shared; own = mk "own" [ shared ]; }`
 				t.Fatalf("attributes after the re-run: %q", got)
 			}
 			for name, a := range after {
-				if a.JobStatus != "pending" {
+				if a.JobStatus != status.JobPending {
 					t.Errorf("%s after the re-run: %+v, want a pending job", name, a)
 				}
 				if b, ok := before[name]; ok && (b.DrvPath != a.DrvPath || b.JobID != a.JobID) {
@@ -194,19 +195,19 @@ func TestReevaluateSupersedes(t *testing.T) {
 		}
 	}
 	reevaluate(a.ID)
-	if got := h.get(b.ID); got.Status != evaluation.StatusSucceeded {
+	if got := h.get(b.ID); got.Status != status.EvalSucceeded {
 		t.Fatalf("re-evaluating the older evaluation changed the newer one: %+v", got)
 	}
 	notes := listen(t, h)
 	reevaluate(b.ID)
-	notes.want(t, a.ID, evaluation.StatusCancelled)
-	notes.want(t, b.ID, evaluation.StatusQueued)
-	if got, want := h.get(a.ID), fmt.Sprintf("superseded by evaluation %d", b.ID); got.Status != evaluation.StatusCancelled || got.Error != want {
+	notes.want(t, a.ID, status.EvalCancelled)
+	notes.want(t, b.ID, status.EvalQueued)
+	if got, want := h.get(a.ID), fmt.Sprintf("superseded by evaluation %d", b.ID); got.Status != status.EvalCancelled || got.Error != want {
 		t.Fatalf("the older evaluation: %s, %q; want cancelled, %q", got.Status, got.Error, want)
 	}
 	// Asked for explicitly, the older one runs again; the newer one is not superseded by it.
 	reevaluate(a.ID)
-	if got := h.get(b.ID); got.Status != evaluation.StatusQueued {
+	if got := h.get(b.ID); got.Status != status.EvalQueued {
 		t.Fatalf("the newer evaluation: %+v, want it still queued", got)
 	}
 
@@ -248,10 +249,10 @@ func TestReevaluateRefused(t *testing.T) {
 			t.Errorf("%s: %v, want %v", c.name, err, c.err)
 		}
 	}
-	if got := h.get(queued.ID); got.Status != evaluation.StatusQueued || got.Attempt != 0 {
+	if got := h.get(queued.ID); got.Status != status.EvalQueued || got.Attempt != 0 {
 		t.Errorf("the refused queued evaluation changed: %+v", got)
 	}
-	if got := h.get(running.ID); got.Status != evaluation.StatusRunning || got.ClaimedBy != "ev-1" || got.Attempt != 1 {
+	if got := h.get(running.ID); got.Status != status.EvalRunning || got.ClaimedBy != "ev-1" || got.Attempt != 1 {
 		t.Errorf("the running evaluation's claim changed: %+v", got)
 	}
 
@@ -278,24 +279,24 @@ func listen(t *testing.T, h *harness) *notes {
 	return &notes{conn: conn}
 }
 
-// want waits for the notification that evaluation id is now status, skipping others.
-func (n *notes) want(t *testing.T, id int64, status string) {
+// want waits for the notification that evaluation id is now st, skipping others.
+func (n *notes) want(t *testing.T, id int64, st status.EvalStatus) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	for {
 		note, err := n.conn.WaitForNotification(ctx)
 		if err != nil {
-			t.Fatalf("waiting for the notification that evaluation %d is %s: %v", id, status, err)
+			t.Fatalf("waiting for the notification that evaluation %d is %s: %v", id, st, err)
 		}
 		var p struct {
-			ID     int64  `json:"id"`
-			Status string `json:"status"`
+			ID     int64             `json:"id"`
+			Status status.EvalStatus `json:"status"`
 		}
 		if err := json.Unmarshal([]byte(note.Payload), &p); err != nil {
 			t.Fatalf("notification %q: %v", note.Payload, err)
 		}
-		if p.ID == id && p.Status == status {
+		if p.ID == id && p.Status == st {
 			return
 		}
 	}

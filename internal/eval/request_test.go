@@ -9,6 +9,7 @@ import (
 
 	"github.com/harmonia-ci/harmonia-ci/internal/eval"
 	"github.com/harmonia-ci/harmonia-ci/internal/evaluation"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 // A new commit on a branch cancels the evaluation still running there, and the pending jobs
@@ -31,7 +32,7 @@ func TestSupersede(t *testing.T) {
 	before := h.attrs(a.ID)
 	common, onlyA := before["common"], before["onlyA"]
 	for _, x := range []evaluation.AttrResult{common, onlyA} {
-		if x.JobStatus != "pending" {
+		if x.JobStatus != status.JobPending {
 			t.Fatalf("%s: %+v, want a pending job", x.Attr, x)
 		}
 	}
@@ -41,33 +42,33 @@ func TestSupersede(t *testing.T) {
   onlyB = mk "only-b" [ ];
 }`})
 	b, created := h.trigger("super", "", c2)
-	if !created || b.Status != "queued" {
+	if !created || b.Status != status.EvalQueued {
 		t.Fatalf("the new commit's evaluation: %+v created=%v, want a new queued one", b, created)
 	}
 	got := h.get(a.ID)
-	if want := fmt.Sprintf("superseded by evaluation %d", b.ID); got.Status != "cancelled" || got.Error != want || got.FinishedAt == nil {
+	if want := fmt.Sprintf("superseded by evaluation %d", b.ID); got.Status != status.EvalCancelled || got.Error != want || got.FinishedAt == nil {
 		t.Fatalf("the superseded evaluation: status %s, error %q, finished %v; want cancelled, %q, finished", got.Status, got.Error, got.FinishedAt, want)
 	}
-	if s := h.jobStatus(onlyA.DrvPath); s != "cancelled" {
+	if s := h.jobStatus(onlyA.DrvPath); s != status.JobCancelled {
 		t.Errorf("only A needed only-a, whose job is %s, want cancelled", s)
 	}
 	waitNixGone(t, pidA)
 
 	h.waitSucceeded(b.ID)
 	after := h.attrs(b.ID)
-	if after["common"].DrvPath != common.DrvPath || after["common"].JobID != common.JobID || after["common"].JobStatus != "pending" {
+	if after["common"].DrvPath != common.DrvPath || after["common"].JobID != common.JobID || after["common"].JobStatus != status.JobPending {
 		t.Errorf("common after B: %+v, want A's job %d, pending", after["common"], common.JobID)
 	}
-	if after["onlyB"].JobStatus != "pending" {
+	if after["onlyB"].JobStatus != status.JobPending {
 		t.Errorf("onlyB: %+v, want a pending job", after["onlyB"])
 	}
-	if s := h.jobStatus(onlyA.DrvPath); s != "cancelled" {
+	if s := h.jobStatus(onlyA.DrvPath); s != status.JobCancelled {
 		t.Errorf("only-a's job is %s after B, want cancelled", s)
 	}
 	if n := h.queryInt(`SELECT count(*) FROM eval_attrs WHERE eval_id = $1`, a.ID); n != 0 {
 		t.Errorf("%d attributes of the superseded evaluation left", n)
 	}
-	if got := h.get(a.ID); got.Status != "cancelled" {
+	if got := h.get(a.ID); got.Status != status.EvalCancelled {
 		t.Errorf("the superseded evaluation is %s now", got.Status)
 	}
 
@@ -86,7 +87,7 @@ func TestSupersede(t *testing.T) {
 		}
 		ids = append(ids, e.ID)
 	}
-	if first := h.get(ids[0]); first.Status == "cancelled" {
+	if first := h.get(ids[0]); first.Status == status.EvalCancelled {
 		t.Fatalf("the first merge-queue evaluation was superseded: %+v", first)
 	}
 	for _, id := range ids {
@@ -103,7 +104,7 @@ func TestTreeHashDedup(t *testing.T) {
 	repo, c0 := h.newProject("dedup", map[string]string{"ci.nix": h.lib() + `{ x = mk "x0" [ ]; }`})
 	c1 := repo.Commit("change", map[string]string{"ci.nix": h.lib() + `{ x = mk "x1" [ ]; y = mk "y1" [ ]; bad = throw "no"; }`})
 	e1, created := h.trigger("dedup", "", c1)
-	if !created || e1.Status != "queued" || e1.TreeHash == "" {
+	if !created || e1.Status != status.EvalQueued || e1.TreeHash == "" {
 		t.Fatalf("first evaluation: %+v created=%v", e1, created)
 	}
 	h.waitSucceeded(e1.ID)
@@ -132,7 +133,7 @@ func TestTreeHashDedup(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			h := h.sub(t)
 			e, created := h.trigger("dedup", c.branch, c.commit)
-			if !created || e.Status != "skipped" || e.SkippedReason != "tree_hash_hit" || e.ReusesEvalID == nil ||
+			if !created || e.Status != status.EvalSkipped || e.SkippedReason != "tree_hash_hit" || e.ReusesEvalID == nil ||
 				*e.ReusesEvalID != e1.ID || e.FinishedAt == nil || e.TreeHash != e1.TreeHash {
 				t.Fatalf("%+v created=%v, want a new evaluation skipped as a tree hash hit reusing %d", e, created, e1.ID)
 			}
@@ -156,7 +157,7 @@ func TestTreeHashDedup(t *testing.T) {
 	repo.Git("checkout", "-q", "main")
 	c2 := repo.Commit("another tree", map[string]string{"ci.nix": h.lib() + `{ x = mk "x2" [ ]; }`})
 	e2, created := h.trigger("dedup", "", c2)
-	if !created || e2.Status != "queued" || e2.ReusesEvalID != nil || e2.TreeHash == e1.TreeHash {
+	if !created || e2.Status != status.EvalQueued || e2.ReusesEvalID != nil || e2.TreeHash == e1.TreeHash {
 		t.Fatalf("another tree: %+v created=%v, want a new queued evaluation", e2, created)
 	}
 	again, created := h.trigger("dedup", "", c2)

@@ -14,6 +14,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
 	"github.com/harmonia-ci/harmonia-ci/internal/nixtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 // fetcher is a fixed-output derivation called name fetching content from url: every one of a
@@ -92,7 +93,7 @@ func TestSharedOutputsOfDifferentHashesRefused(t *testing.T) {
 
 	_, commit := h.newProject("victim", map[string]string{"ci.nix": victimNix})
 	e, _ := h.trigger("victim", "", commit)
-	got := h.waitStatus(e.ID, "failed")
+	got := h.waitStatus(e.ID, status.EvalFailed)
 	for _, want := range []string{forgedPath, victimDrv, victim.Outputs["out"].Path, "both claim output path"} {
 		if !strings.Contains(got.Error, want) {
 			t.Errorf("evaluation error %q does not name %q", got.Error, want)

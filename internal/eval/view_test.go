@@ -22,6 +22,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/evaluation"
 	"github.com/harmonia-ci/harmonia-ci/internal/nixdaemon"
 	"github.com/harmonia-ci/harmonia-ci/internal/nixtest"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 	"github.com/harmonia-ci/harmonia-ci/internal/waittest"
 )
 
@@ -231,7 +232,7 @@ func TestEvaluationSeesOnlyItsProject(t *testing.T) {
 				}
 				e, _ := h.sub(t).trigger(name, "", commit)
 				got := h.sub(t).waitFinished(e.ID)
-				if locked && (got.Status != "failed" || !strings.Contains(got.Error, `flake input "x"`) || !strings.Contains(got.Error, "outside the project")) {
+				if locked && (got.Status != status.EvalFailed || !strings.Contains(got.Error, `flake input "x"`) || !strings.Contains(got.Error, "outside the project")) {
 					t.Errorf("locked: %s %q, want the input refused as outside the project", got.Status, got.Error)
 				}
 				res := dbResults(h.sub(t), e.ID)

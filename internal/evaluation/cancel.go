@@ -10,6 +10,7 @@ import (
 
 	"github.com/harmonia-ci/harmonia-ci/internal/db"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 // ErrFinished is returned when cancelling an evaluation that has already finished.
@@ -33,7 +34,7 @@ func Cancel(ctx context.Context, pool *pgxpool.Pool, id int64, reason string) er
 		if err := Rollback(ctx, tx, []int64{id}); err != nil {
 			return err
 		}
-		return Notify(ctx, tx, id, StatusCancelled)
+		return Notify(ctx, tx, id, status.EvalCancelled)
 	})
 	if err != nil {
 		return fmt.Errorf("cancel evaluation %d: %w", id, err)
@@ -86,7 +87,7 @@ func cancelUnneeded(ctx context.Context, tx pgx.Tx, ids []int64) error {
 		return fmt.Errorf("cancel unneeded jobs: %w", err)
 	}
 	for _, d := range drvs {
-		if err := queue.NotifyJobs(ctx, tx, map[string]string{"drv_path": d, "status": "cancelled"}); err != nil {
+		if err := queue.NotifyJobs(ctx, tx, map[string]string{"drv_path": d, "status": string(status.JobCancelled)}); err != nil {
 			return err
 		}
 	}

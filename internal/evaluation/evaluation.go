@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/db"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 // ErrNotFound is returned for an evaluation id that does not exist.
@@ -23,37 +24,27 @@ var ErrNotFound = errors.New("no such evaluation")
 // head does not merge cleanly into its base (the evaluator's conflict error's text).
 const ConflictPrefix = "merge conflict: "
 
-// Evaluation statuses, as the evaluations table spells them.
-const (
-	StatusQueued    = "queued"
-	StatusRunning   = "running"
-	StatusSucceeded = "succeeded"
-	StatusFailed    = "failed"
-	StatusCancelled = "cancelled"
-	StatusSkipped   = "skipped"
-)
-
 // Evaluation is one row of evaluations with its project's name.
 type Evaluation struct {
-	ID            int64      `json:"id"`
-	ProjectID     int64      `json:"project_id"`
-	Project       string     `json:"project"`
-	FlakeURL      string     `json:"flake_url"`
-	Commit        string     `json:"commit"`
-	Branch        string     `json:"branch"`
-	TreeHash      string     `json:"tree_hash,omitempty"`
-	Status        string     `json:"status"`
-	SkippedReason string     `json:"skipped_reason,omitempty"`
-	ReusesEvalID  *int64     `json:"reuses_eval_id,omitempty"`
-	ClaimedBy     string     `json:"claimed_by,omitempty"`
-	Attempt       int        `json:"attempt"`
-	Error         string     `json:"error,omitempty"`
-	CreatedAt     time.Time  `json:"created_at"`
-	StartedAt     *time.Time `json:"started_at,omitempty"`
-	FinishedAt    *time.Time `json:"finished_at,omitempty"`
-	PRNumber      int        `json:"pr_number,omitempty"`
-	PRAuthor      string     `json:"pr_author,omitempty"`
-	NixVersion    string     `json:"nix_version,omitempty"` // the Nix that evaluated it (last)
+	ID            int64             `json:"id"`
+	ProjectID     int64             `json:"project_id"`
+	Project       string            `json:"project"`
+	FlakeURL      string            `json:"flake_url"`
+	Commit        string            `json:"commit"`
+	Branch        string            `json:"branch"`
+	TreeHash      string            `json:"tree_hash,omitempty"`
+	Status        status.EvalStatus `json:"status"`
+	SkippedReason string            `json:"skipped_reason,omitempty"`
+	ReusesEvalID  *int64            `json:"reuses_eval_id,omitempty"`
+	ClaimedBy     string            `json:"claimed_by,omitempty"`
+	Attempt       int               `json:"attempt"`
+	Error         string            `json:"error,omitempty"`
+	CreatedAt     time.Time         `json:"created_at"`
+	StartedAt     *time.Time        `json:"started_at,omitempty"`
+	FinishedAt    *time.Time        `json:"finished_at,omitempty"`
+	PRNumber      int               `json:"pr_number,omitempty"`
+	PRAuthor      string            `json:"pr_author,omitempty"`
+	NixVersion    string            `json:"nix_version,omitempty"` // the Nix that evaluated it (last)
 	// A pull request's base branch; the base's tip its last run merged Commit into (or found
 	// conflicting), and the merge it evaluated ("": Commit itself).
 	PRBase      string `json:"pr_base,omitempty"`
@@ -63,7 +54,7 @@ type Evaluation struct {
 
 // Finished reports whether the evaluation will not change any more.
 func (e Evaluation) Finished() bool {
-	return e.Status != StatusQueued && e.Status != StatusRunning
+	return !e.Status.Unfinished()
 }
 
 // Get returns evaluation id.
@@ -97,12 +88,12 @@ func List(ctx context.Context, q db.DBTX, project string, limit int) ([]Evaluati
 
 // AttrResult is one evaluated attribute with its build job, if any.
 type AttrResult struct {
-	Attr      string   `json:"attr"`
-	DrvPath   string   `json:"drv_path,omitempty"`
-	Error     string   `json:"error,omitempty"`
-	JobID     int64    `json:"job_id,omitempty"`
-	JobStatus string   `json:"job_status,omitempty"` // "" when no job was needed (cached)
-	Outputs   []string `json:"outputs,omitempty"`
+	Attr      string           `json:"attr"`
+	DrvPath   string           `json:"drv_path,omitempty"`
+	Error     string           `json:"error,omitempty"`
+	JobID     int64            `json:"job_id,omitempty"`
+	JobStatus status.JobStatus `json:"job_status,omitempty"` // "" when no job was needed (cached)
+	Outputs   []string         `json:"outputs,omitempty"`
 	// The job's run and, for a failed one, why.
 	StartedAt  *time.Time `json:"started_at,omitempty"`
 	FinishedAt *time.Time `json:"finished_at,omitempty"`
@@ -127,16 +118,16 @@ func Attrs(ctx context.Context, q db.DBTX, id int64) ([]AttrResult, error) {
 }
 
 // JobCounts counts the build jobs an evaluation needs (its attributes' closures) by status.
-func JobCounts(ctx context.Context, q db.DBTX, id int64) (map[string]int, error) {
+func JobCounts(ctx context.Context, q db.DBTX, id int64) (map[status.JobStatus]int, error) {
 	rows, err := q.Query(ctx, sqlJobCountsOfEval, id)
 	if err != nil {
 		return nil, fmt.Errorf("jobs of evaluation %d: %w", id, err)
 	}
-	counts := map[string]int{}
-	var status string
+	counts := map[status.JobStatus]int{}
+	var s status.JobStatus
 	var n int
-	if _, err := pgx.ForEachRow(rows, []any{&status, &n}, func() error {
-		counts[status] = n
+	if _, err := pgx.ForEachRow(rows, []any{&s, &n}, func() error {
+		counts[s] = n
 		return nil
 	}); err != nil {
 		return nil, fmt.Errorf("jobs of evaluation %d: %w", id, err)
@@ -145,8 +136,8 @@ func JobCounts(ctx context.Context, q db.DBTX, id int64) (map[string]int, error)
 }
 
 // Notify announces evaluation id's new status on the evaluations channel, in tx.
-func Notify(ctx context.Context, tx pgx.Tx, id int64, status string) error {
-	b, _ := json.Marshal(map[string]any{"id": id, "status": status})
+func Notify(ctx context.Context, tx pgx.Tx, id int64, s status.EvalStatus) error {
+	b, _ := json.Marshal(map[string]any{"id": id, "status": s})
 	if _, err := tx.Exec(ctx, sqlNotifyEvaluations, string(b)); err != nil {
 		return fmt.Errorf("notify evaluations: %w", err)
 	}

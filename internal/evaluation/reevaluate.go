@@ -7,6 +7,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 // ErrNotFinished is returned when re-evaluating an evaluation that is still queued or running:
@@ -60,5 +62,5 @@ func reevaluate(ctx context.Context, tx pgx.Tx, id int64) error {
 	if err := Rollback(ctx, tx, append(old, id)); err != nil {
 		return err
 	}
-	return Notify(ctx, tx, id, StatusQueued)
+	return Notify(ctx, tx, id, status.EvalQueued)
 }

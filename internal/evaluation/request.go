@@ -12,6 +12,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
+
 	"github.com/harmonia-ci/harmonia-ci/internal/db"
 )
 
@@ -206,11 +208,11 @@ func request(ctx context.Context, pool *pgxpool.Pool, p RequestParams, head *boo
 				return err
 			}
 		}
-		status := StatusQueued
+		st := status.EvalQueued
 		if reuse != 0 {
-			status = StatusSkipped
+			st = status.EvalSkipped
 		}
-		if err := Notify(ctx, tx, id, status); err != nil {
+		if err := Notify(ctx, tx, id, st); err != nil {
 			return err
 		}
 		// As requested, in this transaction: an evaluator may claim it the moment it commits.
@@ -252,7 +254,7 @@ func recordDeliveryEval(ctx context.Context, tx pgx.Tx, d *Delivery, id int64) e
 const supersededPrefix = "superseded by evaluation "
 
 func wasSuperseded(e Evaluation) bool {
-	return e.Status == StatusCancelled && strings.HasPrefix(e.Error, supersededPrefix)
+	return e.Status == status.EvalCancelled && strings.HasPrefix(e.Error, supersededPrefix)
 }
 
 // requeueSuperseded puts a superseded evaluation back in the queue under its id, superseding
@@ -272,14 +274,14 @@ func requeueSuperseded(ctx context.Context, tx pgx.Tx, e Evaluation) error {
 		return fmt.Errorf("supersede other evaluations: %w", err)
 	}
 	for _, o := range old {
-		if err := Notify(ctx, tx, o, StatusCancelled); err != nil {
+		if err := Notify(ctx, tx, o, status.EvalCancelled); err != nil {
 			return err
 		}
 	}
 	if err := Rollback(ctx, tx, append(old, e.ID)); err != nil {
 		return err
 	}
-	return Notify(ctx, tx, e.ID, StatusQueued)
+	return Notify(ctx, tx, e.ID, status.EvalQueued)
 }
 
 // isHead asks p.IsHead, if set, with no transaction open; without one the commit is taken to
@@ -319,7 +321,7 @@ func supersede(ctx context.Context, tx pgx.Tx, projectID int64, branch string, i
 		return nil, fmt.Errorf("supersede older evaluations: %w", err)
 	}
 	for _, o := range old {
-		if err := Notify(ctx, tx, o, StatusCancelled); err != nil {
+		if err := Notify(ctx, tx, o, status.EvalCancelled); err != nil {
 			return nil, err
 		}
 	}

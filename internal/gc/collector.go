@@ -28,6 +28,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
 	"github.com/harmonia-ci/harmonia-ci/internal/db"
 	"github.com/harmonia-ci/harmonia-ci/internal/publication"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 const (
@@ -129,15 +130,15 @@ func (c *Collector) Run(ctx context.Context, o RunOptions) (rep *Report, err err
 		"derivations", rep.Derivations, "logs_expired", rep.LogsExpired, "deliveries", rep.Deliveries)
 
 	sweepErr := c.sweep(ctx, rep, o.Valid)
-	status, msg := "succeeded", ""
+	st, msg := status.GCSucceeded, ""
 	if sweepErr != nil {
-		status, msg = "failed", sweepErr.Error()
+		st, msg = status.GCFailed, sweepErr.Error()
 	}
 	o2 := rep.Objects()
 	// Recorded even when the run was cancelled (a shutdown), as long as the term holds.
 	fctx := context.WithoutCancel(ctx)
 	err = o.Fence(fctx, func(tx pgx.Tx) error {
-		_, err := tx.Exec(fctx, sqlFinishRun, runID, status, msg, rep.Scanned, o2.Objects, o2.Bytes)
+		_, err := tx.Exec(fctx, sqlFinishRun, runID, st, msg, rep.Scanned, o2.Objects, o2.Bytes)
 		return err
 	})
 	if sweepErr != nil {

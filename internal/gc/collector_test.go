@@ -25,6 +25,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
 	"github.com/harmonia-ci/harmonia-ci/internal/publication"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 	"github.com/harmonia-ci/harmonia-ci/internal/waittest"
 )
 
@@ -377,10 +378,10 @@ func TestCollectKeepsTheLiveAndDeletesTheRest(t *testing.T) {
 			if !slices.Equal(left, []int64{s.newEval}) {
 				t.Errorf("evaluations left: %v, want [%d]", left, s.newEval)
 			}
-			var status string
-			w.must(w.pool.QueryRow(w.ctx, `SELECT status FROM gc_runs ORDER BY id DESC LIMIT 1`).Scan(&status))
-			if status != "succeeded" {
-				t.Errorf("gc_runs records %q", status)
+			var st status.GCRunStatus
+			w.must(w.pool.QueryRow(w.ctx, `SELECT status FROM gc_runs ORDER BY id DESC LIMIT 1`).Scan(&st))
+			if st != status.GCSucceeded {
+				t.Errorf("gc_runs records %q", st)
 			}
 
 			// A second collection finds nothing more.
@@ -497,10 +498,11 @@ func TestCollectClosesInterruptedRuns(t *testing.T) {
 	var stale int64
 	w.must(w.pool.QueryRow(w.ctx, `INSERT INTO gc_runs (node_id, epoch) VALUES ('gone', 1) RETURNING id`).Scan(&stale))
 	w.run(w.collector())
-	var status, msg string
-	w.must(w.pool.QueryRow(w.ctx, `SELECT status, COALESCE(error, '') FROM gc_runs WHERE id = $1`, stale).Scan(&status, &msg))
-	if status != "failed" || !strings.Contains(msg, "interrupted") {
-		t.Errorf("the interrupted run is %q (%q); want failed, interrupted", status, msg)
+	var st status.GCRunStatus
+	var msg string
+	w.must(w.pool.QueryRow(w.ctx, `SELECT status, COALESCE(error, '') FROM gc_runs WHERE id = $1`, stale).Scan(&st, &msg))
+	if st != status.GCFailed || !strings.Contains(msg, "interrupted") {
+		t.Errorf("the interrupted run is %q (%q); want failed, interrupted", st, msg)
 	}
 }
 

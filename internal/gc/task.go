@@ -11,6 +11,7 @@ import (
 
 	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
 	"github.com/harmonia-ci/harmonia-ci/internal/notify"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 // WakeChannel is notified when an operator asks for a collection now.
@@ -78,18 +79,19 @@ func Request(ctx context.Context, pool *pgxpool.Pool, poll time.Duration) (*Repo
 	defer t.Stop()
 	for {
 		var (
-			id             int64
-			status, errMsg string
-			rep            Report
-			deleted        Count
+			id      int64
+			st      status.GCRunStatus
+			errMsg  string
+			rep     Report
+			deleted Count
 		)
-		err := pool.QueryRow(ctx, sqlRunSince, at).Scan(&id, &status, &errMsg, &rep.Evaluations, &rep.Jobs,
+		err := pool.QueryRow(ctx, sqlRunSince, at).Scan(&id, &st, &errMsg, &rep.Evaluations, &rep.Jobs,
 			&rep.Derivations, &rep.LogsExpired, &rep.Deliveries, &rep.Scanned, &deleted.Objects, &deleted.Bytes)
 		switch {
-		case errors.Is(err, pgx.ErrNoRows), err == nil && status == "running":
+		case errors.Is(err, pgx.ErrNoRows), err == nil && st == status.GCRunning:
 		case err != nil:
 			return nil, fmt.Errorf("wait for the collection: %w", err)
-		case status == "failed":
+		case st == status.GCFailed:
 			return nil, fmt.Errorf("collection %d failed: %s", id, errMsg)
 		default:
 			rep.Deleted = map[string]Count{"all": deleted}

@@ -9,6 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 // ScrapeTimeout bounds the collector's query; a slower database yields no values and an error.
@@ -101,7 +103,10 @@ func (c *Collector) snapshot() ([]sample, error) {
 	defer rows.Close()
 	// Every live status is reported, 0 included, for each system that has a live job.
 	jobs := map[[2]string]float64{}
-	evals := map[string]float64{"queued": 0, "running": 0}
+	evals := map[string]float64{}
+	for _, s := range status.UnfinishedEvals() {
+		evals[string(s)] = 0
+	}
 	var out []sample
 	for rows.Next() {
 		var kind, a, b string
@@ -138,12 +143,12 @@ func (c *Collector) snapshot() ([]sample, error) {
 		systems[k[1]] = true
 	}
 	for system := range systems {
-		for _, status := range []string{"pending", "building", "uploading"} {
-			out = append(out, sample{desc: c.jobs, value: jobs[[2]string{status, system}], labels: []string{status, system}})
+		for _, s := range status.UnfinishedJobs() {
+			out = append(out, sample{desc: c.jobs, value: jobs[[2]string{string(s), system}], labels: []string{string(s), system}})
 		}
 	}
-	for status, v := range evals {
-		out = append(out, sample{desc: c.evaluations, value: v, labels: []string{status}})
+	for s, v := range evals {
+		out = append(out, sample{desc: c.evaluations, value: v, labels: []string{s}})
 	}
 	return out, nil
 }

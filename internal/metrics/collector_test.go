@@ -13,6 +13,7 @@ import (
 
 	"github.com/harmonia-ci/harmonia-ci/internal/dbtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/metrics"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 // values gathers reg into "name{k=v,...}" -> value (labels sorted by name, as gathered).
@@ -66,9 +67,9 @@ func TestCollectorReportsTheDatabase(t *testing.T) {
 	pool := dbtest.NewPool(t)
 	execSQL(t, pool, `INSERT INTO repositories (forge, owner, name, full_name, clone_url) VALUES ('git', 'o', 'r', 'o/r', 'https://x/o/r.git')`)
 	execSQL(t, pool, `INSERT INTO projects (repo_id, name, consumed_seconds) SELECT id, 'proj', 42.5 FROM repositories`)
-	for i, status := range []string{"queued", "running", "running", "succeeded"} {
+	for i, st := range []status.EvalStatus{status.EvalQueued, status.EvalRunning, status.EvalRunning, status.EvalSucceeded} {
 		execSQL(t, pool, `INSERT INTO evaluations (project_id, flake_url, commit_sha, branch, status, claimed_by)
-SELECT id, 'git+https://x/o/r.git', $1, 'main', $2, CASE WHEN $2 = 'running' THEN 'n1' END FROM projects`, fmt.Sprint(i), status)
+SELECT id, 'git+https://x/o/r.git', $1, 'main', $2, CASE WHEN $2 = 'running' THEN 'n1' END FROM projects`, fmt.Sprint(i), st)
 	}
 	execSQL(t, pool, `INSERT INTO nodes (id, roles, endpoint, max_jobs, current_jobs, status, incarnation)
 VALUES ('b1', '{builder}', 'http://b1', 4, 3, 'active', gen_random_uuid()),

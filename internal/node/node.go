@@ -29,6 +29,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/notify"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 	"github.com/harmonia-ci/harmonia-ci/internal/startstop"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 	"github.com/harmonia-ci/harmonia-ci/internal/web"
 )
 
@@ -116,14 +117,14 @@ func (n *node) nixInfo() cluster.NixInfo {
 func (n *node) requestDrain() { n.drainOnce.Do(func() { close(n.drainReq) }) }
 
 // status is the node's lifecycle status as its health check reports it.
-func (n *node) status() string {
+func (n *node) status() status.NodeStatus {
 	switch {
 	case n.inFlight.Closed():
-		return cluster.StatusDraining
+		return status.NodeDraining
 	case n.active.Load():
-		return cluster.StatusActive
+		return status.NodeActive
 	default:
-		return cluster.StatusJoining
+		return status.NodeJoining
 	}
 }
 
@@ -249,7 +250,7 @@ func (n *node) run(ctx context.Context, ln net.Listener, opts Options) error {
 			return err
 		}
 	}
-	if err := registry.SetStatus(context.WithoutCancel(ctx), cluster.StatusActive); err != nil {
+	if err := registry.SetStatus(context.WithoutCancel(ctx), status.NodeActive); err != nil {
 		startstop.StopAll(services...)
 		return err
 	}

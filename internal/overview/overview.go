@@ -16,6 +16,7 @@ import (
 
 	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
 	"github.com/harmonia-ci/harmonia-ci/internal/config"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 // Overview is the cluster at one moment (ReadAt, the database's clock).
@@ -52,13 +53,13 @@ type Evaluations struct {
 
 // Builder is a builder node's load as of its last heartbeat.
 type Builder struct {
-	ID                 string  `json:"id"`
-	Status             string  `json:"status"` // joining, active, draining or dead
-	State              string  `json:"state"`  // busy, idle, draining, joining or dead
-	Draining           bool    `json:"draining"`
-	CurrentJobs        int     `json:"current_jobs"`
-	MaxJobs            int     `json:"max_jobs"`
-	LastSeenSecondsAgo float64 `json:"last_seen_seconds_ago"`
+	ID                 string            `json:"id"`
+	Status             status.NodeStatus `json:"status"`
+	State              string            `json:"state"` // busy, idle, draining, joining or dead
+	Draining           bool              `json:"draining"`
+	CurrentJobs        int               `json:"current_jobs"`
+	MaxJobs            int               `json:"max_jobs"`
+	LastSeenSecondsAgo float64           `json:"last_seen_seconds_ago"`
 }
 
 // Builder states, one per builder: what the summary line counts.
@@ -73,13 +74,13 @@ const (
 // builderState is the one state a builder node is counted in.
 func builderState(n cluster.NodeStatus) string {
 	switch {
-	case n.Status == cluster.StatusDead:
+	case n.Status == status.NodeDead:
 		return StateDead
-	case n.Draining || n.Status == cluster.StatusDraining:
+	case n.Draining || n.Status == status.NodeDraining:
 		return StateDraining
 	case n.CurrentJobs > 0:
 		return StateBusy
-	case n.Status == cluster.StatusJoining:
+	case n.Status == status.NodeJoining:
 		return StateJoining
 	default:
 		return StateIdle
@@ -96,20 +97,20 @@ type GC struct {
 
 // GCRun is one row of gc_runs.
 type GCRun struct {
-	ID                 int64      `json:"id"`
-	NodeID             string     `json:"node_id"`
-	Status             string     `json:"status"` // running, succeeded or failed
-	StartedAt          time.Time  `json:"started_at"`
-	FinishedAt         *time.Time `json:"finished_at"`
-	Error              string     `json:"error,omitempty"`
-	EvaluationsDeleted int64      `json:"evaluations_deleted"`
-	JobsDeleted        int64      `json:"jobs_deleted"`
-	DerivationsDeleted int64      `json:"derivations_deleted"`
-	LogsExpired        int64      `json:"logs_expired"`
-	DeliveriesDeleted  int64      `json:"deliveries_deleted"`
-	ObjectsScanned     int64      `json:"objects_scanned"`
-	ObjectsDeleted     int64      `json:"objects_deleted"`
-	BytesDeleted       int64      `json:"bytes_deleted"`
+	ID                 int64              `json:"id"`
+	NodeID             string             `json:"node_id"`
+	Status             status.GCRunStatus `json:"status"`
+	StartedAt          time.Time          `json:"started_at"`
+	FinishedAt         *time.Time         `json:"finished_at"`
+	Error              string             `json:"error,omitempty"`
+	EvaluationsDeleted int64              `json:"evaluations_deleted"`
+	JobsDeleted        int64              `json:"jobs_deleted"`
+	DerivationsDeleted int64              `json:"derivations_deleted"`
+	LogsExpired        int64              `json:"logs_expired"`
+	DeliveriesDeleted  int64              `json:"deliveries_deleted"`
+	ObjectsScanned     int64              `json:"objects_scanned"`
+	ObjectsDeleted     int64              `json:"objects_deleted"`
+	BytesDeleted       int64              `json:"bytes_deleted"`
 }
 
 // Read reads the overview in one read-only transaction, so its numbers agree with each other.
@@ -163,9 +164,10 @@ func (o *Overview) readQueue(ctx context.Context, tx pgx.Tx) error {
 	defer rows.Close()
 	o.Queue = []SystemQueue{}
 	for rows.Next() {
-		var system, status string
+		var system string
+		var st status.JobStatus
 		var n int64
-		if err := rows.Scan(&system, &status, &n); err != nil {
+		if err := rows.Scan(&system, &st, &n); err != nil {
 			return fmt.Errorf("queue: %w", err)
 		}
 		// Rows come ordered by system: a new system starts a new row.
@@ -173,12 +175,12 @@ func (o *Overview) readQueue(ctx context.Context, tx pgx.Tx) error {
 			o.Queue = append(o.Queue, SystemQueue{System: system})
 		}
 		q := &o.Queue[len(o.Queue)-1]
-		switch status {
-		case "pending":
+		switch st {
+		case status.JobPending:
 			q.Pending = n
-		case "building":
+		case status.JobBuilding:
 			q.Building = n
-		case "uploading":
+		case status.JobUploading:
 			q.Uploading = n
 		}
 	}

@@ -11,10 +11,10 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
 	"github.com/harmonia-ci/harmonia-ci/internal/dbtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/overview"
 	qt "github.com/harmonia-ci/harmonia-ci/internal/queuetest"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 const (
@@ -87,9 +87,9 @@ func TestCounts(t *testing.T) {
 	qt.Exec(t, pool, `UPDATE build_jobs SET status = 'failed' WHERE drv_path = $1`, qt.DrvPath("f"))
 	qt.Exec(t, pool, `UPDATE build_jobs SET created_at = now() - interval '10 minutes' WHERE drv_path = $1`, qt.DrvPath("a"))
 
-	for i, status := range []string{"queued", "queued", "running", "succeeded", "failed"} {
+	for i, st := range []status.EvalStatus{status.EvalQueued, status.EvalQueued, status.EvalRunning, status.EvalSucceeded, status.EvalFailed} {
 		qt.Exec(t, pool, `INSERT INTO evaluations (project_id, flake_url, commit_sha, branch, status) VALUES ($1, 'git+file:///demo', $2, 'main', $3)`,
-			project, fmt.Sprintf("c%d", i), status)
+			project, fmt.Sprintf("c%d", i), st)
 	}
 
 	for _, n := range []struct {
@@ -97,10 +97,10 @@ func TestCounts(t *testing.T) {
 		jobs, slot int
 	}{
 		{qt.Node{ID: "b1"}, 2, 4},
-		{qt.Node{ID: "b2", Status: cluster.StatusDraining, Draining: true}, 1, 4},
-		{qt.Node{ID: "b3", Status: cluster.StatusDead, SeenAgo: 10 * time.Minute}, 0, 4},
+		{qt.Node{ID: "b2", Status: status.NodeDraining, Draining: true}, 1, 4},
+		{qt.Node{ID: "b3", Status: status.NodeDead, SeenAgo: 10 * time.Minute}, 0, 4},
 		{qt.Node{ID: "b4"}, 0, 4},
-		{qt.Node{ID: "b5", Status: cluster.StatusJoining}, 0, 2},
+		{qt.Node{ID: "b5", Status: status.NodeJoining}, 0, 2},
 		{qt.Node{ID: "front", Roles: []string{"frontend", "signer", "cache"}}, 0, 1},
 	} {
 		qt.InsertNode(t, pool, n.node)
@@ -215,15 +215,15 @@ func TestGC(t *testing.T) {
 	t.Parallel()
 	// Each run: status, started and finished (minutes ago; finished < 0 for none), error.
 	type run struct {
-		status            string
+		status            status.GCRunStatus
 		started, finished int
 		err               string
 	}
 	for _, tc := range []struct {
 		name          string
 		runs          []run
-		wantStatus    string // "" for none
-		wantSucceeded int    // minutes ago; -1 for never
+		wantStatus    status.GCRunStatus // "" for none
+		wantSucceeded int                // minutes ago; -1 for never
 		want          []string
 	}{
 		{
@@ -231,20 +231,20 @@ func TestGC(t *testing.T) {
 			want: []string{"Last garbage collection: never\n"},
 		},
 		{
-			name: "succeeded", runs: []run{{"succeeded", 90, 88, ""}}, wantStatus: "succeeded", wantSucceeded: 88,
+			name: "succeeded", runs: []run{{status.GCSucceeded, 90, 88, ""}}, wantStatus: status.GCSucceeded, wantSucceeded: 88,
 			want: []string{"Last garbage collection: succeeded on front, started ", "(1h30m ago), took 2m0s",
 				"deleted 3 evaluations, 30 jobs, 20 derivations, 5 logs, 1 webhook deliveries; 400 of 1000 cache objects (1.5 MiB)",
 				"Last successful garbage collection: finished ", "(1h28m ago)"},
 		},
 		{
-			name: "failed after a success", runs: []run{{"succeeded", 1500, 1490, ""}, {"failed", 60, 59, "list cache: connection refused"}},
-			wantStatus: "failed", wantSucceeded: 1490,
+			name: "failed after a success", runs: []run{{status.GCSucceeded, 1500, 1490, ""}, {status.GCFailed, 60, 59, "list cache: connection refused"}},
+			wantStatus: status.GCFailed, wantSucceeded: 1490,
 			want: []string{"Last garbage collection: failed on front", "  error: list cache: connection refused\n",
 				"Last successful garbage collection: finished ", "(24h50m ago)"},
 		},
 		{
-			name: "running, never succeeded", runs: []run{{"failed", 200, 199, "boom"}, {"running", 1, -1, ""}},
-			wantStatus: "running", wantSucceeded: -1,
+			name: "running, never succeeded", runs: []run{{status.GCFailed, 200, 199, "boom"}, {status.GCRunning, 1, -1, ""}},
+			wantStatus: status.GCRunning, wantSucceeded: -1,
 			want: []string{"Last garbage collection: running on front, started ", "(1m0s ago)\n",
 				"Last successful garbage collection: never"},
 		},

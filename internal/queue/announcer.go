@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/startstop"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 // Announcer sends the build_jobs notifications of finished jobs in batches. A transaction that
@@ -29,7 +30,7 @@ type Announcer struct {
 	logger   *slog.Logger
 
 	mu      sync.Mutex
-	pending map[string][]string // status → drv paths
+	pending map[status.JobStatus][]string // drv paths by the status they reached
 	kick    chan struct{}
 }
 
@@ -41,13 +42,13 @@ func NewAnnouncer(pool *pgxpool.Pool, interval time.Duration, logger *slog.Logge
 	return &Announcer{pool: pool, interval: interval, logger: logger.With("service", "announcer"), kick: make(chan struct{}, 1)}
 }
 
-// Finished queues the announcement of a job that reached status.
-func (a *Announcer) Finished(drvPath, status string) {
+// Finished queues the announcement of a job that reached status st.
+func (a *Announcer) Finished(drvPath string, st status.JobStatus) {
 	a.mu.Lock()
 	if a.pending == nil {
-		a.pending = map[string][]string{}
+		a.pending = map[status.JobStatus][]string{}
 	}
-	a.pending[status] = append(a.pending[status], drvPath)
+	a.pending[st] = append(a.pending[st], drvPath)
 	a.mu.Unlock()
 	select {
 	case a.kick <- struct{}{}:
@@ -89,8 +90,8 @@ func (a *Announcer) Flush(ctx context.Context) error {
 	a.pending = nil
 	a.mu.Unlock()
 	var payloads []string
-	for status, paths := range pending {
-		payloads = append(payloads, batchPayloads(status, paths)...)
+	for st, paths := range pending {
+		payloads = append(payloads, batchPayloads(st, paths)...)
 	}
 	if len(payloads) == 0 {
 		return nil
@@ -99,21 +100,21 @@ func (a *Announcer) Flush(ctx context.Context) error {
 	return err
 }
 
-func batchPayloads(status string, paths []string) []string {
+func batchPayloads(st status.JobStatus, paths []string) []string {
 	var out []string
 	type payload struct {
-		Status   string   `json:"status"`
-		DrvPaths []string `json:"drv_paths"`
+		Status   status.JobStatus `json:"status"`
+		DrvPaths []string         `json:"drv_paths"`
 	}
 	start, size := 0, 40
 	for i, p := range paths {
 		if size+len(p)+3 > maxPayload && i > start {
-			b, _ := json.Marshal(payload{status, paths[start:i]})
+			b, _ := json.Marshal(payload{st, paths[start:i]})
 			out = append(out, string(b))
 			start, size = i, 40
 		}
 		size += len(p) + 3
 	}
-	b, _ := json.Marshal(payload{status, paths[start:]})
+	b, _ := json.Marshal(payload{st, paths[start:]})
 	return append(out, string(b))
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/dbtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 	qt "github.com/harmonia-ci/harmonia-ci/internal/queuetest"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 // consumedSeconds reads a project's consumed builder time.
@@ -211,7 +212,7 @@ func TestWorkerRecordedSuccess(t *testing.T) {
 	})
 	finishes.Wait()
 	qt.WaitFor(t, 20*time.Second, func() bool { return consumedSeconds(t, pool, project) >= 0.05 }, "the build time to be charged")
-	if s := qt.Status(t, pool, "recorded-job"); s != "succeeded" {
+	if s := qt.Status(t, pool, "recorded-job"); s != status.JobSucceeded {
 		t.Fatalf("job %s, want succeeded", s)
 	}
 	w.Stop()

@@ -19,6 +19,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/proctest"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 	qt "github.com/harmonia-ci/harmonia-ci/internal/queuetest"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 // newPool opens a pool of up to maxConns connections on a fresh database (dbtest.NewPool's
@@ -185,7 +186,7 @@ func TestManyClaimersDrainRandomDAG(t *testing.T) {
 				}
 				for _, j := range jobs {
 					out, err := queue.Succeed(ctx, pool, j.Claim())
-					if err != nil || out.Status != "succeeded" {
+					if err != nil || out.Status != status.JobSucceeded {
 						t.Errorf("%s: Succeed(%s) = %+v, %v", c.NodeID, j.Claim(), out, err)
 						stop.Store(true)
 						return

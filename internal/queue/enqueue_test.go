@@ -6,6 +6,7 @@ import (
 
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 	qt "github.com/harmonia-ci/harmonia-ci/internal/queuetest"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 // TestEnqueueWhileItsJobSucceeds: an evaluation enqueues a derivation whose job is finishing
@@ -46,7 +47,7 @@ SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wai
 	if errEnqueue != nil || errSucceed != nil {
 		t.Fatalf("enqueue during the success: %v; the success: %v", errEnqueue, errSucceed)
 	}
-	if x, y := qt.Job(t, pool, "x"), qt.Job(t, pool, "y"); x.Status != "succeeded" || y.Status != "pending" || y.BlockedInputs != 0 {
+	if x, y := qt.Job(t, pool, "x"), qt.Job(t, pool, "y"); x.Status != status.JobSucceeded || y.Status != status.JobPending || y.BlockedInputs != 0 {
 		t.Fatalf("afterwards: %v; %v; want x succeeded and y ready", x, y)
 	}
 	if got := qt.Names(claim(t, pool, claimer("builder"), 5)); len(got) != 1 || got[0] != "y" {

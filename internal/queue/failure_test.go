@@ -15,6 +15,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/notify"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 	qt "github.com/harmonia-ci/harmonia-ci/internal/queuetest"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 // TestPermanentFailurePropagatesAndRebuildRestores: a permanent failure marks every transitive
@@ -67,19 +68,19 @@ func TestPermanentFailurePropagatesAndRebuildRestores(t *testing.T) {
 				t.Fatalf("first claim = %v, want only the root [a]", got)
 			}
 			out := fail(t, pool, a[0], queue.Permanent)
-			if out.Status != "failed" || out.DepFailed != len(tc.depFailed) {
+			if out.Status != status.JobFailed || out.DepFailed != len(tc.depFailed) {
 				t.Fatalf("Fail(permanent) = %+v, want status failed with %d dep-failed", out, len(tc.depFailed))
 			}
-			want := map[string]string{"a": "failed", "bystander": "pending"}
+			want := map[string]status.JobStatus{"a": status.JobFailed, "bystander": status.JobPending}
 			for _, n := range tc.depFailed {
-				want[n] = "dep-failed"
+				want[n] = status.JobDepFailed
 			}
 			if got := jobStatuses(t, pool, append(tc.depFailed, "a", "bystander")...); !maps.Equal(got, want) {
 				t.Fatalf("after the failure: %v, want %v", got, want)
 			}
-			qt.WaitFor(t, 20*time.Second, func() bool { return slices.Equal(notes.withStatus("dep-failed"), tc.depFailed) },
-				"a dep-failed notification for each of %v (have %v)", tc.depFailed, notes.withStatus("dep-failed"))
-			if got := notes.withStatus("failed"); !slices.Equal(got, []string{"a"}) {
+			qt.WaitFor(t, 20*time.Second, func() bool { return slices.Equal(notes.withStatus(status.JobDepFailed), tc.depFailed) },
+				"a dep-failed notification for each of %v (have %v)", tc.depFailed, notes.withStatus(status.JobDepFailed))
+			if got := notes.withStatus(status.JobFailed); !slices.Equal(got, []string{"a"}) {
 				t.Fatalf("failed notifications for %v, want [a]", got)
 			}
 			if got := claim(t, pool, c, 10); len(got) != 0 {
@@ -90,12 +91,12 @@ func TestPermanentFailurePropagatesAndRebuildRestores(t *testing.T) {
 			if err != nil || n != 1+len(tc.depFailed) {
 				t.Fatalf("Rebuild = %d, %v; want %d jobs reset", n, err, 1+len(tc.depFailed))
 			}
-			if j := qt.Job(t, pool, "a"); j.Status != "pending" || j.Priority != 100 || j.RetryCount != 0 || j.ClaimedBy != nil {
+			if j := qt.Job(t, pool, "a"); j.Status != status.JobPending || j.Priority != 100 || j.RetryCount != 0 || j.ClaimedBy != nil {
 				t.Fatalf("rebuilt root: %v, want pending, priority 100, no retries, unclaimed", j)
 			}
 			for name, blocked := range tc.blocked {
 				j := qt.Job(t, pool, name)
-				if j.Status != "pending" || j.BlockedInputs != blocked {
+				if j.Status != status.JobPending || j.BlockedInputs != blocked {
 					t.Fatalf("after rebuild: %v, want pending with %d blocking inputs", j, blocked)
 				}
 				if name != "a" && j.Priority != 0 {
@@ -119,11 +120,11 @@ func TestPermanentFailurePropagatesAndRebuildRestores(t *testing.T) {
 				t.Fatalf("claimed %v after the whole graph succeeded", qt.Names(got))
 			}
 			for _, d := range tc.drvs {
-				if s := qt.Status(t, pool, d.Name); s != "succeeded" {
+				if s := qt.Status(t, pool, d.Name); s != status.JobSucceeded {
 					t.Fatalf("%s ended %s, want succeeded", d.Name, s)
 				}
 			}
-			if s := qt.Status(t, pool, "bystander"); s != "pending" {
+			if s := qt.Status(t, pool, "bystander"); s != status.JobPending {
 				t.Fatalf("bystander ended %s, want pending", s)
 			}
 			if n := auditReadiness(t, pool); n != 0 {
@@ -147,19 +148,19 @@ func TestTransientFailuresRetryThreeTimes(t *testing.T) {
 		out := fail(t, pool, j, queue.Transient)
 		row := qt.Job(t, pool, "a")
 		if attempt < 4 {
-			if out.Status != "pending" || out.DepFailed != 0 || row.Status != "pending" || row.RetryCount != attempt || row.ClaimedBy != nil {
+			if out.Status != status.JobPending || out.DepFailed != 0 || row.Status != status.JobPending || row.RetryCount != attempt || row.ClaimedBy != nil {
 				t.Fatalf("transient failure %d: outcome %+v, row %v; want pending, %d retries, unclaimed", attempt, out, row, attempt)
 			}
-			if got := jobStatuses(t, pool, "b", "c"); got["b"] != "pending" || got["c"] != "pending" {
+			if got := jobStatuses(t, pool, "b", "c"); got["b"] != status.JobPending || got["c"] != status.JobPending {
 				t.Fatalf("dependents after a retryable failure: %v", got)
 			}
 			continue
 		}
-		if out.Status != "failed" || out.DepFailed != 2 || row.Status != "failed" || row.RetryCount != 3 {
+		if out.Status != status.JobFailed || out.DepFailed != 2 || row.Status != status.JobFailed || row.RetryCount != 3 {
 			t.Fatalf("fourth transient failure: outcome %+v, row %v; want failed with 3 retries, 2 dep-failed", out, row)
 		}
 	}
-	if got := jobStatuses(t, pool, "b", "c"); got["b"] != "dep-failed" || got["c"] != "dep-failed" {
+	if got := jobStatuses(t, pool, "b", "c"); got["b"] != status.JobDepFailed || got["c"] != status.JobDepFailed {
 		t.Fatalf("dependents after the final failure: %v, want dep-failed", got)
 	}
 	if got := claim(t, pool, claimer("late"), 10); len(got) != 0 {
@@ -199,13 +200,13 @@ func TestEnqueueDeduplicates(t *testing.T) {
 	}
 	want := []struct {
 		name    string
-		status  string
+		status  status.JobStatus
 		project int64
 		blocked int
 	}{
-		{"a", "succeeded", p1, 0},
-		{"b", "pending", p1, 0},
-		{"c", "pending", p2, 1},
+		{"a", status.JobSucceeded, p1, 0},
+		{"b", status.JobPending, p1, 0},
+		{"c", status.JobPending, p2, 1},
 	}
 	for _, w := range want {
 		j := qt.Job(t, pool, w.name)
@@ -293,7 +294,7 @@ func TestStaleFinishChangesNothing(t *testing.T) {
 	first := claimOne(t, pool, claimer("n1"))
 	// n1 comes back under a new incarnation: what its previous process held is released.
 	inTx(t, pool, func(ctx context.Context, tx pgx.Tx) error { return queue.ReleaseNode(ctx, tx, "n1") })
-	if j := qt.Job(t, pool, "a"); j.Status != "pending" || j.RetryCount != 1 || j.ClaimedBy != nil {
+	if j := qt.Job(t, pool, "a"); j.Status != status.JobPending || j.RetryCount != 1 || j.ClaimedBy != nil {
 		t.Fatalf("after ReleaseNode: %v, want pending with 1 retry", j)
 	}
 	second := claimOne(t, pool, claimer("n2"))
@@ -329,10 +330,10 @@ func TestStaleFinishChangesNothing(t *testing.T) {
 	unchanged := func(when string) {
 		t.Helper()
 		j := qt.Job(t, pool, "a")
-		if j.Status != "building" || j.ClaimedBy == nil || *j.ClaimedBy != "n2" || j.Attempt != 2 || j.RetryCount != 1 {
+		if j.Status != status.JobBuilding || j.ClaimedBy == nil || *j.ClaimedBy != "n2" || j.Attempt != 2 || j.RetryCount != 1 {
 			t.Fatalf("%s: %v, want still building by n2 at attempt 2", when, j)
 		}
-		if b := qt.Job(t, pool, "b"); b.Status != "pending" || b.BlockedInputs != 1 {
+		if b := qt.Job(t, pool, "b"); b.Status != status.JobPending || b.BlockedInputs != 1 {
 			t.Fatalf("%s: dependent %v, want pending and blocked", when, b)
 		}
 	}
@@ -358,7 +359,7 @@ func TestStaleFinishChangesNothing(t *testing.T) {
 	if err := queue.Cancel(ctx, pool, first.ID); !qt.IsStale(err) {
 		t.Fatalf("Cancel of a succeeded job: err = %v, want ErrStale", err)
 	}
-	if j := qt.Job(t, pool, "a"); j.Status != "succeeded" {
+	if j := qt.Job(t, pool, "a"); j.Status != status.JobSucceeded {
 		t.Fatalf("after stale writes to a finished job: %v", j)
 	}
 
@@ -373,7 +374,7 @@ func TestStaleFinishChangesNothing(t *testing.T) {
 	if _, err := queue.Succeed(ctx, pool, third.Claim()); !qt.IsStale(err) {
 		t.Fatalf("Succeed after a user cancelled: err = %v, want ErrStale", err)
 	}
-	if s := qt.Status(t, pool, "b"); s != "cancelled" {
+	if s := qt.Status(t, pool, "b"); s != status.JobCancelled {
 		t.Fatalf("b is %s after the stale succeed, want cancelled", s)
 	}
 }
@@ -393,7 +394,7 @@ func TestFailureRecordsMessageAndLog(t *testing.T) {
 		t.Fatal(err)
 	}
 	info, err := queue.GetJob(ctx, pool, j.ID)
-	if err != nil || info.Status != "pending" || info.ErrorMessage != "input x not available" || info.RetryCount != 1 {
+	if err != nil || info.Status != status.JobPending || info.ErrorMessage != "input x not available" || info.RetryCount != 1 {
 		t.Fatalf("after a transient failure: %+v %v", info, err)
 	}
 
@@ -404,7 +405,7 @@ func TestFailureRecordsMessageAndLog(t *testing.T) {
 		t.Fatal(err)
 	}
 	info, _ = queue.GetJob(ctx, pool, j.ID)
-	if info.Status != "failed" || info.ErrorMessage != "build timed out after 4h0m0s" || info.LogURL != "log/m.drv" ||
+	if info.Status != status.JobFailed || info.ErrorMessage != "build timed out after 4h0m0s" || info.LogURL != "log/m.drv" ||
 		info.ExitCode == nil || *info.ExitCode != 100 || info.FinishedAt == nil {
 		t.Fatalf("after a permanent failure: %+v", info)
 	}
@@ -412,7 +413,7 @@ func TestFailureRecordsMessageAndLog(t *testing.T) {
 	if _, err := queue.Rebuild(ctx, pool, j.ID, queue.PriorityBoost); err != nil {
 		t.Fatal(err)
 	}
-	if info, _ = queue.GetJob(ctx, pool, j.ID); info.ErrorMessage != "" || info.Status != "pending" || info.Priority != 100 {
+	if info, _ = queue.GetJob(ctx, pool, j.ID); info.ErrorMessage != "" || info.Status != status.JobPending || info.Priority != 100 {
 		t.Fatalf("after a rebuild: %+v", info)
 	}
 	j = claimOne(t, pool, claimer)
@@ -420,7 +421,7 @@ func TestFailureRecordsMessageAndLog(t *testing.T) {
 		t.Fatal(err)
 	}
 	succeed(t, pool, claimOne(t, pool, claimer))
-	if info, _ = queue.GetJob(ctx, pool, j.ID); info.Status != "succeeded" || info.ErrorMessage != "" {
+	if info, _ = queue.GetJob(ctx, pool, j.ID); info.Status != status.JobSucceeded || info.ErrorMessage != "" {
 		t.Fatalf("after a success: %+v", info)
 	}
 	if _, err := queue.GetJob(ctx, pool, 999999); !errors.Is(err, queue.ErrNotFound) {

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/db"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 // FailKind classifies a failure: transient ones are retried, permanent ones wait for a
@@ -25,11 +26,11 @@ const (
 
 // Outcome is what became of a finished attempt.
 type Outcome struct {
-	Status    string  // the job's status afterwards
-	ProjectID *int64  // the project to charge, if any
-	Seconds   float64 // builder time the attempt took
-	DrvPath   string  // the job's derivation
-	DepFailed int     // dependents marked dep-failed because of it
+	Status    status.JobStatus // the job's status afterwards
+	ProjectID *int64           // the project to charge, if any
+	Seconds   float64          // builder time the attempt took
+	DrvPath   string           // the job's derivation
+	DepFailed int              // dependents marked dep-failed because of it
 }
 
 // Succeed marks a claimed job succeeded. The caller announces it (wakes workers, whose
@@ -37,7 +38,7 @@ type Outcome struct {
 // Outcome.Seconds to the project with a Charger; a Worker does both. A claim that no longer
 // holds returns ErrStale.
 func Succeed(ctx context.Context, q db.DBTX, c Claim) (Outcome, error) {
-	out := Outcome{Status: "succeeded"}
+	out := Outcome{Status: status.JobSucceeded}
 	rows, err := q.Query(ctx, sqlJobSucceed, c.JobID, c.NodeID, c.Attempt, nil, db.LockClass, db.LockEnqueue)
 	if err == nil {
 		var found bool
@@ -69,7 +70,7 @@ func QueueSucceed(b *pgx.Batch, c Claim, logKey string, out *Outcome) {
 		key = &logKey
 	}
 	b.Queue(sqlJobSucceed, c.JobID, c.NodeID, c.Attempt, key, db.LockClass, db.LockEnqueue).QueryRow(func(row pgx.Row) error {
-		*out = Outcome{Status: "succeeded"}
+		*out = Outcome{Status: status.JobSucceeded}
 		err := row.Scan(&out.ProjectID, &out.Seconds, &out.DrvPath)
 		if errors.Is(err, pgx.ErrNoRows) {
 			err = ErrStale
@@ -120,10 +121,10 @@ func Fail(ctx context.Context, pool *pgxpool.Pool, c Claim, f Failure) (Outcome,
 		if err != nil {
 			return err
 		}
-		if out.Status == "pending" {
+		if out.Status == status.JobPending {
 			return notifyJobs(ctx, tx, map[string]string{"system": system})
 		}
-		if err := notifyJobs(ctx, tx, map[string]string{"drv_path": drv, "status": out.Status}); err != nil {
+		if err := notifyJobs(ctx, tx, map[string]string{"drv_path": drv, "status": string(out.Status)}); err != nil {
 			return err
 		}
 		out.DepFailed, err = propagateFailure(ctx, tx, []int64{c.JobID})
@@ -173,7 +174,7 @@ func cancel(ctx context.Context, pool *pgxpool.Pool, sql, what string, args ...a
 		if err != nil {
 			return err
 		}
-		if err := notifyJobs(ctx, tx, map[string]string{"drv_path": drv, "status": "cancelled"}); err != nil {
+		if err := notifyJobs(ctx, tx, map[string]string{"drv_path": drv, "status": string(status.JobCancelled)}); err != nil {
 			return err
 		}
 		_, err = propagateFailure(ctx, tx, []int64{id})

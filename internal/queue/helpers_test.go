@@ -15,6 +15,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/notify"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 	qt "github.com/harmonia-ci/harmonia-ci/internal/queuetest"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 // sys is the system of fixture jobs unless a test needs another: the default of
@@ -129,13 +130,13 @@ func collect(t testing.TB, n *notify.Notifier) *payloads {
 	return p
 }
 
-// withStatus returns the fixture names of notifications carrying status, sorted.
-func (p *payloads) withStatus(status string) []string {
+// withStatus returns the fixture names of notifications carrying status st, sorted.
+func (p *payloads) withStatus(st status.JobStatus) []string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var names []string
 	for _, m := range p.got {
-		if m["status"] == status && m["drv_path"] != "" {
+		if m["status"] == string(st) && m["drv_path"] != "" {
 			names = append(names, qt.NameOf(m["drv_path"]))
 		}
 	}
@@ -144,9 +145,9 @@ func (p *payloads) withStatus(status string) []string {
 }
 
 // jobStatuses maps fixture names to job statuses.
-func jobStatuses(t testing.TB, pool *pgxpool.Pool, names ...string) map[string]string {
+func jobStatuses(t testing.TB, pool *pgxpool.Pool, names ...string) map[string]status.JobStatus {
 	t.Helper()
-	m := map[string]string{}
+	m := map[string]status.JobStatus{}
 	for _, n := range names {
 		m[n] = qt.Status(t, pool, n)
 	}

@@ -8,6 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
+
 	"github.com/harmonia-ci/harmonia-ci/internal/db"
 )
 
@@ -16,21 +18,21 @@ var ErrNotFound = errors.New("no such job")
 
 // JobInfo is a job as users see it (harmonia-ci job show).
 type JobInfo struct {
-	ID           int64      `json:"id"`
-	DrvPath      string     `json:"drv_path"`
-	Project      string     `json:"project,omitempty"`
-	System       string     `json:"system"`
-	Status       string     `json:"status"`
-	Priority     int        `json:"priority"`
-	Attempt      int        `json:"attempt"`
-	RetryCount   int        `json:"retry_count"`
-	ClaimedBy    string     `json:"claimed_by,omitempty"`
-	StartedAt    *time.Time `json:"started_at,omitempty"`
-	FinishedAt   *time.Time `json:"finished_at,omitempty"`
-	ExitCode     *int       `json:"exit_code,omitempty"`
-	ErrorMessage string     `json:"error,omitempty"`
-	LogURL       string     `json:"log_url,omitempty"`
-	CreatedAt    time.Time  `json:"created_at"`
+	ID           int64            `json:"id"`
+	DrvPath      string           `json:"drv_path"`
+	Project      string           `json:"project,omitempty"`
+	System       string           `json:"system"`
+	Status       status.JobStatus `json:"status"`
+	Priority     int              `json:"priority"`
+	Attempt      int              `json:"attempt"`
+	RetryCount   int              `json:"retry_count"`
+	ClaimedBy    string           `json:"claimed_by,omitempty"`
+	StartedAt    *time.Time       `json:"started_at,omitempty"`
+	FinishedAt   *time.Time       `json:"finished_at,omitempty"`
+	ExitCode     *int             `json:"exit_code,omitempty"`
+	ErrorMessage string           `json:"error,omitempty"`
+	LogURL       string           `json:"log_url,omitempty"`
+	CreatedAt    time.Time        `json:"created_at"`
 }
 
 // GetJob returns job id, or an error wrapping ErrNotFound.

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/db"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 // MaxInterested bounds the evaluations InterestedEvals lists: a job that more evaluations
@@ -82,7 +83,7 @@ func CancelFor(ctx context.Context, pool *pgxpool.Pool, jobID int64, evals []int
 			if err != nil {
 				return err
 			}
-			if err := notifyJobs(ctx, tx, map[string]string{"drv_path": drv, "status": "cancelled"}); err != nil {
+			if err := notifyJobs(ctx, tx, map[string]string{"drv_path": drv, "status": string(status.JobCancelled)}); err != nil {
 				return err
 			}
 			res.Cancelled = true

@@ -9,6 +9,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/dbtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 	qt "github.com/harmonia-ci/harmonia-ci/internal/queuetest"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 // TestCancelFor: a user's cancel kills a job only when every live evaluation interested in it is
@@ -22,7 +23,7 @@ func TestCancelFor(t *testing.T) {
 	type attr struct {
 		eval   string
 		drv    string
-		status string // the evaluation's
+		status status.EvalStatus // the evaluation's
 	}
 	for _, c := range []struct {
 		name         string
@@ -32,13 +33,13 @@ func TestCancelFor(t *testing.T) {
 		wantCancel   bool
 		wantDetached []string
 	}{
-		{"only mine, as an attribute", []attr{{"mine", "job", "running"}}, []string{"mine"}, nil, true, nil},
-		{"only mine, through the closure", []attr{{"mine", "top", "succeeded"}}, []string{"mine"}, nil, true, nil},
-		{"no live evaluation", []attr{{"theirs", "job", "cancelled"}}, nil, nil, true, nil},
-		{"theirs too: detach", []attr{{"mine", "job", "running"}, {"theirs", "top", "running"}}, []string{"mine"}, nil, false, []string{"mine"}},
-		{"interested since the check: detach", []attr{{"mine", "top", "succeeded"}, {"theirs", "job", "queued"}}, []string{"mine"}, nil, false, []string{"mine"}},
-		{"theirs only", []attr{{"theirs", "job", "running"}}, []string{"mine"}, queue.ErrNotInterested, false, nil},
-		{"all of them mine", []attr{{"mine", "job", "running"}, {"mine2", "top", "skipped"}}, []string{"mine", "mine2"}, nil, true, nil},
+		{"only mine, as an attribute", []attr{{"mine", "job", status.EvalRunning}}, []string{"mine"}, nil, true, nil},
+		{"only mine, through the closure", []attr{{"mine", "top", status.EvalSucceeded}}, []string{"mine"}, nil, true, nil},
+		{"no live evaluation", []attr{{"theirs", "job", status.EvalCancelled}}, nil, nil, true, nil},
+		{"theirs too: detach", []attr{{"mine", "job", status.EvalRunning}, {"theirs", "top", status.EvalRunning}}, []string{"mine"}, nil, false, []string{"mine"}},
+		{"interested since the check: detach", []attr{{"mine", "top", status.EvalSucceeded}, {"theirs", "job", status.EvalQueued}}, []string{"mine"}, nil, false, []string{"mine"}},
+		{"theirs only", []attr{{"theirs", "job", status.EvalRunning}}, []string{"mine"}, queue.ErrNotInterested, false, nil},
+		{"all of them mine", []attr{{"mine", "job", status.EvalRunning}, {"mine2", "top", status.EvalSkipped}}, []string{"mine", "mine2"}, nil, true, nil},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
@@ -70,9 +71,9 @@ VALUES ($1, 'x', $2, $3, $4) RETURNING id`, project, a.eval, a.eval, a.status)
 			if res.Cancelled != c.wantCancel || !slices.Equal(res.Detached, want) {
 				t.Errorf("CancelFor: %+v, want cancelled %v, detached %v", res, c.wantCancel, want)
 			}
-			wantJob, wantTop := "pending", "pending"
+			wantJob, wantTop := status.JobPending, status.JobPending
 			if c.wantCancel {
-				wantJob, wantTop = "cancelled", "dep-failed"
+				wantJob, wantTop = status.JobCancelled, status.JobDepFailed
 			}
 			if j, top := qt.Status(t, pool, "job"), qt.Status(t, pool, "top"); j != wantJob || top != wantTop {
 				t.Errorf("job %s, top %s; want %s, %s", j, top, wantJob, wantTop)

@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 // MaintenanceConfig configures the queue's leader-only tasks. Zero values take the defaults.
@@ -92,7 +93,7 @@ func MaintenanceTasks(cfg MaintenanceConfig, logger *slog.Logger) []cluster.Task
 				return 0, fmt.Errorf("fail unsupported builds: %w", err)
 			}
 			failed, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (releasedJob, error) {
-				j := releasedJob{Status: "failed"}
+				j := releasedJob{Status: status.JobFailed}
 				return j, row.Scan(&j.ID, &j.DrvPath)
 			})
 			if err != nil {
@@ -131,7 +132,7 @@ func MaintenanceTasks(cfg MaintenanceConfig, logger *slog.Logger) []cluster.Task
 // releasedJob is a claim given back or failed by maintenance.
 type releasedJob struct {
 	ID      int64
-	Status  string
+	Status  status.JobStatus
 	System  string
 	DrvPath string
 }
@@ -152,9 +153,9 @@ func afterRelease(ctx context.Context, tx pgx.Tx, jobs []releasedJob) (int64, er
 	var failed []int64
 	systems := map[string]bool{}
 	for _, j := range jobs {
-		if j.Status == "failed" {
+		if j.Status == status.JobFailed {
 			failed = append(failed, j.ID)
-			if err := notifyJobs(ctx, tx, map[string]string{"drv_path": j.DrvPath, "status": "failed"}); err != nil {
+			if err := notifyJobs(ctx, tx, map[string]string{"drv_path": j.DrvPath, "status": string(status.JobFailed)}); err != nil {
 				return 0, err
 			}
 		} else if !systems[j.System] {

@@ -13,10 +13,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/clock"
-	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
 	"github.com/harmonia-ci/harmonia-ci/internal/dbtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 	qt "github.com/harmonia-ci/harmonia-ci/internal/queuetest"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 // TestReaperReturnsDeadNodesClaims runs the queue's maintenance under two in-process electors
@@ -71,7 +71,7 @@ func TestReaperReturnsDeadNodesClaims(t *testing.T) {
 	qt.Backdate(t, pool, "doomed-1", time.Hour)
 	qt.WaitFor(t, 10*time.Second, func() bool {
 		x, u := qt.Job(t, pool, "x"), qt.Job(t, pool, "u")
-		return x.Status == "pending" && u.Status == "pending"
+		return x.Status == status.JobPending && u.Status == status.JobPending
 	}, "the dead node's building and uploading jobs to be requeued")
 	for _, name := range []string{"x", "u"} {
 		if j := qt.Job(t, pool, name); j.RetryCount != 1 || j.ClaimedBy != nil || j.Attempt != 1 {
@@ -80,7 +80,7 @@ func TestReaperReturnsDeadNodesClaims(t *testing.T) {
 	}
 	checkHeldByAlive := func(when string) {
 		t.Helper()
-		if j := qt.Job(t, pool, "w"); j.Status != "building" || j.ClaimedBy == nil || *j.ClaimedBy != "alive" || j.RetryCount != 0 || j.Attempt != w.Attempt {
+		if j := qt.Job(t, pool, "w"); j.Status != status.JobBuilding || j.ClaimedBy == nil || *j.ClaimedBy != "alive" || j.RetryCount != 0 || j.Attempt != w.Attempt {
 			t.Fatalf("%s: the live node's job was touched: %v", when, j)
 		}
 	}
@@ -96,7 +96,7 @@ func TestReaperReturnsDeadNodesClaims(t *testing.T) {
 	if err := queue.MarkUploading(ctx, pool, x1.Claim()); !qt.IsStale(err) {
 		t.Fatalf("MarkUploading by the dead node: %v, want ErrStale", err)
 	}
-	if x, u := qt.Job(t, pool, "x"), qt.Job(t, pool, "u"); x.Status != "pending" || u.Status != "pending" || x.RetryCount != 1 || u.RetryCount != 1 {
+	if x, u := qt.Job(t, pool, "x"), qt.Job(t, pool, "u"); x.Status != status.JobPending || u.Status != status.JobPending || x.RetryCount != 1 || u.RetryCount != 1 {
 		t.Fatalf("stale writes changed the jobs: %v; %v", x, u)
 	}
 
@@ -111,7 +111,7 @@ func TestReaperReturnsDeadNodesClaims(t *testing.T) {
 	}
 	runs := reapRuns()
 	qt.WaitFor(t, 10*time.Second, func() bool { return reapRuns() >= runs+5 }, "five more reaper runs")
-	if j := qt.Job(t, pool, "x"); j.Status != "building" || *j.ClaimedBy != "survivor" || j.RetryCount != 1 || j.Attempt != 2 {
+	if j := qt.Job(t, pool, "x"); j.Status != status.JobBuilding || *j.ClaimedBy != "survivor" || j.RetryCount != 1 || j.Attempt != 2 {
 		t.Fatalf("a live node's re-claim was disturbed: %v", j)
 	}
 	checkHeldByAlive("after more reaper runs")
@@ -131,9 +131,9 @@ func TestReaperReturnsDeadNodesClaims(t *testing.T) {
 			handOver(t, leaders)
 		}
 		qt.Backdate(t, pool, node, time.Hour)
-		want := "pending"
+		want := status.JobPending
 		if death == 4 {
-			want = "failed"
+			want = status.JobFailed
 		}
 		qt.WaitFor(t, 10*time.Second, func() bool { return qt.Status(t, pool, "x") == want }, "death %d: x %s", death, want)
 		if j := qt.Job(t, pool, "x"); j.RetryCount != min(death, 3) {
@@ -143,7 +143,7 @@ func TestReaperReturnsDeadNodesClaims(t *testing.T) {
 			t.Fatalf("death %d: Succeed by the dead node: %v, want ErrStale", death, err)
 		}
 	}
-	if got := jobStatuses(t, pool, "x", "y", "y2"); !maps.Equal(got, map[string]string{"x": "failed", "y": "dep-failed", "y2": "dep-failed"}) {
+	if got := jobStatuses(t, pool, "x", "y", "y2"); !maps.Equal(got, map[string]status.JobStatus{"x": status.JobFailed, "y": status.JobDepFailed, "y2": status.JobDepFailed}) {
 		t.Fatalf("after the last death: %v", got)
 	}
 	checkHeldByAlive("at the end")
@@ -237,30 +237,30 @@ func TestFailUnsupported(t *testing.T) {
 
 	for _, n := range []qt.Node{
 		{ID: "x86-builder", Systems: []string{"x86_64-linux", "i686-linux"}, Features: []string{"big-parallel", "nixos-test"}},
-		{ID: "riscv-draining", Systems: []string{"riscv64-linux"}, Draining: true, Status: cluster.StatusDraining},
+		{ID: "riscv-draining", Systems: []string{"riscv64-linux"}, Draining: true, Status: status.NodeDraining},
 		{ID: "kvm-silent", Systems: []string{"x86_64-linux"}, Features: []string{"kvm"}, SeenAgo: 10 * time.Minute},
-		{ID: "arm-dead", Systems: []string{"aarch64-linux"}, Status: cluster.StatusDead},
+		{ID: "arm-dead", Systems: []string{"aarch64-linux"}, Status: status.NodeDead},
 		{ID: "mips-frontend", Roles: []string{"frontend"}, Systems: []string{"mips64-linux"}},
 	} {
 		qt.InsertNode(t, pool, n)
 	}
 	cases := []struct {
 		drv  queue.Derivation
-		want string
+		want status.JobStatus
 	}{
-		{qt.Drv("plain", "x86_64-linux"), "pending"},
-		{qt.Drv("other-system-of-a-builder", "i686-linux"), "pending"},
-		{qt.WithFeatures(qt.Drv("features-a-builder-has", "x86_64-linux"), "big-parallel", "nixos-test"), "pending"},
-		{qt.WithFeatures(qt.Drv("kvm", "x86_64-linux"), "kvm"), "failed"}, // only a silent node has it
-		{qt.WithFeatures(qt.Drv("kvm-and-big", "x86_64-linux"), "kvm", "big-parallel"), "failed"},
-		{qt.Drv("riscv", "riscv64-linux"), "failed"},   // only a draining node
-		{qt.Drv("aarch64", "aarch64-linux"), "failed"}, // only a node marked dead
-		{qt.Drv("mips", "mips64-linux"), "failed"},     // only a node without the builder role
-		{qt.Drv("riscv-dependent", "x86_64-linux", "riscv"), "dep-failed"},
-		{qt.Drv("riscv-transitive", "x86_64-linux", "riscv-dependent"), "dep-failed"},
-		{qt.Drv("supported-dependent", "x86_64-linux", "plain"), "pending"},
+		{qt.Drv("plain", "x86_64-linux"), status.JobPending},
+		{qt.Drv("other-system-of-a-builder", "i686-linux"), status.JobPending},
+		{qt.WithFeatures(qt.Drv("features-a-builder-has", "x86_64-linux"), "big-parallel", "nixos-test"), status.JobPending},
+		{qt.WithFeatures(qt.Drv("kvm", "x86_64-linux"), "kvm"), status.JobFailed}, // only a silent node has it
+		{qt.WithFeatures(qt.Drv("kvm-and-big", "x86_64-linux"), "kvm", "big-parallel"), status.JobFailed},
+		{qt.Drv("riscv", "riscv64-linux"), status.JobFailed},   // only a draining node
+		{qt.Drv("aarch64", "aarch64-linux"), status.JobFailed}, // only a node marked dead
+		{qt.Drv("mips", "mips64-linux"), status.JobFailed},     // only a node without the builder role
+		{qt.Drv("riscv-dependent", "x86_64-linux", "riscv"), status.JobDepFailed},
+		{qt.Drv("riscv-transitive", "x86_64-linux", "riscv-dependent"), status.JobDepFailed},
+		{qt.Drv("supported-dependent", "x86_64-linux", "plain"), status.JobPending},
 	}
-	want := map[string]string{}
+	want := map[string]status.JobStatus{}
 	for _, c := range cases {
 		qt.Enqueue(t, pool, nil, c.drv)
 		want[c.drv.Name] = c.want
@@ -268,7 +268,7 @@ func TestFailUnsupported(t *testing.T) {
 	qt.Exec(t, pool, `UPDATE build_jobs SET created_at = now() - interval '10 minutes'`)
 	// Enqueued now: inside the grace.
 	qt.Enqueue(t, pool, nil, qt.Drv("riscv-fresh", "riscv64-linux"))
-	want["riscv-fresh"] = "pending"
+	want["riscv-fresh"] = status.JobPending
 
 	changed := qt.RunTask(t, pool, term, task)
 	got := jobStatuses(t, pool, slices.Collect(maps.Keys(want))...)
@@ -292,10 +292,10 @@ func TestFailUnsupported(t *testing.T) {
 	// Once the grace has passed, the fresh job goes the same way; supported jobs still stay.
 	qt.WaitFor(t, 10*grace, func() bool {
 		qt.RunTask(t, pool, term, task)
-		return qt.Status(t, pool, "riscv-fresh") == "failed"
+		return qt.Status(t, pool, "riscv-fresh") == status.JobFailed
 	}, "the unsupported job to be failed after the grace")
 	for _, name := range []string{"plain", "other-system-of-a-builder", "features-a-builder-has", "supported-dependent"} {
-		if s := qt.Status(t, pool, name); s != "pending" {
+		if s := qt.Status(t, pool, name); s != status.JobPending {
 			t.Fatalf("%s became %s, want pending (a live builder supports it)", name, s)
 		}
 	}

@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 // workerMetrics are a builder's queue series; nil (no registerer) records nothing.
@@ -89,7 +91,7 @@ func (m *maintenanceMetrics) released(kind string, jobs []releasedJob, changed i
 		return
 	}
 	for _, j := range jobs {
-		if j.Status == "failed" {
+		if j.Status == status.JobFailed {
 			m.failures.WithLabelValues(kind).Inc()
 		}
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/dbtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 	qt "github.com/harmonia-ci/harmonia-ci/internal/queuetest"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 type timeoutErr struct{}
@@ -42,8 +43,8 @@ func TestWorkerMetrics(t *testing.T) {
 	qt.Enqueue(t, pool, nil, qt.Drv("good", sys), qt.Drv("bad", sys), qt.Drv("above-bad", sys, "bad"),
 		qt.Drv("slow", sys))
 	done := func() bool {
-		return qt.Status(t, pool, "good") == "succeeded" && qt.Status(t, pool, "above-bad") == "dep-failed" &&
-			qt.Status(t, pool, "slow") == "failed"
+		return qt.Status(t, pool, "good") == status.JobSucceeded && qt.Status(t, pool, "above-bad") == status.JobDepFailed &&
+			qt.Status(t, pool, "slow") == status.JobFailed
 	}
 	qt.WaitFor(t, 20*time.Second, done, "the jobs to finish")
 	qt.WaitFor(t, 5*time.Second, func() bool {

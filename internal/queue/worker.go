@@ -22,6 +22,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/notify"
 	"github.com/harmonia-ci/harmonia-ci/internal/slots"
 	"github.com/harmonia-ci/harmonia-ci/internal/startstop"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 // Result is what a Handler made of a job. A nil Err is success.
@@ -225,14 +226,14 @@ func (w *Worker) flushCharges() {
 // a new or requeued job of one of its systems, or a success that may have readied dependents.
 func (w *Worker) interested(payload string) bool {
 	var p struct {
-		System string `json:"system"`
-		Status string `json:"status"`
+		System string           `json:"system"`
+		Status status.JobStatus `json:"status"`
 	}
 	if json.Unmarshal([]byte(payload), &p) != nil {
 		return true
 	}
 	switch p.Status {
-	case "succeeded":
+	case status.JobSucceeded:
 		return true
 	case "":
 		return p.System == "" || slices.Contains(w.cfg.Claimer.Systems, p.System)

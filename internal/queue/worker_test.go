@@ -16,15 +16,16 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/notify"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 	qt "github.com/harmonia-ci/harmonia-ci/internal/queuetest"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 	"github.com/harmonia-ci/harmonia-ci/internal/waittest"
 )
 
 func noop(context.Context, queue.Job) queue.Result { return queue.Result{} }
 
 // count counts build jobs with status (and, if node is not empty, claimed by node).
-func count(t testing.TB, pool *pgxpool.Pool, status, node string) int64 {
+func count(t testing.TB, pool *pgxpool.Pool, st status.JobStatus, node string) int64 {
 	t.Helper()
-	return qt.QueryInt(t, pool, `SELECT count(*) FROM build_jobs WHERE status = $1 AND ($2 = '' OR claimed_by = $2)`, status, node)
+	return qt.QueryInt(t, pool, `SELECT count(*) FROM build_jobs WHERE status = $1 AND ($2 = '' OR claimed_by = $2)`, st, node)
 }
 
 // independent returns n derivations without inputs called prefix-0 … prefix-(n-1).
@@ -66,7 +67,7 @@ func TestWorkerCatchesUpAfterListenerKilled(t *testing.T) {
 		},
 	})
 	qt.Enqueue(t, pool, nil, qt.Drv("warm-up", sys))
-	qt.WaitFor(t, 20*time.Second, func() bool { return qt.Status(t, pool, "warm-up") == "succeeded" }, "the worker to build a job")
+	qt.WaitFor(t, 20*time.Second, func() bool { return qt.Status(t, pool, "warm-up") == status.JobSucceeded }, "the worker to build a job")
 	built := int64(1)
 	for attempt := 1; ; attempt++ {
 		qt.WaitFor(t, 20*time.Second, func() bool { return w.Running() == 0 && n.Connected() }, "the worker to be idle and listening")
@@ -93,7 +94,7 @@ func TestWorkerCatchesUpAfterListenerKilled(t *testing.T) {
 		}
 		start := time.Now()
 		built += int64(len(ds))
-		qt.WaitFor(t, 15*time.Second, func() bool { return count(t, pool, "succeeded", "worker") == built },
+		qt.WaitFor(t, 15*time.Second, func() bool { return count(t, pool, status.JobSucceeded, "worker") == built },
 			"the jobs enqueued while the listener was down to be built (poll interval 1m)")
 		mu.Lock()
 		stray := early
@@ -141,7 +142,7 @@ func TestWorkerWakesWhenInputSucceeds(t *testing.T) {
 					return queue.Result{}
 				},
 			})
-			qt.WaitFor(t, 20*time.Second, func() bool { return count(t, pool, "building", "other-node") == 1 }, "the other node to build the input")
+			qt.WaitFor(t, 20*time.Second, func() bool { return count(t, pool, status.JobBuilding, "other-node") == 1 }, "the other node to build the input")
 
 			var n *notify.Notifier
 			idleAfter := int64(1) // claims the worker makes at start: one, plus one on the first Resync
@@ -167,10 +168,10 @@ func TestWorkerWakesWhenInputSucceeds(t *testing.T) {
 
 			start := time.Now()
 			close(finishInput)
-			qt.WaitFor(t, 20*time.Second, func() bool { return qt.Status(t, pool, "input") == "succeeded" }, "the input to succeed")
+			qt.WaitFor(t, 20*time.Second, func() bool { return qt.Status(t, pool, "input") == status.JobSucceeded }, "the input to succeed")
 			if !tc.notifier {
 				qt.Observe(t, time.Second, func() {
-					if s := qt.Status(t, pool, "dependent"); s != "pending" {
+					if s := qt.Status(t, pool, "dependent"); s != status.JobPending {
 						t.Fatalf("a polling-only worker with a 1m poll interval claimed the dependent (%s): the control is broken", s)
 					}
 				})
@@ -183,7 +184,7 @@ func TestWorkerWakesWhenInputSucceeds(t *testing.T) {
 				t.Fatalf("the idle worker did not claim the dependent within 2s of its input's success (poll interval 1m); status %s",
 					qt.Status(t, pool, "dependent"))
 			}
-			qt.WaitFor(t, 20*time.Second, func() bool { return qt.Status(t, pool, "dependent") == "succeeded" }, "the dependent to be built")
+			qt.WaitFor(t, 20*time.Second, func() bool { return qt.Status(t, pool, "dependent") == status.JobSucceeded }, "the dependent to be built")
 		})
 	}
 }
@@ -204,13 +205,13 @@ func TestDrainingWorkerClaimsNothing(t *testing.T) {
 			ClaimFunc: func(time.Duration, []queue.Job) { claims.Add(1) },
 		})
 		qt.Observe(t, 400*time.Millisecond, func() { // eight poll intervals
-			if c, p := claims.Load(), count(t, pool, "pending", ""); c != 0 || p != 5 || w.Running() != 0 {
+			if c, p := claims.Load(), count(t, pool, status.JobPending, ""); c != 0 || p != 5 || w.Running() != 0 {
 				t.Fatalf("a draining worker claimed: %d claims, %d of 5 jobs still pending, %d running", c, p, w.Running())
 			}
 		})
 		// The jobs were claimable all along.
 		startWorker(t, pool, queue.WorkerConfig{Claimer: claimer("open"), MaxJobs: 4, PollInterval: 50 * time.Millisecond, Handler: noop})
-		qt.WaitFor(t, 20*time.Second, func() bool { return count(t, pool, "succeeded", "open") == 5 }, "another worker to build the jobs")
+		qt.WaitFor(t, 20*time.Second, func() bool { return count(t, pool, status.JobSucceeded, "open") == 5 }, "another worker to build the jobs")
 	})
 	t.Run("drains while building", func(t *testing.T) {
 		t.Parallel()
@@ -228,7 +229,7 @@ func TestDrainingWorkerClaimsNothing(t *testing.T) {
 				return queue.Result{}
 			},
 		})
-		qt.WaitFor(t, 20*time.Second, func() bool { return count(t, pool, "building", "node") == 1 }, "the worker to claim a job")
+		qt.WaitFor(t, 20*time.Second, func() bool { return count(t, pool, status.JobBuilding, "node") == 1 }, "the worker to claim a job")
 		drained := make(chan int, 1)
 		go func() { drained <- gate.Wait(context.Background()) }() // the node starts draining
 		qt.WaitFor(t, 20*time.Second, gate.Closed, "the gate to close")
@@ -236,9 +237,9 @@ func TestDrainingWorkerClaimsNothing(t *testing.T) {
 		if left := <-drained; left != 0 {
 			t.Fatalf("drain ended with %d builds in flight", left)
 		}
-		qt.WaitFor(t, 20*time.Second, func() bool { return count(t, pool, "succeeded", "node") == 1 }, "the running build to finish")
+		qt.WaitFor(t, 20*time.Second, func() bool { return count(t, pool, status.JobSucceeded, "node") == 1 }, "the running build to finish")
 		qt.Observe(t, 400*time.Millisecond, func() {
-			if b, p := count(t, pool, "building", ""), count(t, pool, "pending", ""); b != 0 || p != 4 {
+			if b, p := count(t, pool, status.JobBuilding, ""), count(t, pool, status.JobPending, ""); b != 0 || p != 4 {
 				t.Fatalf("after draining: %d building, %d pending; want 0 and 4", b, p)
 			}
 		})
@@ -290,21 +291,21 @@ func TestWorkerNeverExceedsMaxJobs(t *testing.T) {
 		}
 	}()
 
-	qt.WaitFor(t, 20*time.Second, func() bool { return count(t, pool, "building", node) == 2 }, "two claims")
+	qt.WaitFor(t, 20*time.Second, func() bool { return count(t, pool, status.JobBuilding, node) == 2 }, "two claims")
 	qt.Observe(t, 400*time.Millisecond, func() { // eight poll intervals with both slots busy
-		if b, p := count(t, pool, "building", node), count(t, pool, "pending", ""); b != 2 || p != 4 || w.Running() > 2 {
+		if b, p := count(t, pool, status.JobBuilding, node), count(t, pool, status.JobPending, ""); b != 2 || p != 4 || w.Running() > 2 {
 			t.Fatalf("with both slots busy: %d building, %d pending, %d running; want 2, 4, ≤2", b, p, w.Running())
 		}
 	})
 	finish <- struct{}{} // one build ends: one slot frees
 	qt.WaitFor(t, 20*time.Second, func() bool {
-		return count(t, pool, "succeeded", node) == 1 && count(t, pool, "building", node) == 2
+		return count(t, pool, status.JobSucceeded, node) == 1 && count(t, pool, status.JobBuilding, node) == 2
 	}, "the freed slot to be refilled")
-	if p := count(t, pool, "pending", ""); p != 3 {
+	if p := count(t, pool, status.JobPending, ""); p != 3 {
 		t.Fatalf("after one slot freed: %d pending, want 3 (exactly one more claimed)", p)
 	}
 	close(finish)
-	qt.WaitFor(t, 10*time.Second, func() bool { return count(t, pool, "succeeded", node) == 6 }, "all jobs to be built")
+	qt.WaitFor(t, 10*time.Second, func() bool { return count(t, pool, status.JobSucceeded, node) == 6 }, "all jobs to be built")
 	cancel()
 	<-sampled
 	if most > 2 || samples == 0 {
@@ -346,9 +347,9 @@ func TestContinueFreesTheSlot(t *testing.T) {
 		},
 	})
 	<-uploading
-	qt.WaitFor(t, 20*time.Second, func() bool { return qt.Status(t, pool, "cont-1") == "succeeded" },
+	qt.WaitFor(t, 20*time.Second, func() bool { return qt.Status(t, pool, "cont-1") == status.JobSucceeded },
 		"the second job to be built while the first one's continuation runs")
-	if s := qt.Status(t, pool, "cont-0"); s != "building" {
+	if s := qt.Status(t, pool, "cont-0"); s != status.JobBuilding {
 		t.Fatalf("the first job is %s while its continuation runs, want building", s)
 	}
 	if w.Running() != 0 {
@@ -359,7 +360,7 @@ func TestContinueFreesTheSlot(t *testing.T) {
 		t.Fatalf("%d units in flight with a continuation running, want 1 (a drain waits for it)", n)
 	}
 	close(release)
-	qt.WaitFor(t, 20*time.Second, func() bool { return qt.Status(t, pool, "cont-0") == "failed" },
+	qt.WaitFor(t, 20*time.Second, func() bool { return qt.Status(t, pool, "cont-0") == status.JobFailed },
 		"the continuation's result to be recorded")
 	if left := gate.Wait(qt.Ctx(t, 20*time.Second)); left != 0 {
 		t.Fatalf("the node did not drain after the continuation ended: %d in flight", left)

@@ -28,6 +28,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/clock"
 	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 	"github.com/harmonia-ci/harmonia-ci/internal/waittest"
 )
 
@@ -163,7 +164,7 @@ func QueryInt(t testing.TB, pool *pgxpool.Pool, sql string, args ...any) int64 {
 type JobRow struct {
 	ID            int64
 	DrvPath       string
-	Status        string
+	Status        status.JobStatus
 	Priority      int
 	ProjectID     *int64
 	ClaimedBy     *string
@@ -188,7 +189,7 @@ func Job(t testing.TB, pool *pgxpool.Pool, name string) JobRow {
 }
 
 // Status is the status of the job of the fixture derivation called name.
-func Status(t testing.TB, pool *pgxpool.Pool, name string) string {
+func Status(t testing.TB, pool *pgxpool.Pool, name string) status.JobStatus {
 	t.Helper()
 	return Job(t, pool, name).Status
 }
@@ -215,9 +216,9 @@ type Node struct {
 	Roles    []string // default {builder}
 	Systems  []string
 	Features []string
-	Status   string        // default active
-	Draining bool          //
-	SeenAgo  time.Duration // last_seen = now() - SeenAgo
+	Status   status.NodeStatus // default active
+	Draining bool              //
+	SeenAgo  time.Duration     // last_seen = now() - SeenAgo
 }
 
 // InsertNode adds a node row directly.
@@ -233,7 +234,7 @@ func InsertNode(t testing.TB, pool *pgxpool.Pool, n Node) {
 		n.Features = []string{}
 	}
 	if n.Status == "" {
-		n.Status = cluster.StatusActive
+		n.Status = status.NodeActive
 	}
 	Exec(t, pool, `
 INSERT INTO nodes (id, roles, endpoint, systems, features, status, draining, incarnation, last_seen)

@@ -23,6 +23,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/publication"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 	"github.com/harmonia-ci/harmonia-ci/internal/signerapi"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 // jobFacts is what the database says about a claimed job's derivation.
@@ -339,7 +340,7 @@ func (s *Server) handleBuildComplete(ctx context.Context, id nodetoken.Identity,
 		return nil, err
 	}
 	if s.cfg.Announcer != nil {
-		s.cfg.Announcer.Finished(f.drvPath, "succeeded")
+		s.cfg.Announcer.Finished(f.drvPath, status.JobSucceeded)
 	}
 	s.logger.Info("build succeeded", "job", f.claim.JobID, "node", f.claim.NodeID, "attempt", f.claim.Attempt,
 		"drv", f.drvPath, "written", resp.Written, "skipped", resp.Skipped, "conflicts", resp.Conflicts)

@@ -14,6 +14,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/dbtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 	"github.com/harmonia-ci/harmonia-ci/internal/signerapi"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 // More concurrent build-completes than the signer's pool has connections all succeed: a
@@ -83,7 +84,7 @@ func TestBuildCompletesOutnumberThePool(t *testing.T) {
 		if a != "written" {
 			t.Errorf("build-complete of job %d answered %s; want 200 written", jobs[i].ID, a)
 		}
-		if s := status(t, e.pool, fmt.Sprint("many-", i)); s != "succeeded" {
+		if s := jobStatus(t, e.pool, fmt.Sprint("many-", i)); s != status.JobSucceeded {
 			t.Errorf("job %d is %s; want succeeded", jobs[i].ID, s)
 		}
 	}

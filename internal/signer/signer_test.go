@@ -33,6 +33,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 	"github.com/harmonia-ci/harmonia-ci/internal/queuetest"
 	"github.com/harmonia-ci/harmonia-ci/internal/signerapi"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m, blobtest.Cleanup) }
@@ -406,7 +407,7 @@ func drvBase(label string) string {
 
 func logKey(label string) string { return "log/" + drvBase(label) }
 
-func status(t *testing.T, pool *pgxpool.Pool, label string) string {
+func jobStatus(t *testing.T, pool *pgxpool.Pool, label string) status.JobStatus {
 	t.Helper()
 	return queuetest.JobOf(t, pool, drvPath(label)).Status
 }
@@ -715,7 +716,7 @@ func happyPath(t *testing.T, e *env) {
 		{"dep", dj, dep, []string{runtime.path()}, []byte("dep log")},
 		{"hello", hj, hello, []string{dep.path(), runtime.path(), hello.path()}, logBody},
 	} {
-		if s := status(t, e.pool, c.name); s != "succeeded" {
+		if s := jobStatus(t, e.pool, c.name); s != status.JobSucceeded {
 			t.Fatalf("%s is %s, want succeeded", c.name, s)
 		}
 		// The signer names the job's derivation as deriver: the request left it empty.
@@ -814,7 +815,7 @@ func TestNotUploadedAndStaleClaim(t *testing.T) {
 		}
 		e.unchanged(t, before, c.name)
 	}
-	if got := queuetest.JobOf(t, e.pool, drvPath("late")); got.Status != "building" || got.Attempt != j.Attempt {
+	if got := queuetest.JobOf(t, e.pool, drvPath("late")); got.Status != status.JobBuilding || got.Attempt != j.Attempt {
 		t.Fatalf("the job changed: %s", got)
 	}
 
@@ -901,7 +902,7 @@ func TestFirstWriterWins(t *testing.T) {
 		if h := e.outputHash(t, name); h == nil || *h != first.out.NarHash {
 			t.Fatalf("%s: nar_hash = %v, want the first %s", name, h, first.out.NarHash)
 		}
-		if s := status(t, e.pool, name); s != "succeeded" {
+		if s := jobStatus(t, e.pool, name); s != status.JobSucceeded {
 			t.Fatalf("%s is %s, want succeeded", name, s)
 		}
 	}
@@ -992,7 +993,7 @@ func TestLogOnlySlots(t *testing.T) {
 		t.Fatalf("the log is %q in the store, want %q", got, body)
 	}
 	// Uploading a log writes no narinfo and finishes nothing: the worker records the failure.
-	if s := status(t, e.pool, "failed"); s != "building" {
+	if s := jobStatus(t, e.pool, "failed"); s != status.JobBuilding {
 		t.Fatalf("the job is %s, want building", s)
 	}
 }

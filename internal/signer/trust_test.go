@@ -9,6 +9,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/config"
 	"github.com/harmonia-ci/harmonia-ci/internal/nodetoken"
 	"github.com/harmonia-ci/harmonia-ci/internal/signerapi"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 // The tests in this file are the attacks of the issue "Trust zones that hold". Before it, every
@@ -90,7 +91,7 @@ func TestAuth(t *testing.T) {
 			e.mustPost(t, r.path, r.token, r.body, nil)
 		})
 	}
-	if s := status(t, e.pool, "auth"); s != "succeeded" {
+	if s := jobStatus(t, e.pool, "auth"); s != status.JobSucceeded {
 		t.Fatalf("the job is %s after its build-complete, want succeeded", s)
 	}
 	// Any valid token may look the cache up, a cache node's too.

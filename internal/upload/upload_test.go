@@ -32,6 +32,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/signerapi"
 	"github.com/harmonia-ci/harmonia-ci/internal/signerclient"
 	"github.com/harmonia-ci/harmonia-ci/internal/signertest"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 const (
@@ -122,12 +123,12 @@ VALUES ($1, 'git+file:///src', 'c0ffee', 'main', 'running', $2, now(), now(), 3)
 	return signerapi.EvalClaim{ID: id, Attempt: 3}
 }
 
-func (e *env) jobRow(t *testing.T, id int64) (status, logURL string) {
+func (e *env) jobRow(t *testing.T, id int64) (st status.JobStatus, logURL string) {
 	t.Helper()
-	if err := e.pool.QueryRow(ctx(t), `SELECT status, COALESCE(log_url, '') FROM build_jobs WHERE id = $1`, id).Scan(&status, &logURL); err != nil {
+	if err := e.pool.QueryRow(ctx(t), `SELECT status, COALESCE(log_url, '') FROM build_jobs WHERE id = $1`, id).Scan(&st, &logURL); err != nil {
 		t.Fatal(err)
 	}
-	return status, logURL
+	return st, logURL
 }
 
 func requireNix(t *testing.T) {
@@ -475,8 +476,8 @@ func TestPublishBuildAndSubstitute(t *testing.T) {
 	if got := e.puts.Load(); got != int64(len(outs)) {
 		t.Fatalf("publish made %d PUTs, want %d", got, len(outs))
 	}
-	if status, _ := e.jobRow(t, claim.JobID); status != "succeeded" {
-		t.Fatalf("the job is %s, want succeeded", status)
+	if st, _ := e.jobRow(t, claim.JobID); st != status.JobSucceeded {
+		t.Fatalf("the job is %s, want succeeded", st)
 	}
 	e.checkCache(t, paths)
 	e.substitute(t, paths)
@@ -673,8 +674,8 @@ func TestPublishRetriesFailedUploads(t *testing.T) {
 	if ni := e.narinfo(t, doomed.StorePath); ni != nil {
 		t.Fatalf("%s was published although its upload failed", doomed.StorePath)
 	}
-	if status, _ := e.jobRow(t, dclaim.JobID); status != "building" {
-		t.Fatalf("the job is %s, want building", status)
+	if st, _ := e.jobRow(t, dclaim.JobID); st != status.JobBuilding {
+		t.Fatalf("the job is %s, want building", st)
 	}
 }
 
@@ -776,8 +777,8 @@ func TestPublishBuildWithLog(t *testing.T) {
 	if _, err := publishBuild(ctx(t), e.publisher(), claim, paths[1:2], &Log{Key: key, Data: []byte(text)}); err != nil {
 		t.Fatal(err)
 	}
-	if status, logURL := e.jobRow(t, claim.JobID); status != "succeeded" || logURL != key {
-		t.Fatalf("job %s with log_url %q, want succeeded with %q", status, logURL, key)
+	if st, logURL := e.jobRow(t, claim.JobID); st != status.JobSucceeded || logURL != key {
+		t.Fatalf("job %s with log_url %q, want succeeded with %q", st, logURL, key)
 	}
 	e.checkLog(t, key, text)
 
@@ -788,8 +789,8 @@ func TestPublishBuildWithLog(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.checkLog(t, fkey, "error: it failed\n")
-	if status, _ := e.jobRow(t, fclaim.JobID); status != "building" {
-		t.Fatalf("the failed job is %s after its log upload, want building (the worker records the failure)", status)
+	if st, _ := e.jobRow(t, fclaim.JobID); st != status.JobBuilding {
+		t.Fatalf("the failed job is %s after its log upload, want building (the worker records the failure)", st)
 	}
 	if ni := e.narinfo(t, paths[2].StorePath); ni != nil {
 		t.Fatal("a log upload published an output")

@@ -18,6 +18,7 @@ import (
 
 	"github.com/harmonia-ci/harmonia-ci/internal/httpapi"
 	"github.com/harmonia-ci/harmonia-ci/internal/notify"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 // buildLogChannel is the NOTIFY channel of build_log_tails; the payload is the job id.
@@ -309,7 +310,7 @@ func poke(c chan struct{}) {
 
 // buildLogState is one read of a build and its live tail.
 type buildLogState struct {
-	status       string
+	status       status.JobStatus
 	logURL       *string
 	errorMessage *string
 	tail         []byte
@@ -326,15 +327,6 @@ func (s *Server) readBuildLog(ctx context.Context, id int64) (buildLogState, err
 		return st, fmt.Errorf("read log tail of build %d: %w", id, err)
 	}
 	return st, nil
-}
-
-// running reports whether a job in status may still produce log output.
-func running(status string) bool {
-	switch status {
-	case "pending", "building", "uploading":
-		return true
-	}
-	return false
 }
 
 // logLocation is the path the cache serves a finished build's log under ("/" + log_url), or
@@ -391,7 +383,7 @@ func (s *Server) handleBuildLog(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if !running(st.status) {
+	if !st.status.Unfinished() { // an unfinished job may still produce log output
 		// An EventSource opened by a page that showed the build running, just as the build
 		// ended: it gets the end of the stream (the page reloads), not a redirect to a text
 		// log, which it would reject.
@@ -510,7 +502,7 @@ func (s *Server) streamBuildLog(w http.ResponseWriter, r *http.Request, stream *
 				last = *st.seq
 				writeTailEvent(&buf, last, st.tail)
 			}
-			finished := !running(st.status)
+			finished := !st.status.Unfinished()
 			if finished {
 				writeEndEvent(&buf, st)
 			}
@@ -568,9 +560,9 @@ func overwrite(line string) string {
 
 // endEvent is the data of the "end" event.
 type endEvent struct {
-	Status string `json:"status"`
-	LogURL string `json:"log_url,omitempty"`
-	Error  string `json:"error,omitempty"`
+	Status status.JobStatus `json:"status"`
+	LogURL string           `json:"log_url,omitempty"`
+	Error  string           `json:"error,omitempty"`
 }
 
 func writeEndEvent(b *bytes.Buffer, st buildLogState) {

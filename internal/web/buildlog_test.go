@@ -21,6 +21,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/dbtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/notify"
 	"github.com/harmonia-ci/harmonia-ci/internal/queuetest"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 	"github.com/harmonia-ci/harmonia-ci/internal/waittest"
 )
 
@@ -157,11 +158,11 @@ func writeTailSilently(t *testing.T, pool *pgxpool.Pool, id int64, tail string) 
 }
 
 // finishJob records job id's result and then deletes its tail, in the builder's order.
-func finishJob(t *testing.T, pool *pgxpool.Pool, id int64, status string, logURL, errMsg *string) {
+func finishJob(t *testing.T, pool *pgxpool.Pool, id int64, st status.JobStatus, logURL, errMsg *string) {
 	t.Helper()
 	queuetest.Exec(t, pool, `
 UPDATE build_jobs SET status = $2, log_url = $3, error_message = $4, finished_at = now()
-WHERE id = $1`, id, status, logURL, errMsg)
+WHERE id = $1`, id, st, logURL, errMsg)
 	queuetest.Exec(t, pool, `DELETE FROM build_log_tails WHERE build_job_id = $1`, id)
 }
 
@@ -359,15 +360,15 @@ func TestBuildLogRequests(t *testing.T) {
 	for _, name := range []string{"done-log", "failed-nolog", "cancelled-badlog", "depfailed", "odd-log", "cancelled-nolog"} {
 		ids[name] = newJob(t, pool, name)
 	}
-	set := func(name, status string, logURL *string) {
-		queuetest.Exec(t, pool, `UPDATE build_jobs SET status = $2, log_url = $3 WHERE id = $1`, ids[name], status, logURL)
+	set := func(name string, st status.JobStatus, logURL *string) {
+		queuetest.Exec(t, pool, `UPDATE build_jobs SET status = $2, log_url = $3 WHERE id = $1`, ids[name], st, logURL)
 	}
-	set("done-log", "succeeded", ptr(logKey("done-log")))
-	set("failed-nolog", "failed", nil)
-	set("cancelled-badlog", "cancelled", ptr("log/../../etc/passwd"))
-	set("depfailed", "dep-failed", ptr("blobs/x"))
-	set("odd-log", "failed", ptr("log/abc-what?x=1.drv"))
-	set("cancelled-nolog", "cancelled", ptr("log//x.drv"))
+	set("done-log", status.JobSucceeded, ptr(logKey("done-log")))
+	set("failed-nolog", status.JobFailed, nil)
+	set("cancelled-badlog", status.JobCancelled, ptr("log/../../etc/passwd"))
+	set("depfailed", status.JobDepFailed, ptr("blobs/x"))
+	set("odd-log", status.JobFailed, ptr("log/abc-what?x=1.drv"))
+	set("cancelled-nolog", status.JobCancelled, ptr("log//x.drv"))
 	unknown := ids["done-log"] + 1000
 
 	for _, tc := range []struct {
@@ -501,15 +502,15 @@ func TestBuildLogEnd(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name           string
-		status         string
+		status         status.JobStatus
 		logURL, errMsg *string
 		want           string
 	}{
-		{name: "succeeded", status: "succeeded", logURL: ptr(logKey("end")),
+		{name: "succeeded", status: status.JobSucceeded, logURL: ptr(logKey("end")),
 			want: `{"status":"succeeded","log_url":"/` + logKey("end") + `"}`},
-		{name: "failed with reason", status: "failed", errMsg: ptr("build timed out after 4h0m0s\nsecond line"),
+		{name: "failed with reason", status: status.JobFailed, errMsg: ptr("build timed out after 4h0m0s\nsecond line"),
 			want: `{"status":"failed","error":"build timed out after 4h0m0s\nsecond line"}`},
-		{name: "cancelled", status: "cancelled", want: `{"status":"cancelled"}`},
+		{name: "cancelled", status: status.JobCancelled, want: `{"status":"cancelled"}`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -724,7 +725,7 @@ func TestBuildLogOneReadPerChange(t *testing.T) {
 
 	// The end event reaches every stream from one read too.
 	base = reads.of(id)
-	finishJob(t, pool, id, "succeeded", ptr(logKey("shared")), nil)
+	finishJob(t, pool, id, status.JobSucceeded, ptr(logKey("shared")), nil)
 	for _, c := range clients {
 		if ev := c.next(); ev.Event != "end" {
 			t.Fatalf("got %+v, want the end event", ev)

@@ -20,6 +20,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/httpapi"
 	"github.com/harmonia-ci/harmonia-ci/internal/notify"
 	"github.com/harmonia-ci/harmonia-ci/internal/startstop"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 // Config is what the HTTP server needs from the node.
@@ -34,7 +35,7 @@ type Config struct {
 	// StatusFunc reports the node's lifecycle status (joining, active, draining); /healthz
 	// answers 200 only while it is active, so a load balancer sends nothing to a node that is
 	// starting or leaving. Nil means always active.
-	StatusFunc func() string
+	StatusFunc func() status.NodeStatus
 	// Notifier is the process's LISTEN session; GET /api/builds/{id}/log subscribes to channel
 	// build_log through it while a live log is streamed. Nil disables live logs: that endpoint
 	// still redirects to a finished build's log, but answers 503 "live logs unavailable" for a
@@ -135,13 +136,13 @@ func (s *Server) handleHealthz(w http.ResponseWriter, r *http.Request) error {
 	if err := s.pool.Ping(ctx); err != nil {
 		return &httpapi.Error{Code: http.StatusServiceUnavailable, Msg: "database unavailable", Err: err}
 	}
-	status, code := "ok", http.StatusOK
+	word, code := "ok", http.StatusOK
 	if s.cfg.StatusFunc != nil {
-		if st := s.cfg.StatusFunc(); st != cluster.StatusActive {
-			status, code = st, http.StatusServiceUnavailable
+		if st := s.cfg.StatusFunc(); st != status.NodeActive {
+			word, code = string(st), http.StatusServiceUnavailable
 		}
 	}
-	httpapi.WriteJSON(w, code, map[string]string{"status": status, "node_id": s.cfg.NodeID})
+	httpapi.WriteJSON(w, code, map[string]string{"status": word, "node_id": s.cfg.NodeID})
 	return nil
 }
 

@@ -24,6 +24,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/forgesync"
 	"github.com/harmonia-ci/harmonia-ci/internal/githubtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/project"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 	"github.com/harmonia-ci/harmonia-ci/internal/webhook"
 )
 
@@ -210,7 +211,7 @@ func (b *bundle) post(t *testing.T, url string, h http.Header, body []byte) answ
 // evalRow is an evaluations row as the tests look at it.
 type evalRow struct {
 	ID       int64
-	Status   string
+	Status   status.EvalStatus
 	Branch   string
 	Commit   string
 	FlakeURL string

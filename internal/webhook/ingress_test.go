@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/githubtest"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 // A captured push, replayed under a new delivery id after the branch moved on, must neither
@@ -31,7 +32,7 @@ func TestReplayedPushUnderNewID(t *testing.T) {
 		t.Fatalf("replay answered %+v; want 200 received before", replay)
 	}
 	es := b.evals(t)
-	if len(es) != 2 || es[0].Status != "cancelled" || es[1].Status != "queued" || es[1].Commit != sha(2) {
+	if len(es) != 2 || es[0].Status != status.EvalCancelled || es[1].Status != status.EvalQueued || es[1].Commit != sha(2) {
 		t.Fatalf("evaluations %+v; want %s superseded and %s queued", es, sha(1), sha(2))
 	}
 	if ds := b.deliveries(t); len(ds) != 2 || ds["github:d-3"] != 0 {
@@ -46,12 +47,12 @@ func TestStalePushDoesNotSupersede(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name     string
-		newer    string // the newer evaluation's status when the stale push arrives
-		previous bool   // the stale commit had an evaluation, superseded by the newer one
+		newer    status.EvalStatus // the newer evaluation's status when the stale push arrives
+		previous bool              // the stale commit had an evaluation, superseded by the newer one
 	}{
-		{"newer queued", "queued", false},
-		{"newer succeeded", "succeeded", false},
-		{"stale commit superseded before", "queued", true},
+		{"newer queued", status.EvalQueued, false},
+		{"newer succeeded", status.EvalSucceeded, false},
+		{"stale commit superseded before", status.EvalQueued, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -64,7 +65,7 @@ func TestStalePushDoesNotSupersede(t *testing.T) {
 			if newer.code != http.StatusAccepted {
 				t.Fatalf("push of %s answered %+v", sha(2), newer)
 			}
-			if tc.newer != "queued" {
+			if tc.newer != status.EvalQueued {
 				if _, err := b.pool.Exec(testCtx(t), `UPDATE evaluations SET status = $2, finished_at = now() WHERE id = $1`, newer.eval, tc.newer); err != nil {
 					t.Fatal(err)
 				}

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/githubtest"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 // A pull request's evaluation records its base branch, for the evaluator to merge the head into;
@@ -39,9 +40,10 @@ func TestPullRequestBase(t *testing.T) {
 	if again.code != http.StatusAccepted || again.eval != got.eval || again.msg != "evaluation queued" {
 		t.Fatalf("reopened after a merge: %+v, want the evaluation queued again", again)
 	}
-	var status, merge string
-	if err := b.pool.QueryRow(testCtx(t), `SELECT status, merge_commit FROM evaluations WHERE id = $1`, got.eval).Scan(&status, &merge); err != nil || status != "queued" || merge != "" {
-		t.Fatalf("evaluated again: %s, merge %q (%v); want queued, no merge yet", status, merge, err)
+	var st status.EvalStatus
+	var merge string
+	if err := b.pool.QueryRow(testCtx(t), `SELECT status, merge_commit FROM evaluations WHERE id = $1`, got.eval).Scan(&st, &merge); err != nil || st != status.EvalQueued || merge != "" {
+		t.Fatalf("evaluated again: %s, merge %q (%v); want queued, no merge yet", st, merge, err)
 	}
 
 	// A newer head; then an event naming the old head does not displace it.
@@ -60,7 +62,7 @@ func TestPullRequestBase(t *testing.T) {
 	if old.eval != got.eval || old.msg != "evaluation exists" {
 		t.Fatalf("an event for the older head: %+v, want its evaluation left as it is", old)
 	}
-	if err := b.pool.QueryRow(testCtx(t), `SELECT status FROM evaluations WHERE id = $1`, newer.eval).Scan(&status); err != nil || status != "queued" {
-		t.Fatalf("the newer head's evaluation: %s (%v), want still queued", status, err)
+	if err := b.pool.QueryRow(testCtx(t), `SELECT status FROM evaluations WHERE id = $1`, newer.eval).Scan(&st); err != nil || st != status.EvalQueued {
+		t.Fatalf("the newer head's evaluation: %s (%v), want still queued", st, err)
 	}
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/harmonia-ci/harmonia-ci/internal/githubtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/project"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 	"github.com/harmonia-ci/harmonia-ci/internal/webhook"
 )
 
@@ -64,7 +65,7 @@ func TestSignature(t *testing.T) {
 	if got.code != http.StatusAccepted || got.msg != "evaluation queued" || got.eval == 0 {
 		t.Fatalf("valid delivery answered %+v; want 202 evaluation queued", got)
 	}
-	want := []evalRow{{ID: got.eval, Status: "queued", Branch: "main", Commit: sha(1), FlakeURL: cloneURL,
+	want := []evalRow{{ID: got.eval, Status: status.EvalQueued, Branch: "main", Commit: sha(1), FlakeURL: cloneURL,
 		TreeHash: strings.Repeat("a", 40)}}
 	if es := b.evals(t); len(es) != 1 || es[0] != want[0] {
 		t.Fatalf("evaluations %+v; want %+v", es, want)
@@ -187,7 +188,7 @@ func TestReplay(t *testing.T) {
 	if again.code != http.StatusOK || again.msg != "delivery d-2 was received before" {
 		t.Fatalf("the same body under a new delivery id answered %+v; want 200 received before", again)
 	}
-	if es := b.evals(t); len(es) != 1 || es[0].ID != first.eval || es[0].Status != "queued" {
+	if es := b.evals(t); len(es) != 1 || es[0].ID != first.eval || es[0].Status != status.EvalQueued {
 		t.Fatalf("evaluations %+v; want only %d, queued", es, first.eval)
 	}
 	want := map[string]int64{"github:d-1": first.eval}
@@ -200,12 +201,12 @@ func TestPushSuperseding(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		branch    string
-		wantFirst string
+		wantFirst status.EvalStatus
 	}{
-		{"main", "cancelled"},
-		{"release/1.x", "cancelled"},
-		{"gh-readonly-queue/main/pr-1-" + sha(9), "queued"},
-		{"staging", "queued"},
+		{"main", status.EvalCancelled},
+		{"release/1.x", status.EvalCancelled},
+		{"gh-readonly-queue/main/pr-1-" + sha(9), status.EvalQueued},
+		{"staging", status.EvalQueued},
 	} {
 		t.Run(tc.branch, func(t *testing.T) {
 			t.Parallel()
@@ -221,13 +222,13 @@ func TestPushSuperseding(t *testing.T) {
 				t.Fatalf("evaluations %+v; want %d and %d", es, one.eval, two.eval)
 			}
 			wantErr := ""
-			if tc.wantFirst == "cancelled" {
+			if tc.wantFirst == status.EvalCancelled {
 				wantErr = fmt.Sprintf("superseded by evaluation %d", two.eval)
 			}
 			if es[0].Status != tc.wantFirst || es[0].Error != wantErr || es[0].Branch != tc.branch {
 				t.Errorf("first evaluation %+v; want %s (error %q) on %s", es[0], tc.wantFirst, wantErr, tc.branch)
 			}
-			if es[1].Status != "queued" || es[1].Commit != sha(2) {
+			if es[1].Status != status.EvalQueued || es[1].Commit != sha(2) {
 				t.Errorf("second evaluation %+v; want queued of %s", es[1], sha(2))
 			}
 		})
@@ -248,8 +249,8 @@ func TestPushBackToSupersededCommit(t *testing.T) {
 		t.Fatalf("push back to %s answered %+v; want 202 evaluation queued %d", sha(1), back, a.eval)
 	}
 	es := b.evals(t)
-	if len(es) != 2 || es[0].Status != "queued" || es[0].Error != "" ||
-		es[1].Status != "cancelled" || es[1].Error != fmt.Sprintf("superseded by evaluation %d", a.eval) || es[1].ID != bb.eval {
+	if len(es) != 2 || es[0].Status != status.EvalQueued || es[0].Error != "" ||
+		es[1].Status != status.EvalCancelled || es[1].Error != fmt.Sprintf("superseded by evaluation %d", a.eval) || es[1].ID != bb.eval {
 		t.Fatalf("evaluations %+v; want %d queued again and %d superseded by it", es, a.eval, bb.eval)
 	}
 	// A merge-queue branch never supersedes, so nothing is requeued there either.
@@ -294,9 +295,9 @@ func TestBurstOfPushes(t *testing.T) {
 	var queued []string
 	for _, e := range b.evals(t) {
 		switch {
-		case e.Status == "queued":
+		case e.Status == status.EvalQueued:
 			queued = append(queued, e.Commit)
-		case e.Status == "cancelled" && strings.HasPrefix(e.Error, "superseded by evaluation "):
+		case e.Status == status.EvalCancelled && strings.HasPrefix(e.Error, "superseded by evaluation "):
 		default:
 			t.Errorf("evaluation %+v; want queued or superseded", e)
 		}
@@ -340,7 +341,7 @@ func TestPullRequestTrust(t *testing.T) {
 				b.nothingRecorded(t)
 				return
 			}
-			want := evalRow{ID: got.eval, Status: "queued", Branch: "pull/7", Commit: sha(7), FlakeURL: cloneURL,
+			want := evalRow{ID: got.eval, Status: status.EvalQueued, Branch: "pull/7", Commit: sha(7), FlakeURL: cloneURL,
 				PRNumber: 7, PRAuthor: tc.author}
 			if es := b.evals(t); len(es) != 1 || es[0] != want {
 				t.Fatalf("evaluations %+v; want %+v", es, want)
@@ -352,7 +353,7 @@ func TestPullRequestTrust(t *testing.T) {
 				t.Fatalf("synchronize answered %+v; want 202 and a new evaluation", next)
 			}
 			es := b.evals(t)
-			if len(es) != 2 || es[0].Status != "cancelled" || es[1].Commit != sha(8) || es[1].Branch != "pull/7" {
+			if len(es) != 2 || es[0].Status != status.EvalCancelled || es[1].Commit != sha(8) || es[1].Branch != "pull/7" {
 				t.Fatalf("evaluations %+v; want the first cancelled, %s queued on pull/7", es, sha(8))
 			}
 		})
@@ -383,7 +384,7 @@ func TestRunCommand(t *testing.T) {
 	if got.code != http.StatusAccepted || got.msg != "evaluation queued" {
 		t.Fatalf("collaborator's /ci run answered %+v; want 202 evaluation queued", got)
 	}
-	approved := evalRow{ID: got.eval, Status: "queued", Branch: "pull/9", Commit: sha(2), FlakeURL: cloneURL,
+	approved := evalRow{ID: got.eval, Status: status.EvalQueued, Branch: "pull/9", Commit: sha(2), FlakeURL: cloneURL,
 		PRNumber: 9, PRAuthor: "stranger"}
 	if es := b.evals(t); len(es) != 1 || es[0] != approved {
 		t.Fatalf("evaluations %+v; want %+v", es, approved)
@@ -434,7 +435,7 @@ func TestRunCommand(t *testing.T) {
 		t.Fatalf("second approval answered %+v; want 202", got)
 	}
 	es := b.evals(t)
-	if len(es) != 2 || es[0].Status != "cancelled" || es[1].Commit != sha(3) || es[1].Branch != "pull/9" || es[1].PRAuthor != "stranger" {
+	if len(es) != 2 || es[0].Status != status.EvalCancelled || es[1].Commit != sha(3) || es[1].Branch != "pull/9" || es[1].PRAuthor != "stranger" {
 		t.Fatalf("evaluations %+v; want %s cancelled and %s queued on pull/9", es, sha(2), sha(3))
 	}
 

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/githubtest"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 	"github.com/harmonia-ci/harmonia-ci/internal/webhook"
 )
 
@@ -88,7 +89,7 @@ func TestApprovalNamesTheCommentedHead(t *testing.T) {
 	if got.code != http.StatusAccepted || got.msg != "evaluation queued" {
 		t.Fatalf("approval answered %+v; want 202 evaluation queued", got)
 	}
-	want := evalRow{ID: got.eval, Status: "queued", Branch: "pull/9", Commit: sha(2), FlakeURL: cloneURL,
+	want := evalRow{ID: got.eval, Status: status.EvalQueued, Branch: "pull/9", Commit: sha(2), FlakeURL: cloneURL,
 		PRNumber: 9, PRAuthor: "stranger"}
 	if es := b.evals(t); len(es) != 1 || es[0] != want {
 		t.Fatalf("evaluations %+v; want only the commented head %+v", es, want)

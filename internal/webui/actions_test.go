@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 // actionsFixture has a branch evaluation and a pull request evaluation (by "prauthor") of the
@@ -31,12 +33,12 @@ func newActionsFixture(t *testing.T) *actionsFixture {
 	fx := &actionsFixture{authFixture: newAuthFixture(t)}
 	fx.app = fx.project("app", "github", "octo/app", false)
 	fx.byURL = fx.project("byurl", "git", "https://git.example/x.git", false)
-	fx.branchEval = fx.eval(fx.app, "failed", 0, "")
-	fx.prEval = fx.eval(fx.app, "failed", 12, "prauthor")
-	fx.gitEval = fx.eval(fx.byURL, "failed", 0, "")
-	fx.branchJob, _ = fx.job(fx.app, fx.branchEval, "failed")
-	fx.prJob, _ = fx.job(fx.app, fx.prEval, "failed")
-	fx.gitJob, _ = fx.job(fx.byURL, fx.gitEval, "failed")
+	fx.branchEval = fx.eval(fx.app, status.EvalFailed, 0, "")
+	fx.prEval = fx.eval(fx.app, status.EvalFailed, 12, "prauthor")
+	fx.gitEval = fx.eval(fx.byURL, status.EvalFailed, 0, "")
+	fx.branchJob, _ = fx.job(fx.app, fx.branchEval, status.JobFailed)
+	fx.prJob, _ = fx.job(fx.app, fx.prEval, status.JobFailed)
+	fx.gitJob, _ = fx.job(fx.byURL, fx.gitEval, status.JobFailed)
 	fx.boss = fx.browser().login("boss")
 	fx.writer = fx.browser().login("writer")
 	fx.reader = fx.browser().login("reader")
@@ -89,13 +91,13 @@ func TestActionPermissions(t *testing.T) {
 			t.Fatal(err)
 		}
 		got := fx.act(c.who.b, fmt.Sprintf("/api/builds/%d/rebuild", c.job))
-		status := fx.jobStatus(c.job)
-		wantStatus := "failed"
+		st := fx.jobStatus(c.job)
+		wantStatus := status.JobFailed
 		if c.want == http.StatusOK {
-			wantStatus = "pending"
+			wantStatus = status.JobPending
 		}
-		if got != c.want || status != wantStatus {
-			t.Errorf("%s rebuilds job %d: %d, job %s; want %d, job %s", c.who.name, c.job, got, status, c.want, wantStatus)
+		if got != c.want || st != wantStatus {
+			t.Errorf("%s rebuilds job %d: %d, job %s; want %d, job %s", c.who.name, c.job, got, st, c.want, wantStatus)
 		}
 	}
 	if p := fx.id(`SELECT priority FROM build_jobs WHERE id = $1`, fx.branchJob); p != 100 {
@@ -103,17 +105,17 @@ func TestActionPermissions(t *testing.T) {
 	}
 
 	// Evaluations: cancel a running one, re-evaluate a finished one.
-	running := fx.eval(fx.app, "running", 0, "")
+	running := fx.eval(fx.app, status.EvalRunning, 0, "")
 	if got := fx.act(fx.reader, fmt.Sprintf("/api/evals/%d/cancel", running)); got != http.StatusForbidden {
 		t.Errorf("reader cancels an evaluation: %d, want 403", got)
 	}
-	if s := fx.str(`SELECT status FROM evaluations WHERE id = $1`, running); s != "running" {
+	if s := fx.evalStatus(running); s != status.EvalRunning {
 		t.Errorf("after a refused cancel the evaluation is %s", s)
 	}
 	if got := fx.act(fx.writer, fmt.Sprintf("/api/evals/%d/cancel", running)); got != http.StatusOK {
 		t.Errorf("writer cancels an evaluation: %d, want 200", got)
 	}
-	if s := fx.str(`SELECT status FROM evaluations WHERE id = $1`, running); s != "cancelled" {
+	if s := fx.evalStatus(running); s != status.EvalCancelled {
 		t.Errorf("cancelled evaluation is %s", s)
 	}
 	if got := fx.act(fx.writer, fmt.Sprintf("/api/evals/%d/cancel", running)); got != http.StatusConflict {
@@ -122,7 +124,7 @@ func TestActionPermissions(t *testing.T) {
 	if got := fx.act(fx.prAuthor, fmt.Sprintf("/api/evals/%d/re-evaluate", fx.prEval)); got != http.StatusOK {
 		t.Errorf("the PR author re-evaluates the PR: %d, want 200", got)
 	}
-	if s := fx.str(`SELECT status FROM evaluations WHERE id = $1`, fx.prEval); s != "queued" {
+	if s := fx.evalStatus(fx.prEval); s != status.EvalQueued {
 		t.Errorf("re-evaluated evaluation is %s, want queued", s)
 	}
 	if got := fx.act(fx.prAuthor, fmt.Sprintf("/api/evals/%d/re-evaluate", fx.branchEval)); got != http.StatusForbidden {
@@ -156,7 +158,7 @@ func TestActionAdminToken(t *testing.T) {
 	if code != http.StatusOK || json.Unmarshal([]byte(body), &answer) != nil || answer.Build != fx.gitJob {
 		t.Fatalf("admin token rebuild: %d %s", code, body)
 	}
-	if s := fx.jobStatus(fx.gitJob); s != "pending" {
+	if s := fx.jobStatus(fx.gitJob); s != status.JobPending {
 		t.Errorf("job after the admin token's rebuild: %s", s)
 	}
 	if code, _ := post(fmt.Sprintf("/api/builds/%d/rebuild", fx.gitJob), authTestToken); code != http.StatusConflict {
@@ -165,10 +167,10 @@ func TestActionAdminToken(t *testing.T) {
 	if code, _ := post(fmt.Sprintf("/api/builds/%d/cancel", fx.gitJob), "wrong"); code != http.StatusUnauthorized {
 		t.Errorf("a wrong admin token: %d, want 401", code)
 	}
-	if s := fx.jobStatus(fx.gitJob); s != "pending" {
+	if s := fx.jobStatus(fx.gitJob); s != status.JobPending {
 		t.Errorf("a wrong token changed the job to %s", s)
 	}
-	if code, _ := post(fmt.Sprintf("/api/builds/%d/cancel", fx.gitJob), authTestToken); code != http.StatusOK || fx.jobStatus(fx.gitJob) != "cancelled" {
+	if code, _ := post(fmt.Sprintf("/api/builds/%d/cancel", fx.gitJob), authTestToken); code != http.StatusOK || fx.jobStatus(fx.gitJob) != status.JobCancelled {
 		t.Errorf("admin token cancel: %d, job %s", code, fx.jobStatus(fx.gitJob))
 	}
 	if code, _ := post("/api/builds/abc/cancel", authTestToken); code != http.StatusNotFound {
@@ -193,13 +195,13 @@ func TestActionCSRF(t *testing.T) {
 		{"cross-site fetch", url.Values{"csrf": {token}}, map[string]string{"Sec-Fetch-Site": "cross-site"}},
 	} {
 		resp, _ := fx.writer.post(path, c.form, c.header)
-		if resp.StatusCode != http.StatusForbidden || fx.jobStatus(fx.branchJob) != "failed" {
+		if resp.StatusCode != http.StatusForbidden || fx.jobStatus(fx.branchJob) != status.JobFailed {
 			t.Errorf("%s: %d, job %s; want 403 and the job unchanged", c.name, resp.StatusCode, fx.jobStatus(fx.branchJob))
 		}
 	}
 	// The token in the header, same-origin: accepted.
 	resp, body := fx.writer.post(path, nil, map[string]string{"X-CSRF-Token": token, "Origin": fx.srv.URL, "Sec-Fetch-Site": "same-origin"})
-	if resp.StatusCode != http.StatusOK || fx.jobStatus(fx.branchJob) != "pending" {
+	if resp.StatusCode != http.StatusOK || fx.jobStatus(fx.branchJob) != status.JobPending {
 		t.Errorf("header token: %d %s, job %s", resp.StatusCode, body, fx.jobStatus(fx.branchJob))
 	}
 }
@@ -246,7 +248,7 @@ func TestActionAnswers(t *testing.T) {
 	if resp.StatusCode != http.StatusForbidden || !strings.Contains(body, "<html") || !strings.Contains(body, "write access") {
 		t.Errorf("refused form post: %d\n%s", resp.StatusCode, body)
 	}
-	if s := fx.jobStatus(fx.branchJob); s != "failed" {
+	if s := fx.jobStatus(fx.branchJob); s != status.JobFailed {
 		t.Errorf("refused and logged-out posts left the job %s", s)
 	}
 }
@@ -257,19 +259,19 @@ func TestRebuildFailed(t *testing.T) {
 	// app's branch evaluation: attribute top (dep-failed) needs mid (dep-failed) needs root
 	// (failed); attribute other failed on its own; attribute fine succeeded; a cancelled
 	// dependency of nothing failed stays.
-	e := fx.eval(fx.app, "succeeded", 0, "")
-	rootJob, root := fx.job(fx.app, 0, "failed")
-	midJob, mid := fx.job(fx.app, 0, "dep-failed", root)
-	topJob, _ := fx.job(fx.app, e, "dep-failed", mid)
-	otherJob, _ := fx.job(fx.app, e, "failed")
-	fineJob, _ := fx.job(fx.app, e, "succeeded")
-	strayJob, stray := fx.job(fx.app, 0, "cancelled")
-	fx.job(fx.app, e, "succeeded", stray)
+	e := fx.eval(fx.app, status.EvalSucceeded, 0, "")
+	rootJob, root := fx.job(fx.app, 0, status.JobFailed)
+	midJob, mid := fx.job(fx.app, 0, status.JobDepFailed, root)
+	topJob, _ := fx.job(fx.app, e, status.JobDepFailed, mid)
+	otherJob, _ := fx.job(fx.app, e, status.JobFailed)
+	fineJob, _ := fx.job(fx.app, e, status.JobSucceeded)
+	strayJob, stray := fx.job(fx.app, 0, status.JobCancelled)
+	fx.job(fx.app, e, status.JobSucceeded, stray)
 
 	if got := fx.act(fx.reader, fmt.Sprintf("/api/evals/%d/rebuild-failed", e)); got != http.StatusForbidden {
 		t.Errorf("reader: %d, want 403", got)
 	}
-	if s := fx.jobStatus(rootJob); s != "failed" {
+	if s := fx.jobStatus(rootJob); s != status.JobFailed {
 		t.Fatalf("a refused rebuild-failed left root %s", s)
 	}
 	if got := fx.act(fx.writer, fmt.Sprintf("/api/evals/%d/rebuild-failed", e)); got != http.StatusOK {
@@ -277,12 +279,12 @@ func TestRebuildFailed(t *testing.T) {
 	}
 	for name, c := range map[string]struct {
 		id       int64
-		status   string
+		status   status.JobStatus
 		priority int64
 	}{
 		// A writer's rebuild is at the normal priority: a boost is an admin's.
-		"root": {rootJob, "pending", 0}, "mid": {midJob, "pending", 0}, "top": {topJob, "pending", 0},
-		"other": {otherJob, "pending", 0}, "fine": {fineJob, "succeeded", 0}, "stray": {strayJob, "cancelled", 0},
+		"root": {rootJob, status.JobPending, 0}, "mid": {midJob, status.JobPending, 0}, "top": {topJob, status.JobPending, 0},
+		"other": {otherJob, status.JobPending, 0}, "fine": {fineJob, status.JobSucceeded, 0}, "stray": {strayJob, status.JobCancelled, 0},
 	} {
 		s, p := fx.jobStatus(c.id), fx.id(`SELECT priority FROM build_jobs WHERE id = $1`, c.id)
 		if s != c.status || p != c.priority {
@@ -299,13 +301,13 @@ func TestBuildBelongsToEveryEvaluationNeedingIt(t *testing.T) {
 	fx := newActionsFixture(t)
 	// A dependency queued for the project added by URL, needed by app's PR evaluation through
 	// an attribute: the PR's author may rebuild it.
-	depJob, dep := fx.job(fx.byURL, 0, "failed")
-	fx.job(fx.app, fx.prEval, "dep-failed", dep)
+	depJob, dep := fx.job(fx.byURL, 0, status.JobFailed)
+	fx.job(fx.app, fx.prEval, status.JobDepFailed, dep)
 	if got := fx.act(fx.prAuthor, fmt.Sprintf("/api/builds/%d/rebuild", depJob)); got != http.StatusOK {
 		t.Errorf("the PR author rebuilds a dependency of the PR: %d, want 200", got)
 	}
 	// A job only the project added by URL needs: admins only.
-	loneJob, _ := fx.job(fx.byURL, 0, "failed")
+	loneJob, _ := fx.job(fx.byURL, 0, status.JobFailed)
 	if got := fx.act(fx.writer, fmt.Sprintf("/api/builds/%d/rebuild", loneJob)); got != http.StatusForbidden {
 		t.Errorf("writer rebuilds a job of a project added by URL: %d, want 403", got)
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/forge"
 	"github.com/harmonia-ci/harmonia-ci/internal/githubtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/session"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 const (
@@ -102,7 +103,7 @@ VALUES ($1, $2, $3, $4, $5, $6, CASE WHEN $1 = 'github' THEN 7 END) RETURNING id
 
 // eval inserts an evaluation; pr 0 is a branch evaluation. A pull request's author is
 // recorded with the id the stand-in GitHub gives the login now, as a webhook would.
-func (fx *authFixture) eval(project int64, status string, pr int, author string) int64 {
+func (fx *authFixture) eval(project int64, st status.EvalStatus, pr int, author string) int64 {
 	fx.t.Helper()
 	var authorID int64
 	if author != "" {
@@ -112,13 +113,13 @@ func (fx *authFixture) eval(project int64, status string, pr int, author string)
     pr_author_id, started_at, finished_at)
 VALUES ($1, 'git+https://x/app.git', $2, $3, $4, NULLIF($5, 0), NULLIF($6, ''), NULLIF($7::bigint, 0), now(),
         CASE WHEN $4 IN ('succeeded', 'failed', 'cancelled') THEN now() END) RETURNING id`,
-		project, authTestCommit, fmt.Sprintf("branch-%d-%d", pr, fx.drvs), status, pr, author, authorID)
+		project, authTestCommit, fmt.Sprintf("branch-%d-%d", pr, fx.drvs), st, pr, author, authorID)
 }
 
 // job inserts a derivation, its build job in status (for project) and, if evalID is not 0, an
 // attribute of that evaluation; inputs become the derivation's inputs. It returns the job id
 // and the derivation.
-func (fx *authFixture) job(project, evalID int64, status string, inputs ...string) (int64, string) {
+func (fx *authFixture) job(project, evalID int64, st status.JobStatus, inputs ...string) (int64, string) {
 	fx.t.Helper()
 	fx.drvs++
 	hash := fmt.Sprintf("%032d", fx.drvs)
@@ -131,16 +132,21 @@ VALUES ($1, $2, $3, 'x86_64-linux', 'sha256:0', 0) RETURNING 1`, drv, hash, name
 	}
 	id := fx.id(`INSERT INTO build_jobs (drv_path, project_id, system, status, finished_at, claimed_by)
 VALUES ($1, $2, 'x86_64-linux', $3, CASE WHEN $3 IN ('failed', 'dep-failed', 'cancelled', 'succeeded') THEN now() END,
-        CASE WHEN $3 IN ('building', 'uploading') THEN 'node1' END) RETURNING id`, drv, project, status)
+        CASE WHEN $3 IN ('building', 'uploading') THEN 'node1' END) RETURNING id`, drv, project, st)
 	if evalID != 0 {
 		fx.id(`INSERT INTO eval_attrs (eval_id, attr, drv_path) VALUES ($1, $2, $3) RETURNING id`, evalID, name, drv)
 	}
 	return id, drv
 }
 
-func (fx *authFixture) jobStatus(id int64) string {
+func (fx *authFixture) evalStatus(id int64) status.EvalStatus {
 	fx.t.Helper()
-	return fx.str(`SELECT status FROM build_jobs WHERE id = $1`, id)
+	return status.EvalStatus(fx.str(`SELECT status FROM evaluations WHERE id = $1`, id))
+}
+
+func (fx *authFixture) jobStatus(id int64) status.JobStatus {
+	fx.t.Helper()
+	return status.JobStatus(fx.str(`SELECT status FROM build_jobs WHERE id = $1`, id))
 }
 
 // browser is a test browser: a cookie jar, not following redirects.

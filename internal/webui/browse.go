@@ -15,6 +15,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
 	"github.com/harmonia-ci/harmonia-ci/internal/forge"
 	"github.com/harmonia-ci/harmonia-ci/internal/httpapi"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 // listLimit bounds the branch and pull request lists of a project page.
@@ -61,7 +62,7 @@ type ProjectInfo struct {
 type EvalRow struct {
 	ID             int64
 	Branch, Commit string
-	Status         string
+	Status         status.EvalStatus
 	CreatedAt      time.Time
 	StartedAt      *time.Time
 	FinishedAt     *time.Time
@@ -169,7 +170,7 @@ func repoURL(clone string) string {
 type NodeRow struct {
 	ID                string
 	Roles             []string
-	Status            string // the nodes table's: joining, active, draining or dead
+	Status            status.NodeStatus
 	Draining          bool
 	Systems, Features []string
 	CurrentJobs       int
@@ -185,11 +186,11 @@ type NodeRow struct {
 // State is what the nodes page calls the node's status: online, draining, joining or offline.
 func (n NodeRow) State() string {
 	switch {
-	case n.Status == cluster.StatusDead:
+	case n.Status == status.NodeDead:
 		return "offline"
-	case n.Draining || n.Status == cluster.StatusDraining:
+	case n.Draining || n.Status == status.NodeDraining:
 		return "draining"
-	case n.Status == cluster.StatusJoining:
+	case n.Status == status.NodeJoining:
 		return "joining"
 	default:
 		return "online"

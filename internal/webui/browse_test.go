@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 // browseFixture is a test UI on a fresh database, with helpers that insert rows directly.
@@ -63,14 +64,14 @@ RETURNING id`, forgeName, owner, repo, fullName, testForgeURL+"/"+fullName+".git
 }
 
 // eval inserts an evaluation of sha on branch; pr > 0 makes it a pull request's.
-func (fx *browseFixture) eval(project int64, branch, sha, status string, pr int, author string) int64 {
+func (fx *browseFixture) eval(project int64, branch, sha string, st status.EvalStatus, pr int, author string) int64 {
 	fx.t.Helper()
 	var prNumber, prAuthor any
 	if pr > 0 {
 		prNumber, prAuthor = pr, author
 	}
 	return fx.id(`INSERT INTO evaluations (project_id, flake_url, commit_sha, branch, status, pr_number, pr_author)
-VALUES ($1, 'git+https://x/o/r.git', $2, $3, $4, $5, $6) RETURNING id`, project, sha, branch, status, prNumber, prAuthor)
+VALUES ($1, 'git+https://x/o/r.git', $2, $3, $4, $5, $6) RETURNING id`, project, sha, branch, st, prNumber, prAuthor)
 }
 
 // drv inserts a derivation named name for system, requiring features.
@@ -103,13 +104,13 @@ SELECT drv_path, $2, system, required_features, $3, $4 FROM derivations WHERE dr
 }
 
 // node inserts a node row.
-func (fx *browseFixture) node(id, status string, draining bool, systems, features []string, lastSeen time.Time) {
+func (fx *browseFixture) node(id string, st status.NodeStatus, draining bool, systems, features []string, lastSeen time.Time) {
 	fx.t.Helper()
 	features = append([]string{}, features...)
 	fx.exec(`INSERT INTO nodes (id, roles, endpoint, hostname, systems, features, max_jobs, current_jobs, speed_factor,
     status, draining, incarnation, last_seen)
 VALUES ($1, '{builder}', 'http://'||$1||':8080', $1||'.host', $2, $3, 4, 2, 1.5, $4, $5, gen_random_uuid(), $6)`,
-		id, systems, features, status, draining, lastSeen)
+		id, systems, features, st, draining, lastSeen)
 }
 
 // getOK GETs path and fails the test unless it answers 200.
@@ -179,16 +180,16 @@ func TestProjectPage(t *testing.T) {
 	fx := newBrowseFixture(t)
 	web := fx.project("web", "gitea", "o/web")
 	other := fx.project("other", "gitea", "o/other")
-	fx.eval(other, "main", sha(999), "succeeded", 0, "")
+	fx.eval(other, "main", sha(999), status.EvalSucceeded, 0, "")
 
-	oldMain := fx.eval(web, "main", sha(1), "failed", 0, "")
-	dev := fx.eval(web, "dev", sha(2), "failed", 0, "")
-	pr7old := fx.eval(web, "pull/7", sha(3), "failed", 7, "alice")
-	pr9 := fx.eval(web, "pull/9", sha(4), "running", 9, "bob")
-	pr7 := fx.eval(web, "pull/7", sha(5), "queued", 7, "alice")
+	oldMain := fx.eval(web, "main", sha(1), status.EvalFailed, 0, "")
+	dev := fx.eval(web, "dev", sha(2), status.EvalFailed, 0, "")
+	pr7old := fx.eval(web, "pull/7", sha(3), status.EvalFailed, 7, "alice")
+	pr9 := fx.eval(web, "pull/9", sha(4), status.EvalRunning, 9, "bob")
+	pr7 := fx.eval(web, "pull/7", sha(5), status.EvalQueued, 7, "alice")
 	var all []int64 // newest first
 	for i := 0; i < 30; i++ {
-		all = append(all, fx.eval(web, "main", sha(100+i), "succeeded", 0, ""))
+		all = append(all, fx.eval(web, "main", sha(100+i), status.EvalSucceeded, 0, ""))
 	}
 	latestMain := all[len(all)-1]
 	all = append(all, pr7, pr9, pr7old, dev, oldMain)
@@ -270,9 +271,9 @@ func TestNodesPage(t *testing.T) {
 	t.Parallel()
 	fx := newBrowseFixture(t)
 	now := time.Now()
-	fx.node("b1", "active", false, []string{"x86_64-linux", "i686-linux"}, []string{"kvm", "big-parallel"}, now)
-	fx.node("b2", "draining", true, []string{"x86_64-linux"}, nil, now)
-	fx.node("b3", "dead", false, []string{"aarch64-linux"}, nil, now.Add(-3*time.Hour))
+	fx.node("b1", status.NodeActive, false, []string{"x86_64-linux", "i686-linux"}, []string{"kvm", "big-parallel"}, now)
+	fx.node("b2", status.NodeDraining, true, []string{"x86_64-linux"}, nil, now)
+	fx.node("b3", status.NodeDead, false, []string{"aarch64-linux"}, nil, now.Add(-3*time.Hour))
 	fx.exec(`UPDATE nodes SET nix_version = '2.26.3', nix_protocol = '1.38' WHERE id = 'b1'`)
 	fx.exec(`UPDATE nodes SET nix_version = '2.8.0', nix_protocol = '1.34' WHERE id = 'b2'`)
 	fx.exec(`INSERT INTO leaders (role, node_id, incarnation, epoch, acquired_at, lease_until)
@@ -315,9 +316,9 @@ VALUES ('maintainer', 'b1', gen_random_uuid(), 3, now() - interval '10 minutes',
 func TestQueuePage(t *testing.T) {
 	t.Parallel()
 	fx := newBrowseFixture(t)
-	fx.node("b1", "active", false, []string{"x86_64-linux"}, []string{"kvm"}, time.Now())
+	fx.node("b1", status.NodeActive, false, []string{"x86_64-linux"}, []string{"kvm"}, time.Now())
 	// A draining node has the feature big-parallel: it claims nothing, so it does not count.
-	fx.node("b2", "draining", true, []string{"x86_64-linux"}, []string{"big-parallel"}, time.Now())
+	fx.node("b2", status.NodeDraining, true, []string{"x86_64-linux"}, []string{"big-parallel"}, time.Now())
 	heavy := fx.project("heavy", "gitea", "o/heavy") // has used much of its share
 	light := fx.project("light", "gitea", "o/light")
 	fx.exec(`UPDATE projects SET consumed_seconds = 5000 WHERE id = $1`, heavy)
@@ -482,8 +483,8 @@ func TestHostileNames(t *testing.T) {
 	fx := newBrowseFixture(t)
 	const evil = `<script>alert(1)</script>`
 	p := fx.project(evil, "gitea", `o/<img src=x onerror=alert(2)>`)
-	fx.eval(p, `"><b onmouseover=alert(3)>`, sha(1), "succeeded", 0, "")
-	fx.eval(p, "pull/1", sha(2), "failed", 1, `"><svg onload=alert(4)>`)
+	fx.eval(p, `"><b onmouseover=alert(3)>`, sha(1), status.EvalSucceeded, 0, "")
+	fx.eval(p, "pull/1", sha(2), status.EvalFailed, 1, `"><svg onload=alert(4)>`)
 	fx.job(fx.drv(`<iframe src=javascript:alert(5)>`, "x86_64-linux"), p, 0, fx.base)
 	fx.exec(`INSERT INTO nodes (id, roles, endpoint, hostname, version, incarnation)
 VALUES ('n1', '{"<u>role</u>"}', 'http://n1', '<marquee>host</marquee>', '"><i>v</i>', gen_random_uuid())`)
@@ -513,7 +514,7 @@ func TestPrivateProjectHidden(t *testing.T) {
 	fx := newBrowseFixture(t)
 	p := fx.project("secret", "gitea", "o/secret")
 	fx.exec(`UPDATE repositories SET is_private = true WHERE id = (SELECT repo_id FROM projects WHERE id = $1)`, p)
-	fx.eval(p, "main", sha(1), "succeeded", 0, "")
+	fx.eval(p, "main", sha(1), status.EvalSucceeded, 0, "")
 	job := fx.job(fx.drv("secret-pkg", "x86_64-linux"), p, 0, fx.base)
 	public := fx.job(fx.drv("public-pkg", "x86_64-linux"), fx.project("open", "gitea", "o/open"), 0, fx.base)
 

@@ -17,6 +17,7 @@ import (
 	"github.com/klauspost/compress/zstd"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/forge"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 const (
@@ -36,7 +37,8 @@ const (
 // BuildJob is a build job as its page shows it.
 type BuildJob struct {
 	ID                               int64
-	DrvPath, Name, System, Status    string
+	DrvPath, Name, System            string
+	Status                           status.JobStatus
 	Priority, Attempt, RetryCount    int
 	ClaimedBy                        string
 	ClaimedAt, StartedAt, FinishedAt *time.Time
@@ -48,16 +50,18 @@ type BuildJob struct {
 
 // BuildEval is an evaluation that has the build's derivation as an attribute.
 type BuildEval struct {
-	ID                                    int64
-	Project, Branch, Commit, Status, Attr string
-	CreatedAt                             time.Time
-	CommitURL                             string // on the forge; "" if none
+	ID                            int64
+	Project, Branch, Commit, Attr string
+	Status                        status.EvalStatus
+	CreatedAt                     time.Time
+	CommitURL                     string // on the forge; "" if none
 }
 
 // BuildDependent is a build that takes the build's outputs as inputs.
 type BuildDependent struct {
-	ID           int64
-	Name, Status string
+	ID     int64
+	Name   string
+	Status status.JobStatus
 }
 
 // repoRef is where a listed row's project lives, to decide whether the viewer may see it.
@@ -191,9 +195,9 @@ func (u *UI) logView(ctx context.Context, j BuildJob) LogView {
 		v.Raw = ""
 		v.Missing = "This build has no log."
 		switch {
-		case liveStatus(j.Status):
+		case j.Status.Unfinished():
 			v.Missing = "No output yet."
-		case j.Status == "succeeded" && j.LogURL == "":
+		case j.Status == status.JobSucceeded && j.LogURL == "":
 			// A succeeded build always uploads its log; the garbage collector clears log_url
 			// when it deletes one past log retention.
 			v.Missing = "This build's log was deleted: logs are kept for retention.log_retention (30 days by default)."
@@ -217,7 +221,7 @@ func (u *UI) logView(ctx context.Context, j BuildJob) LogView {
 			v.Raw = ""
 		}
 	}
-	if liveStatus(j.Status) {
+	if j.Status.Unfinished() { // it may still write to its log
 		v.Stream = fmt.Sprintf("/api/builds/%d/log", j.ID)
 	}
 	return v
@@ -257,16 +261,17 @@ type cacheLogs struct {
 }
 
 func (c *cacheLogs) Tail(ctx context.Context, jobID int64, max int) (LogTail, error) {
-	var status, logURL string
+	var st status.JobStatus
+	var logURL string
 	var live []byte
-	err := c.pool.QueryRow(ctx, sqlBuildLogState, jobID).Scan(&status, &logURL, &live)
+	err := c.pool.QueryRow(ctx, sqlBuildLogState, jobID).Scan(&st, &logURL, &live)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return LogTail{}, fmt.Errorf("build %d: %w", jobID, ErrNoLog)
 	}
 	if err != nil {
 		return LogTail{}, fmt.Errorf("read log state of build %d: %w", jobID, err)
 	}
-	if liveStatus(status) {
+	if st.Unfinished() { // the log is still being written: its live tail is all there is
 		if live == nil {
 			return LogTail{}, fmt.Errorf("build %d: %w", jobID, ErrNoLog)
 		}
@@ -393,15 +398,6 @@ func cleanLog(b []byte) string {
 		lines[i] = l
 	}
 	return strings.Join(lines, "\n")
-}
-
-// liveStatus reports whether a job in status may still write to its log.
-func liveStatus(status string) bool {
-	switch status {
-	case "pending", "building", "uploading":
-		return true
-	}
-	return false
 }
 
 // logLocation is the path a cache serves a finished build's log under ("/" + log_url, each

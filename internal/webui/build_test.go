@@ -10,6 +10,8 @@ import (
 	"testing"
 
 	"github.com/klauspost/compress/zstd"
+
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 func TestBuildPage(t *testing.T) {
@@ -179,13 +181,13 @@ func TestBuildPageShowsTheArchivedLog(t *testing.T) {
 			for i, n := range tc.caches {
 				c := newLogCache(t, name, []byte(tc.log))
 				c.zstd, c.status = tc.zstd, n.status
-				status := "active"
+				st := status.NodeActive
 				if n.status == 0 {
-					status = "dead"
+					st = status.NodeDead
 				}
 				fx.exec(`INSERT INTO nodes (id, roles, endpoint, incarnation, status, last_seen)
 VALUES ($1, '{cache,signer}', $2, gen_random_uuid(), $3, now() - $4 * interval '1 second')`,
-					fmt.Sprintf("cache-%d", i), c.srv.URL, status, n.lastSeen)
+					fmt.Sprintf("cache-%d", i), c.srv.URL, st, n.lastSeen)
 				caches = append(caches, c)
 			}
 			// A builder's endpoint is never asked for logs.

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 func TestChartScale(t *testing.T) {
@@ -34,7 +36,7 @@ func TestActivityEnd(t *testing.T) {
 // chartJob is a job's history for the activity tests: times are offsets from the window's
 // end; nil means never.
 type chartJob struct {
-	status                     string
+	status                     status.JobStatus
 	created, claimed, finished time.Duration
 	wasClaimed, hasFinished    bool
 }
@@ -131,27 +133,27 @@ func TestActivity(t *testing.T) {
 		j := chartJob{created: minute(-8*60, 30)}
 		switch rng.IntN(6) {
 		case 0:
-			j.status = "pending"
+			j.status = status.JobPending
 		case 1:
-			j.status, j.claimed, j.wasClaimed = "building", j.created+minute(0, 90), true
+			j.status, j.claimed, j.wasClaimed = status.JobBuilding, j.created+minute(0, 90), true
 		case 2, 3:
-			j.status, j.claimed, j.wasClaimed = "succeeded", j.created+minute(0, 90), true
+			j.status, j.claimed, j.wasClaimed = status.JobSucceeded, j.created+minute(0, 90), true
 			j.finished, j.hasFinished = j.claimed+minute(0, 60), true
 		case 4:
-			j.status, j.claimed, j.wasClaimed = "failed", j.created+minute(0, 90), true
+			j.status, j.claimed, j.wasClaimed = status.JobFailed, j.created+minute(0, 90), true
 			j.finished, j.hasFinished = j.claimed+minute(0, 60), true
 		case 5:
-			j.status, j.finished, j.hasFinished = []string{"dep-failed", "cancelled"}[rng.IntN(2)], j.created+minute(0, 90), true
+			j.status, j.finished, j.hasFinished = []status.JobStatus{status.JobDepFailed, status.JobCancelled}[rng.IntN(2)], j.created+minute(0, 90), true
 		}
 		jobs = append(jobs, j)
 	}
 	// The edges: exactly on bucket boundaries, and at the window's edges.
 	jobs = append(jobs,
-		chartJob{status: "succeeded", created: -6 * time.Hour, claimed: -6 * time.Hour, wasClaimed: true, finished: -6 * time.Hour, hasFinished: true},
-		chartJob{status: "failed", created: -7 * time.Hour, claimed: -10 * time.Minute, wasClaimed: true, finished: -time.Nanosecond * 1000, hasFinished: true},
-		chartJob{status: "succeeded", created: -20 * time.Minute, claimed: -10 * time.Minute, wasClaimed: true, finished: 0, hasFinished: true},
-		chartJob{status: "pending", created: 0},
-		chartJob{status: "pending", created: -time.Microsecond},
+		chartJob{status: status.JobSucceeded, created: -6 * time.Hour, claimed: -6 * time.Hour, wasClaimed: true, finished: -6 * time.Hour, hasFinished: true},
+		chartJob{status: status.JobFailed, created: -7 * time.Hour, claimed: -10 * time.Minute, wasClaimed: true, finished: -time.Nanosecond * 1000, hasFinished: true},
+		chartJob{status: status.JobSucceeded, created: -20 * time.Minute, claimed: -10 * time.Minute, wasClaimed: true, finished: 0, hasFinished: true},
+		chartJob{status: status.JobPending, created: 0},
+		chartJob{status: status.JobPending, created: -time.Microsecond},
 	)
 	for i, j := range jobs {
 		at := func(d time.Duration, set bool) any {
@@ -179,9 +181,9 @@ VALUES ($1, 'x86_64-linux', $2, CASE WHEN $2 IN ('building', 'uploading') THEN '
 			}
 			if j.hasFinished && j.finished >= lo && j.finished < hi {
 				switch j.status {
-				case "succeeded":
+				case status.JobSucceeded:
 					want[k].succeeded++
-				case "failed":
+				case status.JobFailed:
 					want[k].failed++
 				}
 			}
@@ -224,10 +226,10 @@ func TestDashboardCharts(t *testing.T) {
 	t.Parallel()
 	fx := newBrowseFixture(t)
 	// Two hours ago is well inside the window whenever the page is read.
-	for i, status := range []string{"succeeded", "succeeded", "succeeded", "failed", "dep-failed"} {
+	for i, st := range []status.JobStatus{status.JobSucceeded, status.JobSucceeded, status.JobSucceeded, status.JobFailed, status.JobDepFailed} {
 		fx.exec(`INSERT INTO build_jobs (drv_path, system, status, created_at, claimed_at, finished_at)
 VALUES ($1, 'x86_64-linux', $2, now() - interval '3 hours', now() - interval '2 hours', now() - interval '2 hours')`,
-			fx.drv("done"+strconv.Itoa(i), "x86_64-linux"), status)
+			fx.drv("done"+strconv.Itoa(i), "x86_64-linux"), st)
 	}
 	for i := 0; i < 4; i++ {
 		fx.job(fx.drv("wait"+strconv.Itoa(i), "x86_64-linux"), 0, 0, time.Now().Add(-4*time.Hour))

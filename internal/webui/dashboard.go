@@ -3,6 +3,8 @@ package webui
 import (
 	"net/http"
 	"time"
+
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 // QueueBar is the dashboard's summary of the cluster.
@@ -16,7 +18,8 @@ type ProjectRow struct {
 	Name, Forge, FullName, CloneURL            string
 	Enabled, Private                           bool
 	EvalID                                     *int64
-	Commit, Branch, EvalStatus                 *string
+	Commit, Branch                             *string
+	EvalStatus                                 *status.EvalStatus
 	EvalCreated                                *time.Time
 	Total, Succeeded, Failed, Running, Pending int
 	CommitURL                                  string // the commit on its forge, "" if none

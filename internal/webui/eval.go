@@ -16,6 +16,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/evaluation"
 	"github.com/harmonia-ci/harmonia-ci/internal/forge"
 	"github.com/harmonia-ci/harmonia-ci/internal/httpapi"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 // attrPageSize is how many attributes an evaluation page lists before "Load more".
@@ -76,15 +77,16 @@ func pathID(r *http.Request, what string) (int64, error) {
 
 // EvalHeader is an evaluation as its page's header shows it.
 type EvalHeader struct {
-	ID                     int64
-	ProjectID              int64
-	Project                string
-	Forge, Owner, Repo     string
-	FullName               string
-	Commit, Branch, Status string
-	SkippedReason, Error   string
-	PRNumber               int
-	PRAuthor               string
+	ID                   int64
+	ProjectID            int64
+	Project              string
+	Forge, Owner, Repo   string
+	FullName             string
+	Commit, Branch       string
+	Status               status.EvalStatus
+	SkippedReason, Error string
+	PRNumber             int
+	PRAuthor             string
 	// A pull request's base branch, the base's tip its last run merged into (or that
 	// conflicted), and the merge it evaluated ("": the head).
 	PRBase, BaseCommit, MergeCommit string
@@ -98,7 +100,7 @@ type EvalHeader struct {
 
 // Finished reports whether the evaluation itself is over (its builds may still run).
 func (e EvalHeader) Finished() bool {
-	return e.Status != evaluation.StatusQueued && e.Status != evaluation.StatusRunning
+	return !e.Status.Unfinished()
 }
 
 // AttrRow is one attribute of an evaluation as its table row shows it: the template
@@ -209,8 +211,13 @@ func (u *UI) evalPage(w http.ResponseWriter, r *http.Request) (string, Page, err
 		}
 		p.Tabs = append(p.Tabs, Tab{Key: t.Key, Label: t.Label, Href: href, Count: counts[i], Current: t.Key == tab})
 	}
-	if p.Jobs, err = evaluation.JobCounts(ctx, u.cfg.Pool, id); err != nil {
+	jobs, err := evaluation.JobCounts(ctx, u.cfg.Pool, id)
+	if err != nil {
 		return "", Page{}, err
+	}
+	p.Jobs = make(map[string]int, len(jobs))
+	for s, n := range jobs {
+		p.Jobs[string(s)] = n // templates index it with plain words
 	}
 	if p.Timeline, err = u.timeline(ctx, id, e.Project); err != nil {
 		return "", Page{}, err

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 const evalTestCommit = "0123456789abcdef0123456789abcdef01234567"
@@ -98,7 +100,7 @@ func (fx *evalFixture) attr(id int64, name, drv string) int64 {
 
 // jobSpec is a build job to insert: a status and, for one that ran, its run.
 type jobSpec struct {
-	status         string
+	status         status.JobStatus
 	node           string
 	claimed, ended time.Duration // after jobEpoch; ended 0: not finished
 	attempt        int
@@ -190,11 +192,11 @@ func (fx *evalFixture) newScenario() evalScenario {
 		attr string
 		spec *jobSpec // nil: no job
 	}{
-		{"ok", &jobSpec{status: "succeeded", node: "node-a", claimed: 0, ended: 2 * time.Minute, attempt: 1}},
+		{"ok", &jobSpec{status: status.JobSucceeded, node: "node-a", claimed: 0, ended: 2 * time.Minute, attempt: 1}},
 		{"cached", nil},
-		{"busy", &jobSpec{status: "building", node: "node-b", claimed: 3 * time.Minute, attempt: 1}},
-		{"waiting", &jobSpec{status: "pending"}},
-		{"bad", &jobSpec{status: "failed", node: "node-a", claimed: time.Minute, ended: 4 * time.Minute, attempt: 1,
+		{"busy", &jobSpec{status: status.JobBuilding, node: "node-b", claimed: 3 * time.Minute, attempt: 1}},
+		{"waiting", &jobSpec{status: status.JobPending}},
+		{"bad", &jobSpec{status: status.JobFailed, node: "node-a", claimed: time.Minute, ended: 4 * time.Minute, attempt: 1,
 			exitCode: &one, errorMessage: "builder failed with exit code 1"}},
 	}
 	for _, sp := range specs {
@@ -213,10 +215,10 @@ func (fx *evalFixture) newScenario() evalScenario {
 	lib, mid, top := fx.drv("lib"), fx.drv("mid"), fx.drv("top")
 	fx.dep(top, mid)
 	fx.dep(mid, lib)
-	s.jobs["lib"] = fx.job(lib, jobSpec{status: "failed", node: "node-b", claimed: 30 * time.Second, ended: 90 * time.Second, attempt: 1})
+	s.jobs["lib"] = fx.job(lib, jobSpec{status: status.JobFailed, node: "node-b", claimed: 30 * time.Second, ended: 90 * time.Second, attempt: 1})
 	s.nodeOf[s.jobs["lib"]] = "node-b"
-	s.jobs["mid"] = fx.job(mid, jobSpec{status: "dep-failed"})
-	s.jobs["top"] = fx.job(top, jobSpec{status: "dep-failed"})
+	s.jobs["mid"] = fx.job(mid, jobSpec{status: status.JobDepFailed})
+	s.jobs["top"] = fx.job(top, jobSpec{status: status.JobDepFailed})
 	s.rows["top"] = fx.attr(s.eval, "top", top)
 	return s
 }
@@ -416,7 +418,7 @@ func TestAttrRowsOfDerivations(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(rows) != 1 || rows[0].ID != s.rows["busy"] || rows[0].Status != "building" || rows[0].ClaimedBy != "node-b" ||
+	if len(rows) != 1 || rows[0].ID != s.rows["busy"] || rows[0].Status != string(status.JobBuilding) || rows[0].ClaimedBy != "node-b" ||
 		rows[0].Project != "proj" || rows[0].JobID != s.jobs["busy"] {
 		t.Fatalf("attrRows(busy) = %+v", rows)
 	}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/harmonia-ci/harmonia-ci/internal/forge"
 	"github.com/harmonia-ci/harmonia-ci/internal/notify"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 // Live updates: GET /api/events/dashboard and /api/events/eval/{id} are server-sent event
@@ -510,7 +511,7 @@ func (h *hub) evalUpdates(ctx context.Context, c changes, byEval map[int64][]*st
 		if _, changed := c.evals[id]; changed {
 			var head struct {
 				ID     int64
-				Status string
+				Status status.EvalStatus
 			}
 			head.ID = id
 			if err := h.u.cfg.Pool.QueryRow(ctx, sqlEvalStatus, id).Scan(&head.Status); err == nil {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/harmonia-ci/harmonia-ci/internal/clock"
 	"github.com/harmonia-ci/harmonia-ci/internal/notify"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 // eventReader reads one SSE stream's "update" events.
@@ -100,10 +101,10 @@ func TestLiveUpdates(t *testing.T) {
 	e := fx.newEval(fx.project)
 	drv := fx.drv("hello")
 	row := fx.attr(e, "hello", drv)
-	fx.job(drv, jobSpec{status: "building", node: "b1", claimed: time.Second})
+	fx.job(drv, jobSpec{status: status.JobBuilding, node: "b1", claimed: time.Second})
 	other := fx.drv("other")
 	fx.attr(e, "other", other)
-	fx.job(other, jobSpec{status: "pending"})
+	fx.job(other, jobSpec{status: status.JobPending})
 
 	evalStream := openEvents(t, srv, fmt.Sprintf("/api/events/eval/%d", e))
 	dash := openEvents(t, srv, "/api/events/dashboard")

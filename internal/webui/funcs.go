@@ -6,6 +6,9 @@ import (
 	"net/url"
 	"strconv"
 	"time"
+
+	"github.com/harmonia-ci/harmonia-ci/internal/forge"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 // funcs are the helpers every template may use.
@@ -14,7 +17,7 @@ var funcs = template.FuncMap{
 	"ago":      ago,
 	"duration": duration,
 	"between":  between,
-	"status":   statusClass,
+	"status":   func(word any) string { return statusClass(fmt.Sprint(word)) }, // a typed status or a plain word
 	"query":    func(k, v string) string { return url.Values{k: {v}}.Encode() },
 	"pathesc":  url.PathEscape,
 	"plus":     func(a, b int) int { return a + b },
@@ -26,12 +29,17 @@ var funcs = template.FuncMap{
 	"joinList": joinList, // browse.go
 }
 
-// deref is what a *string or *int64 points at, or its zero value.
+// deref is what a *string, *int64 or *status.EvalStatus points at, or its zero value.
 func deref(v any) any {
 	switch p := v.(type) {
 	case *string:
 		if p == nil {
 			return ""
+		}
+		return *p
+	case *status.EvalStatus:
+		if p == nil {
+			return status.EvalStatus("")
 		}
 		return *p
 	case *int64:
@@ -112,16 +120,17 @@ func timeOf(t any) (time.Time, bool) {
 	return time.Time{}, false
 }
 
-// statusClass is the CSS class of a job or evaluation status.
-func statusClass(s string) string {
-	switch s {
-	case "succeeded", "success":
+// statusClass is the CSS class of a status word: a job's or an evaluation's (the two share
+// succeeded, failed and cancelled), or a forge's commit state.
+func statusClass(word string) string {
+	switch word {
+	case string(status.JobSucceeded), string(forge.StateSuccess):
 		return "ok"
-	case "failed", "failure", "dep-failed":
+	case string(status.JobFailed), string(status.JobDepFailed), string(forge.StateFailure):
 		return "bad"
-	case "cancelled", "skipped", "error":
+	case string(status.JobCancelled), string(status.EvalSkipped), string(forge.StateError):
 		return "off"
-	case "building", "uploading", "running", "evaluating":
+	case string(status.JobBuilding), string(status.JobUploading), string(status.EvalRunning), "evaluating":
 		return "busy"
 	default:
 		return "wait"

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/forge"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 // restart replaces the fixture's UI by a new one whose [auth] admins are admins, on the same
@@ -96,9 +97,9 @@ func TestPRAuthorMatchedByID(t *testing.T) {
 	t.Parallel()
 	fx := newAuthFixture(t)
 	app := fx.project("app", "github", "octo/app", false)
-	prEval := fx.eval(app, "failed", 12, "alice") // recorded with alice's user id
-	job, _ := fx.job(app, prEval, "failed")
-	rebuild := func(b *browser) (int, string) {
+	prEval := fx.eval(app, status.EvalFailed, 12, "alice") // recorded with alice's user id
+	job, _ := fx.job(app, prEval, status.JobFailed)
+	rebuild := func(b *browser) (int, status.JobStatus) {
 		t.Helper()
 		if _, err := fx.pool.Exec(fx.ctx, `UPDATE build_jobs SET status = 'failed' WHERE id = $1`, job); err != nil {
 			t.Fatal(err)
@@ -109,16 +110,16 @@ func TestPRAuthorMatchedByID(t *testing.T) {
 		}
 		return resp.StatusCode, fx.jobStatus(job)
 	}
-	if code, status := rebuild(fx.browser().login("alice")); code != http.StatusOK || status != "pending" {
-		t.Fatalf("the author rebuilds their pull request's job: %d, job %s; want 200, pending", code, status)
+	if code, st := rebuild(fx.browser().login("alice")); code != http.StatusOK || st != status.JobPending {
+		t.Fatalf("the author rebuilds their pull request's job: %d, job %s; want 200, pending", code, st)
 	}
 	fx.gh.RenameUser("alice", "alice2")
-	if code, status := rebuild(fx.browser().login("alice2")); code != http.StatusOK || status != "pending" {
-		t.Errorf("the renamed author rebuilds: %d, job %s; want 200, pending", code, status)
+	if code, st := rebuild(fx.browser().login("alice2")); code != http.StatusOK || st != status.JobPending {
+		t.Errorf("the renamed author rebuilds: %d, job %s; want 200, pending", code, st)
 	}
 	fx.gh.CreateUser("alice")
-	if code, status := rebuild(fx.browser().login("alice")); code != http.StatusForbidden || status != "failed" {
-		t.Errorf("the new holder of the author's old login rebuilds: %d, job %s; want 403, failed", code, status)
+	if code, st := rebuild(fx.browser().login("alice")); code != http.StatusForbidden || st != status.JobFailed {
+		t.Errorf("the new holder of the author's old login rebuilds: %d, job %s; want 403, failed", code, st)
 	}
 }
 
@@ -199,7 +200,7 @@ func TestStaleSessionLoginLendsNothing(t *testing.T) {
 	now := time.Now()
 	fx.u.auth.logins.now = func() time.Time { return now }
 	app := fx.project("app", "github", "octo/app", false)
-	job, _ := fx.job(app, fx.eval(app, "failed", 0, ""), "failed")
+	job, _ := fx.job(app, fx.eval(app, status.EvalFailed, 0, ""), status.JobFailed)
 	rebuild := func(b *browser) int {
 		t.Helper()
 		if _, err := fx.pool.Exec(fx.ctx, `UPDATE build_jobs SET status = 'failed' WHERE id = $1`, job); err != nil {

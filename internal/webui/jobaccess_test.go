@@ -10,6 +10,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/evaluation"
 	"github.com/harmonia-ci/harmonia-ci/internal/githubtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 // sharedFixture adds to actionsFixture a second public project, lib (octo/lib, where nobody of
@@ -29,12 +30,12 @@ func newSharedFixture(t *testing.T) *sharedFixture {
 	fx := &sharedFixture{actionsFixture: newActionsFixture(t)}
 	fx.gh.AddInstallation(7, githubtest.Repo{FullName: "octo/lib"})
 	fx.lib = fx.project("lib", "github", "octo/lib", false)
-	fx.libEval = fx.eval(fx.lib, "succeeded", 0, "")
-	fx.libJob, fx.libDrv = fx.job(fx.lib, fx.libEval, "building")
+	fx.libEval = fx.eval(fx.lib, status.EvalSucceeded, 0, "")
+	fx.libJob, fx.libDrv = fx.job(fx.lib, fx.libEval, status.JobBuilding)
 	fx.id(`UPDATE build_jobs SET started_at = now(), claimed_at = now() WHERE id = $1 RETURNING id`, fx.libJob)
-	fx.libTop, _ = fx.job(fx.lib, fx.libEval, "pending", fx.libDrv)
-	fx.pr = fx.eval(fx.app, "succeeded", 13, "prauthor")
-	fx.ownJob, _ = fx.job(fx.app, fx.pr, "pending")
+	fx.libTop, _ = fx.job(fx.lib, fx.libEval, status.JobPending, fx.libDrv)
+	fx.pr = fx.eval(fx.app, status.EvalSucceeded, 13, "prauthor")
+	fx.ownJob, _ = fx.job(fx.app, fx.pr, status.JobPending)
 	return fx
 }
 
@@ -51,7 +52,7 @@ func TestPRAuthorCannotCancelAnotherProjectsJob(t *testing.T) {
 			fx.id(`INSERT INTO eval_attrs (eval_id, attr, drv_path) VALUES ($1, 'stolen', $2) RETURNING id`, fx.pr, fx.libDrv)
 		}},
 		{"through an attribute's closure", func(fx *sharedFixture) {
-			fx.job(fx.app, fx.pr, "pending", fx.libDrv)
+			fx.job(fx.app, fx.pr, status.JobPending, fx.libDrv)
 		}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -64,17 +65,17 @@ func TestPRAuthorCannotCancelAnotherProjectsJob(t *testing.T) {
 					t.Errorf("cancel of lib's build: %d, want 200 (detached) or 403", got)
 				}
 			}
-			if s := fx.jobStatus(fx.libJob); s != "building" {
+			if s := fx.jobStatus(fx.libJob); s != status.JobBuilding {
 				t.Fatalf("lib's running build is %s after the pull request author's cancel", s)
 			}
-			if s := fx.jobStatus(fx.libTop); s != "pending" {
+			if s := fx.jobStatus(fx.libTop); s != status.JobPending {
 				t.Errorf("lib's dependent is %s, want pending", s)
 			}
 			// The build goes on and finishes for lib.
 			if _, err := queue.Succeed(fx.ctx, fx.pool, queue.Claim{JobID: fx.libJob, NodeID: "node1"}); err != nil {
 				t.Fatalf("lib's build could not finish: %v", err)
 			}
-			if s := fx.jobStatus(fx.libJob); s != "succeeded" {
+			if s := fx.jobStatus(fx.libJob); s != status.JobSucceeded {
 				t.Errorf("lib's build is %s, want succeeded", s)
 			}
 			// A rebuild of lib's failed build is not the author's either.
@@ -82,7 +83,7 @@ func TestPRAuthorCannotCancelAnotherProjectsJob(t *testing.T) {
 			if got := fx.act(fx.prAuthor, fmt.Sprintf("/api/builds/%d/rebuild", fx.libJob)); got != http.StatusForbidden {
 				t.Errorf("the pull request author rebuilds lib's build: %d, want 403", got)
 			}
-			if s := fx.jobStatus(fx.libJob); s != "failed" {
+			if s := fx.jobStatus(fx.libJob); s != status.JobFailed {
 				t.Errorf("a refused rebuild left lib's build %s", s)
 			}
 		})
@@ -98,7 +99,7 @@ func TestRebuildPriority(t *testing.T) {
 	if got := fx.act(fx.prAuthor, fmt.Sprintf("/api/builds/%d/cancel", fx.ownJob)); got != http.StatusOK {
 		t.Fatalf("the author cancels their own job: %d, want 200", got)
 	}
-	if s := fx.jobStatus(fx.ownJob); s != "cancelled" {
+	if s := fx.jobStatus(fx.ownJob); s != status.JobCancelled {
 		t.Fatalf("the author's own job is %s after their cancel, want cancelled", s)
 	}
 	for _, c := range []struct {
@@ -117,7 +118,7 @@ func TestRebuildPriority(t *testing.T) {
 		if got := fx.act(c.b, fmt.Sprintf("/api/builds/%d/rebuild", c.job)); got != http.StatusOK {
 			t.Errorf("%s rebuilds: %d, want 200", c.name, got)
 		}
-		if p := fx.id(`SELECT priority FROM build_jobs WHERE id = $1`, c.job); fx.jobStatus(c.job) != "pending" || p != c.priority {
+		if p := fx.id(`SELECT priority FROM build_jobs WHERE id = $1`, c.job); fx.jobStatus(c.job) != status.JobPending || p != c.priority {
 			t.Errorf("%s rebuilds: job %s at priority %d, want pending at %d", c.name, fx.jobStatus(c.job), p, c.priority)
 		}
 		fx.pool.Exec(fx.ctx, `UPDATE build_jobs SET status = 'failed' WHERE id = $1`, c.job)
@@ -130,8 +131,8 @@ func TestRebuildPriority(t *testing.T) {
 func TestCancelDetachesSharedInterest(t *testing.T) {
 	t.Parallel()
 	fx := newSharedFixture(t)
-	libRunning := fx.eval(fx.lib, "running", 0, "")
-	sharedJob, sharedDrv := fx.job(fx.lib, libRunning, "pending")
+	libRunning := fx.eval(fx.lib, status.EvalRunning, 0, "")
+	sharedJob, sharedDrv := fx.job(fx.lib, libRunning, status.JobPending)
 	stolen := fx.id(`INSERT INTO eval_attrs (eval_id, attr, drv_path) VALUES ($1, 'stolen', $2) RETURNING id`, fx.pr, sharedDrv)
 	detached := func(attr int64) bool {
 		t.Helper()
@@ -146,7 +147,7 @@ func TestCancelDetachesSharedInterest(t *testing.T) {
 	if resp.StatusCode != http.StatusOK || !strings.Contains(body, "goes on") {
 		t.Fatalf("the author cancels a shared job: %d %s, want 200 and a detach", resp.StatusCode, body)
 	}
-	if s := fx.jobStatus(sharedJob); s != "pending" || !detached(stolen) {
+	if s := fx.jobStatus(sharedJob); s != status.JobPending || !detached(stolen) {
 		t.Fatalf("after the detach: job %s, attribute detached %v; want pending, true", s, detached(stolen))
 	}
 	if n := fx.id(`SELECT count(*) FROM eval_attrs WHERE eval_id = $1 AND detached_at IS NOT NULL`, libRunning); n != 0 {
@@ -165,7 +166,7 @@ func TestCancelDetachesSharedInterest(t *testing.T) {
 	if err := evaluation.Cancel(fx.ctx, fx.pool, libRunning, "test"); err != nil {
 		t.Fatal(err)
 	}
-	if s := fx.jobStatus(sharedJob); s != "cancelled" {
+	if s := fx.jobStatus(sharedJob); s != status.JobCancelled {
 		t.Errorf("with lib's evaluation cancelled the job is %s, want cancelled", s)
 	}
 }
@@ -175,7 +176,7 @@ func TestCancelDetachesSharedInterest(t *testing.T) {
 func TestRebuildFailedSkipsSharedJobs(t *testing.T) {
 	t.Parallel()
 	fx := newSharedFixture(t)
-	sharedJob, sharedDrv := fx.job(fx.lib, fx.libEval, "failed")
+	sharedJob, sharedDrv := fx.job(fx.lib, fx.libEval, status.JobFailed)
 	fx.id(`INSERT INTO eval_attrs (eval_id, attr, drv_path) VALUES ($1, 'stolen', $2) RETURNING id`, fx.pr, sharedDrv)
 	path := fmt.Sprintf("/api/evals/%d/rebuild-failed", fx.pr)
 	if got := fx.act(fx.prAuthor, path); got != http.StatusForbidden {
@@ -185,10 +186,10 @@ func TestRebuildFailedSkipsSharedJobs(t *testing.T) {
 	if got := fx.act(fx.prAuthor, path); got != http.StatusOK {
 		t.Errorf("rebuild-failed: %d, want 200", got)
 	}
-	if s, o := fx.jobStatus(sharedJob), fx.jobStatus(fx.ownJob); s != "failed" || o != "pending" {
+	if s, o := fx.jobStatus(sharedJob), fx.jobStatus(fx.ownJob); s != status.JobFailed || o != status.JobPending {
 		t.Errorf("after rebuild-failed: shared job %s, own job %s; want failed, pending", s, o)
 	}
-	if got := fx.act(fx.boss, path); got != http.StatusOK || fx.jobStatus(sharedJob) != "pending" {
+	if got := fx.act(fx.boss, path); got != http.StatusOK || fx.jobStatus(sharedJob) != status.JobPending {
 		t.Errorf("an admin's rebuild-failed: %d, shared job %s; want 200, pending", got, fx.jobStatus(sharedJob))
 	}
 }

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 // The timeline of an evaluation's builds: an inline SVG with one lane per builder slot and a
@@ -72,7 +74,7 @@ type Tick struct {
 type timelineBuild struct {
 	ID         int64
 	Name, Attr string
-	Status     string
+	Status     status.JobStatus
 	Node       string
 	Start      time.Time
 	End        *time.Time
@@ -157,11 +159,11 @@ func layoutTimeline(builds []timelineBuild, project string) *Timeline {
 		x0, x1 := x(b.Start), x(b.endOrNow)
 		w := max(x1-x0, tlMinBarW)
 		bar := Bar{
-			ID: b.ID, Class: "build " + statusClass(b.Status),
+			ID: b.ID, Class: "build " + statusClass(string(b.Status)),
 			X: fmtF(x0), Y: strconv.Itoa(lane.Y + (tlLaneH-tlBarH)/2), W: fmtF(w), H: strconv.Itoa(tlBarH),
 			Fill: barFill(b.Status), Title: barTitle(b),
 		}
-		if b.Status == "failed" {
+		if b.Status == status.JobFailed {
 			bar.Href = fmt.Sprintf("/ci/%s/build/%d", url.PathEscape(project), b.ID)
 		}
 		lane.Bars = append(lane.Bars, bar)
@@ -203,15 +205,15 @@ func timelineTicks(span time.Duration, plotW float64) []Tick {
 }
 
 // barFill is a bar's colour by the build's status (the stylesheet's palette).
-func barFill(status string) string {
-	switch status {
-	case "succeeded":
+func barFill(s status.JobStatus) string {
+	switch {
+	case s == status.JobSucceeded:
 		return "#1a7f37"
-	case "failed", "dep-failed":
+	case s.Failed():
 		return "#cf222e"
-	case "building", "uploading":
+	case s.Claimed():
 		return "#d4a72c"
-	case "cancelled":
+	case s == status.JobCancelled:
 		return "#8c959f"
 	default:
 		return "#57606a"

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 // xmlNode is any element of a parsed SVG.
@@ -185,7 +187,7 @@ func TestLayoutTimelinePacksSlotsGreedily(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for i := range tc.builds {
-				tc.builds[i].Now, tc.builds[i].Name, tc.builds[i].Status = at(60), "x", "succeeded"
+				tc.builds[i].Now, tc.builds[i].Name, tc.builds[i].Status = at(60), "x", status.JobSucceeded
 			}
 			tl := layoutTimeline(tc.builds, "p")
 			if len(tl.Lanes) != tc.lanes {

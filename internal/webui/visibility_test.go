@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 // A private repository's project is nobody's business but its readers': a logged-out visitor
@@ -17,7 +19,7 @@ func TestPrivateProjectsHidden(t *testing.T) {
 	e := fx.newEval(secret)
 	drv := fx.drv("hidden")
 	fx.attr(e, "hidden", drv)
-	job := fx.job(drv, jobSpec{status: "failed", node: "b1", claimed: 0, ended: 1})
+	job := fx.job(drv, jobSpec{status: status.JobFailed, node: "b1", claimed: 0, ended: 1})
 	fx.exec(`UPDATE build_jobs SET project_id = $1 WHERE id = $2`, secret, job)
 	public := fx.newEval(fx.project)
 
@@ -45,7 +47,7 @@ func TestPrivateProjectsHidden(t *testing.T) {
 	shared := fx.drv("shared")
 	fx.attr(public, "shared", shared)
 	fx.attr(e, "shared-secretly", shared)
-	sharedJob := fx.job(shared, jobSpec{status: "succeeded", node: "b1", claimed: 0, ended: 1})
+	sharedJob := fx.job(shared, jobSpec{status: status.JobSucceeded, node: "b1", claimed: 0, ended: 1})
 	code, body = get(t, mux, fmt.Sprintf("/ci/proj/build/%d", sharedJob))
 	if code != http.StatusOK || strings.Contains(body, "secret") || !strings.Contains(body, fmt.Sprintf("/ci/proj/eval/%d", public)) {
 		t.Errorf("a shared build's page logged out: %d; want the public evaluation and nothing of the private one:\n%s", code, body)

@@ -21,6 +21,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/evaluation"
 	"github.com/harmonia-ci/harmonia-ci/internal/nixgen"
 	"github.com/harmonia-ci/harmonia-ci/internal/project"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 // deepOrders are the queue orders the deep workload compares, each on a cluster of its own.
@@ -241,7 +242,7 @@ func (b *e2e) evaluateAll(ctx context.Context, names []string, run *E2EDeepRun) 
 		}); err != nil {
 			return nil, trigger, err
 		}
-		if evals[p].Status != "succeeded" {
+		if evals[p].Status != status.EvalSucceeded {
 			return nil, trigger, fmt.Errorf("evaluation of %s %s: %s", names[p], evals[p].Status, evals[p].Error)
 		}
 		run.EvalSeconds = max(run.EvalSeconds, evals[p].FinishedAt.Sub(trigger).Seconds())

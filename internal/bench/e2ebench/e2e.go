@@ -29,6 +29,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/node"
 	"github.com/harmonia-ci/harmonia-ci/internal/project"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 // e2e is one benchmark run.
@@ -434,7 +435,7 @@ func (b *e2e) evaluate(ctx context.Context, name, salt string, round int, expr s
 		return 0, err
 	}
 	rr.eval = time.Since(start).Seconds()
-	if e.Status != "succeeded" {
+	if e.Status != status.EvalSucceeded {
 		return 0, fmt.Errorf("evaluation %s: %s", e.Status, e.Error)
 	}
 	var pending int

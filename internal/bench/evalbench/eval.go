@@ -23,6 +23,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/nixgen"
 	"github.com/harmonia-ci/harmonia-ci/internal/node"
 	"github.com/harmonia-ci/harmonia-ci/internal/project"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 // EvalOptions configures `harmonia-ci bench eval`.
@@ -202,7 +203,7 @@ func (rn *evalRound) evaluate(ctx context.Context, name, repo string) (float64, 
 		return 0, err
 	}
 	secs := time.Since(start).Seconds()
-	if e.Status != "succeeded" {
+	if e.Status != status.EvalSucceeded {
 		return 0, fmt.Errorf("evaluation %s: %s", e.Status, e.Error)
 	}
 	return secs, nil

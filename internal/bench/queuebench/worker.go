@@ -15,6 +15,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/db"
 	"github.com/harmonia-ci/harmonia-ci/internal/notify"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 // WorkerOptions configures `harmonia-ci bench worker`: a builder node whose builds do nothing,
@@ -73,7 +74,7 @@ func Worker(ctx context.Context, o WorkerOptions) (int64, error) {
 		return 0, err
 	}
 	defer hb.Stop()
-	if err := reg.SetStatus(ctx, cluster.StatusActive); err != nil {
+	if err := reg.SetStatus(ctx, status.NodeActive); err != nil {
 		return 0, err
 	}
 	if err := w.Start(ctx); err != nil {
