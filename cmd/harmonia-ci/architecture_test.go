@@ -106,7 +106,7 @@ func TestArchitectureNamesExist(t *testing.T) {
 }
 
 // packageNames returns the top-level names a package directory declares, with its types'
-// methods and struct fields as "Type.Member".
+// methods, struct fields and interface methods as "Type.Member".
 func packageNames(t *testing.T, dir string) map[string]bool {
 	t.Helper()
 	fset := token.NewFileSet()
@@ -136,11 +136,16 @@ func packageNames(t *testing.T, dir string) map[string]bool {
 						switch s := spec.(type) {
 						case *ast.TypeSpec:
 							names[s.Name.Name] = true
-							if st, ok := s.Type.(*ast.StructType); ok {
-								for _, fld := range st.Fields.List {
-									for _, n := range fld.Names {
-										names[s.Name.Name+"."+n.Name] = true
-									}
+							members := &ast.FieldList{}
+							switch ty := s.Type.(type) {
+							case *ast.StructType:
+								members = ty.Fields
+							case *ast.InterfaceType:
+								members = ty.Methods
+							}
+							for _, m := range members.List {
+								for _, n := range m.Names {
+									names[s.Name.Name+"."+n.Name] = true
 								}
 							}
 						case *ast.ValueSpec:
