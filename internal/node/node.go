@@ -179,7 +179,7 @@ func (n *node) run(ctx context.Context, ln net.Listener, opts Options) error {
 	}, n.pool, ln, n.logger)
 	// Finished builds are announced in batches (see queue.Announcer).
 	announcer := queue.NewAnnouncer(n.pool, 0, n.logger)
-	store, err := mountRoles(ctx, cfg, httpServer.Mux(), n.pool, endpoint, announcer, n.logger, reg)
+	store, err := mountRoles(ctx, cfg, httpServer.Routes(), n.pool, endpoint, announcer, n.logger, reg)
 	if err != nil {
 		return err
 	}

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strconv"
 
+	"github.com/harmonia-ci/harmonia-ci/internal/access"
 	"github.com/harmonia-ci/harmonia-ci/internal/config"
 	"github.com/harmonia-ci/harmonia-ci/internal/forge"
 	"github.com/harmonia-ci/harmonia-ci/internal/httpapi"
@@ -18,10 +19,11 @@ import (
 // RegisterProjects mounts the admin API over forge repositories and their projects (frontends).
 func (s *Server) RegisterProjects(en *project.Enabler) {
 	h := &projectAPI{en: en}
-	s.mux.Handle("GET /api/repositories", s.wrap(s.requireAdmin(httpapi.WithDBTimeout(h.list))))
-	s.mux.Handle("POST /api/projects/{repo_id}/enable", s.wrap(s.requireAdmin(h.enable)))
-	s.mux.Handle("POST /api/projects/{repo_id}/disable", s.wrap(s.requireAdmin(h.disable)))
-	s.mux.Handle("POST /api/projects/{repo_id}/settings", s.wrap(s.requireAdmin(httpapi.WithDBTimeout(h.settings))))
+	rt := s.routes
+	rt.Handle("GET /api/repositories", access.Admin, s.wrap(s.requireAdmin(httpapi.WithDBTimeout(h.list))))
+	rt.Handle("POST /api/projects/{repo_id}/enable", access.Admin, s.wrap(s.requireAdmin(h.enable)))
+	rt.Handle("POST /api/projects/{repo_id}/disable", access.Admin, s.wrap(s.requireAdmin(h.disable)))
+	rt.Handle("POST /api/projects/{repo_id}/settings", access.Admin, s.wrap(s.requireAdmin(httpapi.WithDBTimeout(h.settings))))
 }
 
 type projectAPI struct{ en *project.Enabler }
@@ -112,6 +114,9 @@ func (h *projectAPI) list(w http.ResponseWriter, r *http.Request) error {
 	if rs == nil {
 		rs = []project.Repository{}
 	}
+	for i := range rs {
+		rs[i] = rs[i].Redacted()
+	}
 	httpapi.WriteJSON(w, http.StatusOK, rs)
 	return nil
 }
@@ -130,7 +135,7 @@ func (h *projectAPI) enable(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return projectError(err)
 	}
-	httpapi.WriteJSON(w, http.StatusOK, p)
+	httpapi.WriteJSON(w, http.StatusOK, p.Redacted())
 	return nil
 }
 
@@ -143,7 +148,7 @@ func (h *projectAPI) disable(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return projectError(err)
 	}
-	httpapi.WriteJSON(w, http.StatusOK, p)
+	httpapi.WriteJSON(w, http.StatusOK, p.Redacted())
 	return nil
 }
 
@@ -159,6 +164,6 @@ func (h *projectAPI) settings(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return projectError(err)
 	}
-	httpapi.WriteJSON(w, http.StatusOK, p)
+	httpapi.WriteJSON(w, http.StatusOK, p.Redacted())
 	return nil
 }
