@@ -1,6 +1,7 @@
 package access
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -151,6 +152,10 @@ func (rt *Routes) List() []Route {
 // ServeHTTP serves the mux.
 func (rt *Routes) ServeHTTP(w http.ResponseWriter, r *http.Request) { rt.mux.ServeHTTP(w, r) }
 
+// CheckTimeout bounds a route's check (its database reads and the forge's answer), as a page's
+// work is bounded; the handler's own deadlines start after it (a stream has none as a whole).
+const CheckTimeout = httpapi.DBTimeout
+
 // check wraps h: the object named by the scope's path value must be readable by the caller.
 // A malformed id goes on to h, which answers it (there is no data behind it).
 func (rt *Routes) check(scope Scope, h http.Handler) http.Handler {
@@ -159,11 +164,17 @@ func (rt *Routes) check(scope Scope, h http.Handler) http.Handler {
 		g := rt.gate.Load()
 		name := r.PathValue(scope.Param)
 		c := g.caller(r)
+		if c.Admin || c.Kind == Node { // may read anything: the handler says what exists
+			h.ServeHTTP(w, r)
+			return nil
+		}
+		ctx, cancel := context.WithTimeout(r.Context(), CheckTimeout)
+		defer cancel()
 		var ok bool
 		var err error
 		switch scope.Kind {
 		case KindProject:
-			ok, err = g.rule.MayReadProject(r.Context(), c, name)
+			ok, err = g.rule.MayReadProject(ctx, c, name)
 		default:
 			id, perr := strconv.ParseInt(name, 10, 64)
 			if perr != nil || id <= 0 {
@@ -172,9 +183,9 @@ func (rt *Routes) check(scope Scope, h http.Handler) http.Handler {
 			}
 			name = strconv.FormatInt(id, 10)
 			if scope.Kind == KindEval {
-				ok, err = g.rule.MayReadEval(r.Context(), c, id)
+				ok, err = g.rule.MayReadEval(ctx, c, id)
 			} else {
-				ok, err = g.rule.MayReadJob(r.Context(), c, id)
+				ok, err = g.rule.MayReadJob(ctx, c, id)
 			}
 		}
 		switch {
