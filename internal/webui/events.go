@@ -39,7 +39,7 @@ const (
 
 func (u *UI) registerEvents(rt *access.Routes) {
 	u.hub = newHub(u)
-	// One message for every viewer: private projects are left out (dashboardDiff).
+	// One message for every viewer: private projects are left out (hub.dashboardUpdate).
 	rt.Handle("GET /api/events/dashboard", access.Filtered, http.HandlerFunc(u.dashboardEvents))
 	rt.Handle("GET /api/events/eval/{id}", access.Eval("id").Deny(func(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "no such evaluation", http.StatusNotFound)
@@ -284,7 +284,7 @@ func (h *hub) dashboardUpdate(ctx context.Context) ([]byte, error) {
 		return nil, err
 	}
 	for _, p := range d.Projects {
-		if p.Private {
+		if !h.u.everyones(ctx, p) {
 			continue // one message goes to every viewer: private projects are not updated live
 		}
 		if err := render(fmt.Sprintf("project-%d", p.ID), "project-row", p); err != nil {
@@ -319,7 +319,7 @@ func (h *hub) dashboardFull(ctx context.Context) ([]byte, error) {
 	}
 	out.WriteString(oob(b.String()))
 	for _, p := range d.Projects {
-		if p.Private {
+		if !h.u.everyones(ctx, p) {
 			continue
 		}
 		b.Reset()
@@ -418,6 +418,13 @@ func (u *UI) serveEvents(w http.ResponseWriter, r *http.Request, s *stream) {
 			}
 		}
 	}
+}
+
+// everyones reports whether project row p may go to anyone (the rule, for an anonymous
+// caller): the dashboard's live updates are one message for every viewer.
+func (u *UI) everyones(ctx context.Context, p ProjectRow) bool {
+	ok, err := u.rule.MayRead(ctx, access.Caller{}, access.Repo{Private: p.Private, Forge: p.Forge, FullName: p.FullName})
+	return ok && err == nil
 }
 
 // loadDashboard reads the dashboard's data.
