@@ -70,7 +70,11 @@ func NewServer(cfg Config, pool *pgxpool.Pool, ln net.Listener, logger *slog.Log
 	if cfg.AdminToken != "" {
 		s.adminHash = httpapi.HashToken(cfg.AdminToken)
 	}
-	s.routes.Use(&access.Rule{DB: pool}, s.tokenCaller)
+	rule := &access.Rule{}
+	if pool != nil {
+		rule.DB = pool
+	}
+	s.routes.Use(rule, s.tokenCaller)
 	rt := s.routes
 	rt.Handle("GET /healthz", access.Free, s.wrap(s.handleHealthz))
 	// Project labels name public, enabled projects only (internal/metrics).
