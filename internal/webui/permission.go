@@ -184,7 +184,11 @@ func (c cachedPermissions) Permission(ctx context.Context, repo forge.Repo, logi
 // list; the routes of one project, evaluation or build are checked before their handler runs
 // (access.Routes).
 func (u *UI) canSee(r *http.Request, repoPrivate bool, forgeName, fullName string) (bool, error) {
-	return u.rule.MayRead(r.Context(), u.Caller(r), access.Repo{Private: repoPrivate, Forge: forgeName, FullName: fullName})
+	repo := access.Repo{Private: repoPrivate, Forge: forgeName, FullName: fullName}
+	if !repo.Private { // everyone's: no need to look the session up for each public row
+		return u.rule.MayRead(r.Context(), access.Caller{}, repo)
+	}
+	return u.rule.MayRead(r.Context(), u.Caller(r), repo)
 }
 
 // readAccess is the forge's answer for the rule (access.ReadFunc): whether the user c, who had
