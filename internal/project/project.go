@@ -194,6 +194,19 @@ type SetParams struct {
 	Private *bool
 }
 
+// SetPrivate marks repository repoID, added by URL, private or public (ErrPrivateFromForge for
+// a forge's, or no such repository).
+func SetPrivate(ctx context.Context, q db.DBTX, repoID int64, private bool) error {
+	tag, err := q.Exec(ctx, sqlSetURLRepoPrivateByID, repoID, private)
+	if err != nil {
+		return fmt.Errorf("mark repository %d private: %w", repoID, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("repository %d: %w", repoID, ErrPrivateFromForge)
+	}
+	return nil
+}
+
 // ErrPrivateFromForge is returned when setting whether a forge's repository is private.
 var ErrPrivateFromForge = errors.New("a forge's repository is private or public as its forge says (discovery records it); only a project added by URL can be marked private")
 

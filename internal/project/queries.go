@@ -14,6 +14,9 @@ INSERT INTO repositories (forge, owner, name, full_name, clone_url, default_bran
 VALUES ('git', '', $2, $1, $1, $3, $4)
 RETURNING id`
 
+	// Marks repository $1 private ($2) if it was added by URL; no row for a forge's.
+	sqlSetURLRepoPrivateByID = `UPDATE repositories SET is_private = $2 WHERE id = $1 AND forge = 'git'`
+
 	// Marks project $1's repository private ($2) if it was added by URL; no row for a forge's.
 	sqlSetURLRepoPrivate = `
 UPDATE repositories r SET is_private = $2
