@@ -100,7 +100,7 @@ type visFixture struct {
 	srv    *httptest.Server
 
 	hushRepo, evalID, jobID int64
-	appEval                 int64
+	appEval, byURLRepo      int64
 }
 
 func newVisFixture(t *testing.T) *visFixture {
@@ -202,7 +202,27 @@ VALUES ($1, $2, 'x86_64-linux', 'building', 'vis', now(), now()) RETURNING id`, 
 	fx.appEval = fx.id(`INSERT INTO evaluations (project_id, flake_url, commit_sha, branch, status)
 VALUES ($1, 'git+https://github.example/octo/app.git', repeat('b', 40), 'main', 'queued') RETURNING id`, app)
 	byURL := "https://bob:" + urlToken + "@git.example/x.git"
-	fx.id(`INSERT INTO projects (repo_id, name) VALUES ($1, 'byurl') RETURNING id`, fx.repo("git", byURL, byURL, false))
+	fx.byURLRepo = fx.repo("git", byURL, byURL, false)
+	fx.id(`INSERT INTO projects (repo_id, name) VALUES ($1, 'byurl') RETURNING id`, fx.byURLRepo)
+}
+
+// postJSON POSTs body as JSON with the client's credentials.
+func (c *client) postJSON(path, body string) int {
+	c.fx.t.Helper()
+	req, err := http.NewRequestWithContext(c.fx.ctx, http.MethodPost, c.fx.srv.URL+path, strings.NewReader(body))
+	if err != nil {
+		c.fx.t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if c.bearer != "" {
+		req.Header.Set("Authorization", "Bearer "+c.bearer)
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		c.fx.t.Fatal(err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode
 }
 
 // client is a caller: anonymous, a session (a cookie jar) or the admin token.
@@ -472,5 +492,32 @@ func TestCloneURLRedacted(t *testing.T) {
 		if code != http.StatusOK || strings.Contains(body, urlToken) || !strings.Contains(body, "REDACTED@git.example") {
 			t.Errorf("GET %s: %d; want the URL redacted:\n%.2000s", tc.path, code, body)
 		}
+	}
+}
+
+// The admin marks a project added by URL private through the API: from then on it is hidden
+// like a private forge repository's. A forge's repository is private as its forge says.
+func TestMarkProjectByURLPrivate(t *testing.T) {
+	t.Parallel()
+	fx := newVisFixture(t)
+	anon, admin := fx.client(), fx.client()
+	admin.bearer = adminToken
+	if code, _ := anon.get("/ci/byurl/"); code != http.StatusOK {
+		t.Fatalf("public project added by URL: %d", code)
+	}
+	if code := anon.postJSON(fmt.Sprintf("/api/projects/%d/settings", fx.byURLRepo), `{"private": true}`); code != http.StatusUnauthorized {
+		t.Errorf("anonymous settings: %d, want 401", code)
+	}
+	if code := admin.postJSON(fmt.Sprintf("/api/projects/%d/settings", fx.byURLRepo), `{"private": true}`); code != http.StatusOK {
+		t.Fatalf("marking it private: %d", code)
+	}
+	if code, _ := anon.get("/ci/byurl/"); code != http.StatusNotFound {
+		t.Errorf("private project added by URL, anonymously: %d, want 404", code)
+	}
+	if code, _ := admin.get("/ci/byurl/"); code != http.StatusOK {
+		t.Errorf("private project added by URL, admin token: %d, want 200", code)
+	}
+	if code := admin.postJSON(fmt.Sprintf("/api/projects/%d/settings", fx.hushRepo), `{"private": false}`); code != http.StatusConflict {
+		t.Errorf("marking a forge's repository public: %d, want 409", code)
 	}
 }
