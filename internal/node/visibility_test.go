@@ -132,18 +132,20 @@ func newVisFixture(t *testing.T) *visFixture {
 	}
 
 	routes := make(chan *access.Routes, 1)
-	ready, done := make(chan struct{}), make(chan error, 1)
+	ready, done := make(chan struct{}), make(chan struct{})
 	nctx, stop := context.WithCancel(context.Background())
 	logger := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelError}))
+	var runErr error
 	go func() {
-		done <- node.Run(nctx, cfg, logger, node.Options{Version: "test",
+		defer close(done)
+		runErr = node.Run(nctx, cfg, logger, node.Options{Version: "test",
 			Routes: func(rt *access.Routes) { routes <- rt }, Ready: func() { close(ready) }})
 	}()
 	t.Cleanup(func() { stop(); <-done })
 	select {
 	case <-ready:
-	case err := <-done:
-		t.Fatalf("node stopped before it was ready: %v", err)
+	case <-done:
+		t.Fatalf("node stopped before it was ready: %v", runErr)
 	case <-ctx.Done():
 		t.Fatal("node not ready")
 	}
