@@ -106,7 +106,7 @@ VALUES ('gitea', 'o', $1, 'o/' || $1, 'https://x/' || $1, $2) RETURNING id`, nam
 VALUES ($1, $2, 'd', 'x86_64-linux', 'sha256:0', 0) RETURNING 1`, drv, fmt.Sprintf("%032d", n))
 		j := id(`INSERT INTO build_jobs (drv_path, project_id, system) VALUES ($1, $2, 'x86_64-linux') RETURNING id`, drv, project)
 		for i, e := range evals {
-			id(`INSERT INTO eval_attrs (eval_id, attr, drv_path) VALUES ($1, $2, $3) RETURNING id`, e, fmt.Sprint("a", i), drv)
+			id(`INSERT INTO eval_attrs (eval_id, attr, drv_path) VALUES ($1, $2, $3) RETURNING id`, e, fmt.Sprint("a", n, "-", i), drv)
 		}
 		return j
 	}
