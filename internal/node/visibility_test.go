@@ -317,28 +317,49 @@ func (c *client) login(login string) *client {
 // probe is one request to a route: its path with the private project's values in it.
 type probe struct{ method, path string }
 
-// probes are the requests that reach pattern's route with the private project's data.
-func (fx *visFixture) probes(pattern string) []probe {
+// probes are the requests that reach pattern's route with the private project's data, each
+// with its twin that asks for a project, evaluation or build that does not exist.
+func (fx *visFixture) probes(pattern string) (hidden, missing []probe) {
+	hidden = fx.probesOf(pattern, hushProject, fmt.Sprint(fx.evalID), fmt.Sprint(fx.jobID))
+	missing = fx.probesOf(pattern, missingProject, missingID, missingID)
+	return hidden, missing
+}
+
+// The twins' names: no such project, evaluation or build.
+const (
+	missingProject = "nope-zz"
+	missingID      = "999999"
+)
+
+func (fx *visFixture) probesOf(pattern, project, evalID, jobID string) []probe {
 	method, path, _ := strings.Cut(pattern, " ")
 	path = strings.TrimSuffix(path, "{$}")
 	var id string
 	switch {
 	case strings.Contains(path, "/api/evals/"), strings.Contains(path, "/api/events/eval/"):
-		id = fmt.Sprint(fx.evalID)
+		id = evalID
 	case strings.Contains(path, "/api/nodes/"):
 		id = "vis"
 	default:
-		id = fmt.Sprint(fx.jobID)
+		id = jobID
 	}
-	r := strings.NewReplacer("{id}", id, "{project}", hushProject, "{repo_id}", fmt.Sprint(fx.hushRepo),
+	r := strings.NewReplacer("{id}", id, "{project}", project, "{repo_id}", fmt.Sprint(fx.hushRepo),
 		"{forge}", "github", "{repo}", "1", "{key...}", "nar/x.nar", "{name}", "x.narinfo", "{file}", "x.nar", "{drv}", "x.drv")
 	if strings.Contains(path, "{rest...}") {
 		base := strings.ReplaceAll(r.Replace(path), "{rest...}", "")
-		return []probe{{method, base}, {method, base + fmt.Sprintf("eval/%d", fx.evalID)},
-			{method, base + fmt.Sprintf("build/%d", fx.jobID)},
-			{method, fmt.Sprintf("/ci/app/build/%d", fx.jobID)}} // the private build under a public project
+		return []probe{{method, base}, {method, base + "eval/" + evalID}, {method, base + "build/" + jobID},
+			{method, "/ci/app/build/" + jobID}} // the private build under a public project
 	}
 	return []probe{{method, r.Replace(path)}}
+}
+
+// idIn is the last number in path ("" if none): the evaluation or build a probe asks for.
+func idIn(path string) string {
+	all := regexp.MustCompile(`\d+`).FindAllString(path, -1)
+	if len(all) == 0 {
+		return ""
+	}
+	return all[len(all)-1]
 }
 
 // leaks reports which of the private project's markers body holds.
@@ -372,16 +393,25 @@ func TestEveryRouteCarriesItsDeclaration(t *testing.T) {
 			continue
 		}
 		anon := fx.client()
-		for _, p := range fx.probes(r.Pattern) {
+		hidden, missing := fx.probes(r.Pattern)
+		for i, p := range hidden {
 			code, body := anon.do(p.method, p.path, nil)
+			switch r.Scope.Kind {
+			case access.KindProject, access.KindEval, access.KindJob:
+				// The answer is the one for what does not exist, the name asked for
+				// echoed and nothing more.
+				mcode, mbody := anon.do(missing[i].method, missing[i].path, nil)
+				mbody = strings.NewReplacer(missingProject, hushProject, missingID, idIn(p.path)).Replace(mbody)
+				if code != http.StatusNotFound || code != mcode || body != mbody {
+					t.Errorf("%s %s anonymously: %d, want the 404 of %s (%d):\n%s\n--- vs ---\n%s", p.method, p.path, code,
+						missing[i].path, mcode, body, mbody)
+				}
+				body = strings.ReplaceAll(body, hushProject, "") // echoed from the URL
+			}
 			if l := leaks(body); len(l) > 0 {
 				t.Errorf("%s %s anonymously (%s): %d, body holds %v", p.method, p.path, r.Scope.Kind, code, l)
 			}
 			switch r.Scope.Kind {
-			case access.KindProject, access.KindEval, access.KindJob:
-				if code != http.StatusNotFound {
-					t.Errorf("%s %s anonymously: %d, want 404", p.method, p.path, code)
-				}
 			case access.KindAdmin, access.KindSigned:
 				if code/100 == 2 {
 					t.Errorf("%s %s anonymously: %d, want a refusal", p.method, p.path, code)
