@@ -411,6 +411,12 @@ func (u *UI) saveSettings(r *http.Request, id int64, form *SettingsForm) (string
 	if _, err := project.Configure(r.Context(), u.cfg.Pool, id, s); err != nil {
 		return "", settingsProjectError(err)
 	}
+	// A project added by URL is private if the admin says so (a forge's, as its forge says).
+	if repo.Forge == forgeGit {
+		if err := project.SetPrivate(r.Context(), u.cfg.Pool, id, r.PostFormValue("private") == "on"); err != nil {
+			return "", settingsProjectError(err)
+		}
+	}
 	return "saved", nil
 }
 
