@@ -255,7 +255,9 @@ UNION ALL SELECT id, 'node_max_jobs', max_jobs::float8 FROM nodes WHERE status <
 				q.nodeJobs = v
 			}
 		})
-	add(`SELECT name, '', consumed_seconds::float8 FROM projects`, func(project, _ string, v float64) {
+	// A private or disabled project is labelled by "#" and its id, never by name.
+	add(`SELECT CASE WHEN p.enabled AND NOT r.is_private THEN p.name ELSE '#' || p.id END, '', p.consumed_seconds::float8
+FROM projects p JOIN repositories r ON r.id = p.repo_id`, func(project, _ string, v float64) {
 		q.series[fmt.Sprintf(`harmonia_ci_project_consumed_seconds{project=%q}`, project)] = v
 	})
 	add(`SELECT s, '', (SELECT count(*) FROM evaluations WHERE status = s)::float8 FROM unnest(ARRAY['queued', 'running']) s`,

@@ -17,6 +17,7 @@ import (
 
 	"github.com/klauspost/compress/zstd"
 
+	"github.com/harmonia-ci/harmonia-ci/internal/access"
 	"github.com/harmonia-ci/harmonia-ci/internal/blob"
 	"github.com/harmonia-ci/harmonia-ci/internal/blobtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/cache"
@@ -127,7 +128,7 @@ func serve(t *testing.T, store blob.Store, logger *slog.Logger) (*httptest.Serve
 	t.Helper()
 	rec := &recordingStore{Store: store}
 	mux := http.NewServeMux()
-	cache.New(cache.Config{Store: rec, Logger: logger}).Register(mux)
+	cache.New(cache.Config{Store: rec, Logger: logger}).Register(access.NewRoutes(mux, nil))
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
 	return srv, rec
@@ -419,7 +420,7 @@ func TestStoreErrorsAreNotLeaked(t *testing.T) {
 
 func TestPriority(t *testing.T) {
 	mux := http.NewServeMux()
-	cache.New(cache.Config{Store: newLocal(t), Priority: 41}).Register(mux)
+	cache.New(cache.Config{Store: newLocal(t), Priority: 41}).Register(access.NewRoutes(mux, nil))
 	srv := httptest.NewServer(mux)
 	defer srv.Close()
 	r := do(t, "GET", srv.URL+"/nix-cache-info", nil)

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"testing"
 
+	"github.com/harmonia-ci/harmonia-ci/internal/access"
 	"github.com/harmonia-ci/harmonia-ci/internal/blob"
 	"github.com/harmonia-ci/harmonia-ci/internal/cache"
 	"github.com/harmonia-ci/harmonia-ci/internal/dbtest"
@@ -42,7 +43,7 @@ func TestServesDerivationsFromTheDatabase(t *testing.T) {
 
 	for _, memory := range []int64{0, cache.DefaultNarinfoCacheBytes} {
 		mux := http.NewServeMux()
-		cache.New(cache.Config{Store: store, Derivations: drvs, NarinfoCacheBytes: memory}).Register(mux)
+		cache.New(cache.Config{Store: store, Derivations: drvs, NarinfoCacheBytes: memory}).Register(access.NewRoutes(mux, nil))
 		srv := httptest.NewServer(mux)
 		t.Cleanup(srv.Close)
 		for _, c := range []struct {

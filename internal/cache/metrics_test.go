@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/harmonia-ci/harmonia-ci/internal/access"
 	"github.com/harmonia-ci/harmonia-ci/internal/cache"
 	"github.com/harmonia-ci/harmonia-ci/internal/waittest"
 )
@@ -22,7 +23,7 @@ func TestMetrics(t *testing.T) {
 	rec := &recordingStore{Store: store}
 	reg := prometheus.NewRegistry()
 	mux := http.NewServeMux()
-	cache.New(cache.Config{Store: rec, Registerer: reg}).Register(mux)
+	cache.New(cache.Config{Store: rec, Registerer: reg}).Register(access.NewRoutes(mux, nil))
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
 

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/harmonia-ci/harmonia-ci/internal/access"
 	"github.com/harmonia-ci/harmonia-ci/internal/blob"
 	"github.com/harmonia-ci/harmonia-ci/internal/cache"
 	"github.com/harmonia-ci/harmonia-ci/internal/clock"
@@ -25,7 +26,7 @@ func serveConfig(t *testing.T, cfg cache.Config) (*httptest.Server, *recordingSt
 	rec := &recordingStore{Store: cfg.Store}
 	cfg.Store = rec
 	mux := http.NewServeMux()
-	cache.New(cfg).Register(mux)
+	cache.New(cfg).Register(access.NewRoutes(mux, nil))
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
 	return srv, rec
@@ -297,7 +298,7 @@ func BenchmarkNarinfo(b *testing.B) {
 				b.Fatal(err)
 			}
 			mux := http.NewServeMux()
-			cache.New(cache.Config{Store: l, NarinfoCacheBytes: c.bytes}).Register(mux)
+			cache.New(cache.Config{Store: l, NarinfoCacheBytes: c.bytes}).Register(access.NewRoutes(mux, nil))
 			req := httptest.NewRequest("GET", "/"+kNarinfo, nil)
 			w := &discardResponse{h: make(http.Header)}
 			b.ReportAllocs()

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/harmonia-ci/harmonia-ci/internal/access"
 	"github.com/harmonia-ci/harmonia-ci/internal/blob"
 	"github.com/harmonia-ci/harmonia-ci/internal/cache"
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
@@ -136,7 +137,7 @@ func TestRealNixSubstitutes(t *testing.T) {
 	put(t, store, "log/"+filepath.Base(drv), zstdCompress(t, []byte(buildLog)))
 
 	mux := http.NewServeMux()
-	cache.New(cache.Config{Store: store}).Register(mux)
+	cache.New(cache.Config{Store: store}).Register(access.NewRoutes(mux, nil))
 	srv := httptest.NewServer(mux)
 	defer srv.Close()
 

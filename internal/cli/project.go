@@ -37,17 +37,23 @@ func newProjectAdd(g *globalFlags) *cobra.Command {
 				if err != nil {
 					return err
 				}
+				pr = pr.Redacted()
 				if asJSON {
 					return printJSON(cmd.OutOrStdout(), pr)
 				}
-				fmt.Fprintf(cmd.OutOrStdout(), "added project %s (id %d): %s, branch %s, %d shares\n",
-					pr.Name, pr.ID, pr.RepoURL, pr.Branch, pr.Shares)
+				visibility := "public"
+				if pr.Private {
+					visibility = "private"
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "added project %s (id %d): %s, branch %s, %d shares, %s\n",
+					pr.Name, pr.ID, pr.RepoURL, pr.Branch, pr.Shares, visibility)
 				return nil
 			})
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&p.RepoURL, "repo", "", "git repository: a local path, file://, ssh://, git:// or http(s):// URL")
+	f.StringVar(&p.RepoURL, "repo", "", "git repository: a local path, file://, ssh://, git:// or http(s):// URL (without credentials)")
+	f.BoolVar(&p.Private, "private", false, "show the project's pages, builds and logs to admins only")
 	f.StringVar(&p.Branch, "branch", "main", "default branch to evaluate")
 	f.IntVar(&p.Shares, "shares", 100, "scheduling shares (fair share of the builders)")
 	f.BoolVar(&asJSON, "json", false, "print JSON")
@@ -67,6 +73,9 @@ func newProjectList(g *globalFlags) *cobra.Command {
 				if err != nil {
 					return err
 				}
+				for i := range ps {
+					ps[i] = ps[i].Redacted()
+				}
 				if asJSON {
 					return printJSON(cmd.OutOrStdout(), ps)
 				}
@@ -81,11 +90,11 @@ func newProjectList(g *globalFlags) *cobra.Command {
 
 func newProjectSet(g *globalFlags) *cobra.Command {
 	var shares int
-	var enabled bool
+	var enabled, private bool
 	var branch string
 	var pr prFlags
 	cmd := &cobra.Command{
-		Use:   "set NAME [--shares N] [--enabled=true|false] [--branch B] [--pr-enabled=B] [--pr-trust T] [--poll-interval D]",
+		Use:   "set NAME [--shares N] [--enabled=true|false] [--branch B] [--private=true|false] [--pr-enabled=B] [--pr-trust T] [--poll-interval D]",
 		Short: "Change a project's shares, default branch, pull request policy, polling, or whether it is evaluated",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -94,8 +103,8 @@ func newProjectSet(g *globalFlags) *cobra.Command {
 				return err
 			}
 			if settings != (project.Settings{}) {
-				if cmd.Flags().Changed("enabled") || cmd.Flags().Changed("branch") {
-					return fmt.Errorf("give the pull request and polling flags without --enabled and --branch")
+				if cmd.Flags().Changed("enabled") || cmd.Flags().Changed("branch") || cmd.Flags().Changed("private") {
+					return fmt.Errorf("give the pull request and polling flags without --enabled, --branch and --private")
 				}
 				if cmd.Flags().Changed("shares") {
 					settings.Shares = &shares
@@ -123,8 +132,11 @@ func newProjectSet(g *globalFlags) *cobra.Command {
 			if cmd.Flags().Changed("branch") {
 				s.Branch = &branch
 			}
+			if cmd.Flags().Changed("private") {
+				s.Private = &private
+			}
 			if s == (project.SetParams{}) {
-				return fmt.Errorf("nothing to change: give --shares, --enabled or --branch")
+				return fmt.Errorf("nothing to change: give --shares, --enabled, --branch or --private")
 			}
 			return withDB(cmd, g, func(ctx context.Context, _ *config.Config, pool *pgxpool.Pool) error {
 				pr, err := project.Set(ctx, pool, args[0], s)
@@ -140,6 +152,7 @@ func newProjectSet(g *globalFlags) *cobra.Command {
 	f.IntVar(&shares, "shares", 100, "scheduling shares")
 	f.BoolVar(&enabled, "enabled", true, "evaluate the project (false: queued evaluations wait)")
 	f.StringVar(&branch, "branch", "", "default branch")
+	f.BoolVar(&private, "private", false, "a project added by URL: show its pages, builds and logs to admins only (a forge's repository is private as its forge says)")
 	pr.add(f)
 	return cmd
 }
@@ -148,6 +161,7 @@ func printProjects(w io.Writer, ps []project.Project) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "NAME\tID\tBRANCH\tSHARES\tENABLED\tPULL REQUESTS\tPOLL\tREPOSITORY")
 	for _, p := range ps {
+		p = p.Redacted()
 		prs := "off"
 		if p.PREnabled {
 			prs = p.PRTrust

@@ -61,6 +61,9 @@ func newProjectRepos(g *globalFlags) *cobra.Command {
 				if err != nil {
 					return err
 				}
+				for i := range rs {
+					rs[i] = rs[i].Redacted()
+				}
 				if asJSON {
 					return printJSON(cmd.OutOrStdout(), rs)
 				}

@@ -53,7 +53,7 @@ func NewCollector(pool *pgxpool.Pool) *Collector {
 		nodeMaxJobs: prometheus.NewDesc("harmonia_ci_node_max_jobs",
 			"Build slots of a live builder node."+cluster, []string{"node"}, nil),
 		consumed: prometheus.NewDesc("harmonia_ci_project_consumed_seconds",
-			"Builder time charged to a project, decayed over time (its fair-share usage)."+cluster,
+			"Builder time charged to a project, decayed over time (its fair-share usage); a private or disabled project is labelled #<id>, never by name."+cluster,
 			[]string{"project"}, nil),
 		gcSuccess: prometheus.NewDesc("harmonia_ci_gc_last_success_timestamp_seconds",
 			"When the last garbage collection that succeeded finished (Unix time); absent before the first."+cluster, nil, nil),

@@ -160,3 +160,39 @@ func TestCollectorErrorReportsNoStaleValues(t *testing.T) {
 		t.Fatalf("scrape with the database closed:\n got %v\nwant %v", got, want)
 	}
 }
+
+// /metrics answers anyone: a private or disabled project's name never appears in it, only its
+// id; a public, enabled one keeps its name.
+func TestCollectorHidesPrivateProjectNames(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.NewPool(t)
+	var ids [3]int64
+	for i, p := range []struct {
+		name             string
+		private, enabled bool
+	}{{"open", false, true}, {"secret-project", true, true}, {"switched-off", false, false}} {
+		execSQL(t, pool, `INSERT INTO repositories (forge, owner, name, full_name, clone_url, is_private)
+VALUES ('gitea', 'o', $1, 'o/' || $1, 'https://x/o/' || $1 || '.git', $2)`, p.name, p.private)
+		if err := pool.QueryRow(t.Context(), `INSERT INTO projects (repo_id, name, enabled, consumed_seconds)
+SELECT id, $1, $2, 7 FROM repositories WHERE name = $1 RETURNING id`, p.name, p.enabled).Scan(&ids[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(metrics.NewCollector(pool))
+	got := values(t, reg)
+	for _, series := range []string{
+		"harmonia_ci_project_consumed_seconds{project=open}",
+		fmt.Sprintf("harmonia_ci_project_consumed_seconds{project=#%d}", ids[1]),
+		fmt.Sprintf("harmonia_ci_project_consumed_seconds{project=#%d}", ids[2]),
+	} {
+		if got[series] != 7 {
+			t.Errorf("%s = %v, want 7", series, got[series])
+		}
+	}
+	for series := range got {
+		if strings.Contains(series, "secret-project") || strings.Contains(series, "switched-off") {
+			t.Errorf("a private or disabled project's name in /metrics: %s", series)
+		}
+	}
+}

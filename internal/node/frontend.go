@@ -38,7 +38,7 @@ func (n *node) forgeSide(httpServer *web.Server, notifier *notify.Notifier, endp
 	if err != nil {
 		return nil, nil, err
 	}
-	ui.Register(httpServer.Mux())
+	ui.Register(httpServer.Routes())
 	if len(forges) == 0 {
 		return nil, nil, nil
 	}
@@ -57,7 +57,7 @@ func (n *node) forgeSide(httpServer *web.Server, notifier *notify.Notifier, endp
 		Forges: forges, MaxBody: maxBody, MaxInFlight: cfg.Frontend.MaxWebhooksInFlight,
 		OnRepositoriesChanged: discover, Logger: n.logger, Registerer: n.reg,
 	}, n.pool)
-	receiver.Register(httpServer.Mux())
+	receiver.Register(httpServer.Routes())
 	// A frontend the cluster counts as dead loses its status deliveries to the others; a forge
 	// call gets half that window, so a live frontend renews its lease in time.
 	lease := cfg.Cluster.Heartbeat.DeadThreshold.Duration

@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/harmonia-ci/harmonia-ci/internal/access"
 	"github.com/harmonia-ci/harmonia-ci/internal/builder"
 	"github.com/harmonia-ci/harmonia-ci/internal/clock"
 	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
@@ -50,6 +51,9 @@ type Options struct {
 	// active: what in-process callers (the benchmarks) wait for instead of polling the nodes
 	// table.
 	Ready func()
+	// Routes, if set, is given the node's HTTP routes once every role has mounted its own, before
+	// they are served: a test enumerates them (each with its access.Scope) and serves them.
+	Routes func(*access.Routes)
 }
 
 // Run runs the node until ctx ends (a signal), an operator drains it, or it cannot go on.
@@ -179,7 +183,7 @@ func (n *node) run(ctx context.Context, ln net.Listener, opts Options) error {
 	}, n.pool, ln, n.logger)
 	// Finished builds are announced in batches (see queue.Announcer).
 	announcer := queue.NewAnnouncer(n.pool, 0, n.logger)
-	store, err := mountRoles(ctx, cfg, httpServer.Mux(), n.pool, endpoint, announcer, n.logger, reg)
+	store, err := mountRoles(ctx, cfg, httpServer.Routes(), n.pool, endpoint, announcer, n.logger, reg)
 	if err != nil {
 		return err
 	}
@@ -231,6 +235,9 @@ func (n *node) run(ctx context.Context, ln net.Listener, opts Options) error {
 	workers, err := n.roleWorkers(notifier, announcer)
 	if err != nil {
 		return err
+	}
+	if opts.Routes != nil {
+		opts.Routes(httpServer.Routes())
 	}
 	// The reporter stops with the workers: what it delivers is recorded before each call.
 	workers = append(workers, frontend...)

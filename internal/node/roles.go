@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/harmonia-ci/harmonia-ci/internal/access"
 	"github.com/harmonia-ci/harmonia-ci/internal/blob"
 	"github.com/harmonia-ci/harmonia-ci/internal/builder"
 	"github.com/harmonia-ci/harmonia-ci/internal/cache"
@@ -81,7 +82,7 @@ func openStore(cfg *config.Config, endpoint string, logger *slog.Logger) (blob.S
 
 // mountRoles mounts the HTTP surface of the cache and signer roles and returns their blob
 // store (nil on a node with neither).
-func mountRoles(ctx context.Context, cfg *config.Config, mux *http.ServeMux, pool *pgxpool.Pool, endpoint string, announcer *queue.Announcer, logger *slog.Logger, reg prometheus.Registerer) (blob.Store, error) {
+func mountRoles(ctx context.Context, cfg *config.Config, rt *access.Routes, pool *pgxpool.Pool, endpoint string, announcer *queue.Announcer, logger *slog.Logger, reg prometheus.Registerer) (blob.Store, error) {
 	if !cfg.HasRole(config.RoleCache) && !cfg.HasRole(config.RoleSigner) {
 		return nil, nil
 	}
@@ -91,7 +92,7 @@ func mountRoles(ctx context.Context, cfg *config.Config, mux *http.ServeMux, poo
 	}
 	if cfg.HasRole(config.RoleCache) {
 		cache.New(cache.Config{Store: store, Derivations: blob.NewDerivations(pool), Priority: cfg.Cache.Priority,
-			NarinfoCacheBytes: int64(cfg.Cache.NarinfoMemory), Logger: logger, Registerer: reg}).Register(mux)
+			NarinfoCacheBytes: int64(cfg.Cache.NarinfoMemory), Logger: logger, Registerer: reg}).Register(rt)
 	}
 	if !cfg.HasRole(config.RoleSigner) {
 		return store, nil
@@ -128,9 +129,9 @@ func mountRoles(ctx context.Context, cfg *config.Config, mux *http.ServeMux, poo
 	if err := s.RecordKey(ctx); err != nil {
 		return nil, err
 	}
-	s.Register(mux)
+	s.Register(rt)
 	if uploads != nil {
-		mux.Handle("PUT /api/blob/{key...}", uploads)
+		rt.Handle("PUT /api/blob/{key...}", access.Signed, uploads) // presigned URLs
 	}
 	return store, nil
 }

@@ -44,6 +44,9 @@ type Project struct {
 	PRTrust   string `json:"pr_trust"`
 	// PollInterval > 0 checks the default branch's head this often (besides webhooks).
 	PollInterval time.Duration `json:"poll_interval"`
+	// Private: the project's data is shown only to those who may read the repository
+	// (internal/access).
+	Private bool `json:"private"`
 }
 
 // Who may have a pull request evaluated (projects.pr_trust).
@@ -66,6 +69,9 @@ type AddParams struct {
 	RepoURL string // a local path (absolute, or relative to the working directory), file://, git, ssh or http(s) URL
 	Branch  string // default "main"
 	Shares  int    // default 100
+	// Private makes the project's data readable by admins only: a repository added by URL has
+	// no forge to ask who may read it.
+	Private bool
 }
 
 var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
@@ -79,8 +85,12 @@ func ValidateName(name string) error {
 	return nil
 }
 
-// NormalizeURL makes a local path absolute and validates the result.
+// NormalizeURL makes a local path absolute and validates the result. A URL that carries a
+// credential is refused (ErrCredentialsInURL), and the error does not repeat it.
 func NormalizeURL(u string) (string, error) {
+	if hasCredentials(u) {
+		return "", fmt.Errorf("repository %s: %w", RedactURL(u), ErrCredentialsInURL)
+	}
 	if u != "" && !strings.Contains(u, "://") && !strings.HasPrefix(u, "-") && !looksSCP(u) {
 		abs, err := filepath.Abs(u)
 		if err != nil {
@@ -126,7 +136,7 @@ func Add(ctx context.Context, pool *pgxpool.Pool, p AddParams) (Project, error) 
 	var pr Project
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		var repoID int64
-		if err := tx.QueryRow(ctx, sqlInsertRepository, url, p.Name, p.Branch).Scan(&repoID); err != nil {
+		if err := tx.QueryRow(ctx, sqlInsertRepository, url, p.Name, p.Branch, p.Private).Scan(&repoID); err != nil {
 			return err
 		}
 		rows, err := tx.Query(ctx, sqlInsertProject, repoID, p.Name, p.Shares)
@@ -137,7 +147,7 @@ func Add(ctx context.Context, pool *pgxpool.Pool, p AddParams) (Project, error) 
 		return err
 	})
 	if pe := (*pgconn.PgError)(nil); errors.As(err, &pe) && pe.Code == "23505" {
-		return Project{}, fmt.Errorf("add project %s: %w (the name or the repository %s is already used)", p.Name, ErrExists, url)
+		return Project{}, fmt.Errorf("add project %s: %w (the name or the repository %s is already used)", p.Name, ErrExists, RedactURL(url))
 	}
 	if err != nil {
 		return Project{}, fmt.Errorf("add project %s: %w", p.Name, err)
@@ -179,7 +189,26 @@ type SetParams struct {
 	Shares  *int
 	Enabled *bool
 	Branch  *string
+	// Private marks a project added by URL private (its data the admins' alone) or public; a
+	// forge's repository is private as its forge says (ErrPrivateFromForge).
+	Private *bool
 }
+
+// SetPrivate marks repository repoID, added by URL, private or public (ErrPrivateFromForge for
+// a forge's, or no such repository).
+func SetPrivate(ctx context.Context, q db.DBTX, repoID int64, private bool) error {
+	tag, err := q.Exec(ctx, sqlSetURLRepoPrivateByID, repoID, private)
+	if err != nil {
+		return fmt.Errorf("mark repository %d private: %w", repoID, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("repository %d: %w", repoID, ErrPrivateFromForge)
+	}
+	return nil
+}
+
+// ErrPrivateFromForge is returned when setting whether a forge's repository is private.
+var ErrPrivateFromForge = errors.New("a forge's repository is private or public as its forge says (discovery records it); only a project added by URL can be marked private")
 
 // Set changes a project's settings.
 func Set(ctx context.Context, pool *pgxpool.Pool, name string, s SetParams) (Project, error) {
@@ -191,12 +220,27 @@ func Set(ctx context.Context, pool *pgxpool.Pool, name string, s SetParams) (Pro
 			return Project{}, fmt.Errorf("branch: %w", err)
 		}
 	}
-	tag, err := pool.Exec(ctx, sqlUpdateProject, name, s.Shares, s.Enabled, s.Branch)
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, sqlUpdateProject, name, s.Shares, s.Enabled, s.Branch)
+		if err != nil {
+			return err
+		}
+		if tag.RowsAffected() == 0 {
+			return fmt.Errorf("project %q: %w", name, ErrNotFound)
+		}
+		if s.Private == nil {
+			return nil
+		}
+		if tag, err = tx.Exec(ctx, sqlSetURLRepoPrivate, name, *s.Private); err != nil {
+			return err
+		}
+		if tag.RowsAffected() == 0 {
+			return fmt.Errorf("project %s: %w", name, ErrPrivateFromForge)
+		}
+		return nil
+	})
 	if err != nil {
 		return Project{}, fmt.Errorf("set project %s: %w", name, err)
-	}
-	if tag.RowsAffected() == 0 {
-		return Project{}, fmt.Errorf("project %q: %w", name, ErrNotFound)
 	}
 	return Get(ctx, pool, name)
 }

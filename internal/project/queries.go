@@ -8,10 +8,20 @@ import (
 
 const (
 	// A repository added by hand has forge 'git' and its clone URL as its full name.
+	// $1 URL, $2 name, $3 default branch, $4 private.
 	sqlInsertRepository = `
-INSERT INTO repositories (forge, owner, name, full_name, clone_url, default_branch)
-VALUES ('git', '', $2, $1, $1, $3)
+INSERT INTO repositories (forge, owner, name, full_name, clone_url, default_branch, is_private)
+VALUES ('git', '', $2, $1, $1, $3, $4)
 RETURNING id`
+
+	// Marks repository $1 private ($2) if it was added by URL; no row for a forge's.
+	sqlSetURLRepoPrivateByID = `UPDATE repositories SET is_private = $2 WHERE id = $1 AND forge = 'git'`
+
+	// Marks project $1's repository private ($2) if it was added by URL; no row for a forge's.
+	sqlSetURLRepoPrivate = `
+UPDATE repositories r SET is_private = $2
+FROM projects p
+WHERE p.name = $1 AND r.id = p.repo_id AND r.forge = 'git'`
 
 	// The statements that return projects list the columns in scanProject's order.
 	sqlInsertProject = `
@@ -20,40 +30,40 @@ WITH p AS (
     RETURNING *
 )
 SELECT p.id, p.name, r.clone_url, r.default_branch, p.scheduling_shares, p.enabled, p.created_at,
-       r.id, r.forge, r.full_name, p.pr_enabled, p.pr_trust, p.poll_interval
+       r.id, r.forge, r.full_name, p.pr_enabled, p.pr_trust, p.poll_interval, r.is_private
 FROM p JOIN repositories r ON r.id = p.repo_id`
 
 	sqlListProjects = `
 SELECT p.id, p.name, r.clone_url, r.default_branch, p.scheduling_shares, p.enabled, p.created_at,
-       r.id, r.forge, r.full_name, p.pr_enabled, p.pr_trust, p.poll_interval
+       r.id, r.forge, r.full_name, p.pr_enabled, p.pr_trust, p.poll_interval, r.is_private
 FROM projects p JOIN repositories r ON r.id = p.repo_id
 ORDER BY p.name`
 
 	// $1 name
 	sqlProjectByName = `
 SELECT p.id, p.name, r.clone_url, r.default_branch, p.scheduling_shares, p.enabled, p.created_at,
-       r.id, r.forge, r.full_name, p.pr_enabled, p.pr_trust, p.poll_interval
+       r.id, r.forge, r.full_name, p.pr_enabled, p.pr_trust, p.poll_interval, r.is_private
 FROM projects p JOIN repositories r ON r.id = p.repo_id
 WHERE p.name = $1`
 
 	// $1 forge, $2 full name
 	sqlProjectByRepo = `
 SELECT p.id, p.name, r.clone_url, r.default_branch, p.scheduling_shares, p.enabled, p.created_at,
-       r.id, r.forge, r.full_name, p.pr_enabled, p.pr_trust, p.poll_interval
+       r.id, r.forge, r.full_name, p.pr_enabled, p.pr_trust, p.poll_interval, r.is_private
 FROM projects p JOIN repositories r ON r.id = p.repo_id
 WHERE r.forge = $1 AND r.full_name = $2`
 
 	// $1 repository id
 	sqlProjectByRepoID = `
 SELECT p.id, p.name, r.clone_url, r.default_branch, p.scheduling_shares, p.enabled, p.created_at,
-       r.id, r.forge, r.full_name, p.pr_enabled, p.pr_trust, p.poll_interval
+       r.id, r.forge, r.full_name, p.pr_enabled, p.pr_trust, p.poll_interval, r.is_private
 FROM projects p JOIN repositories r ON r.id = p.repo_id
 WHERE r.id = $1`
 
 	// Enabled projects, not of forge git, whose poll interval has passed.
 	sqlDuePolls = `
 SELECT p.id, p.name, r.clone_url, r.default_branch, p.scheduling_shares, p.enabled, p.created_at,
-       r.id, r.forge, r.full_name, p.pr_enabled, p.pr_trust, p.poll_interval
+       r.id, r.forge, r.full_name, p.pr_enabled, p.pr_trust, p.poll_interval, r.is_private
 FROM projects p JOIN repositories r ON r.id = p.repo_id
 WHERE p.enabled AND p.poll_interval > 0 AND r.forge <> 'git'
   AND (p.last_polled IS NULL OR p.last_polled + p.poll_interval * interval '1 second' <= now())
@@ -138,7 +148,7 @@ func scanProject(row pgx.CollectableRow) (Project, error) {
 	var p Project
 	var poll int
 	err := row.Scan(&p.ID, &p.Name, &p.RepoURL, &p.Branch, &p.Shares, &p.Enabled, &p.CreatedAt,
-		&p.RepoID, &p.Forge, &p.FullName, &p.PREnabled, &p.PRTrust, &poll)
+		&p.RepoID, &p.Forge, &p.FullName, &p.PREnabled, &p.PRTrust, &poll, &p.Private)
 	p.PollInterval = time.Duration(poll) * time.Second
 	return p, err
 }

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/harmonia-ci/harmonia-ci/internal/access"
 	"github.com/harmonia-ci/harmonia-ci/internal/blob"
 	"github.com/harmonia-ci/harmonia-ci/internal/cache"
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
@@ -254,7 +255,7 @@ in mk "top" [ (mk "dep" [ ]) ]`)
 			}
 
 			mux := http.NewServeMux()
-			cache.New(cache.Config{Store: e.store, Derivations: blob.NewDerivations(e.pool)}).Register(mux)
+			cache.New(cache.Config{Store: e.store, Derivations: blob.NewDerivations(e.pool)}).Register(access.NewRoutes(mux, nil))
 			srv := httptest.NewServer(mux)
 			t.Cleanup(srv.Close)
 			fresh := t.TempDir()

@@ -39,6 +39,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/harmonia-ci/harmonia-ci/internal/access"
 	"github.com/harmonia-ci/harmonia-ci/internal/blob"
 	"github.com/harmonia-ci/harmonia-ci/internal/config"
 	"github.com/harmonia-ci/harmonia-ci/internal/db"
@@ -130,12 +131,12 @@ func TrustedKeys(ctx context.Context, q db.DBTX) ([]string, error) {
 	return keys, nil
 }
 
-// Register mounts the signer's endpoints on mux.
-func (s *Server) Register(mux *http.ServeMux) {
-	mux.Handle("POST /api/upload-slots", s.handle(endpointUploadSlots, "", s.handleUploadSlots))
-	mux.Handle("POST /api/build-complete", s.handle(endpointBuildComplete, config.RoleBuilder, s.handleBuildComplete))
-	mux.Handle("POST /api/publish", s.handle(endpointPublish, config.RoleEvaluator, s.handlePublish))
-	mux.Handle("POST /api/cache-lookup", s.handle(endpointCacheLookup, "", s.handleCacheLookup))
+// Register mounts the signer's endpoints; every one answers node tokens only.
+func (s *Server) Register(rt *access.Routes) {
+	rt.Handle("POST /api/upload-slots", access.Signed, s.handle(endpointUploadSlots, "", s.handleUploadSlots))
+	rt.Handle("POST /api/build-complete", access.Signed, s.handle(endpointBuildComplete, config.RoleBuilder, s.handleBuildComplete))
+	rt.Handle("POST /api/publish", access.Signed, s.handle(endpointPublish, config.RoleEvaluator, s.handlePublish))
+	rt.Handle("POST /api/cache-lookup", access.Signed, s.handle(endpointCacheLookup, "", s.handleCacheLookup))
 }
 
 // handler serves one endpoint for an authenticated node.

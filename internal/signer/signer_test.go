@@ -24,6 +24,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/harmonia-ci/harmonia-ci/internal/access"
 	"github.com/harmonia-ci/harmonia-ci/internal/blob"
 	"github.com/harmonia-ci/harmonia-ci/internal/blobtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/config"
@@ -97,7 +98,7 @@ func newEnvOn(t *testing.T, s3 bool, pool *pgxpool.Pool) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv.Register(mux)
+	srv.Register(access.NewRoutes(mux, nil))
 	return &env{pool: pool, store: store, key: key, tokens: tokens, upstream: up, url: ts.URL, reg: reg}
 }
 

@@ -19,6 +19,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/harmonia-ci/harmonia-ci/internal/access"
 	"github.com/harmonia-ci/harmonia-ci/internal/blob"
 	"github.com/harmonia-ci/harmonia-ci/internal/blobtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/cache"
@@ -97,8 +98,8 @@ func Start(t testing.TB, pool *pgxpool.Pool, o Options) *Cluster {
 	if err := srv.RecordKey(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	srv.Register(mux)
-	cache.New(cache.Config{Store: store, Derivations: blob.NewDerivations(pool), Logger: logger}).Register(mux)
+	srv.Register(access.NewRoutes(mux, nil))
+	cache.New(cache.Config{Store: store, Derivations: blob.NewDerivations(pool), Logger: logger}).Register(access.NewRoutes(mux, nil))
 
 	queuetest.InsertNode(t, pool, queuetest.Node{ID: "signer-1", Roles: []string{"signer", "cache"}})
 	queuetest.Exec(t, pool, `UPDATE nodes SET endpoint = $1 WHERE id = 'signer-1'`, ts.URL)

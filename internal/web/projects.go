@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strconv"
 
+	"github.com/harmonia-ci/harmonia-ci/internal/access"
 	"github.com/harmonia-ci/harmonia-ci/internal/config"
 	"github.com/harmonia-ci/harmonia-ci/internal/forge"
 	"github.com/harmonia-ci/harmonia-ci/internal/httpapi"
@@ -18,10 +19,11 @@ import (
 // RegisterProjects mounts the admin API over forge repositories and their projects (frontends).
 func (s *Server) RegisterProjects(en *project.Enabler) {
 	h := &projectAPI{en: en}
-	s.mux.Handle("GET /api/repositories", s.wrap(s.requireAdmin(httpapi.WithDBTimeout(h.list))))
-	s.mux.Handle("POST /api/projects/{repo_id}/enable", s.wrap(s.requireAdmin(h.enable)))
-	s.mux.Handle("POST /api/projects/{repo_id}/disable", s.wrap(s.requireAdmin(h.disable)))
-	s.mux.Handle("POST /api/projects/{repo_id}/settings", s.wrap(s.requireAdmin(httpapi.WithDBTimeout(h.settings))))
+	rt := s.routes
+	rt.Handle("GET /api/repositories", access.Admin, s.wrap(s.requireAdmin(httpapi.WithDBTimeout(h.list))))
+	rt.Handle("POST /api/projects/{repo_id}/enable", access.Admin, s.wrap(s.requireAdmin(h.enable)))
+	rt.Handle("POST /api/projects/{repo_id}/disable", access.Admin, s.wrap(s.requireAdmin(h.disable)))
+	rt.Handle("POST /api/projects/{repo_id}/settings", access.Admin, s.wrap(s.requireAdmin(httpapi.WithDBTimeout(h.settings))))
 }
 
 type projectAPI struct{ en *project.Enabler }
@@ -33,6 +35,9 @@ type projectRequest struct {
 	PREnabled    *bool            `json:"pr_enabled"`
 	PRTrust      *string          `json:"pr_trust"`
 	PollInterval *config.Duration `json:"poll_interval"` // "5m"; "0s" turns polling off
+	// Private marks a project added by URL private (settings only): a forge's repository is
+	// private as its forge says.
+	Private *bool `json:"private"`
 }
 
 func (p projectRequest) settings() project.Settings {
@@ -63,7 +68,7 @@ func decodeProjectRequest(r *http.Request) (projectRequest, error) {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&p); err != nil {
-		return p, httpapi.Errorf(http.StatusBadRequest, "invalid JSON body: %v (fields: name, shares, pr_enabled, pr_trust, poll_interval)", err)
+		return p, httpapi.Errorf(http.StatusBadRequest, "invalid JSON body: %v (fields: name, shares, pr_enabled, pr_trust, poll_interval, private)", err)
 	}
 	return p, nil
 }
@@ -91,7 +96,7 @@ func projectError(err error) error {
 	switch {
 	case errors.Is(err, project.ErrNoRepository), errors.Is(err, project.ErrNotFound):
 		return &httpapi.Error{Code: http.StatusNotFound, Msg: err.Error()}
-	case errors.Is(err, project.ErrExists), errors.Is(err, project.ErrForgeNotConfigured):
+	case errors.Is(err, project.ErrExists), errors.Is(err, project.ErrForgeNotConfigured), errors.Is(err, project.ErrPrivateFromForge):
 		return &httpapi.Error{Code: http.StatusConflict, Msg: err.Error()}
 	case errors.Is(err, forge.ErrNotFound):
 		return &httpapi.Error{Code: http.StatusBadGateway, Msg: "the forge does not know the repository", Err: err}
@@ -112,6 +117,9 @@ func (h *projectAPI) list(w http.ResponseWriter, r *http.Request) error {
 	if rs == nil {
 		rs = []project.Repository{}
 	}
+	for i := range rs {
+		rs[i] = rs[i].Redacted()
+	}
 	httpapi.WriteJSON(w, http.StatusOK, rs)
 	return nil
 }
@@ -126,11 +134,14 @@ func (h *projectAPI) enable(w http.ResponseWriter, r *http.Request) error {
 			return httpapi.Errorf(http.StatusBadRequest, "%v", err)
 		}
 	}
+	if req.Private != nil {
+		return httpapi.Errorf(http.StatusBadRequest, "a forge's repository is private as its forge says; a project added by URL is marked private in its settings")
+	}
 	p, err := h.en.Enable(r.Context(), id, project.EnableParams{Name: req.Name, Settings: s})
 	if err != nil {
 		return projectError(err)
 	}
-	httpapi.WriteJSON(w, http.StatusOK, p)
+	httpapi.WriteJSON(w, http.StatusOK, p.Redacted())
 	return nil
 }
 
@@ -143,7 +154,7 @@ func (h *projectAPI) disable(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return projectError(err)
 	}
-	httpapi.WriteJSON(w, http.StatusOK, p)
+	httpapi.WriteJSON(w, http.StatusOK, p.Redacted())
 	return nil
 }
 
@@ -155,10 +166,15 @@ func (h *projectAPI) settings(w http.ResponseWriter, r *http.Request) error {
 	if req.Name != "" {
 		return httpapi.Errorf(http.StatusBadRequest, "a project's name cannot be changed")
 	}
+	if req.Private != nil {
+		if err := project.SetPrivate(r.Context(), h.en.Pool, id, *req.Private); err != nil {
+			return projectError(err)
+		}
+	}
 	p, err := project.Configure(r.Context(), h.en.Pool, id, s)
 	if err != nil {
 		return projectError(err)
 	}
-	httpapi.WriteJSON(w, http.StatusOK, p)
+	httpapi.WriteJSON(w, http.StatusOK, p.Redacted())
 	return nil
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/harmonia-ci/harmonia-ci/internal/access"
 	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
 	"github.com/harmonia-ci/harmonia-ci/internal/httpapi"
 	"github.com/harmonia-ci/harmonia-ci/internal/notify"
@@ -52,7 +53,7 @@ type Server struct {
 	cfg    Config
 	pool   *pgxpool.Pool
 	logger *slog.Logger
-	mux    *http.ServeMux
+	routes *access.Routes
 	srv    *http.Server
 	ln     net.Listener
 	logs   *logHub // nil without a Notifier
@@ -60,24 +61,35 @@ type Server struct {
 	adminHash httpapi.TokenHash
 }
 
-// NewServer builds the server on ln; Start serves.
+// NewServer builds the server on ln; Start serves. Every route is registered through
+// access.Routes with its declaration; until the frontend installs its own (webui), callers are
+// the admin token or anonymous, and private projects are the admin token's alone.
 func NewServer(cfg Config, pool *pgxpool.Pool, ln net.Listener, logger *slog.Logger) *Server {
-	s := &Server{cfg: cfg, pool: pool, ln: ln, logger: logger.With("service", "http"), mux: http.NewServeMux()}
-	s.mux.Handle("GET /healthz", s.wrap(s.handleHealthz))
-	s.mux.Handle("GET /metrics", promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{}))
-	s.mux.Handle("GET /api/cluster", s.wrap(httpapi.WithDBTimeout(s.handleCluster)))
-	s.mux.Handle("POST /api/nodes/{id}/drain", s.wrap(s.requireAdmin(httpapi.WithDBTimeout(s.handleDrain))))
+	s := &Server{cfg: cfg, pool: pool, ln: ln, logger: logger.With("service", "http")}
+	s.routes = access.NewRoutes(http.NewServeMux(), s.logger)
 	if cfg.AdminToken != "" {
 		s.adminHash = httpapi.HashToken(cfg.AdminToken)
 	}
+	rule := &access.Rule{}
+	if pool != nil {
+		rule.DB = pool
+	}
+	s.routes.Use(rule, s.tokenCaller)
+	rt := s.routes
+	rt.Handle("GET /healthz", access.Free, s.wrap(s.handleHealthz))
+	// Project labels name public, enabled projects only (internal/metrics).
+	rt.Handle("GET /metrics", access.Filtered, promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{}))
+	// Nodes, not projects: anonymous callers get the public view (publicStatus).
+	rt.Handle("GET /api/cluster", access.Free, s.wrap(httpapi.WithDBTimeout(s.handleCluster)))
+	rt.Handle("POST /api/nodes/{id}/drain", access.Admin, s.wrap(s.requireAdmin(httpapi.WithDBTimeout(s.handleDrain))))
 	if cfg.Notifier != nil {
 		maxStreams := cmp.Or(cfg.MaxLogStreams, DefaultMaxLogStreams)
 		s.logs = newLogHub(cfg.Notifier, s.readBuildLog, maxStreams, s.logger)
 	}
 	// Not bounded as a whole: a stream lasts as long as its build. Each read is (logQueryTimeout).
-	s.mux.Handle("GET /api/builds/{id}/log", s.wrap(s.handleBuildLog))
+	rt.Handle("GET /api/builds/{id}/log", access.Job("id"), s.wrap(s.handleBuildLog))
 	s.srv = &http.Server{
-		Handler:           s.mux,
+		Handler:           rt,
 		ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout:       time.Minute,
 		IdleTimeout:       2 * time.Minute,
@@ -86,8 +98,20 @@ func NewServer(cfg Config, pool *pgxpool.Pool, ln net.Listener, logger *slog.Log
 	return s
 }
 
-// Mux lets roles mount their handlers.
-func (s *Server) Mux() *http.ServeMux { return s.mux }
+// Routes lets roles mount their handlers, each with its declaration.
+func (s *Server) Routes() *access.Routes { return s.routes }
+
+// tokenCaller is the caller of a node without the frontend's sessions: the admin token, or
+// anonymous.
+func (s *Server) tokenCaller(r *http.Request) access.Caller {
+	if s.cfg.AdminToken == "" {
+		return access.Caller{}
+	}
+	if token, ok := httpapi.BearerToken(r); ok && s.adminHash.Matches(token) {
+		return access.Caller{Kind: access.AdminToken, Admin: true}
+	}
+	return access.Caller{}
+}
 
 // Addr is the address the server listens on.
 func (s *Server) Addr() net.Addr { return s.ln.Addr() }
@@ -146,13 +170,60 @@ func (s *Server) handleHealthz(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
+// handleCluster is GET /api/cluster: the whole status for admins and logged-in users, and to
+// anyone else what the web UI shows them (publicStatus).
 func (s *Server) handleCluster(w http.ResponseWriter, r *http.Request) error {
 	st, err := cluster.ReadStatus(r.Context(), s.pool)
 	if err != nil {
 		return err
 	}
+	if c := s.routes.Caller(r); c.Kind == access.Anonymous {
+		httpapi.WriteJSON(w, http.StatusOK, publicStatus(st))
+		return nil
+	}
 	httpapi.WriteJSON(w, http.StatusOK, st)
 	return nil
+}
+
+// PublicNode is a node as anonymous callers see it: what it does and how busy it is; not where
+// it is (endpoint, hostname) nor what it runs (versions), which help an attacker more than a
+// user.
+type PublicNode struct {
+	ID          string            `json:"id"`
+	Status      status.NodeStatus `json:"status"`
+	Roles       []string          `json:"roles"`
+	Draining    bool              `json:"draining"`
+	LastSeen    time.Time         `json:"last_seen"`
+	CurrentJobs int               `json:"current_jobs"`
+	MaxJobs     int               `json:"max_jobs"`
+	Systems     []string          `json:"systems"`
+	Features    []string          `json:"features"`
+}
+
+// PublicLeader is a leader role as anonymous callers see it.
+type PublicLeader struct {
+	Role   string `json:"role"`
+	NodeID string `json:"node_id"`
+	Valid  bool   `json:"valid"`
+}
+
+// PublicStatus is GET /api/cluster for anonymous callers.
+type PublicStatus struct {
+	Nodes   []PublicNode              `json:"nodes"`
+	Leaders []PublicLeader            `json:"leaders"`
+	Counts  map[status.NodeStatus]int `json:"counts"`
+}
+
+func publicStatus(st cluster.Status) PublicStatus {
+	p := PublicStatus{Nodes: []PublicNode{}, Leaders: []PublicLeader{}, Counts: st.Counts}
+	for _, n := range st.Nodes {
+		p.Nodes = append(p.Nodes, PublicNode{ID: n.ID, Status: n.Status, Roles: n.Roles, Draining: n.Draining,
+			LastSeen: n.LastSeen, CurrentJobs: n.CurrentJobs, MaxJobs: n.MaxJobs, Systems: n.Systems, Features: n.Features})
+	}
+	for _, l := range st.Leaders {
+		p.Leaders = append(p.Leaders, PublicLeader{Role: l.Role, NodeID: l.NodeID, Valid: l.Valid})
+	}
+	return p
 }
 
 var nodeIDPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)

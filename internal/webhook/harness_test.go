@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/harmonia-ci/harmonia-ci/internal/access"
 	"github.com/harmonia-ci/harmonia-ci/internal/dbtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/downtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/forge"
@@ -130,7 +131,7 @@ func setup(t *testing.T, opt options) *bundle {
 	recv := webhook.New(webhook.Config{Forges: forges, MaxBody: map[string]int64{"github": opt.maxBody}, MaxInFlight: opt.maxInFlight,
 		Logger: testLogger(t), OnRepositoriesChanged: changed, Registerer: b.reg}, b.pool)
 	mux := http.NewServeMux()
-	recv.Register(mux)
+	recv.Register(access.NewRoutes(mux, nil))
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
 	b.base = srv.URL

@@ -22,6 +22,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/harmonia-ci/harmonia-ci/internal/access"
 	"github.com/harmonia-ci/harmonia-ci/internal/evaluation"
 	"github.com/harmonia-ci/harmonia-ci/internal/forge"
 	"github.com/harmonia-ci/harmonia-ci/internal/gitrepo"
@@ -85,11 +86,12 @@ func New(cfg Config, pool *pgxpool.Pool) *Receiver {
 		discovery: map[string]bool{}}
 }
 
-// Register mounts POST /webhook/{forge}/{repo} and POST /webhook/{forge}.
-func (r *Receiver) Register(mux *http.ServeMux) {
+// Register mounts POST /webhook/{forge}/{repo} and POST /webhook/{forge}: signed deliveries,
+// answered only to their forge.
+func (r *Receiver) Register(rt *access.Routes) {
 	h := httpapi.Handle(r.log, httpapi.WithDBTimeout(r.handle))
-	mux.Handle("POST /webhook/{forge}", h)
-	mux.Handle("POST /webhook/{forge}/{repo}", h)
+	rt.Handle("POST /webhook/{forge}", access.Signed, h)
+	rt.Handle("POST /webhook/{forge}/{repo}", access.Signed, h)
 }
 
 // maxBody is forge f's body cap.

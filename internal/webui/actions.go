@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/harmonia-ci/harmonia-ci/internal/access"
 	"github.com/harmonia-ci/harmonia-ci/internal/evaluation"
 	"github.com/harmonia-ci/harmonia-ci/internal/httpapi"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
@@ -33,12 +34,20 @@ const actionTimeout = time.Minute
 // actionFunc carries out an action on id for who and returns what to tell the user.
 type actionFunc func(ctx context.Context, id int64, who actor) (string, error)
 
-func (u *UI) registerActions(mux *http.ServeMux) {
-	mux.Handle("POST /api/builds/{id}/rebuild", u.action("build", u.rebuildBuild))
-	mux.Handle("POST /api/builds/{id}/cancel", u.action("build", u.cancelBuild))
-	mux.Handle("POST /api/evals/{id}/rebuild-failed", u.action("eval", u.rebuildFailed))
-	mux.Handle("POST /api/evals/{id}/re-evaluate", u.action("eval", u.reevaluate))
-	mux.Handle("POST /api/evals/{id}/cancel", u.action("eval", u.cancelEval))
+// registerActions mounts the actions; on a build or evaluation the caller may not read, an
+// action answers as on one that does not exist.
+func (u *UI) registerActions(rt *access.Routes) {
+	build := access.Job("id").Deny(func(w http.ResponseWriter, r *http.Request) {
+		u.fail(w, r, notFound("no build %s", r.PathValue("id")), "/ci/")
+	})
+	eval := access.Eval("id").Deny(func(w http.ResponseWriter, r *http.Request) {
+		u.fail(w, r, notFound("no evaluation %s", r.PathValue("id")), "/ci/")
+	})
+	rt.Handle("POST /api/builds/{id}/rebuild", build, u.action("build", u.rebuildBuild))
+	rt.Handle("POST /api/builds/{id}/cancel", build, u.action("build", u.cancelBuild))
+	rt.Handle("POST /api/evals/{id}/rebuild-failed", eval, u.action("eval", u.rebuildFailed))
+	rt.Handle("POST /api/evals/{id}/re-evaluate", eval, u.action("eval", u.reevaluate))
+	rt.Handle("POST /api/evals/{id}/cancel", eval, u.action("eval", u.cancelEval))
 }
 
 // action wraps an actionFunc on a build ("build") or an evaluation ("eval") with

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/harmonia-ci/harmonia-ci/internal/access"
 	"github.com/harmonia-ci/harmonia-ci/internal/forge"
 	"github.com/harmonia-ci/harmonia-ci/internal/httpapi"
 	"github.com/harmonia-ci/harmonia-ci/internal/session"
@@ -76,12 +77,29 @@ func (u *UI) initAuth() error {
 }
 
 // registerAuth mounts login, logout and the actions (actions.go).
-func (u *UI) registerAuth(mux *http.ServeMux) {
-	mux.Handle("GET /ci/login", u.page(u.loginPage))
-	mux.Handle("GET /ci/login/{forge}", u.page(u.loginStart))
-	mux.Handle("GET /ci/oauth/{forge}/callback", u.page(u.loginCallback))
-	mux.Handle("POST /ci/logout", http.HandlerFunc(u.logout))
-	u.registerActions(mux)
+func (u *UI) registerAuth(rt *access.Routes) {
+	rt.Handle("GET /ci/login", access.Free, u.page(u.loginPage))
+	rt.Handle("GET /ci/login/{forge}", access.Free, u.page(u.loginStart))
+	rt.Handle("GET /ci/oauth/{forge}/callback", access.Free, u.page(u.loginCallback))
+	rt.Handle("POST /ci/logout", access.Free, http.HandlerFunc(u.logout))
+	u.registerActions(rt)
+}
+
+// Caller is who makes r, for the visibility rule: the admin token (Authorization: Bearer), a
+// logged-in user (an admin if among [auth] admins), or anonymous. A wrong token is anonymous.
+func (u *UI) Caller(r *http.Request) access.Caller {
+	if tok, ok := httpapi.BearerToken(r); ok {
+		if u.auth.hasAdmin && u.auth.admin.Matches(tok) {
+			return access.Caller{Kind: access.AdminToken, Admin: true}
+		}
+		return access.Caller{}
+	}
+	s, ok := u.session(r)
+	if !ok {
+		return access.Caller{}
+	}
+	return access.Caller{Kind: access.User, Admin: u.isAdmin(r.Context(), s.Forge, s.UserID),
+		Forge: s.Forge, Login: s.Login, UserID: s.UserID}
 }
 
 // session is the request's valid session, if any. A database failure counts as none.

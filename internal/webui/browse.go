@@ -6,15 +6,18 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/harmonia-ci/harmonia-ci/internal/access"
 	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
 	"github.com/harmonia-ci/harmonia-ci/internal/forge"
 	"github.com/harmonia-ci/harmonia-ci/internal/httpapi"
+	"github.com/harmonia-ci/harmonia-ci/internal/project"
 	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
@@ -25,9 +28,9 @@ const listLimit = 50
 // GET /ci/{project}/, is projectPageHandler: ServeMux refuses GET /ci/{project}/{$} next to
 // GET /ci/static/ (both match /ci/static/ and neither is more specific), so the dispatcher of
 // GET /ci/{project}/{rest...} serves it for an empty rest.
-func (u *UI) registerBrowsePages(mux *http.ServeMux) {
-	mux.Handle("GET /ci/nodes", u.page(u.nodesPage))
-	mux.Handle("GET /ci/queue", u.page(u.queuePage))
+func (u *UI) registerBrowsePages(rt *access.Routes) {
+	rt.Handle("GET /ci/nodes", access.Free, u.page(u.nodesPage))
+	rt.Handle("GET /ci/queue", access.Filtered, u.page(u.queuePage))
 }
 
 // projectPageHandler serves GET /ci/{project}/.
@@ -111,6 +114,7 @@ func (u *UI) projectPage(w http.ResponseWriter, r *http.Request) (string, Page, 
 	} else if !ok {
 		return "", Page{}, notFound("no project %q", name)
 	}
+	p.CloneURL, p.FullName = project.RedactURL(p.CloneURL), project.RedactURL(p.FullName)
 	d.RepoURL = repoURL(p.CloneURL)
 	d.Before = before
 	if before == 0 {
@@ -158,12 +162,17 @@ func (u *UI) evalRows(ctx context.Context, p *ProjectInfo, sql string, args ...a
 }
 
 // repoURL is a repository's web page guessed from its clone URL (an http(s) URL without
-// ".git"), or "" for other clone URLs (ssh, file).
+// ".git" or a user), or "" for other clone URLs (ssh, file).
 func repoURL(clone string) string {
 	if !strings.HasPrefix(clone, "https://") && !strings.HasPrefix(clone, "http://") {
 		return ""
 	}
-	return strings.TrimSuffix(strings.TrimSuffix(clone, "/"), ".git")
+	u, err := url.Parse(clone)
+	if err != nil {
+		return ""
+	}
+	u.User = nil
+	return strings.TrimSuffix(strings.TrimSuffix(u.String(), "/"), ".git")
 }
 
 // NodeRow is a node on the nodes page.
@@ -224,8 +233,12 @@ func (u *UI) nodesPage(w http.ResponseWriter, r *http.Request) (string, Page, er
 		return "", Page{}, err
 	}
 	d := NodesPage{Nodes: nodes, Leaders: leaders, Counts: map[string]int{}}
+	anonymous := u.Caller(r).Kind == access.Anonymous
 	for i := range d.Nodes {
 		n := &d.Nodes[i]
+		if anonymous { // where nodes are and what they run is not everyone's (GET /api/cluster too)
+			n.Hostname, n.Version, n.Nix = "", "", cluster.NixInfo{}
+		}
 		d.Counts[n.State()]++
 		for _, l := range leaders {
 			if l.Valid && l.NodeID == n.ID {

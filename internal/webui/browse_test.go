@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"html"
 	"net/http"
+	"net/http/httptest"
 	"regexp"
 	"slices"
 	"strconv"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/harmonia-ci/harmonia-ci/internal/httpapi"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
@@ -280,14 +282,24 @@ func TestNodesPage(t *testing.T) {
 VALUES ('maintainer', 'b1', gen_random_uuid(), 3, now() - interval '10 minutes', now() + interval '1 minute'),
        ('poller', 'b3', gen_random_uuid(), 7, now() - interval '4 hours', now() - interval '3 hours')`)
 
-	body := fx.getOK("/ci/nodes")
+	// Where nodes are and what they run is shown to the admin token (and logged-in users),
+	// not to anonymous visitors (as GET /api/cluster).
+	fx.u.auth.admin, fx.u.auth.hasAdmin = httpapi.HashToken("nodes-token"), true
+	req := httptest.NewRequestWithContext(t.Context(), http.MethodGet, "/ci/nodes", nil)
+	req.Header.Set("Authorization", "Bearer nodes-token")
+	rec := httptest.NewRecorder()
+	fx.h.ServeHTTP(rec, req)
+	body := rec.Body.String()
+	if anon := fx.getOK("/ci/nodes"); strings.Contains(anon, "2.26.3") || strings.Contains(anon, "b1.host") || !strings.Contains(anon, "node-b1") {
+		t.Errorf("the nodes page shows versions or hostnames to anonymous visitors:\n%s", anon)
+	}
 	for _, c := range []struct {
 		node    string
 		want    []string
 		notWant []string
 	}{
 		{"b1", []string{`<span class="badge ok">online</span>`, `<span class="badge leader" title="leader of maintainer">leader: maintainer</span>`,
-			"x86_64-linux, i686-linux", "kvm, big-parallel", "2 / 4", "1.50", "2.26.3", "protocol 1.38"}, []string{"draining", "offline"}},
+			"x86_64-linux, i686-linux", "kvm, big-parallel", "2 / 4", "1.50", "2.26.3", "protocol 1.38", "b1.host"}, []string{"draining", "offline"}},
 		{"b2", []string{`<span class="badge draining"`, ">draining</span>", "2.8.0", "protocol 1.34"}, []string{"badge ok", "offline", "leader", "2.26"}},
 		{"b3", []string{`<span class="badge off">offline</span>`, "offline since", "3 h ago"},
 			[]string{"badge ok", "draining", "leader:", "protocol"}},

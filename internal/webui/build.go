@@ -133,13 +133,12 @@ func (u *UI) buildPage(r *http.Request, logCtx context.Context) (string, Page, e
 	case !projectExists:
 		return "", Page{}, notFound("no project %s", p.Project)
 	}
-	if j.Project != "" && j.Project != p.Project {
-		// Shown under another project's URL: the job's own project decides who sees it.
-		if ok, err := u.projectVisible(r, j.Project); err != nil {
-			return "", Page{}, err
-		} else if !ok {
-			return "", Page{}, notFound("no build %d", id)
-		}
+	// The URL's project is readable (the route checked it), but the job may be shown under
+	// any project's URL: the job's own owners decide (access.Rule.MayReadJob).
+	if ok, err := u.rule.MayReadJob(ctx, u.Caller(r), id); err != nil {
+		return "", Page{}, err
+	} else if !ok {
+		return "", Page{}, notFound("no build %d", id)
 	}
 	// A derivation may be shared with other projects: list only what the viewer may see.
 	rows, err := u.cfg.Pool.Query(ctx, sqlBuildEvals, j.DrvPath, buildListLimit)

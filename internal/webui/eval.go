@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/harmonia-ci/harmonia-ci/internal/access"
 	"github.com/harmonia-ci/harmonia-ci/internal/evaluation"
 	"github.com/harmonia-ci/harmonia-ci/internal/forge"
 	"github.com/harmonia-ci/harmonia-ci/internal/httpapi"
@@ -30,20 +31,17 @@ const attrPageSize = 200
 // /ci/static/eval/1 and neither is more specific. /ci/static/ and the fixed pages
 // (/ci/queue, /ci/nodes) are more specific than this pattern, so they keep their paths;
 // anything else under a project is a 404 page.
-func (u *UI) registerEvalPages(mux *http.ServeMux) {
+func (u *UI) registerEvalPages(rt *access.Routes) {
 	projectPage, evalPage, buildPage := u.projectPageHandler(), u.page(u.evalPage), u.buildPageHandler()
-	mux.Handle("GET /ci/{project}/{rest...}", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	// A private project's pages are someone else's 404, the page of a project that does not
+	// exist.
+	scope := access.Project("project").Deny(func(w http.ResponseWriter, r *http.Request) {
+		u.renderError(w, r, notFound("no project %q", r.PathValue("project")))
+	})
+	rt.Handle("GET /ci/{project}/{rest...}", scope, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		rest := r.PathValue("rest")
 		if rest == "" {
 			projectPage.ServeHTTP(w, r)
-			return
-		}
-		// A private project's pages are someone else's 404.
-		if ok, err := u.projectVisible(r, r.PathValue("project")); err != nil || !ok {
-			if err == nil {
-				err = notFound("no project %s", r.PathValue("project"))
-			}
-			u.renderError(w, r, err)
 			return
 		}
 		kind, id, ok := strings.Cut(rest, "/")

@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/harmonia-ci/harmonia-ci/internal/access"
 	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
@@ -34,7 +35,9 @@ func newEvalFixture(t *testing.T) *evalFixture {
 	t.Helper()
 	u, pool := newTestUI(t)
 	mux := http.NewServeMux()
-	u.registerEvalPages(mux)
+	rt := access.NewRoutes(mux, nil)
+	rt.Use(u.rule, u.Caller)
+	u.registerEvalPages(rt)
 	fx := &evalFixture{t: t, ctx: t.Context(), u: u, h: mux, pool: pool}
 	fx.project = fx.newProject("proj", "gitea", "o/r")
 	return fx

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -14,8 +13,10 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/harmonia-ci/harmonia-ci/internal/access"
 	"github.com/harmonia-ci/harmonia-ci/internal/forge"
 	"github.com/harmonia-ci/harmonia-ci/internal/notify"
+	"github.com/harmonia-ci/harmonia-ci/internal/project"
 	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
@@ -36,10 +37,13 @@ const (
 	maxEventStreams = 1000
 )
 
-func (u *UI) registerEvents(mux *http.ServeMux) {
+func (u *UI) registerEvents(rt *access.Routes) {
 	u.hub = newHub(u)
-	mux.Handle("GET /api/events/dashboard", http.HandlerFunc(u.dashboardEvents))
-	mux.Handle("GET /api/events/eval/{id}", http.HandlerFunc(u.evalEvents))
+	// One message for every viewer: private projects are left out (hub.dashboardUpdate).
+	rt.Handle("GET /api/events/dashboard", access.Filtered, http.HandlerFunc(u.dashboardEvents))
+	rt.Handle("GET /api/events/eval/{id}", access.Eval("id").Deny(func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, "no such evaluation", http.StatusNotFound)
+	}), http.HandlerFunc(u.evalEvents))
 }
 
 // stream is one open event stream: the dashboard's (evalID 0) or an evaluation's.
@@ -280,7 +284,7 @@ func (h *hub) dashboardUpdate(ctx context.Context) ([]byte, error) {
 		return nil, err
 	}
 	for _, p := range d.Projects {
-		if p.Private {
+		if !h.u.everyones(ctx, p) {
 			continue // one message goes to every viewer: private projects are not updated live
 		}
 		if err := render(fmt.Sprintf("project-%d", p.ID), "project-row", p); err != nil {
@@ -315,7 +319,7 @@ func (h *hub) dashboardFull(ctx context.Context) ([]byte, error) {
 	}
 	out.WriteString(oob(b.String()))
 	for _, p := range d.Projects {
-		if p.Private {
+		if !h.u.everyones(ctx, p) {
 			continue
 		}
 		b.Reset()
@@ -416,6 +420,13 @@ func (u *UI) serveEvents(w http.ResponseWriter, r *http.Request, s *stream) {
 	}
 }
 
+// everyones reports whether project row p may go to anyone (the rule, for an anonymous
+// caller): the dashboard's live updates are one message for every viewer.
+func (u *UI) everyones(ctx context.Context, p ProjectRow) bool {
+	ok, err := u.rule.MayRead(ctx, access.Caller{}, access.Repo{Private: p.Private, Forge: p.Forge, FullName: p.FullName})
+	return ok && err == nil
+}
+
 // loadDashboard reads the dashboard's data.
 func (u *UI) loadDashboard(ctx context.Context) (Dashboard, error) {
 	var d Dashboard
@@ -442,6 +453,8 @@ func (u *UI) loadDashboard(ctx context.Context) (Dashboard, error) {
 			owner, name, _ := strings.Cut(p.FullName, "/")
 			p.CommitURL = f.CommitURL(forge.Repo{Owner: owner, Name: name}, *p.Commit)
 		}
+		// A project added by URL is named by its URL: never with a credential in it.
+		p.CloneURL, p.FullName = project.RedactURL(p.CloneURL), project.RedactURL(p.FullName)
 	}
 	return d, nil
 }
@@ -452,23 +465,8 @@ func (u *UI) evalEvents(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "invalid evaluation id", http.StatusBadRequest)
 		return
 	}
-	var project string
-	err = u.cfg.Pool.QueryRow(r.Context(), sqlEvalProjectName, id).Scan(&project)
-	if err == nil {
-		var ok bool
-		if ok, err = u.projectVisible(r, project); err == nil && !ok {
-			err = pgx.ErrNoRows
-		}
-	}
-	if errors.Is(err, pgx.ErrNoRows) {
-		http.Error(w, "no such evaluation", http.StatusNotFound)
-		return
-	}
-	if err != nil {
-		u.log.Warn("live updates: evaluation", "evaluation", id, "error", err)
-		http.Error(w, "internal error", http.StatusInternalServerError)
-		return
-	}
+	// The route checked that the caller may read the evaluation, and that it exists
+	// (registerEvents).
 	// Without a (valid) render time, catch up on the last minute.
 	since := time.Now().Add(-time.Minute)
 	if ms, err := strconv.ParseInt(r.URL.Query().Get("since"), 10, 64); err == nil && ms > 0 {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/harmonia-ci/harmonia-ci/internal/access"
 	"github.com/harmonia-ci/harmonia-ci/internal/dbtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/forge"
 )
@@ -38,7 +39,7 @@ func newTestUI(t *testing.T) (*UI, *pgxpool.Pool) {
 // testMux is a mux with every route of u registered.
 func testMux(u *UI) *http.ServeMux {
 	mux := http.NewServeMux()
-	u.Register(mux)
+	u.Register(access.NewRoutes(mux, nil))
 	return mux
 }
 

@@ -2,7 +2,6 @@ package webui
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/http"
 	"slices"
@@ -12,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/harmonia-ci/harmonia-ci/internal/access"
 	"github.com/harmonia-ci/harmonia-ci/internal/forge"
 	"github.com/harmonia-ci/harmonia-ci/internal/httpapi"
 )
@@ -30,8 +30,8 @@ import (
 //     for, and whoever may act on one of those may act on it (mayActOnBuild);
 //   - projects added by URL (forge 'git') have no forge to ask: admins only.
 //
-// Who may see: public repositories everyone; private ones users with read access (and
-// admins), see canSee.
+// Who may see: the visibility rule (internal/access): public repositories everyone; private
+// ones users with read access (and admins), see canSee and readAccess.
 
 // DefaultPermissionTTL is how long a forge's answer about a user's permission is reused.
 const DefaultPermissionTTL = 5 * time.Minute
@@ -179,43 +179,26 @@ func (c cachedPermissions) Permission(ctx context.Context, repo forge.Repo, logi
 	return c.cache.get(ctx, c.forge, repo, login)
 }
 
-// canSee reports whether the request's user may see a repository: a public one everyone; a
-// private one admins and users with read access on its forge. The page handlers call it
-// before showing a project, an evaluation or a build.
+// canSee reports whether the request's caller may see a repository: the visibility rule
+// (access.Rule.MayRead). The page handlers call it for each project, evaluation or build they
+// list; the routes of one project, evaluation or build are checked before their handler runs
+// (access.Routes).
 func (u *UI) canSee(r *http.Request, repoPrivate bool, forgeName, fullName string) (bool, error) {
-	if !repoPrivate {
-		return true, nil
+	repo := access.Repo{Private: repoPrivate, Forge: forgeName, FullName: fullName}
+	if !repo.Private { // everyone's: no need to look the session up for each public row
+		return u.rule.MayRead(r.Context(), access.Caller{}, repo)
 	}
-	s, ok := u.session(r)
-	if !ok {
-		return false, nil
-	}
-	if u.isAdmin(r.Context(), s.Forge, s.UserID) {
-		return true, nil
-	}
-	if s.Forge != forgeName || forgeName == forgeGit {
-		return false, nil
-	}
-	p, err := u.permission(r.Context(), target{Forge: forgeName, FullName: fullName}, s.Login, s.UserID)
+	return u.rule.MayRead(r.Context(), u.Caller(r), repo)
+}
+
+// readAccess is the forge's answer for the rule (access.ReadFunc): whether the user c, who had
+// c.Login when they logged in, may read repo; asked through the permission cache.
+func (u *UI) readAccess(ctx context.Context, c access.Caller, repo access.Repo) (bool, error) {
+	p, err := u.permission(ctx, target{Forge: repo.Forge, FullName: repo.FullName, Installation: repo.Installation}, c.Login, c.UserID)
 	if err != nil {
 		return false, err
 	}
 	return p.CanRead(), nil
-}
-
-// projectVisible reports whether the request's user may see project name; false also for a
-// project that does not exist.
-func (u *UI) projectVisible(r *http.Request, name string) (bool, error) {
-	var private bool
-	var forgeName, fullName string
-	err := u.cfg.Pool.QueryRow(r.Context(), sqlProjectRepo, name).Scan(&private, &forgeName, &fullName)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return false, nil
-	}
-	if err != nil {
-		return false, err
-	}
-	return u.canSee(r, private, forgeName, fullName)
 }
 
 func scanTargets(rows pgx.Rows) ([]target, error) {

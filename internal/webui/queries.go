@@ -440,18 +440,6 @@ WHERE ea.eval_id = $1
   AND GREATEST(j.created_at, j.claimed_at, j.started_at, j.finished_at) >= $2::timestamptz - interval '1 second'`
 )
 
-// Visibility.
-const (
-	// A project's repository: private or not, and where. $1 project name.
-	sqlProjectRepo = `
-SELECT r.is_private, r.forge, r.full_name FROM projects p JOIN repositories r ON r.id = p.repo_id
-WHERE p.name = $1`
-
-	// The project of an evaluation. $1 evaluation id.
-	sqlEvalProjectName = `
-SELECT p.name FROM evaluations e JOIN projects p ON p.id = e.project_id WHERE e.id = $1`
-)
-
 // Settings pages.
 const (
 	// A repository with its project's settings (zero values when it has none), in

@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/harmonia-ci/harmonia-ci/internal/access"
 	"github.com/harmonia-ci/harmonia-ci/internal/config"
 	"github.com/harmonia-ci/harmonia-ci/internal/db"
 	"github.com/harmonia-ci/harmonia-ci/internal/forge"
@@ -51,12 +52,12 @@ var notices = map[string]string{
 	"disabled": "Project disabled: its webhook is removed and its events are ignored.",
 }
 
-func (u *UI) registerSettings(mux *http.ServeMux) {
-	mux.Handle("GET /ci/settings/projects", u.page(u.settingsList))
-	mux.Handle("GET /ci/settings/projects/{repo_id}", u.page(u.settingsProject))
-	mux.Handle("POST /ci/settings/projects/{repo_id}", u.settingsPost(u.saveSettings))
-	mux.Handle("POST /ci/settings/projects/{repo_id}/enable", u.settingsPost(u.enableProject))
-	mux.Handle("POST /ci/settings/projects/{repo_id}/disable", u.settingsPost(u.disableProject))
+func (u *UI) registerSettings(rt *access.Routes) {
+	rt.Handle("GET /ci/settings/projects", access.Admin, u.page(u.settingsList))
+	rt.Handle("GET /ci/settings/projects/{repo_id}", access.Admin, u.page(u.settingsProject))
+	rt.Handle("POST /ci/settings/projects/{repo_id}", access.Admin, u.settingsPost(u.saveSettings))
+	rt.Handle("POST /ci/settings/projects/{repo_id}/enable", access.Admin, u.settingsPost(u.enableProject))
+	rt.Handle("POST /ci/settings/projects/{repo_id}/disable", access.Admin, u.settingsPost(u.disableProject))
 }
 
 // errNotAdmin is the 403 of a settings page for a user who is not an admin.
@@ -105,6 +106,7 @@ func scanRepoSettings(row pgx.CollectableRow) (RepoSettings, error) {
 	var s RepoSettings
 	err := row.Scan(&s.ID, &s.Forge, &s.FullName, &s.CloneURL, &s.DefaultBranch, &s.Private, &s.HookID,
 		&s.Project, &s.HasProject, &s.Enabled, &s.Shares, &s.PREnabled, &s.PRTrust, &s.PollSeconds)
+	s.CloneURL, s.FullName = project.RedactURL(s.CloneURL), project.RedactURL(s.FullName)
 	return s, err
 }
 
@@ -408,6 +410,12 @@ func (u *UI) saveSettings(r *http.Request, id int64, form *SettingsForm) (string
 	}
 	if _, err := project.Configure(r.Context(), u.cfg.Pool, id, s); err != nil {
 		return "", settingsProjectError(err)
+	}
+	// A project added by URL is private if the admin says so (a forge's, as its forge says).
+	if repo.Forge == forgeGit {
+		if err := project.SetPrivate(r.Context(), u.cfg.Pool, id, r.PostFormValue("private") == "on"); err != nil {
+			return "", settingsProjectError(err)
+		}
 	}
 	return "saved", nil
 }

@@ -528,3 +528,40 @@ VALUES ('fake', $1, $2, $3, 'javascript:alert(3)', '<b>main</b>') RETURNING id`,
 		t.Errorf("save the hostile repository's settings: %d", resp.StatusCode)
 	}
 }
+
+// An admin marks a project added by URL private on its settings page (the checkbox is only
+// there for those): from then on it is the 404 of an unknown project to everyone else.
+func TestSettingsPrivateByURL(t *testing.T) {
+	t.Parallel()
+	fx := newSettingsFixture(t)
+	fx.project("quiet", "git", "https://git.example/quiet.git", false)
+	repo := fx.id(`SELECT repo_id FROM projects WHERE name = 'quiet'`)
+	page := fmt.Sprintf("/ci/settings/projects/%d", repo)
+	if _, body := fx.boss.get(page); !strings.Contains(body, `name="private" value="on">`) {
+		t.Fatalf("no private checkbox on the settings of a project added by URL:\n%s", body)
+	}
+	if _, body := fx.boss.get(fmt.Sprintf("/ci/settings/projects/%d", fx.app)); strings.Contains(body, `name="private"`) {
+		t.Errorf("a forge repository's settings offer the private checkbox")
+	}
+	save := func(private bool) {
+		t.Helper()
+		form := url.Values{"shares": {"100"}, "pr_trust": {"collaborators"}, "csrf": {fx.boss.settingsCSRF(page)}}
+		if private {
+			form.Set("private", "on")
+		}
+		if resp, body := fx.boss.post(page, form, asPage); resp.StatusCode != http.StatusSeeOther {
+			t.Fatalf("save private=%v: %d\n%s", private, resp.StatusCode, body)
+		}
+	}
+	save(true)
+	if code, _ := get(t, fx.srv.Config.Handler, "/ci/quiet/"); code != http.StatusNotFound {
+		t.Errorf("a private project added by URL, logged out: %d, want 404", code)
+	}
+	if resp, _ := fx.boss.get("/ci/quiet/"); resp.StatusCode != http.StatusOK {
+		t.Errorf("a private project added by URL, as an admin: %d, want 200", resp.StatusCode)
+	}
+	save(false)
+	if code, _ := get(t, fx.srv.Config.Handler, "/ci/quiet/"); code != http.StatusOK {
+		t.Errorf("made public again, logged out: %d, want 200", code)
+	}
+}

@@ -20,6 +20,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/harmonia-ci/harmonia-ci/internal/access"
 	"github.com/harmonia-ci/harmonia-ci/internal/db"
 	"github.com/harmonia-ci/harmonia-ci/internal/forge"
 	"github.com/harmonia-ci/harmonia-ci/internal/httpapi"
@@ -75,6 +76,9 @@ type UI struct {
 	scripts bool
 	hub     *hub  // live updates
 	auth    *auth // login, sessions and permissions (auth.go)
+	// rule is the visibility rule, with the forges' answers through the permission cache
+	// (permission.go): every page and stream asks it.
+	rule *access.Rule
 }
 
 // New parses the templates.
@@ -88,6 +92,7 @@ func New(cfg Config) (*UI, error) {
 	if err := u.initAuth(); err != nil {
 		return nil, err
 	}
+	u.rule = &access.Rule{DB: cfg.Pool, Read: u.readAccess}
 	_, errH := fs.Stat(static, htmxScript)
 	_, errS := fs.Stat(static, sseScript)
 	u.scripts = errH == nil && errS == nil
@@ -116,16 +121,19 @@ func New(cfg Config) (*UI, error) {
 	return u, nil
 }
 
-// Register mounts the pages under /ci/.
-func (u *UI) Register(mux *http.ServeMux) {
-	mux.Handle("GET /ci/static/", http.StripPrefix("/ci/static/", u.staticHandler()))
-	mux.Handle("GET /{$}", http.RedirectHandler("/ci/", http.StatusFound))
-	mux.Handle("GET /ci/{$}", u.page(u.dashboard))
-	u.registerEvalPages(mux)   // evaluation and build pages (eval.go, build.go)
-	u.registerBrowsePages(mux) // project, nodes and queue pages (browse.go)
-	u.registerEvents(mux)      // live updates over SSE (events.go)
-	u.registerAuth(mux)        // login, logout and the actions (auth.go, actions.go)
-	u.registerSettings(mux)    // the admins' project settings (settings.go)
+// Register mounts the pages under /ci/, and makes the UI's rule and callers (sessions, the
+// admin token, the forges' answers) those of every route of rt: the node's live logs and
+// cluster API see the same users as the pages.
+func (u *UI) Register(rt *access.Routes) {
+	rt.Use(u.rule, u.Caller)
+	rt.Handle("GET /ci/static/", access.Free, http.StripPrefix("/ci/static/", u.staticHandler()))
+	rt.Handle("GET /{$}", access.Free, http.RedirectHandler("/ci/", http.StatusFound))
+	rt.Handle("GET /ci/{$}", access.Filtered, u.page(u.dashboard))
+	u.registerEvalPages(rt)   // evaluation and build pages (eval.go, build.go)
+	u.registerBrowsePages(rt) // project, nodes and queue pages (browse.go)
+	u.registerEvents(rt)      // live updates over SSE (events.go)
+	u.registerAuth(rt)        // login, logout and the actions (auth.go, actions.go)
+	u.registerSettings(rt)    // the admins' project settings (settings.go)
 }
 
 func (u *UI) staticHandler() http.Handler {

@@ -24,6 +24,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/harmonia-ci/harmonia-ci/internal/access"
 	"github.com/harmonia-ci/harmonia-ci/internal/bench"
 	"github.com/harmonia-ci/harmonia-ci/internal/blob"
 	"github.com/harmonia-ci/harmonia-ci/internal/cache"
@@ -197,7 +198,7 @@ func serveCache(storeDir string) (url string, stop func(), err error) {
 	// Quiet: wrk resets connections mid-body when a run ends, which the cache role logs; a
 	// failed request shows up in wrk's non-2xx count instead. Narinfos are kept in memory
 	// (cache.DefaultNarinfoCacheBytes).
-	cache.New(cache.Config{Store: local, Logger: slog.New(slog.DiscardHandler), NarinfoCacheBytes: cache.DefaultNarinfoCacheBytes}).Register(mux)
+	cache.New(cache.Config{Store: local, Logger: slog.New(slog.DiscardHandler), NarinfoCacheBytes: cache.DefaultNarinfoCacheBytes}).Register(access.NewRoutes(mux, nil))
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		local.Close()

@@ -21,6 +21,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/harmonia-ci/harmonia-ci/internal/access"
 	"github.com/harmonia-ci/harmonia-ci/internal/bench"
 	"github.com/harmonia-ci/harmonia-ci/internal/clock"
 	"github.com/harmonia-ci/harmonia-ci/internal/commitstatus"
@@ -150,7 +151,7 @@ func benchProjects(ctx context.Context, pool *pgxpool.Pool, n int) ([]string, er
 // deliveries posts o.Deliveries signed pushes, o.Concurrency at a time.
 func deliveries(ctx context.Context, pool *pgxpool.Pool, forges forge.Set, repos []string, o WebhookOptions, r *WebhookReport) error {
 	mux := http.NewServeMux()
-	webhook.New(webhook.Config{Forges: forges, Logger: o.Logger}, pool).Register(mux)
+	webhook.New(webhook.Config{Forges: forges, Logger: o.Logger}, pool).Register(access.NewRoutes(mux, nil))
 	srv, base, err := serve(mux)
 	if err != nil {
 		return err
