@@ -136,6 +136,8 @@ func (s *Server) Register(mux *http.ServeMux) {
 	mux.Handle("POST /api/build-complete", s.handle(endpointBuildComplete, config.RoleBuilder, s.handleBuildComplete))
 	mux.Handle("POST /api/publish", s.handle(endpointPublish, config.RoleEvaluator, s.handlePublish))
 	mux.Handle("POST /api/cache-lookup", s.handle(endpointCacheLookup, "", s.handleCacheLookup))
+	mux.Handle("POST /api/eval-ticket", s.handle(endpointEvalTicket, config.RoleEvaluator, s.handleEvalTicket))
+	mux.Handle("POST /api/eval-ticket/check", s.handle(endpointCheckTicket, config.RoleFrontend, s.handleCheckTicket))
 }
 
 // handler serves one endpoint for an authenticated node.
