@@ -113,3 +113,15 @@ func (s *Server) mayRead(r *http.Request, repo *repoState, k string) bool {
 	return t != nil && time.Now().Before(t.expires) && t.installation == repo.installation && t.covers(k) &&
 		t.permits("contents", "read")
 }
+
+// IssuedTokens are every installation token the stand-in has issued, for tests that check
+// none of them leaked.
+func (s *Server) IssuedTokens() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]string, 0, len(s.tokens))
+	for t := range s.tokens {
+		out = append(out, t)
+	}
+	return out
+}
