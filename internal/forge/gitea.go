@@ -464,12 +464,16 @@ func (g *Gitea) RegisterDeployKey(ctx context.Context, repo Repo) error {
 	if err != nil {
 		return err
 	}
-	keys, err := getAll[giteaKey](ctx, g.api, g.api.url(g.repoPath(repo, "keys"), url.Values{"fingerprint": {fp}, "limit": {"50"}}), 10)
+	pub, err := authorizedKey(key)
+	if err != nil {
+		return err
+	}
+	keys, err := getAll[giteaKey](ctx, g.api, g.api.url(g.repoPath(repo, "keys"), url.Values{"limit": {"50"}}), 20)
 	if err != nil {
 		return fmt.Errorf("deploy keys of %s: %w", repo.FullName(), err)
 	}
 	for _, k := range keys {
-		if k.Fingerprint != fp {
+		if k.Fingerprint != fp && keyContent(k.Key) != pub {
 			continue
 		}
 		if k.ReadOnly {
@@ -480,15 +484,20 @@ func (g *Gitea) RegisterDeployKey(ctx context.Context, repo Repo) error {
 			return fmt.Errorf("delete writable deploy key of %s: %w", repo.FullName(), err)
 		}
 	}
-	pub, err := authorizedKey(key)
-	if err != nil {
-		return err
-	}
 	body := map[string]any{"title": deployKeyTitle, "key": pub, "read_only": true}
 	if _, err := g.api.do(ctx, http.MethodPost, g.api.url(g.repoPath(repo, "keys"), nil), body, nil); err != nil {
 		return fmt.Errorf("register deploy key on %s: %w", repo.FullName(), err)
 	}
 	return nil
+}
+
+// keyContent is an authorized_keys line without its comment: type and key.
+func keyContent(line string) string {
+	f := strings.Fields(line)
+	if len(f) < 2 {
+		return line
+	}
+	return f[0] + " " + f[1]
 }
 
 // ReadCredential implements Forge: the repository's read-only deploy key (registered if it is

@@ -35,7 +35,7 @@ func (s *Server) ServeGit(fullName, dir string) {
 }
 
 // GitFetches is how many fetches (upload-pack requests) of fullName were served, and how many
-// were refused for want of a good credential.
+// requests were refused for want of a good credential.
 func (s *Server) GitFetches(fullName string) (served, refused int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -58,12 +58,11 @@ func (s *Server) serveGit(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	repo := s.repos[k]
 	allowed := repo != nil && repo.gitDir != "" && (!repo.Private || s.mayRead(r, repo, k))
-	if repo != nil && r.Method == http.MethodPost {
-		if allowed {
-			repo.gitServed++
-		} else {
-			repo.gitRefused++
-		}
+	switch {
+	case repo != nil && !allowed:
+		repo.gitRefused++
+	case allowed && r.Method == http.MethodPost:
+		repo.gitServed++
 	}
 	var dir string
 	if repo != nil {
