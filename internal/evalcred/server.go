@@ -95,6 +95,9 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request) error {
 	switch {
 	case errors.As(err, &se) && se.Code == http.StatusConflict:
 		return httpapi.Errorf(http.StatusConflict, "the evaluation is not running under this ticket's claim")
+	case errors.As(err, &se) && se.Code == http.StatusUnauthorized:
+		// This frontend's own token, not the ticket: its operator's to fix.
+		return &httpapi.Error{Code: http.StatusServiceUnavailable, Msg: "the signers refuse this frontend's node token", Err: err}
 	case errors.As(err, &se) && se.Code < 500:
 		return &httpapi.Error{Code: http.StatusForbidden, Msg: "invalid evaluation ticket", Err: err}
 	case err != nil:
@@ -129,10 +132,9 @@ func (s *Server) mint(ctx context.Context, claim signerapi.CheckTicketResponse) 
 	if f == nil {
 		return cred, repo, httpapi.Errorf(http.StatusNotFound, "the repository's forge is not configured on this frontend")
 	}
-	owner, name := repo.Repo().Owner, repo.Repo().Name
 	c, err := f.ReadCredential(ctx, forge.Repository{Repo: repo.Repo(), CloneURL: repo.CloneURL, Private: repo.Private})
 	if err != nil {
-		return cred, repo, &httpapi.Error{Code: http.StatusBadGateway, Msg: "the forge issued no read credential for " + owner + "/" + name, Err: err}
+		return cred, repo, &httpapi.Error{Code: http.StatusBadGateway, Msg: "the forge issued no read credential for " + repo.FullName, Err: err}
 	}
 	return c, repo, nil
 }
