@@ -98,7 +98,7 @@ func TestPrivateRepositories(t *testing.T) {
 			ghName).Scan(&ghRepoID, &private)
 		return err == nil && private
 	})
-	if code, out := c.admin("front-1", http.MethodPost, fmt.Sprintf("/api/projects/%d/enable", ghRepoID), nil); code != http.StatusOK {
+	if code, out := c.admin("front-1", http.MethodPost, fmt.Sprintf("/api/projects/%d/enable", ghRepoID), map[string]any{}); code != http.StatusOK {
 		t.Fatalf("enable %s: %d %s", ghName, code, out)
 	}
 	if err := os.WriteFile(filepath.Join(ghWork, "ci.nix"), []byte(probeNix(salt+"-github")), 0o644); err != nil {
