@@ -50,10 +50,10 @@ func TestCredentialOnlyForTheHolder(t *testing.T) {
 	pool := dbtest.NewPool(t)
 	cl := signertest.Start(t, pool, signertest.Options{KeyName: "evalcred-test-1"})
 	project := queuetest.NewProject(t, pool, "private", 100)
-	newEval := func() int64 {
+	newEval := func(t *testing.T) int64 {
 		return queuetest.QueryInt(t, pool, `
 INSERT INTO evaluations (project_id, flake_url, commit_sha, branch, status, claimed_by, claimed_at, started_at, attempt)
-VALUES ($1, 'git+file:///p', 'c', 'main', 'running', 'eval-1', now(), now(), 2) RETURNING id`, project)
+VALUES ($1, 'git+file:///p', md5($2), 'main', 'running', 'eval-1', now(), now(), 2) RETURNING id`, project, t.Name())
 	}
 	ff := &fakeForge{}
 	srv := func(checker evalcred.TicketChecker) string {
@@ -120,7 +120,7 @@ VALUES ($1, 'git+file:///p', 'c', 'main', 'running', 'eval-1', now(), now(), 2) 
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			id := newEval()
+			id := newEval(t)
 			tk, err := tt.setup(id)
 			var se *signerclient.StatusError
 			if tt.ticketErr != 0 {
