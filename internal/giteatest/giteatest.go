@@ -609,7 +609,7 @@ func linkTree(src, dst string) error {
 // chownTree gives dir, and the directories and configuration under it that Gitea writes,
 // to uid:gid. Linked binaries and assets keep their owner: Gitea only reads them.
 func chownTree(dir string, uid, gid int) error {
-	for _, p := range []string{"", "custom", "custom/conf", "custom/conf/app.ini", "data", "repos", "log", "home", "bin", "static"} {
+	for _, p := range []string{"", "custom", "custom/conf", "custom/conf/app.ini", "data", "data/ssh", "data/ssh/gitea.ed25519", "repos", "log", "home", "bin", "static"} {
 		if err := os.Lchown(filepath.Join(dir, p), uid, gid); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return err
 		}
