@@ -133,8 +133,21 @@ func TestPrivateRepositories(t *testing.T) {
 	if served, _ := gh.GitFetches(ghName); served == 0 {
 		t.Error("the stand-in served no fetch of the private repository")
 	}
-	if !strings.Contains(c.procs["front-1"].Logs(), "read credential issued") {
-		t.Errorf("front-1 logged no read credential issued:\n%s", lastLines(c.procs["front-1"].Logs(), 40))
+	front := c.procs["front-1"].Logs()
+	for _, forgeName := range []string{"gitea", "gh"} {
+		if !strings.Contains(front, "read credential issued") || !strings.Contains(front, "forge="+forgeName) {
+			t.Errorf("front-1 logged no read credential issued for forge %s:\n%s", forgeName, lastLines(front, 40))
+		}
+	}
+	// Gitea's was a deploy key over ssh: the evaluator pinned the SSH server's host key.
+	pinned, err := filepath.Glob(filepath.Join(filepath.Dir(ghWork), "*", "*", "git", "*.known_hosts"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pinned) != 1 {
+		t.Errorf("known_hosts files of the mirrors: %q, want the Gitea repository's", pinned)
+	} else if data, err := os.ReadFile(pinned[0]); err != nil || !strings.Contains(string(data), fmt.Sprintf("[127.0.0.1]:%d ssh-ed25519 ", c.gitea.SSHPort)) {
+		t.Errorf("%s: %q, %v; want Gitea's ed25519 host key", pinned[0], data, err)
 	}
 
 	// No credential anywhere it could stay: the database, the logs, the state directories.
