@@ -45,6 +45,8 @@ type forgeCluster struct {
 
 type forgeOptions struct {
 	builders int
+	// private makes the repository private.
+	private bool
 	// publicURL is [frontend] public_url; "" leaves the default (the node's endpoint).
 	publicURL string
 	// frontendLines are more [frontend] lines.
@@ -65,7 +67,7 @@ func newForgeCluster(t *testing.T, o forgeOptions) *forgeCluster {
 	if err != nil {
 		t.Fatal(err)
 	}
-	repo, err := g.CreateRepo(ctx, owner, giteatest.UniqueName("hello"), false)
+	repo, err := g.CreateRepo(ctx, owner, giteatest.UniqueName("hello"), o.private)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -87,6 +87,10 @@ fi
 if [ "$mode" != nix ]; then
   command -v bwrap >/dev/null 2>&1 || [ -x /usr/bin/bwrap ] || need_apt+=(bubblewrap)
 fi
+# Evaluators fetch private Gitea repositories with their deploy key over ssh.
+if [ "$mode" != nix ] && [ "$mode" != nix-root ]; then
+  command -v ssh >/dev/null 2>&1 || need_apt+=(openssh-client)
+fi
 if [ "$mode" != nix ] && [ "$mode" != nix-root ]; then
   have_postgres || need_apt+=(postgresql)
   command -v pgbench >/dev/null 2>&1 || need_apt+=(postgresql-contrib)

@@ -7,6 +7,7 @@ import (
 	"sync"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/forge"
+	"github.com/harmonia-ci/harmonia-ci/internal/gitrepo"
 )
 
 // errForgeDown is what the fake answers to a call told to fail.
@@ -178,3 +179,6 @@ func (f *fakeForge) RegisterWebhook(context.Context, forge.Repo, string) (string
 }
 func (f *fakeForge) DeleteWebhook(context.Context, forge.Repo, string) error { return errUnexpected }
 func (f *fakeForge) CommitURL(forge.Repo, string) string                     { return "" }
+func (f *fakeForge) ReadCredential(context.Context, forge.Repository) (gitrepo.Credential, error) {
+	return gitrepo.Credential{}, errUnexpected
+}

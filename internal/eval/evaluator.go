@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	neturl "net/url"
 	"strings"
 	"sync/atomic"
@@ -78,6 +79,13 @@ type Config struct {
 	Registerer prometheus.Registerer
 	// Order ranks the jobs this evaluator enqueues (queue.order).
 	Order queue.Order
+	// Tickets proves this node's claims to the frontends, which then hand out the read
+	// credential of a private repository (the signer client); nil: private repositories are
+	// fetched without one, and fail.
+	Tickets Ticketer
+	// DeadThreshold: frontends silent this long are not asked; default
+	// cluster.DefaultDeadThreshold.
+	DeadThreshold time.Duration
 }
 
 // Evaluator is the evaluator role: it claims queued evaluations, walks the project's
@@ -91,6 +99,7 @@ type Evaluator struct {
 	slots   *slots.Runner[claim]
 	confine *confinement
 	metrics *evalMetrics
+	creds   *credentials // nil without Tickets
 	// nixVersion is the version of the Nix it evaluates with, found at start ("" if unknown).
 	nixVersion string
 }
@@ -140,6 +149,10 @@ func New(cfg Config, pool *pgxpool.Pool, logger *slog.Logger, clk clock.Clock) (
 	}
 	e := &Evaluator{cfg: cfg, pool: pool, clock: clk, logger: logger, confine: cf,
 		metrics: newEvalMetrics(cfg.Registerer)}
+	if cfg.Tickets != nil {
+		e.creds = &credentials{tickets: cfg.Tickets, pool: pool, http: &http.Client{Timeout: 2 * time.Minute},
+			deadThreshold: cfg.DeadThreshold}
+	}
 	e.slots = slots.New(slots.Config[claim]{
 		Slots:        cfg.MaxEvals,
 		PollInterval: cfg.PollInterval,
@@ -303,17 +316,18 @@ func (e *Evaluator) run(ctx context.Context, c claim, log *slog.Logger) (ingestS
 	var url, commit, branch, prBase string
 	var projectID int64
 	var prNumber int
+	var private bool
 	if err := evaluation.ClearAttrs(ctx, e.pool, c.id); err != nil {
 		return ingestStats{}, fmt.Errorf("clear attributes of an earlier attempt: %w", err)
 	}
-	if err := e.pool.QueryRow(ctx, sqlRepoOfEval, c.id).Scan(&projectID, &url, &commit, &branch, &prNumber, &prBase); err != nil {
+	if err := e.pool.QueryRow(ctx, sqlRepoOfEval, c.id).Scan(&projectID, &url, &private, &commit, &branch, &prNumber, &prBase); err != nil {
 		return ingestStats{}, fmt.Errorf("read evaluation: %w", err)
 	}
 	mirror, err := gitrepo.New(MirrorDir(e.cfg.StateDir, projectID), url)
 	if err != nil {
 		return ingestStats{}, err
 	}
-	if err := mirror.Fetch(ctx); err != nil {
+	if err := e.fetch(ctx, c, mirror, private, log); err != nil {
 		return ingestStats{}, err
 	}
 	if _, err := mirror.ResolveCommit(ctx, commit); err != nil {
@@ -416,6 +430,22 @@ func (e *Evaluator) run(ctx context.Context, c claim, log *slog.Logger) (ingestS
 	}
 	log.Debug("walk done", "mode", spec.Mode)
 	return in.stats, nil
+}
+
+// fetch brings the mirror up to date: a public repository anonymously, a private one with the
+// read credential a frontend mints for this evaluation. The credential lives in this function
+// only: git gets it in its environment (gitrepo.Mirror.FetchWith), the mirror's configuration
+// and the credential-free copy the project's code reads never hold it, and nothing logs it.
+func (e *Evaluator) fetch(ctx context.Context, c claim, m *gitrepo.Mirror, private bool, log *slog.Logger) error {
+	if !private || e.creds == nil {
+		return m.Fetch(ctx)
+	}
+	cred, err := e.creds.get(ctx, c)
+	if err != nil {
+		return err
+	}
+	log.Debug("fetching the private repository with a read credential", "url", cred.URL)
+	return m.FetchWith(ctx, cred)
 }
 
 // ingest prepares each batch as it arrives and commits what is prepared at most every

@@ -19,8 +19,15 @@ UPDATE evaluations e SET status = 'running', claimed_by = $1, claimed_at = now()
 FROM next WHERE e.id = next.id
 RETURNING e.id, e.attempt`
 
+	// The live frontends an evaluator may ask for a read credential; $1 the dead threshold in
+	// seconds.
+	sqlFrontends = `
+SELECT endpoint FROM nodes
+WHERE 'frontend' = ANY(capabilities) AND last_seen > now() - make_interval(secs => $1) AND status <> 'dead'
+ORDER BY id`
+
 	sqlRepoOfEval = `
-SELECT e.project_id, r.clone_url, e.commit_sha, e.branch, COALESCE(e.pr_number, 0), e.pr_base FROM evaluations e
+SELECT e.project_id, r.clone_url, r.is_private, e.commit_sha, e.branch, COALESCE(e.pr_number, 0), e.pr_base FROM evaluations e
 JOIN projects p ON p.id = e.project_id JOIN repositories r ON r.id = p.repo_id
 WHERE e.id = $1`
 

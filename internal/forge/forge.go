@@ -10,6 +10,8 @@ import (
 	"errors"
 	"net/http"
 	"time"
+
+	"github.com/harmonia-ci/harmonia-ci/internal/gitrepo"
 )
 
 // Forge types, as [[forges]] type spells them.
@@ -73,6 +75,10 @@ type Forge interface {
 	RegisterWebhook(ctx context.Context, repo Repo, base string) (hookID string, err error)
 	// DeleteWebhook removes a hook RegisterWebhook made; a hook already gone is not an error.
 	DeleteWebhook(ctx context.Context, repo Repo, hookID string) error
+	// ReadCredential mints a short-lived credential that can only read repo (its CloneURL as
+	// discovered), for one evaluation's fetch: a GitHub installation token scoped to the one
+	// repository with contents: read, a Gitea read-only deploy key. See gitrepo.Credential.
+	ReadCredential(ctx context.Context, repo Repository) (gitrepo.Credential, error)
 	// CommitURL is the web page of a commit, for links.
 	CommitURL(repo Repo, sha string) string
 }

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/harmonia-ci/harmonia-ci/internal/gitrepo"
 )
 
 // GiteaConfig configures a Gitea (or Forgejo) forge.
@@ -440,4 +442,85 @@ func truncate(s string, n int) string {
 		n--
 	}
 	return s[:n]
+}
+
+// giteaKey is a deploy key as Gitea's JSON shows it.
+type giteaKey struct {
+	ID          int64  `json:"id"`
+	Key         string `json:"key"`
+	Fingerprint string `json:"fingerprint"`
+	ReadOnly    bool   `json:"read_only"`
+}
+
+// RegisterDeployKey makes sure the repository has its read-only deploy key (derived from the
+// forge's secret and the repository's forge id, see deployKey): it is added unless Gitea lists
+// it already. A key of the same fingerprint that is not read-only is replaced.
+func (g *Gitea) RegisterDeployKey(ctx context.Context, repo Repo) error {
+	if repo.ForgeID <= 0 {
+		return fmt.Errorf("deploy key of %s: the repository's forge id is not known yet", repo.FullName())
+	}
+	key := deployKey(g.secret, repo.ForgeID)
+	fp, err := fingerprint(key)
+	if err != nil {
+		return err
+	}
+	pub, err := authorizedKey(key)
+	if err != nil {
+		return err
+	}
+	keys, err := getAll[giteaKey](ctx, g.api, g.api.url(g.repoPath(repo, "keys"), url.Values{"limit": {"50"}}), 20)
+	if err != nil {
+		return fmt.Errorf("deploy keys of %s: %w", repo.FullName(), err)
+	}
+	for _, k := range keys {
+		if k.Fingerprint != fp && keyContent(k.Key) != pub {
+			continue
+		}
+		if k.ReadOnly {
+			return nil
+		}
+		// Someone made it writable: a key that can push is not what evaluations get.
+		if _, err := g.api.do(ctx, http.MethodDelete, g.api.url(g.repoPath(repo, "keys", strconv.FormatInt(k.ID, 10)), nil), nil, nil); err != nil && !errors.Is(err, ErrNotFound) {
+			return fmt.Errorf("delete writable deploy key of %s: %w", repo.FullName(), err)
+		}
+	}
+	body := map[string]any{"title": deployKeyTitle, "key": pub, "read_only": true}
+	if _, err := g.api.do(ctx, http.MethodPost, g.api.url(g.repoPath(repo, "keys"), nil), body, nil); err != nil {
+		return fmt.Errorf("register deploy key on %s: %w", repo.FullName(), err)
+	}
+	return nil
+}
+
+// keyContent is an authorized_keys line without its comment: type and key.
+func keyContent(line string) string {
+	f := strings.Fields(line)
+	if len(f) < 2 {
+		return line
+	}
+	return f[0] + " " + f[1]
+}
+
+// ReadCredential implements Forge: the repository's read-only deploy key (registered if it is
+// missing) and its ssh URL. Gitea has no short-lived read-only token the CI's account could
+// mint through the API (creating tokens takes the account's password), so the key is the
+// credential; it opens this one repository, read-only, and is derived, never stored.
+func (g *Gitea) ReadCredential(ctx context.Context, r Repository) (gitrepo.Credential, error) {
+	repo := r.Repo
+	if err := g.RegisterDeployKey(ctx, repo); err != nil {
+		return gitrepo.Credential{}, err
+	}
+	var info struct {
+		SSHURL string `json:"ssh_url"`
+	}
+	if _, err := g.api.do(ctx, http.MethodGet, g.api.url(g.repoPath(repo), nil), nil, &info); err != nil {
+		return gitrepo.Credential{}, fmt.Errorf("repository %s: %w", repo.FullName(), err)
+	}
+	if info.SSHURL == "" {
+		return gitrepo.Credential{}, fmt.Errorf("repository %s: gitea shows no ssh URL (is its SSH server off?)", repo.FullName())
+	}
+	priv, err := openSSHPrivateKey(deployKey(g.secret, repo.ForgeID))
+	if err != nil {
+		return gitrepo.Credential{}, err
+	}
+	return gitrepo.Credential{URL: info.SSHURL, SSHKey: priv}, nil
 }

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
+
+	"github.com/harmonia-ci/harmonia-ci/internal/gitrepo"
 )
 
 // GitHub App authentication: the App signs a short-lived JWT with its private key, which only
@@ -230,4 +232,40 @@ func (g *GitHub) endpoint(query url.Values, segments ...string) string {
 // repoURL is endpoint under /repos/{owner}/{name}.
 func (g *GitHub) repoURL(repo Repo, query url.Values, segments ...string) string {
 	return g.endpoint(query, append([]string{"repos", repo.Owner, repo.Name}, segments...)...)
+}
+
+// ReadCredential implements Forge: a new installation token (never the cached one the CI
+// acts with) that GitHub scopes to repo alone, by its id when known, with contents: read and
+// nothing else, for basic authentication over https as x-access-token. It expires within the
+// hour; it is not revoked after the fetch, since the evaluator, not the frontend, uses it.
+func (g *GitHub) ReadCredential(ctx context.Context, repo Repository) (gitrepo.Credential, error) {
+	id, err := g.installationFor(ctx, repo.Repo)
+	if err != nil {
+		return gitrepo.Credential{}, err
+	}
+	body := map[string]any{"permissions": map[string]string{"contents": "read"}}
+	if repo.ForgeID > 0 {
+		body["repository_ids"] = []int64{repo.ForgeID}
+	} else {
+		body["repositories"] = []string{repo.Name}
+	}
+	var out struct {
+		Token       string            `json:"token"`
+		ExpiresAt   time.Time         `json:"expires_at"`
+		Permissions map[string]string `json:"permissions"`
+	}
+	u := g.endpoint(nil, "app", "installations", strconv.FormatInt(id, 10), "access_tokens")
+	if _, err := g.appAPI().do(ctx, http.MethodPost, u, body, &out); err != nil {
+		return gitrepo.Credential{}, fmt.Errorf("read token for %s: %w", repo.FullName(), err)
+	}
+	if out.Token == "" {
+		return gitrepo.Credential{}, fmt.Errorf("read token for %s: answer without a token", repo.FullName())
+	}
+	// GitHub grants at most what was asked; a token that could do more is not handed on.
+	for p, level := range out.Permissions {
+		if p != "contents" && p != "metadata" || level != "read" {
+			return gitrepo.Credential{}, fmt.Errorf("read token for %s: granted %s: %s, want contents: read only", repo.FullName(), p, level)
+		}
+	}
+	return gitrepo.Credential{URL: repo.CloneURL, Username: "x-access-token", Token: out.Token, Expires: out.ExpiresAt}, nil
 }

@@ -22,9 +22,11 @@ package giteatest
 import (
 	"bytes"
 	"context"
+	"crypto/ed25519"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
@@ -42,6 +44,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/crypto/ssh"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/logtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/proctest"
@@ -71,6 +75,9 @@ type Server struct {
 	AdminToken string
 	// Dir is the server's work directory (configuration, database, repositories, log).
 	Dir string
+	// SSHPort is the port of Gitea's built-in SSH server on 127.0.0.1 (repositories' ssh_url
+	// name it): deploy keys fetch through it.
+	SSHPort int
 
 	bin, static string
 	env         []string
@@ -224,8 +231,8 @@ func UniqueName(prefix string) string {
 }
 
 // Start starts a private Gitea in a fresh directory: listening on 127.0.0.1 on a free port,
-// with a SQLite database, webhooks allowed to loopback addresses, no SSH, mail or LFS, and an
-// administrator with an API token. It returns once the API answers.
+// with a SQLite database, webhooks allowed to loopback addresses, its built-in SSH server on
+// another free port (for deploy keys), no mail or LFS, and an administrator with an API token. It returns once the API answers.
 func Start(ctx context.Context) (*Server, error) {
 	s, err := start(ctx)
 	if err != nil {
@@ -300,7 +307,13 @@ func (s *Server) run(ctx context.Context, runUser string) error {
 		return err
 	}
 	s.URL = "http://127.0.0.1:" + strconv.Itoa(port)
+	if s.SSHPort, err = freePort(); err != nil {
+		return err
+	}
 	if err := os.WriteFile(s.configPath(), []byte(s.config(port, runUser)), 0o600); err != nil {
+		return err
+	}
+	if err := writeHostKey(filepath.Join(s.Dir, "data", "ssh", "gitea.ed25519")); err != nil {
 		return err
 	}
 	if s.cred != nil {
@@ -394,8 +407,13 @@ HTTP_PORT = %[3]d
 DOMAIN = 127.0.0.1
 ROOT_URL = http://127.0.0.1:%[3]d/
 LOCAL_ROOT_URL = http://127.0.0.1:%[3]d/
-DISABLE_SSH = true
-START_SSH_SERVER = false
+DISABLE_SSH = false
+START_SSH_SERVER = true
+SSH_DOMAIN = 127.0.0.1
+SSH_PORT = %[8]d
+SSH_LISTEN_HOST = 127.0.0.1
+SSH_LISTEN_PORT = %[8]d
+SSH_SERVER_HOST_KEYS = %[1]s/data/ssh/gitea.ed25519
 OFFLINE_MODE = true
 LFS_START_SERVER = false
 APP_DATA_PATH = %[1]s/data
@@ -466,7 +484,7 @@ ADAPTER = memory
 MODE = file
 LEVEL = Info
 ROOT_PATH = %[1]s/log
-`, d, runUser, port, s.static, randomString(32), randomString(52), randomString(43))
+`, d, runUser, port, s.static, randomString(32), randomString(52), randomString(43), s.SSHPort)
 }
 
 // gitea runs a Gitea subcommand on the server's configuration and returns its output.
@@ -591,7 +609,7 @@ func linkTree(src, dst string) error {
 // chownTree gives dir, and the directories and configuration under it that Gitea writes,
 // to uid:gid. Linked binaries and assets keep their owner: Gitea only reads them.
 func chownTree(dir string, uid, gid int) error {
-	for _, p := range []string{"", "custom", "custom/conf", "custom/conf/app.ini", "data", "repos", "log", "home", "bin", "static"} {
+	for _, p := range []string{"", "custom", "custom/conf", "custom/conf/app.ini", "data", "data/ssh", "data/ssh/gitea.ed25519", "repos", "log", "home", "bin", "static"} {
 		if err := os.Lchown(filepath.Join(dir, p), uid, gid); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return err
 		}
@@ -954,4 +972,24 @@ func (s *Server) Hooks(ctx context.Context, repo Repo) ([]Hook, error) {
 		hooks[i].URL = hooks[i].Config["url"]
 	}
 	return hooks, nil
+}
+
+// writeHostKey gives the SSH server an Ed25519 host key at path, unless it has one: Gitea would
+// generate a 4096-bit RSA key, which takes seconds.
+func writeHostKey(path string) error {
+	if _, err := os.Stat(path); err == nil {
+		return nil
+	}
+	_, key, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		return err
+	}
+	block, err := ssh.MarshalPrivateKey(key, "giteatest host key")
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return err
+	}
+	return os.WriteFile(path, pem.EncodeToMemory(block), 0o600)
 }

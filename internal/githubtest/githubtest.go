@@ -141,6 +141,26 @@ type installation struct {
 type token struct {
 	installation int64
 	expires      time.Time
+	// repos, if not nil, are the lower-case full names the token was scoped to (the request's
+	// repositories or repository_ids); nil is every repository of the installation.
+	repos []string
+	// permissions are what the token may do: the installation's, or the subset asked for.
+	permissions map[string]string
+}
+
+// installationPermissions are what the App's installations are granted; a token asks for these
+// or fewer.
+var installationPermissions = map[string]string{"metadata": "read", "contents": "read", "statuses": "write", "pull_requests": "read"}
+
+// permits reports whether t grants permission at level ("read" or "write"); write implies read.
+func (t *token) permits(permission, level string) bool {
+	got := t.permissions[permission]
+	return got == "write" || (got == "read" && level == "read")
+}
+
+// covers reports whether t may see the repository of lower-case full name k.
+func (t *token) covers(k string) bool {
+	return t.repos == nil || slices.Contains(t.repos, k)
 }
 
 type repoState struct {
@@ -150,6 +170,10 @@ type repoState struct {
 	branches     map[string]string
 	statuses     map[string][]Status // by sha
 	permissions  map[string]string   // lower-case login → role (AddCollaborator, SetPermission)
+	// gitDir is the repository ServeGit serves ("": none); gitServed and gitRefused count
+	// fetches (git.go).
+	gitDir                string
+	gitServed, gitRefused int
 }
 
 // rateLimit is one queued rate-limit answer: secondary (retryAfter) or primary (reset).
@@ -349,9 +373,10 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("GET /repos/{owner}/{repo}/pulls/{number}", s.inRepo(s.pull))
 	mux.HandleFunc("GET /repos/{owner}/{repo}/pulls/{number}/commits", s.inRepo(s.pullCommits))
 	mux.HandleFunc("GET /repos/{owner}/{repo}/branches/{branch...}", s.inRepo(s.branch))
-	mux.HandleFunc("POST /repos/{owner}/{repo}/statuses/{sha}", s.inRepo(s.createStatus))
-	mux.HandleFunc("GET /repos/{owner}/{repo}/commits/{ref}/statuses", s.inRepo(s.listStatuses))
-	mux.HandleFunc("GET /repos/{owner}/{repo}/statuses/{ref}", s.inRepo(s.listStatuses))
+	mux.HandleFunc("POST /repos/{owner}/{repo}/statuses/{sha}", s.inRepo(s.needs("statuses", "write", s.createStatus)))
+	mux.HandleFunc("GET /repos/{owner}/{repo}/commits/{ref}/statuses", s.inRepo(s.needs("statuses", "read", s.listStatuses)))
+	mux.HandleFunc("GET /repos/{owner}/{repo}/statuses/{ref}", s.inRepo(s.needs("statuses", "read", s.listStatuses)))
+	s.gitRoutes(mux)
 	s.oauthRoutes(mux)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) { notFound(w) })
 	return s.common(mux)
@@ -502,13 +527,26 @@ func (s *Server) inRepo(h func(w http.ResponseWriter, r *http.Request, repo *rep
 	return s.installation(func(w http.ResponseWriter, r *http.Request, inst int64) {
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		repo := s.repos[strings.ToLower(r.PathValue("owner")+"/"+r.PathValue("repo"))]
-		if repo == nil || repo.installation != inst {
+		k := strings.ToLower(r.PathValue("owner") + "/" + r.PathValue("repo"))
+		repo := s.repos[k]
+		if repo == nil || repo.installation != inst || !s.tokens[credential(r)].covers(k) {
 			notFound(w)
 			return
 		}
 		h(w, r, repo)
 	})
+}
+
+// needs answers 403 as GitHub does unless the request's token grants permission at level.
+// It runs inside inRepo (s.mu held, the token valid).
+func (s *Server) needs(permission, level string, h func(w http.ResponseWriter, r *http.Request, repo *repoState)) func(w http.ResponseWriter, r *http.Request, repo *repoState) {
+	return func(w http.ResponseWriter, r *http.Request, repo *repoState) {
+		if !s.tokens[credential(r)].permits(permission, level) {
+			writeError(w, http.StatusForbidden, "Resource not accessible by integration", docsURL)
+			return
+		}
+		h(w, r, repo)
+	}
 }
 
 func (s *Server) installationJSON(in *installation) map[string]any {
@@ -531,7 +569,7 @@ func (s *Server) installationJSON(in *installation) map[string]any {
 		"access_tokens_url":    fmt.Sprintf("%s/app/installations/%d/access_tokens", s.URL, in.id),
 		"repositories_url":     s.URL + "/installation/repositories",
 		"html_url":             fmt.Sprintf("https://github.com/organizations/%s/settings/installations/%d", owner, in.id),
-		"permissions":          map[string]string{"metadata": "read", "contents": "read", "statuses": "write", "pull_requests": "read"},
+		"permissions":          installationPermissions,
 		"events":               []string{"push", "pull_request", "issue_comment"},
 		"created_at":           "2024-01-02T03:04:05Z",
 		"updated_at":           "2024-01-02T03:04:05Z",
@@ -577,22 +615,70 @@ func (s *Server) createToken(w http.ResponseWriter, r *http.Request) {
 		notFound(w)
 		return
 	}
-	if s.installations[i].suspended {
+	in := s.installations[i]
+	if in.suspended {
 		writeError(w, http.StatusForbidden, "This installation has been suspended", docsURL)
 		return
+	}
+	// The body is optional; with it GitHub scopes the token to some of the installation's
+	// repositories (by name or id) and some of its permissions.
+	var body struct {
+		Repositories  []string          `json:"repositories"`
+		RepositoryIDs []int64           `json:"repository_ids"`
+		Permissions   map[string]string `json:"permissions"`
+	}
+	if r.ContentLength != 0 {
+		if err := json.NewDecoder(r.Body).Decode(&body); err != nil {
+			writeError(w, http.StatusBadRequest, "Problems parsing JSON", docsURL)
+			return
+		}
+	}
+	t := &token{installation: id, expires: time.Now().Add(s.tokenLifetime).UTC().Truncate(time.Second),
+		permissions: installationPermissions}
+	if body.Repositories != nil || body.RepositoryIDs != nil {
+		t.repos = []string{}
+		for _, k := range in.repos {
+			_, name, _ := strings.Cut(k, "/")
+			if slices.Contains(body.Repositories, name) || slices.Contains(body.RepositoryIDs, numericID(s.repos[k].FullName)) {
+				t.repos = append(t.repos, k)
+			}
+		}
+		if len(t.repos) != len(body.Repositories)+len(body.RepositoryIDs) {
+			writeError(w, http.StatusUnprocessableEntity, "There is at least one repository that does not exist or is not accessible to the parent installation.", docsURL)
+			return
+		}
+	}
+	if body.Permissions != nil {
+		t.permissions = map[string]string{}
+		for p, level := range body.Permissions {
+			granted := installationPermissions[p]
+			if (level != "read" && level != "write") || granted == "" || (level == "write" && granted != "write") {
+				writeError(w, http.StatusUnprocessableEntity, "The permissions requested are not granted to this installation.", docsURL)
+				return
+			}
+			t.permissions[p] = level
+		}
+		t.permissions["metadata"] = "read" // every token may read metadata
 	}
 	b := make([]byte, 18)
 	rand.Read(b)
 	tok := "ghs_" + strings.ToUpper(hex.EncodeToString(b))[:36]
-	expires := time.Now().Add(s.tokenLifetime).UTC().Truncate(time.Second)
-	s.tokens[tok] = &token{installation: id, expires: expires}
+	s.tokens[tok] = t
 	s.exchanges++
-	writeJSON(w, http.StatusCreated, map[string]any{
+	out := map[string]any{
 		"token":                tok,
-		"expires_at":           expires.Format(time.RFC3339),
-		"permissions":          map[string]string{"metadata": "read", "contents": "read", "statuses": "write", "pull_requests": "read"},
+		"expires_at":           t.expires.Format(time.RFC3339),
+		"permissions":          t.permissions,
 		"repository_selection": "selected",
-	})
+	}
+	if t.repos != nil {
+		repos := []map[string]any{}
+		for _, k := range t.repos {
+			repos = append(repos, RepoJSON(s.repos[k].Repo))
+		}
+		out["repositories"] = repos
+	}
+	writeJSON(w, http.StatusCreated, out)
 }
 
 func (s *Server) listRepositories(w http.ResponseWriter, r *http.Request, inst int64) {
@@ -603,6 +689,9 @@ func (s *Server) listRepositories(w http.ResponseWriter, r *http.Request, inst i
 		if in.id == inst {
 			names = in.repos
 		}
+	}
+	if t := s.tokens[credential(r)]; t != nil && t.repos != nil {
+		names = slices.DeleteFunc(slices.Clone(names), func(k string) bool { return !t.covers(k) })
 	}
 	lo, hi := s.paginate(w, r, len(names))
 	out := []map[string]any{}

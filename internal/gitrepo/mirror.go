@@ -41,29 +41,52 @@ func New(dir, url string) (*Mirror, error) {
 // every ref that also prunes refs deleted upstream. It is safe to call from several processes at
 // once.
 func (m *Mirror) Fetch(ctx context.Context) error {
+	return m.fetch(ctx, m.URL, nil)
+}
+
+// FetchWith is Fetch from cred.URL with the credential: a token reaches git only in its
+// environment, as an Authorization header for that URL alone, a key only as a 0600 file in a
+// private temporary directory that ssh reads and that is removed when git is done. Neither is
+// on a command line, in the mirror's configuration or in the URL git records, and an error
+// names neither. A host key seen for the first time is pinned in Dir.known_hosts, and checked
+// on every later fetch.
+func (m *Mirror) FetchWith(ctx context.Context, cred Credential) error {
+	env, cleanup, err := cred.gitEnv(m.Dir + ".known_hosts")
+	if err != nil {
+		return fmt.Errorf("fetch %s: %w", redact(cred.URL), err)
+	}
+	defer cleanup()
+	if err := m.fetch(ctx, cred.URL, env); err != nil {
+		return cred.scrub(err)
+	}
+	return nil
+}
+
+// fetch is Fetch from url, git running with env added to its environment.
+func (m *Mirror) fetch(ctx context.Context, url string, env []string) error {
 	// The fields are exported, so a Mirror may not have come from New.
-	if err := ValidateURL(m.URL); err != nil {
+	if err := ValidateURL(url); err != nil {
 		return err
 	}
 	if err := os.MkdirAll(filepath.Dir(m.Dir), 0o755); err != nil {
-		return fmt.Errorf("fetch %s: %w", redact(m.URL), err)
+		return fmt.Errorf("fetch %s: %w", redact(url), err)
 	}
 	unlock, err := lock(ctx, m.Dir+".lock")
 	if err != nil {
-		return fmt.Errorf("fetch %s: %w", redact(m.URL), err)
+		return fmt.Errorf("fetch %s: %w", redact(url), err)
 	}
 	defer unlock()
 
 	if _, err := os.Stat(m.Dir); errors.Is(err, fs.ErrNotExist) {
-		return m.clone(ctx)
+		return m.clone(ctx, url, env)
 	} else if err != nil {
-		return fmt.Errorf("fetch %s: %w", redact(m.URL), err)
+		return fmt.Errorf("fetch %s: %w", redact(url), err)
 	}
-	// Fetching from m.URL rather than the remote recorded at clone time makes a changed project
+	// Fetching from url rather than the remote recorded at clone time makes a changed project
 	// URL take effect without recreating the mirror.
 	// The negative refspec keeps harmonia-ci's own refs out of both the fetch and the prune.
-	if _, err := run(ctx, nil, m.Dir, "fetch", "--prune", "--quiet", "--", m.URL, "+refs/*:refs/*", "^"+LocalRefPrefix+"*"); err != nil {
-		return fmt.Errorf("fetch %s: %w", redact(m.URL), err)
+	if _, err := runEnv(ctx, m.Dir, env, "fetch", "--prune", "--quiet", "--", url, "+refs/*:refs/*", "^"+LocalRefPrefix+"*"); err != nil {
+		return fmt.Errorf("fetch %s: %w", redact(url), err)
 	}
 	return nil
 }
@@ -71,19 +94,19 @@ func (m *Mirror) Fetch(ctx context.Context) error {
 // clone makes the mirror in a temporary directory and renames it into place, so that a failed or
 // interrupted clone never leaves a Dir that later calls would take for a valid mirror. The caller
 // holds the lock.
-func (m *Mirror) clone(ctx context.Context) error {
+func (m *Mirror) clone(ctx context.Context, url string, env []string) error {
 	tmp := m.Dir + ".tmp"
 	// Only a process killed mid-clone leaves tmp behind, and the lock shuts out everyone else.
 	if err := os.RemoveAll(tmp); err != nil {
-		return fmt.Errorf("clone %s: %w", redact(m.URL), err)
+		return fmt.Errorf("clone %s: %w", redact(url), err)
 	}
-	if _, err := run(ctx, nil, "", "clone", "--mirror", "--quiet", "--", m.URL, tmp); err != nil {
+	if _, err := runEnv(ctx, "", env, "clone", "--mirror", "--quiet", "--", url, tmp); err != nil {
 		_ = os.RemoveAll(tmp)
-		return fmt.Errorf("clone %s: %w", redact(m.URL), err)
+		return fmt.Errorf("clone %s: %w", redact(url), err)
 	}
 	if err := os.Rename(tmp, m.Dir); err != nil {
 		_ = os.RemoveAll(tmp)
-		return fmt.Errorf("clone %s: %w", redact(m.URL), err)
+		return fmt.Errorf("clone %s: %w", redact(url), err)
 	}
 	return nil
 }

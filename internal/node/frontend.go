@@ -7,10 +7,12 @@ import (
 
 	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
 	"github.com/harmonia-ci/harmonia-ci/internal/commitstatus"
+	"github.com/harmonia-ci/harmonia-ci/internal/evalcred"
 	"github.com/harmonia-ci/harmonia-ci/internal/forge"
 	"github.com/harmonia-ci/harmonia-ci/internal/forgesync"
 	"github.com/harmonia-ci/harmonia-ci/internal/notify"
 	"github.com/harmonia-ci/harmonia-ci/internal/project"
+	"github.com/harmonia-ci/harmonia-ci/internal/signerclient"
 	"github.com/harmonia-ci/harmonia-ci/internal/web"
 	"github.com/harmonia-ci/harmonia-ci/internal/webhook"
 	"github.com/harmonia-ci/harmonia-ci/internal/webui"
@@ -58,6 +60,18 @@ func (n *node) forgeSide(httpServer *web.Server, notifier *notify.Notifier, endp
 		OnRepositoriesChanged: discover, Logger: n.logger, Registerer: n.reg,
 	}, n.pool)
 	receiver.Register(httpServer.Routes())
+	// Private repositories: evaluators ask here for a read credential, with a ticket this
+	// frontend has a signer check (so it needs its node token).
+	credCfg := evalcred.Config{Forges: forges, Logger: n.logger}
+	if token, err := nodeToken(cfg); err != nil {
+		return nil, nil, err
+	} else if token != "" {
+		credCfg.Tickets = signerclient.New(signerclient.Config{Token: token, DeadThreshold: cfg.Cluster.Heartbeat.DeadThreshold.Duration,
+			GiveUpAfter: evalcred.DefaultTimeout / 2}, n.pool, n.logger)
+	} else {
+		n.logger.Warn("frontend without a node token: evaluators get no read credential for private repositories (set auth.node_token_file)")
+	}
+	evalcred.New(credCfg, n.pool).Register(httpServer.Routes())
 	// A frontend the cluster counts as dead loses its status deliveries to the others; a forge
 	// call gets half that window, so a live frontend renews its lease in time.
 	lease := cfg.Cluster.Heartbeat.DeadThreshold.Duration

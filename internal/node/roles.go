@@ -228,6 +228,8 @@ func (n *node) roleWorkers(notifier *notify.Notifier, announcer *queue.Announcer
 		if client != nil {
 			ecfg.Cache = client
 			ecfg.Publisher = &upload.Publisher{Signer: client}
+			ecfg.Tickets = client
+			ecfg.DeadThreshold = cfg.Cluster.Heartbeat.DeadThreshold.Duration
 		} else {
 			n.logger.Warn("evaluator without a node token: .drv closures are not published to the cache and outputs are not looked up there (set auth.node_token_file)")
 		}

@@ -86,6 +86,9 @@ var declared = map[string]access.ScopeKind{
 	"POST /ci/settings/projects/{repo_id}/disable": access.KindAdmin,
 	"POST /webhook/{forge}":                        access.KindSigned,
 	"POST /webhook/{forge}/{repo}":                 access.KindSigned,
+	"POST /api/eval-ticket":                        access.KindSigned,
+	"POST /api/eval-ticket/check":                  access.KindSigned,
+	"POST /api/eval-credential":                    access.KindSigned,
 }
 
 // visFixture is an in-process node with the frontend, signer and cache roles, its routes

@@ -47,14 +47,14 @@ var (
 
 // Key signs and verifies node tokens. It is derived from the cluster secret, so the same secret
 // can key other things (the local store's upload URLs) without one forging the other.
-type Key struct{ mac []byte }
+type Key struct{ mac, ticket []byte }
 
 // NewKey derives the token key from the cluster secret.
 func NewKey(secret string) (*Key, error) {
 	if len(secret) < MinSecretLen {
 		return nil, fmt.Errorf("cluster secret is %d bytes, want at least %d", len(secret), MinSecretLen)
 	}
-	return &Key{mac: Derive(secret, "node token")}, nil
+	return &Key{mac: Derive(secret, "node token"), ticket: Derive(secret, "evaluation ticket")}, nil
 }
 
 // Derive returns a 32-byte key for purpose from the cluster secret.

@@ -169,6 +169,12 @@ type Enabler struct {
 	Configured bool
 }
 
+// deployKeyRegistrar is a forge whose private repositories are read with a deploy key
+// (forge.Gitea).
+type deployKeyRegistrar interface {
+	RegisterDeployKey(ctx context.Context, repo forge.Repo) error
+}
+
 // Enable creates or re-enables the project of repository repoID with p's settings, after
 // registering the repository's webhook (a forge with per-installation webhooks has none).
 func (en Enabler) Enable(ctx context.Context, repoID int64, p EnableParams) (Project, error) {
@@ -195,6 +201,14 @@ func (en Enabler) Enable(ctx context.Context, repoID int64, p EnableParams) (Pro
 	hookID, err := f.RegisterWebhook(ctx, repo.Repo(), base)
 	if err != nil {
 		return Project{}, fmt.Errorf("enable %s: %w", repo.FullName, err)
+	}
+	// A private repository's evaluations fetch with a read-only deploy key where the forge has
+	// them (Gitea): registered now, so a token that may not do it fails here rather than at the
+	// first evaluation (which registers it too, should it be removed since).
+	if dk, ok := f.(deployKeyRegistrar); ok && repo.Private {
+		if err := dk.RegisterDeployKey(ctx, repo.Repo()); err != nil {
+			return Project{}, fmt.Errorf("enable %s: %w", repo.FullName, err)
+		}
 	}
 	var pr Project
 	err = pgx.BeginFunc(ctx, en.Pool, func(tx pgx.Tx) error {

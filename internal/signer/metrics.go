@@ -12,10 +12,12 @@ const (
 	endpointBuildComplete = "build-complete"
 	endpointPublish       = "publish"
 	endpointCacheLookup   = "cache-lookup"
+	endpointEvalTicket    = "eval-ticket"
+	endpointCheckTicket   = "eval-ticket-check"
 )
 
 var (
-	endpoints = []string{endpointUploadSlots, endpointBuildComplete, endpointPublish, endpointCacheLookup}
+	endpoints = []string{endpointUploadSlots, endpointBuildComplete, endpointPublish, endpointCacheLookup, endpointEvalTicket, endpointCheckTicket}
 	// codeNames are the classes the signer answers with: JSON or an error, never 1xx or 3xx.
 	codeNames = [...]string{"2xx", "4xx", "5xx"}
 )
@@ -35,7 +37,7 @@ func newSignerMetrics(reg prometheus.Registerer) *signerMetrics {
 	}
 	requests := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "harmonia_ci_signer_requests_total",
-		Help: "Requests this node's signer answered, by endpoint (upload-slots, build-complete, publish, cache-lookup) and HTTP status class (2xx, 4xx, 5xx).",
+		Help: "Requests this node's signer answered, by endpoint (upload-slots, build-complete, publish, cache-lookup, eval-ticket, eval-ticket-check) and HTTP status class (2xx, 4xx, 5xx).",
 	}, []string{"endpoint", "code"})
 	narinfos := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "harmonia_ci_signer_narinfos_total",

@@ -137,6 +137,8 @@ func (s *Server) Register(rt *access.Routes) {
 	rt.Handle("POST /api/build-complete", access.Signed, s.handle(endpointBuildComplete, config.RoleBuilder, s.handleBuildComplete))
 	rt.Handle("POST /api/publish", access.Signed, s.handle(endpointPublish, config.RoleEvaluator, s.handlePublish))
 	rt.Handle("POST /api/cache-lookup", access.Signed, s.handle(endpointCacheLookup, "", s.handleCacheLookup))
+	rt.Handle("POST /api/eval-ticket", access.Signed, s.handle(endpointEvalTicket, config.RoleEvaluator, s.handleEvalTicket))
+	rt.Handle("POST /api/eval-ticket/check", access.Signed, s.handle(endpointCheckTicket, config.RoleFrontend, s.handleCheckTicket))
 }
 
 // handler serves one endpoint for an authenticated node.

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/config"
 	"github.com/harmonia-ci/harmonia-ci/internal/nodetoken"
@@ -32,6 +33,10 @@ func TestAuth(t *testing.T) {
 	src := source(t, "auth-src", "auth")
 	e.upload(t, evaluator, signerapi.UploadSlotsRequest{Eval: &ev}, nil, src)
 
+	ticket, err := e.tokens.IssueTicket(nodetoken.Ticket{NodeID: "eval-1", EvalID: ev.ID, Attempt: ev.Attempt, Expires: time.Now().Add(time.Minute)})
+	if err != nil {
+		t.Fatal(err)
+	}
 	other, err := nodetoken.NewKey("another-cluster-secret-0123456789")
 	if err != nil {
 		t.Fatal(err)
@@ -69,6 +74,11 @@ func TestAuth(t *testing.T) {
 			[]string{e.token(t, "eval-1", config.RoleBuilder), e.token(t, "eval-1", config.RoleSigner, config.RoleCache)}},
 		{"build-complete", "/api/build-complete", builder, complete(j, "", o),
 			[]string{e.token(t, "builder-1", config.RoleEvaluator), e.token(t, "builder-1", config.RoleFrontend)}},
+		{"eval-ticket", "/api/eval-ticket", evaluator, signerapi.EvalTicketRequest{Eval: ev},
+			[]string{e.token(t, "eval-1", config.RoleBuilder), e.token(t, "eval-1", config.RoleFrontend)}},
+		{"eval-ticket check", "/api/eval-ticket/check", e.token(t, "front-1", config.RoleFrontend),
+			signerapi.CheckTicketRequest{Ticket: ticket},
+			[]string{e.token(t, "front-1", config.RoleEvaluator), e.token(t, "front-1", config.RoleBuilder)}},
 	}
 	for _, r := range requests {
 		t.Run(r.name, func(t *testing.T) {

@@ -127,3 +127,34 @@ const MaxLookup = 1000
 type ErrorResponse struct {
 	Error string `json:"error"`
 }
+
+// TicketLifetime is how long an evaluation ticket is good: long enough for the evaluator to
+// show it to a frontend, which asks a signer about it at once.
+const TicketLifetime = 2 * time.Minute
+
+// EvalTicketRequest asks for a ticket proving that the caller holds an evaluation
+// (POST /api/eval-ticket, evaluator role), which it shows to a frontend for the evaluation's
+// read credential instead of its node token.
+type EvalTicketRequest struct {
+	Eval EvalClaim `json:"eval"`
+}
+
+// EvalTicketResponse is the ticket (package nodetoken's format) and when it expires.
+type EvalTicketResponse struct {
+	Ticket  string    `json:"ticket"`
+	Expires time.Time `json:"expires"`
+}
+
+// CheckTicketRequest asks whether a ticket is one this cluster's signers issued and whether
+// its evaluation is still running under the claim it names (POST /api/eval-ticket/check,
+// frontend role).
+type CheckTicketRequest struct {
+	Ticket string `json:"ticket"`
+}
+
+// CheckTicketResponse is the claim a good ticket names (a bad one is a 403, a finished or
+// reassigned evaluation a 409).
+type CheckTicketResponse struct {
+	Node string    `json:"node"`
+	Eval EvalClaim `json:"eval"`
+}

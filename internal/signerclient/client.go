@@ -112,6 +112,22 @@ func (c *Client) CacheLookup(ctx context.Context, paths []string) ([]string, err
 	return resp.Present, err
 }
 
+// EvalTicket asks a signer for a ticket that proves to a frontend that this node holds claim.
+func (c *Client) EvalTicket(ctx context.Context, claim signerapi.EvalClaim) (signerapi.EvalTicketResponse, error) {
+	var resp signerapi.EvalTicketResponse
+	err := c.call(ctx, "/api/eval-ticket", signerapi.EvalTicketRequest{Eval: claim}, &resp)
+	return resp, err
+}
+
+// CheckTicket asks a signer whether an evaluator's ticket is good and its evaluation still
+// running under the claim it names (a frontend's call). A bad ticket is a *StatusError 403, a
+// finished or reassigned evaluation a 409.
+func (c *Client) CheckTicket(ctx context.Context, ticket string) (signerapi.CheckTicketResponse, error) {
+	var resp signerapi.CheckTicketResponse
+	err := c.call(ctx, "/api/eval-ticket/check", signerapi.CheckTicketRequest{Ticket: ticket}, &resp)
+	return resp, err
+}
+
 func (c *Client) signers(ctx context.Context) ([]string, error) {
 	rows, err := c.pool.Query(ctx, sqlSigners, c.cfg.DeadThreshold.Seconds())
 	if err != nil {

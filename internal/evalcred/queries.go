@@ -1,0 +1,11 @@
+package evalcred
+
+// All SQL of the evaluation credential endpoint.
+
+const (
+	// The repository of an evaluation that is running under the claim ($1 id, $2 node,
+	// $3 attempt): no row for a finished, queued or reassigned one.
+	sqlClaimedRepository = `
+SELECT p.repo_id FROM evaluations e JOIN projects p ON p.id = e.project_id
+WHERE e.id = $1 AND e.claimed_by = $2 AND e.attempt = $3 AND e.status = 'running'`
+)
