@@ -34,6 +34,10 @@ const (
 	KindProject ScopeKind = "project"
 	KindEval    ScopeKind = "eval"
 	KindJob     ScopeKind = "job"
+	// KindStorePath routes are the binary cache's: the handler checks each store path against
+	// the projects that have it (cache.Visibility), and a caller who may not read a private
+	// path gets the same 404 as for a path that does not exist.
+	KindStorePath ScopeKind = "store-path"
 	// KindPending routes carry project data without the check yet, for the reason recorded
 	// (the binary cache, until Nix clients authenticate).
 	KindPending ScopeKind = "pending"
@@ -54,6 +58,8 @@ var (
 	Signed   = Scope{Kind: KindSigned}
 	Admin    = Scope{Kind: KindAdmin}
 	Filtered = Scope{Kind: KindFiltered}
+	// StorePaths is the binary cache's scope (KindStorePath).
+	StorePaths = Scope{Kind: KindStorePath}
 )
 
 // Project is a route of the project named by path value param.
@@ -127,7 +133,7 @@ func (rt *Routes) Caller(r *http.Request) Caller { return rt.gate.Load().caller(
 // Handle registers h for pattern under scope; a checked scope wraps h with the rule.
 func (rt *Routes) Handle(pattern string, scope Scope, h http.Handler) {
 	switch scope.Kind {
-	case KindFree, KindSigned, KindAdmin, KindFiltered, KindPending:
+	case KindFree, KindSigned, KindAdmin, KindFiltered, KindStorePath, KindPending:
 	case KindProject, KindEval, KindJob:
 		if scope.Param == "" {
 			panic(fmt.Sprintf("access: route %s: %s scope without a path value", pattern, scope.Kind))

@@ -38,6 +38,9 @@ type Config struct {
 	// Store is the Nix store builds run in. Its Substituters and TrustedKeys are set per job:
 	// the cluster's live cache nodes and signing keys, then Upstream.
 	Store Store
+	// CacheToken, if set, is sent (as a bearer token) to the cluster's cache nodes, and to no
+	// other substituter: the node's token, with which it reads private projects' paths.
+	CacheToken string
 	// Upstream are substituters trusted besides the cluster's caches ([substituters]), with
 	// the keys that sign them.
 	Upstream, UpstreamKeys []string
@@ -163,6 +166,7 @@ func New(cfg Config, pool *pgxpool.Pool, logger *slog.Logger, clk clock.Clock) (
 		sessions: newSessionPool(),
 	}
 	b.gc.beforeCollect = b.sessions.retire
+	b.withCacheAuth()
 	return b, nil
 }
 

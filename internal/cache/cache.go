@@ -91,6 +91,9 @@ type Config struct {
 	NarinfoCacheTTL time.Duration
 	// Clock times NarinfoCacheTTL; default clock.Real.
 	Clock clock.Clock
+	// Visibility, if set, keeps private projects' paths from those who may not read them. Nil
+	// serves every path to everyone.
+	Visibility *Visibility
 }
 
 // Server serves the binary cache. Create it with New.
@@ -101,6 +104,7 @@ type Server struct {
 	cacheInfo string
 	metrics   *cacheMetrics
 	narinfos  *narinfoCache // nil: none kept
+	vis       *Visibility   // nil: every path is everyone's
 }
 
 // New returns a server for cfg. cfg.Store must be set.
@@ -122,6 +126,7 @@ func New(cfg Config) *Server {
 		logger:    logger,
 		cacheInfo: fmt.Sprintf("StoreDir: %s\nWantMassQuery: 1\nPriority: %d\n", nix.StoreDir, prio),
 		metrics:   newCacheMetrics(cfg.Registerer),
+		vis:       cfg.Visibility,
 	}
 	if cfg.NarinfoCacheBytes > 0 {
 		clk := cfg.Clock
@@ -139,17 +144,38 @@ func New(cfg Config) *Server {
 // .ls), "GET /nar/{file}" and "GET /log/{drv}"; mux must not already hold patterns that
 // conflict with them (such as another "GET /{x}").
 //
-// Narinfos, NARs, .drv files and logs are every project's, private ones' too: Nix clients do
-// not authenticate to the cache yet (issue 27's cache part), so they are declared pending.
+// With a Visibility, narinfos, .ls listings, .drv files and logs are checked path by path
+// (access.StorePaths); NARs are named by their content's hash, which only the narinfo tells.
+// Without one, every project's paths are served: the routes are declared pending.
 func (s *Server) Register(rt *access.Routes) {
+	scope := access.StorePaths
+	if s.vis == nil {
+		scope = access.Pending(nixUnauthenticated)
+	}
 	rt.Handle("GET /nix-cache-info", access.Free, http.HandlerFunc(s.serveCacheInfo))
-	rt.Handle("GET /{name}", access.Pending(nixUnauthenticated), s.handle(s.serveTopLevel))
-	rt.Handle("GET /nar/{file}", access.Pending(nixUnauthenticated), s.handle(s.serveNAR))
-	rt.Handle("GET /log/{drv}", access.Pending(nixUnauthenticated), s.handle(s.serveLog))
+	rt.Handle("GET /{name}", scope, s.handle(s.serveTopLevel))
+	rt.Handle("GET /nar/{file}", scope, s.handle(s.serveNAR))
+	rt.Handle("GET /log/{drv}", scope, s.handle(s.serveLog))
+}
+
+// mayRead reports whether r may read the paths of hash part hash: a private path to a caller
+// who may not read it is errNotFound, exactly a missing path's answer (no oracle).
+func (s *Server) mayRead(r *http.Request, hash string) error {
+	if s.vis == nil {
+		return nil
+	}
+	ok, err := s.vis.MayRead(r.Context(), r, hash)
+	if err != nil {
+		return &httpapi.Error{Code: http.StatusBadGateway, Msg: "cache storage unavailable", Err: err}
+	}
+	if !ok {
+		return errNotFound()
+	}
+	return nil
 }
 
 // nixUnauthenticated is why the cache's routes are not checked yet.
-const nixUnauthenticated = "the binary cache: Nix clients send no credentials yet, so every project's paths are served"
+const nixUnauthenticated = "the binary cache without a visibility check (cache.Config.Visibility): every project's paths are served"
 
 // handle answers h's errors as every harmonia-ci handler does (httpapi.Handle: JSON, only Msg
 // reaches the client; Nix looks at the status alone). An error drops the Content-Encoding a
@@ -196,6 +222,11 @@ func (s *Server) serveTopLevel(w http.ResponseWriter, r *http.Request) error {
 		hash, ctype, kind = strings.TrimSuffix(name, ".ls"), typeListing, kindListing
 	default:
 		return errNotFound() // no object kind: not counted
+	}
+	if s.vis != nil && nix.ValidHashPart(hash) {
+		if err := s.mayRead(r, hash); err != nil {
+			return s.metrics.failed(kind, err)
+		}
 	}
 	// Only valid names are remembered, so a name found in memory needs no further check.
 	keep := kind == kindNarinfo && s.narinfos != nil && r.Method == http.MethodGet
@@ -369,6 +400,11 @@ func (s *Server) sendLog(w http.ResponseWriter, r *http.Request) error {
 		return httpapi.Errorf(http.StatusBadRequest, "invalid derivation name")
 	}
 	w.Header().Set("Vary", "Accept-Encoding")
+	if drv := r.PathValue("drv"); s.vis != nil && len(drv) > nix.HashPartLen && nix.ValidHashPart(drv[:nix.HashPartLen]) {
+		if err := s.mayRead(r, drv[:nix.HashPartLen]); err != nil {
+			return err
+		}
+	}
 	if acceptsZstd(r.Header.Values("Accept-Encoding")) {
 		w.Header().Set("Content-Encoding", "zstd")
 		return s.serveBlob(w, r, kindLog, key, typeLog, cacheHit, nil)

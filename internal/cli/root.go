@@ -79,6 +79,7 @@ func newRoot() *cobra.Command {
 		newMigrate(&g), newBench(&g), newKeygen(), newNodeToken(&g), newGC(&g))
 	root.AddCommand(newStatus(&g))
 	root.AddCommand(newDBCmd(&g))
+	root.AddCommand(newCacheToken(&g))
 	return root
 }
 

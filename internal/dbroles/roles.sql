@@ -50,7 +50,7 @@ REVOKE ALL ON FUNCTION claim_jobs(TEXT[], TEXT[], TEXT, INT, INT)
 
 REVOKE ALL ON schema_migrations, derivations, derivation_outputs, derivation_inputs, repositories,
     projects, evaluations, eval_attrs, build_jobs, build_log_tails, nodes, leaders,
-    maintenance_runs, signing_keys, webhook_deliveries, gc_runs, gc_requests, drv_objects, node_grants
+    maintenance_runs, signing_keys, webhook_deliveries, gc_runs, gc_requests, drv_objects, node_grants, cache_tokens
     FROM harmonia_node, harmonia_frontend, harmonia_evaluator, harmonia_signer, harmonia_cache,
          harmonia_builder;
 
@@ -69,7 +69,8 @@ $$;
 
 GRANT SELECT ON schema_migrations, derivations, derivation_outputs, derivation_inputs, repositories,
     projects, evaluations, eval_attrs, build_jobs, build_log_tails, nodes, leaders,
-    maintenance_runs, signing_keys, webhook_deliveries, gc_runs, gc_requests, drv_objects, node_grants
+    maintenance_runs, signing_keys, webhook_deliveries, gc_runs, gc_requests, drv_objects, node_grants,
+    cache_tokens -- sha256 of random tokens: reading them gives no token
     TO harmonia_node;
 
 -- Its own row: registration, heartbeats, draining, deregistration. The roles it advertises

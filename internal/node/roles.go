@@ -17,6 +17,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/cache"
 	"github.com/harmonia-ci/harmonia-ci/internal/config"
 	"github.com/harmonia-ci/harmonia-ci/internal/eval"
+	"github.com/harmonia-ci/harmonia-ci/internal/httpapi"
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
 	"github.com/harmonia-ci/harmonia-ci/internal/nodetoken"
 	"github.com/harmonia-ci/harmonia-ci/internal/notify"
@@ -91,8 +92,13 @@ func mountRoles(ctx context.Context, cfg *config.Config, rt *access.Routes, pool
 		return nil, err
 	}
 	if cfg.HasRole(config.RoleCache) {
+		vis, err := cacheVisibility(cfg, pool)
+		if err != nil {
+			return nil, err
+		}
 		cache.New(cache.Config{Store: store, Derivations: blob.NewDerivations(pool), Priority: cfg.Cache.Priority,
-			NarinfoCacheBytes: int64(cfg.Cache.NarinfoMemory), Logger: logger, Registerer: reg}).Register(rt)
+			NarinfoCacheBytes: int64(cfg.Cache.NarinfoMemory), Logger: logger, Registerer: reg,
+			Visibility: vis}).Register(rt)
 	}
 	if !cfg.HasRole(config.RoleSigner) {
 		return store, nil
@@ -171,6 +177,7 @@ func (n *node) roleWorkers(notifier *notify.Notifier, announcer *queue.Announcer
 				Unsandboxed: !cfg.Build.Sandbox, BuildUsersGroup: cfg.Build.BuildUsersGroup, Nice: cfg.Build.Nice,
 				Cgroup: cfg.Build.Cgroup},
 			Upstream: cfg.Substituters.URLs, UpstreamKeys: cfg.Substituters.TrustedPublicKeys,
+			CacheToken: token,
 			Limits: builder.BuildLimits{
 				Timeout: cfg.Build.Timeout.Duration, MaxSilent: cfg.Build.MaxSilent.Duration,
 				MaxOutputSize: int64(cfg.Build.MaxOutputSize),
@@ -241,4 +248,23 @@ func (n *node) roleWorkers(notifier *notify.Notifier, announcer *queue.Announcer
 		workers = append(workers, ev)
 	}
 	return workers, nil
+}
+
+// cacheVisibility is the cache role's check of private paths: the admin token and cache tokens
+// always; node tokens where the cluster secret is (a cache beside a signer), since only it
+// verifies them.
+func cacheVisibility(cfg *config.Config, pool *pgxpool.Pool) (*cache.Visibility, error) {
+	vis := &cache.Visibility{DB: pool}
+	if cfg.Auth.AdminToken != "" {
+		h := httpapi.HashToken(cfg.Auth.AdminToken)
+		vis.Admin = &h
+	}
+	if cfg.Auth.ClusterSecret != "" {
+		key, err := nodetoken.NewKey(cfg.Auth.ClusterSecret)
+		if err != nil {
+			return nil, fmt.Errorf("auth.cluster_secret_file: %w", err)
+		}
+		vis.Nodes = key
+	}
+	return vis, nil
 }

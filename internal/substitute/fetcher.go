@@ -29,9 +29,10 @@ const (
 // path.
 var ErrNotFound = errors.New("no cache has a validly signed narinfo")
 
-// defaultClient bounds connecting and the TLS handshake but not whole requests: a NAR download
-// may take as long as its context allows.
-var defaultClient = &http.Client{Transport: &http.Transport{
+// DefaultTransport bounds connecting and the TLS handshake but not whole requests: a NAR
+// download may take as long as its context allows. The default client's, for clients that wrap
+// it.
+var DefaultTransport http.RoundTripper = &http.Transport{
 	Proxy:                 http.ProxyFromEnvironment,
 	DialContext:           (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
 	ForceAttemptHTTP2:     true,
@@ -39,7 +40,9 @@ var defaultClient = &http.Client{Transport: &http.Transport{
 	MaxIdleConnsPerHost:   ParallelDefault,
 	IdleConnTimeout:       90 * time.Second,
 	ExpectContinueTimeout: time.Second,
-}}
+}
+
+var defaultClient = &http.Client{Transport: DefaultTransport}
 
 // Fetcher fetches store paths from binary caches: the first cache, in order, with a validly
 // signed narinfo for a path wins. The zero value has no caches and no keys; set at least Caches

@@ -1,0 +1,52 @@
+package cache
+
+const (
+	// Whether any project's repository is private: when none is, every path is public and no
+	// path is looked up.
+	sqlAnyPrivate = `
+SELECT EXISTS (SELECT 1 FROM projects p JOIN repositories r ON r.id = p.repo_id WHERE r.is_private)`
+
+	// The projects that have the store paths of hash part $1 (a derivation's, or an output's of
+	// one), each with its repository's privacy: through the build jobs queued for them and the
+	// evaluations that have them as attributes. No row: no project's.
+	sqlPathProjects = `
+WITH d AS (
+    SELECT drv_path FROM derivations WHERE hash_part = $1
+    UNION
+    SELECT drv_path FROM derivation_outputs WHERE output_path LIKE '/nix/store/' || $1 || '-%'
+)
+SELECT p.id, r.is_private
+FROM d JOIN build_jobs j ON j.drv_path = d.drv_path
+JOIN projects p ON p.id = j.project_id JOIN repositories r ON r.id = p.repo_id
+UNION
+SELECT p.id, r.is_private
+FROM d JOIN eval_attrs a ON a.drv_path = d.drv_path
+JOIN evaluations e ON e.id = a.eval_id
+JOIN projects p ON p.id = e.project_id JOIN repositories r ON r.id = p.repo_id`
+
+	// The projects of a live cache token by its hash $1; no row: no such token, or expired or
+	// revoked.
+	sqlCacheTokenProjects = `
+SELECT project_ids FROM cache_tokens
+WHERE token_hash = $1 AND revoked_at IS NULL AND expires_at > now()`
+
+	// $1 hash, $2 note, $3 project names, $4 expiry; inserted only when every project named
+	// exists (no row otherwise).
+	sqlCacheTokenInsert = `
+INSERT INTO cache_tokens (token_hash, note, project_ids, expires_at)
+SELECT $1, $2, s.ids, $4
+FROM (SELECT array_agg(p.id ORDER BY p.id) AS ids, count(*) AS n
+      FROM projects p WHERE p.name = ANY($3::text[])) s
+WHERE s.n = cardinality(ARRAY(SELECT DISTINCT unnest($3::text[])))
+RETURNING id`
+
+	// Every cache token, newest first, with its projects' names.
+	sqlCacheTokenList = `
+SELECT t.id, t.note, ARRAY(SELECT p.name FROM projects p WHERE p.id = ANY(t.project_ids) ORDER BY p.name),
+       t.expires_at, t.revoked_at, t.created_at
+FROM cache_tokens t ORDER BY t.id DESC`
+
+	// $1 token id: revoked now, if not already.
+	sqlCacheTokenRevoke = `
+UPDATE cache_tokens SET revoked_at = now() WHERE id = $1 AND revoked_at IS NULL`
+)

@@ -1,0 +1,191 @@
+package cache
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/harmonia-ci/harmonia-ci/internal/clock"
+	"github.com/harmonia-ci/harmonia-ci/internal/db"
+	"github.com/harmonia-ci/harmonia-ci/internal/httpapi"
+	"github.com/harmonia-ci/harmonia-ci/internal/nodetoken"
+)
+
+// DefaultVisibilityTTL is how long Visibility keeps what it learnt of a path's projects and
+// of whether any project is private.
+const DefaultVisibilityTTL = 10 * time.Second
+
+// maxPathEntries bounds the paths Visibility remembers; past it, it forgets them all.
+const maxPathEntries = 200_000
+
+// Visibility is who may read which store path. A path is private when every project that
+// has it (a build job queued for it, an evaluation with it as an attribute) is private; a
+// path of a public project, or of none, is everyone's. A private path is read by the admin
+// token, by node tokens (when Nodes is set) and by cache tokens of one of its projects; to
+// anyone else it is the same 404 as a path that does not exist.
+//
+// Credentials are the password of HTTP basic auth (what Nix sends from a netrc-file; the
+// user name is ignored) or a bearer token.
+//
+// What it learns is kept for TTL: whether any project is private at all (when none is, no
+// path is looked up: the public fast path costs no query), and each path's projects.
+type Visibility struct {
+	DB db.DBTX
+	// Admin, if set, is the admin token's hash: it reads everything.
+	Admin *httpapi.TokenHash
+	// Nodes, if set, verifies node tokens, which read everything (builders and evaluators).
+	Nodes *nodetoken.Key
+	TTL   time.Duration // default DefaultVisibilityTTL
+	Clock clock.Clock   // default clock.Real
+
+	mu         sync.Mutex
+	anyPrivate bool
+	anyAt      time.Time // zero: never asked
+	paths      map[string]pathEntry
+}
+
+type pathEntry struct {
+	private []int64 // the projects of a private path; nil: public
+	at      time.Time
+}
+
+func (v *Visibility) ttl() time.Duration {
+	if v.TTL > 0 {
+		return v.TTL
+	}
+	return DefaultVisibilityTTL
+}
+
+func (v *Visibility) now() time.Time {
+	if v.Clock == nil {
+		return time.Now()
+	}
+	return v.Clock.Now()
+}
+
+// MayRead reports whether r may read the store paths of hash part hash.
+func (v *Visibility) MayRead(ctx context.Context, r *http.Request, hash string) (bool, error) {
+	projects, err := v.privateProjects(ctx, hash)
+	if err != nil || projects == nil {
+		return err == nil, err
+	}
+	token, ok := credential(r)
+	if !ok {
+		return false, nil
+	}
+	if v.Admin != nil && v.Admin.Matches(token) {
+		return true, nil
+	}
+	if v.Nodes != nil && strings.HasPrefix(token, "hci1:") {
+		_, err := v.Nodes.Verify(token)
+		return err == nil, nil
+	}
+	var ids []int64
+	h := httpapi.HashToken(token)
+	err = v.DB.QueryRow(ctx, sqlCacheTokenProjects, h[:]).Scan(&ids)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("cache token: %w", err)
+	}
+	for _, id := range ids {
+		if slices.Contains(projects, id) {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// privateProjects are the projects of the private path hash; nil for a public one.
+func (v *Visibility) privateProjects(ctx context.Context, hash string) ([]int64, error) {
+	now := v.now()
+	v.mu.Lock()
+	if !v.anyAt.IsZero() && now.Sub(v.anyAt) < v.ttl() {
+		if !v.anyPrivate {
+			v.mu.Unlock()
+			return nil, nil
+		}
+		if e, ok := v.paths[hash]; ok && now.Sub(e.at) < v.ttl() {
+			v.mu.Unlock()
+			return e.private, nil
+		}
+	}
+	v.mu.Unlock()
+
+	if v.anyStale(now) {
+		var any bool
+		if err := v.DB.QueryRow(ctx, sqlAnyPrivate).Scan(&any); err != nil {
+			return nil, fmt.Errorf("private projects: %w", err)
+		}
+		v.mu.Lock()
+		v.anyPrivate, v.anyAt = any, now
+		if !any {
+			v.paths = nil
+		}
+		v.mu.Unlock()
+		if !any {
+			return nil, nil
+		}
+	}
+	rows, err := v.DB.Query(ctx, sqlPathProjects, hash)
+	if err != nil {
+		return nil, fmt.Errorf("projects of %s: %w", hash, err)
+	}
+	var id int64
+	var private, public bool
+	var ids []int64
+	_, err = pgx.ForEachRow(rows, []any{&id, &private}, func() error {
+		if private {
+			ids = append(ids, id)
+		} else {
+			public = true
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("projects of %s: %w", hash, err)
+	}
+	if public {
+		ids = nil
+	}
+	v.mu.Lock()
+	if v.paths == nil || len(v.paths) >= maxPathEntries {
+		v.paths = make(map[string]pathEntry)
+	}
+	v.paths[hash] = pathEntry{private: ids, at: now}
+	v.mu.Unlock()
+	return ids, nil
+}
+
+func (v *Visibility) anyStale(now time.Time) bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.anyAt.IsZero() || now.Sub(v.anyAt) >= v.ttl()
+}
+
+// credential is the token of r: the password of basic auth, or a bearer token.
+func credential(r *http.Request) (string, bool) {
+	if _, password, ok := r.BasicAuth(); ok {
+		return password, password != ""
+	}
+	return httpapi.BearerToken(r)
+}
+
+// NewToken returns a fresh random cache token.
+func NewToken() (string, error) {
+	b := make([]byte, 32)
+	if _, err := rand.Read(b); err != nil {
+		return "", fmt.Errorf("cache token: %w", err)
+	}
+	return "hcc1_" + base64.RawURLEncoding.EncodeToString(b), nil
+}

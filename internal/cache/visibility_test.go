@@ -1,0 +1,237 @@
+package cache_test
+
+import (
+	"context"
+	"io"
+	"maps"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/harmonia-ci/harmonia-ci/internal/access"
+	"github.com/harmonia-ci/harmonia-ci/internal/cache"
+	"github.com/harmonia-ci/harmonia-ci/internal/dbtest"
+	"github.com/harmonia-ci/harmonia-ci/internal/httpapi"
+	"github.com/harmonia-ci/harmonia-ci/internal/nodetoken"
+)
+
+// Hash parts of the visibility fixture's paths.
+const (
+	privDrv   = "11111111111111111111111111111111" // private project a's derivation
+	privOut   = "22222222222222222222222222222222" // its output
+	pubDrv    = "33333333333333333333333333333333" // public project's
+	pubOut    = "44444444444444444444444444444444"
+	sharedDrv = "55555555555555555555555555555555" // private a's and the public project's
+	sharedOut = "66666666666666666666666666666666"
+	bDrv      = "77777777777777777777777777777777" // private project b's
+	bOut      = "88888888888888888888888888888888"
+	noneOut   = "99999999999999999999999999999999" // no project's
+)
+
+// visFixture inserts projects a and b (private) and pub (public) with their derivations and
+// build jobs.
+func visFixture(t *testing.T, pool *pgxpool.Pool) {
+	t.Helper()
+	ctx := context.Background()
+	exec := func(sql string, args ...any) {
+		t.Helper()
+		if _, err := pool.Exec(ctx, sql, args...); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	for _, p := range []struct {
+		name    string
+		private bool
+	}{{"a", true}, {"b", true}, {"pub", false}} {
+		exec(`INSERT INTO repositories (forge, owner, name, full_name, clone_url, is_private) VALUES ('git', 'o', $1, 'o/'||$1, 'file:///'||$1, $2)`, p.name, p.private)
+		exec(`INSERT INTO projects (repo_id, name) SELECT id, $1 FROM repositories WHERE name = $1`, p.name)
+	}
+	drv := func(project, drvHash, outHash string) {
+		t.Helper()
+		drvPath := "/nix/store/" + drvHash + "-p.drv"
+		exec(`INSERT INTO derivations (drv_path, hash_part, name, system, nar_hash, nar_size) VALUES ($1, $2, 'p', 'x86_64-linux', 'h', 1) ON CONFLICT DO NOTHING`, drvPath, drvHash)
+		exec(`INSERT INTO derivation_outputs (drv_path, output_name, output_path) VALUES ($1, 'out', $2) ON CONFLICT DO NOTHING`, drvPath, "/nix/store/"+outHash+"-p")
+		exec(`INSERT INTO evaluations (project_id, flake_url, commit_sha, branch) SELECT id, 'f', $2, 'main' FROM projects WHERE name = $1`, project, drvHash)
+		exec(`INSERT INTO eval_attrs (eval_id, attr, drv_path) SELECT max(id), 'x', $1 FROM evaluations`, drvPath)
+	}
+	drv("a", privDrv, privOut)
+	drv("pub", pubDrv, pubOut)
+	drv("a", sharedDrv, sharedOut)
+	drv("pub", sharedDrv, sharedOut)
+	drv("b", bDrv, bOut)
+	exec(`INSERT INTO build_jobs (drv_path, project_id, system) SELECT '/nix/store/` + privDrv + `-p.drv', id, 'x86_64-linux' FROM projects WHERE name = 'a'`)
+}
+
+// A private project's narinfos (of outputs and of .drv files) and logs are read by the admin
+// token, node tokens and live cache tokens of the project; anyone else gets exactly the answer
+// of a path that does not exist. Public paths, and paths of no project, are everyone's.
+func TestPrivatePathsNeedAToken(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := dbtest.NewPool(t)
+	visFixture(t, pool)
+
+	store := newLocal(t)
+	for _, h := range []string{privDrv, privOut, pubOut, sharedOut, bOut, noneOut} {
+		put(t, store, h+".narinfo", []byte("StorePath: /nix/store/"+h+"-p\n"))
+	}
+	put(t, store, "log/"+privDrv+"-p.drv", zstdCompress(t, []byte("private log\n")))
+
+	const adminToken = "admin-token-0123456789"
+	admin := httpapi.HashToken(adminToken)
+	key, err := nodetoken.NewKey("cluster-secret-0123456789")
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodeToken, err := key.Issue(nodetoken.Identity{NodeID: "builder-1", Roles: []string{"builder"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mint := func(projects []string, expires time.Time) (int64, string) {
+		t.Helper()
+		id, token, err := cache.MintToken(ctx, pool, projects, "test", expires)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return id, token
+	}
+	later := time.Now().Add(time.Hour)
+	_, aToken := mint([]string{"a"}, later)
+	_, abToken := mint([]string{"b", "a"}, later)
+	_, bToken := mint([]string{"b"}, later)
+	_, expired := mint([]string{"a"}, time.Now().Add(-time.Minute))
+	revokedID, revoked := mint([]string{"a"}, later)
+	if err := cache.RevokeToken(ctx, pool, revokedID); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := cache.MintToken(ctx, pool, []string{"a", "nope"}, "", later); err == nil {
+		t.Error("MintToken of a project that does not exist: no error")
+	}
+
+	for _, memory := range []int64{0, cache.DefaultNarinfoCacheBytes} {
+		mux := http.NewServeMux()
+		rt := access.NewRoutes(mux, nil)
+		cache.New(cache.Config{Store: store, NarinfoCacheBytes: memory,
+			Visibility: &cache.Visibility{DB: pool, Admin: &admin, Nodes: key}}).Register(rt)
+		for _, r := range rt.List() {
+			if r.Pattern != "GET /nix-cache-info" && r.Scope.Kind != access.KindStorePath {
+				t.Errorf("%s declared %s, want %s", r.Pattern, r.Scope.Kind, access.KindStorePath)
+			}
+		}
+		srv := httptest.NewServer(mux)
+		t.Cleanup(srv.Close)
+
+		type auth struct{ name, basic, bearer string }
+		anonymous := auth{name: "anonymous"}
+		callers := []struct {
+			auth
+			readsA bool
+		}{
+			{anonymous, false},
+			{auth{"wrong token", "", "hcc1_wrong"}, false},
+			{auth{"expired token", expired, ""}, false},
+			{auth{"revoked token", revoked, ""}, false},
+			{auth{"other project's token", bToken, ""}, false},
+			{auth{"project's token (netrc)", aToken, ""}, true},
+			{auth{"project's token (bearer)", "", aToken}, true},
+			{auth{"token of two projects", abToken, ""}, true},
+			{auth{"admin token", "", adminToken}, true},
+			{auth{"node token", nodeToken, ""}, true},
+			{auth{"forged node token", "hci1:builder-1:builder:AAAA", ""}, false},
+		}
+		get := func(path string, a auth, zstd bool) (int, string, http.Header) {
+			t.Helper()
+			req, err := http.NewRequest("GET", srv.URL+path, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if a.basic != "" {
+				req.SetBasicAuth("anyone", a.basic)
+			}
+			if a.bearer != "" {
+				req.Header.Set("Authorization", "Bearer "+a.bearer)
+			}
+			if zstd {
+				req.Header.Set("Accept-Encoding", "zstd")
+			}
+			resp, err := srv.Client().Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			body, err := io.ReadAll(resp.Body)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Header.Del("Date")
+			return resp.StatusCode, string(body), resp.Header
+		}
+		private := []struct{ path, missing string }{
+			{"/" + privOut + ".narinfo", "/" + miss32 + ".narinfo"},
+			{"/" + privDrv + ".narinfo", "/" + miss32 + ".narinfo"},
+			{"/log/" + privDrv + "-p.drv", "/log/" + miss32 + "-p.drv"},
+		}
+		for _, c := range callers {
+			for _, p := range private {
+				for _, zstd := range []bool{false, true} {
+					code, body, h := get(p.path, c.auth, zstd)
+					if c.readsA {
+						if code != http.StatusOK {
+							t.Errorf("memory %d, %s: GET %s: %d %s, want 200", memory, c.name, p.path, code, body)
+						}
+						continue
+					}
+					mcode, mbody, mh := get(p.missing, c.auth, zstd)
+					if code != http.StatusNotFound || code != mcode || body != mbody || !maps.EqualFunc(h, mh, slices.Equal) {
+						t.Errorf("memory %d, %s: GET %s: %d %q %v; a missing path: %d %q %v", memory, c.name, p.path, code, body, h, mcode, mbody, mh)
+					}
+				}
+			}
+			// b's path: only b's tokens, the admin and nodes.
+			code, _, _ := get("/"+bOut+".narinfo", c.auth, false)
+			wantB := c.name == "other project's token" || c.name == "token of two projects" || c.name == "admin token" || c.name == "node token"
+			if (code == http.StatusOK) != wantB {
+				t.Errorf("memory %d, %s: GET b's narinfo: %d, want readable %v", memory, c.name, code, wantB)
+			}
+			// Public paths, shared ones and those of no project: everyone's.
+			for _, h := range []string{pubOut, sharedOut, noneOut} {
+				if code, body, _ := get("/"+h+".narinfo", c.auth, false); code != http.StatusOK {
+					t.Errorf("memory %d, %s: GET public %s.narinfo: %d %s", memory, c.name, h, code, body)
+				}
+			}
+		}
+	}
+}
+
+// ListTokens lists what MintToken made, with its projects' names and revocation, and never the
+// token.
+func TestCacheTokenList(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := dbtest.NewPool(t)
+	visFixture(t, pool)
+	id, token, err := cache.MintToken(ctx, pool, []string{"pub", "a"}, "ci", time.Now().Add(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cache.RevokeToken(ctx, pool, id); err != nil {
+		t.Fatal(err)
+	}
+	if err := cache.RevokeToken(ctx, pool, id); err == nil {
+		t.Error("second revocation: no error")
+	}
+	list, err := cache.ListTokens(ctx, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list) != 1 || list[0].ID != id || !slices.Equal(list[0].Projects, []string{"a", "pub"}) || list[0].RevokedAt == nil || list[0].Note != "ci" {
+		t.Fatalf("ListTokens = %+v", list)
+	}
+	if token == "" {
+		t.Fatal("empty token")
+	}
+}
