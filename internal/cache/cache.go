@@ -159,19 +159,22 @@ func (s *Server) Register(rt *access.Routes) {
 }
 
 // mayRead reports whether r may read the paths of hash part hash: a private path to a caller
-// who may not read it is errNotFound, exactly a missing path's answer (no oracle).
-func (s *Server) mayRead(r *http.Request, hash string) error {
+// who may not read it is errNotFound, exactly a missing path's answer (no oracle). The writer
+// returned is w, or for a private path one that marks the answer private.
+func (s *Server) mayRead(w http.ResponseWriter, r *http.Request, hash string) (http.ResponseWriter, error) {
 	if s.vis == nil {
-		return nil
+		return w, nil
 	}
-	ok, err := s.vis.MayRead(r.Context(), r, hash)
-	if err != nil {
-		return &httpapi.Error{Code: http.StatusBadGateway, Msg: "cache storage unavailable", Err: err}
+	ok, private, err := s.vis.MayRead(r.Context(), r, hash)
+	switch {
+	case err != nil:
+		return w, &httpapi.Error{Code: http.StatusBadGateway, Msg: "cache storage unavailable", Err: err}
+	case !ok:
+		return w, errNotFound()
+	case private:
+		return privateWriter{w}, nil
 	}
-	if !ok {
-		return errNotFound()
-	}
-	return nil
+	return w, nil
 }
 
 // nixUnauthenticated is why the cache's routes are not checked yet.
@@ -224,7 +227,8 @@ func (s *Server) serveTopLevel(w http.ResponseWriter, r *http.Request) error {
 		return errNotFound() // no object kind: not counted
 	}
 	if s.vis != nil && nix.ValidHashPart(hash) {
-		if err := s.mayRead(r, hash); err != nil {
+		var err error
+		if w, err = s.mayRead(w, r, hash); err != nil {
 			return s.metrics.failed(kind, err)
 		}
 	}
@@ -401,7 +405,8 @@ func (s *Server) sendLog(w http.ResponseWriter, r *http.Request) error {
 	}
 	w.Header().Set("Vary", "Accept-Encoding")
 	if drv := r.PathValue("drv"); s.vis != nil && len(drv) > nix.HashPartLen && nix.ValidHashPart(drv[:nix.HashPartLen]) {
-		if err := s.mayRead(r, drv[:nix.HashPartLen]); err != nil {
+		var err error
+		if w, err = s.mayRead(w, r, drv[:nix.HashPartLen]); err != nil {
 			return err
 		}
 	}

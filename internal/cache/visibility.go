@@ -72,12 +72,19 @@ func (v *Visibility) now() time.Time {
 	return v.Clock.Now()
 }
 
-// MayRead reports whether r may read the store paths of hash part hash.
-func (v *Visibility) MayRead(ctx context.Context, r *http.Request, hash string) (bool, error) {
+// MayRead reports whether r may read the store paths of hash part hash, and whether they are
+// private (an answer no shared cache may keep).
+func (v *Visibility) MayRead(ctx context.Context, r *http.Request, hash string) (ok, private bool, err error) {
 	projects, err := v.privateProjects(ctx, hash)
 	if err != nil || projects == nil {
-		return err == nil, err
+		return err == nil, false, err
 	}
+	ok, err = v.mayReadPrivate(ctx, r, projects)
+	return ok, true, err
+}
+
+// mayReadPrivate reports whether r's credentials read a path of projects.
+func (v *Visibility) mayReadPrivate(ctx context.Context, r *http.Request, projects []int64) (bool, error) {
 	token, ok := credential(r)
 	if !ok {
 		return false, nil
@@ -91,7 +98,7 @@ func (v *Visibility) MayRead(ctx context.Context, r *http.Request, hash string) 
 	}
 	var ids []int64
 	h := httpapi.HashToken(token)
-	err = v.DB.QueryRow(ctx, sqlCacheTokenProjects, h[:]).Scan(&ids)
+	err := v.DB.QueryRow(ctx, sqlCacheTokenProjects, h[:]).Scan(&ids)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, nil
 	}
@@ -189,3 +196,16 @@ func NewToken() (string, error) {
 	}
 	return "hcc1_" + base64.RawURLEncoding.EncodeToString(b), nil
 }
+
+// privateWriter marks a private path's answer private: no shared cache keeps it for others.
+type privateWriter struct{ http.ResponseWriter }
+
+func (p privateWriter) WriteHeader(code int) {
+	h := p.Header()
+	if cc, ok := strings.CutPrefix(h.Get("Cache-Control"), "public"); ok {
+		h.Set("Cache-Control", "private"+cc)
+	}
+	p.ResponseWriter.WriteHeader(code)
+}
+
+func (p privateWriter) Unwrap() http.ResponseWriter { return p.ResponseWriter }

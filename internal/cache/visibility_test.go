@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -180,8 +181,8 @@ func TestPrivatePathsNeedAToken(t *testing.T) {
 				for _, zstd := range []bool{false, true} {
 					code, body, h := get(p.path, c.auth, zstd)
 					if c.readsA {
-						if code != http.StatusOK {
-							t.Errorf("memory %d, %s: GET %s: %d %s, want 200", memory, c.name, p.path, code, body)
+						if code != http.StatusOK || !strings.HasPrefix(h.Get("Cache-Control"), "private,") {
+							t.Errorf("memory %d, %s: GET %s: %d %s (Cache-Control %q), want 200, private", memory, c.name, p.path, code, body, h.Get("Cache-Control"))
 						}
 						continue
 					}
@@ -199,7 +200,7 @@ func TestPrivatePathsNeedAToken(t *testing.T) {
 			}
 			// Public paths, shared ones and those of no project: everyone's.
 			for _, h := range []string{pubOut, sharedOut, noneOut} {
-				if code, body, _ := get("/"+h+".narinfo", c.auth, false); code != http.StatusOK {
+				if code, body, hd := get("/"+h+".narinfo", c.auth, false); code != http.StatusOK || hd.Get("Cache-Control") != "public, max-age=60" {
 					t.Errorf("memory %d, %s: GET public %s.narinfo: %d %s", memory, c.name, h, code, body)
 				}
 			}
