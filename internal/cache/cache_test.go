@@ -87,7 +87,9 @@ func (s *recordingStore) take() []string {
 	return k
 }
 
-func newLocal(t *testing.T) blob.Store {
+func newLocal(t *testing.T) blob.Store { return newLocalTB(t) }
+
+func newLocalTB(t testing.TB) blob.Store {
 	t.Helper()
 	l, err := blob.NewLocal(t.TempDir(), "http://unused", testSecret)
 	if err != nil {
@@ -106,7 +108,7 @@ func newS3(t *testing.T) blob.Store {
 	return s
 }
 
-func put(t *testing.T, s blob.Store, key string, body []byte) {
+func put(t testing.TB, s blob.Store, key string, body []byte) {
 	t.Helper()
 	if err := s.Put(context.Background(), key, bytes.NewReader(body), int64(len(body)), blob.PutOptions{}); err != nil {
 		t.Fatalf("Put(%s): %v", key, err)

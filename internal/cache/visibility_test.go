@@ -35,7 +35,7 @@ const (
 
 // visFixture inserts projects a and b (private) and pub (public) with their derivations and
 // build jobs.
-func visFixture(t *testing.T, pool *pgxpool.Pool) {
+func visFixture(t testing.TB, pool *pgxpool.Pool) {
 	t.Helper()
 	ctx := context.Background()
 	exec := func(sql string, args ...any) {
@@ -234,5 +234,40 @@ func TestCacheTokenList(t *testing.T) {
 	}
 	if token == "" {
 		t.Fatal("empty token")
+	}
+}
+
+// The public fast path: a narinfo answered from memory with visibility checks on, when no
+// project is private (one query per TTL) and when one is (a path's projects looked up once
+// per TTL), against no checks.
+func BenchmarkNarinfoVisibility(b *testing.B) {
+	pool := dbtest.NewPool(b)
+	store := newLocalTB(b)
+	put(b, store, pubOut+".narinfo", []byte("StorePath: /nix/store/"+pubOut+"-p\n"))
+	for _, bc := range []struct {
+		name    string
+		vis     bool
+		private bool
+	}{{"off", false, false}, {"on, no private project", true, false}, {"on, private projects", true, true}} {
+		b.Run(bc.name, func(b *testing.B) {
+			if bc.private {
+				visFixture(b, pool)
+			}
+			cfg := cache.Config{Store: store, NarinfoCacheBytes: cache.DefaultNarinfoCacheBytes}
+			if bc.vis {
+				cfg.Visibility = &cache.Visibility{DB: pool}
+			}
+			mux := http.NewServeMux()
+			cache.New(cfg).Register(access.NewRoutes(mux, nil))
+			req := httptest.NewRequest("GET", "/"+pubOut+".narinfo", nil)
+			b.ReportAllocs()
+			for b.Loop() {
+				w := httptest.NewRecorder()
+				mux.ServeHTTP(w, req)
+				if w.Code != http.StatusOK {
+					b.Fatalf("%d %s", w.Code, w.Body)
+				}
+			}
+		})
 	}
 }
