@@ -19,6 +19,10 @@
 // are not clean ("..", "//") are redirected to their clean form by http.ServeMux itself before
 // any handler of this package runs.
 //
+// With Config.Visibility, a private project's paths (narinfo, .ls, .drv narinfo, log) are
+// served only to the credentials that may read them (Visibility), and to anyone else answered
+// exactly as a missing path.
+//
 // Narinfos, the requests Nix makes most, can be kept in memory once read (up to
 // Config.NarinfoCacheBytes): a narinfo is written once and never changed, so a GET answered from
 // memory gets the stored body. The garbage collector may delete one, so the store is asked again
