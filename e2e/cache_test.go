@@ -32,7 +32,8 @@ import (
 // TestPublishAndSubstitute is the binary cache end to end, on each blob store: real Nix builds a
 // small DAG; every output (with its build log) and the .drv closure are published through a real
 // signer node's upload-slots and build-complete; then a fresh Nix store substitutes all of it
-// from the node's cache with signature checking, and refuses it under another key.
+// from the node's cache with signature checking, and refuses it under another key. Turned into a
+// private project's, it is refused without credentials and substituted with a netrc-file.
 func TestPublishAndSubstitute(t *testing.T) {
 	requireNix(t)
 	for _, backend := range []string{"local", "s3"} {
@@ -132,6 +133,9 @@ func testPublishAndSubstitute(t *testing.T, backend string) {
 	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), "building c") {
 		t.Fatalf("GET /log/<c.drv>: %d %q", resp.StatusCode, body)
 	}
+
+	// The project turns private: a netrc-file with a cache token is needed.
+	f.substitutePrivate(d, "private-"+backend, cacheURL, trusted)
 }
 
 func cmpOr(s, def string) string {
