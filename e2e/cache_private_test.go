@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -83,5 +84,33 @@ func (f *fixture) substitutePrivate(d dag, name, cacheURL, trusted string) {
 		case !withNetrc && err == nil:
 			t.Fatalf("nix-store -r of a private project's outputs without credentials succeeded:\n%s", out)
 		}
+	}
+
+	// Listed (never the token), revoked: refused on the next lookup.
+	cli := newCLI(t, f)
+	var tokens []struct {
+		ID       int64    `json:"id"`
+		Projects []string `json:"projects"`
+	}
+	cli.json(&tokens, "cache-token", "list", "--json")
+	if len(tokens) == 0 || len(tokens[0].Projects) != 1 || tokens[0].Projects[0] != name {
+		t.Fatalf("cache-token list: %+v", tokens)
+	}
+	if l := cli.ok("cache-token", "list"); strings.Contains(l, token) {
+		t.Fatalf("cache-token list shows the token:\n%s", l)
+	}
+	cli.ok("cache-token", "revoke", strconv.FormatInt(tokens[0].ID, 10))
+	req, err := http.NewRequest(http.MethodGet, cacheURL+"/"+sp.Hash+".narinfo", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.SetBasicAuth("nix", token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNotFound {
+		t.Fatalf("a's narinfo with a revoked token: %d, want 404", resp.StatusCode)
 	}
 }
