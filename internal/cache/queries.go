@@ -8,12 +8,13 @@ SELECT EXISTS (SELECT 1 FROM projects p JOIN repositories r ON r.id = p.repo_id 
 
 	// The projects that have the store paths of hash part $1 (a derivation's, or an output's of
 	// one), each with its repository's privacy: through the build jobs queued for them and the
-	// evaluations that have them as attributes. No row: no project's.
+	// evaluations that have them as attributes. No row: no project's. Outputs are found by
+	// the index on their hash part (migration 0021).
 	sqlPathProjects = `
 WITH d AS (
     SELECT drv_path FROM derivations WHERE hash_part = $1
     UNION
-    SELECT drv_path FROM derivation_outputs WHERE output_path LIKE '/nix/store/' || $1 || '-%'
+    SELECT drv_path FROM derivation_outputs WHERE substr(output_path, 12, 32) = $1
 )
 SELECT p.id, r.is_private
 FROM d JOIN build_jobs j ON j.drv_path = d.drv_path

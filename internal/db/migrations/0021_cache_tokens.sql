@@ -11,3 +11,7 @@ CREATE TABLE cache_tokens (
     revoked_at  TIMESTAMPTZ,
     created_at  TIMESTAMPTZ NOT NULL DEFAULT now()
 );
+
+-- The cache asks which projects have a store path by its hash part (cache.sqlPathProjects):
+-- outputs by the 32 characters after "/nix/store/".
+CREATE INDEX derivation_outputs_hash_part_idx ON derivation_outputs (substr(output_path, 12, 32));
