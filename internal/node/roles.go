@@ -92,7 +92,7 @@ func mountRoles(ctx context.Context, cfg *config.Config, rt *access.Routes, pool
 		return nil, err
 	}
 	if cfg.HasRole(config.RoleCache) {
-		vis, err := cacheVisibility(cfg, pool)
+		vis, err := cacheVisibility(cfg, pool, logger)
 		if err != nil {
 			return nil, err
 		}
@@ -253,7 +253,7 @@ func (n *node) roleWorkers(notifier *notify.Notifier, announcer *queue.Announcer
 // cacheVisibility is the cache role's check of private paths: the admin token and cache tokens
 // always; node tokens where the cluster secret is (a cache beside a signer), since only it
 // verifies them.
-func cacheVisibility(cfg *config.Config, pool *pgxpool.Pool) (*cache.Visibility, error) {
+func cacheVisibility(cfg *config.Config, pool *pgxpool.Pool, logger *slog.Logger) (*cache.Visibility, error) {
 	vis := &cache.Visibility{DB: pool}
 	if cfg.Auth.AdminToken != "" {
 		h := httpapi.HashToken(cfg.Auth.AdminToken)
@@ -265,6 +265,8 @@ func cacheVisibility(cfg *config.Config, pool *pgxpool.Pool) (*cache.Visibility,
 			return nil, fmt.Errorf("auth.cluster_secret_file: %w", err)
 		}
 		vis.Nodes = key
+	} else {
+		logger.Warn("the cache role without the cluster secret verifies no node token: builders read private projects' paths from caches beside a signer only")
 	}
 	return vis, nil
 }
