@@ -8,13 +8,17 @@ import (
 	"net/http/httptest"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/access"
 	"github.com/harmonia-ci/harmonia-ci/internal/cache"
+	"github.com/harmonia-ci/harmonia-ci/internal/clock"
+	"github.com/harmonia-ci/harmonia-ci/internal/db"
 	"github.com/harmonia-ci/harmonia-ci/internal/dbtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/httpapi"
 	"github.com/harmonia-ci/harmonia-ci/internal/nodetoken"
@@ -269,5 +273,63 @@ func BenchmarkNarinfoVisibility(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// countingDB counts the queries Visibility makes.
+type countingDB struct {
+	db.DBTX
+	n atomic.Int64
+}
+
+func (c *countingDB) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	c.n.Add(1)
+	return c.DBTX.Query(ctx, sql, args...)
+}
+
+func (c *countingDB) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	c.n.Add(1)
+	return c.DBTX.QueryRow(ctx, sql, args...)
+}
+
+// The public fast path costs no query per request: with no private project, one query per TTL
+// says so; with one, each path's projects are looked up once per TTL.
+func TestVisibilityQueriesOncePerTTL(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := dbtest.NewPool(t)
+	clk := clock.NewManual(time.Now())
+	req := httptest.NewRequest("GET", "/x", nil)
+	read := func(v *cache.Visibility, hash string, times int) {
+		t.Helper()
+		for range times {
+			if ok, private, err := v.MayRead(ctx, req, hash); err != nil || !ok || private {
+				t.Fatalf("MayRead(%s) = %v, %v, %v; want public", hash, ok, private, err)
+			}
+		}
+	}
+	counted := &countingDB{DBTX: pool}
+	v := &cache.Visibility{DB: counted, Clock: clk, TTL: 10 * time.Second}
+	read(v, pubOut, 50)
+	read(v, noneOut, 50)
+	if n := counted.n.Load(); n != 1 {
+		t.Errorf("no private project: %d queries for 100 reads, want 1", n)
+	}
+	clk.Advance(11 * time.Second)
+	read(v, pubOut, 1)
+	if n := counted.n.Load(); n != 2 {
+		t.Errorf("after the TTL: %d queries, want 2", n)
+	}
+
+	visFixture(t, pool)
+	counted = &countingDB{DBTX: pool}
+	v = &cache.Visibility{DB: counted, Clock: clk, TTL: 10 * time.Second}
+	read(v, pubOut, 50)
+	read(v, sharedOut, 50)
+	if n := counted.n.Load(); n != 3 {
+		t.Errorf("private projects: %d queries for two paths read 50 times each, want 3", n)
+	}
+	if ok, private, err := v.MayRead(ctx, req, privOut); err != nil || ok || !private {
+		t.Errorf("MayRead(private, anonymous) = %v, %v, %v; want false, true", ok, private, err)
 	}
 }
