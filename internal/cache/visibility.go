@@ -3,6 +3,7 @@ package cache
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/base64"
 	"errors"
 	"fmt"
@@ -44,14 +45,27 @@ type Visibility struct {
 	Admin *httpapi.TokenHash
 	// Nodes, if set, verifies node tokens, which read everything (builders and evaluators).
 	Nodes *nodetoken.Key
-	TTL   time.Duration // default DefaultVisibilityTTL
-	Clock clock.Clock   // default clock.Real
+	// CheckNode, used when Nodes is nil, asks whether a node token is good (a signer, for a
+	// cache node without the cluster secret). Its answers are kept for TTL.
+	CheckNode func(ctx context.Context, token string) (bool, error)
+	TTL       time.Duration // default DefaultVisibilityTTL
+	Clock     clock.Clock   // default clock.Real
 
 	mu         sync.Mutex
 	anyPrivate bool
 	anyAt      time.Time // zero: never asked
 	paths      map[string]pathEntry
+	nodes      map[[32]byte]nodeEntry // CheckNode's answers, by token hash
 }
+
+type nodeEntry struct {
+	good bool
+	at   time.Time
+}
+
+// maxNodeEntries bounds the remembered node-token answers (random tokens cost a signer call
+// each and must not grow the map without end).
+const maxNodeEntries = 10000
 
 type pathEntry struct {
 	private []int64 // the projects of a private path; nil: public
@@ -92,9 +106,14 @@ func (v *Visibility) mayReadPrivate(ctx context.Context, r *http.Request, projec
 	if v.Admin != nil && v.Admin.Matches(token) {
 		return true, nil
 	}
-	if v.Nodes != nil && strings.HasPrefix(token, "hci1:") {
-		_, err := v.Nodes.Verify(token)
-		return err == nil, nil
+	if strings.HasPrefix(token, "hci1:") {
+		switch {
+		case v.Nodes != nil:
+			_, err := v.Nodes.Verify(token)
+			return err == nil, nil
+		case v.CheckNode != nil:
+			return v.checkNode(ctx, token)
+		}
 	}
 	var ids []int64
 	h := httpapi.HashToken(token)
@@ -209,3 +228,26 @@ func (p privateWriter) WriteHeader(code int) {
 }
 
 func (p privateWriter) Unwrap() http.ResponseWriter { return p.ResponseWriter }
+
+// checkNode asks CheckNode about a node token, remembering the answer for TTL.
+func (v *Visibility) checkNode(ctx context.Context, token string) (bool, error) {
+	h := sha256.Sum256([]byte(token))
+	now := v.now()
+	v.mu.Lock()
+	e, ok := v.nodes[h]
+	v.mu.Unlock()
+	if ok && now.Sub(e.at) < v.ttl() {
+		return e.good, nil
+	}
+	good, err := v.CheckNode(ctx, token)
+	if err != nil {
+		return false, fmt.Errorf("check node token: %w", err)
+	}
+	v.mu.Lock()
+	if v.nodes == nil || len(v.nodes) >= maxNodeEntries {
+		v.nodes = map[[32]byte]nodeEntry{}
+	}
+	v.nodes[h] = nodeEntry{good: good, at: now}
+	v.mu.Unlock()
+	return good, nil
+}

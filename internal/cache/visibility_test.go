@@ -2,6 +2,7 @@ package cache_test
 
 import (
 	"context"
+	"errors"
 	"io"
 	"maps"
 	"net/http"
@@ -331,5 +332,66 @@ func TestVisibilityQueriesOncePerTTL(t *testing.T) {
 	}
 	if ok, private, err := v.MayRead(ctx, req, privOut); err != nil || ok || !private {
 		t.Errorf("MayRead(private, anonymous) = %v, %v, %v; want false, true", ok, private, err)
+	}
+}
+
+// A cache node without the cluster secret has node tokens checked elsewhere (a signer): a good
+// one reads private paths, a forged one does not, each token is asked about once per TTL, and
+// a check that cannot be made is an error, not a refusal the builder would take as final.
+func TestNodeTokensCheckedElsewhere(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := dbtest.NewPool(t)
+	visFixture(t, pool)
+	key, err := nodetoken.NewKey("cluster-secret-0123456789")
+	if err != nil {
+		t.Fatal(err)
+	}
+	good, err := key.Issue(nodetoken.Identity{NodeID: "builder-1", Roles: []string{"builder"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var asked atomic.Int64
+	var down atomic.Bool
+	clk := clock.NewManual(time.Now())
+	v := &cache.Visibility{DB: pool, Clock: clk, TTL: 10 * time.Second,
+		CheckNode: func(_ context.Context, token string) (bool, error) {
+			asked.Add(1)
+			if down.Load() {
+				return false, errors.New("no signer answered")
+			}
+			_, err := key.Verify(token)
+			return err == nil, nil
+		}}
+	with := func(token string) *http.Request {
+		r := httptest.NewRequest("GET", "/x", nil)
+		r.SetBasicAuth("builder", token)
+		return r
+	}
+	cases := []struct {
+		name  string
+		token string
+		reads bool
+		asked int64 // CheckNode calls so far
+	}{
+		{"a good token", good, true, 1},
+		{"the same token again", good, true, 1},
+		{"a forged token", "hci1:builder-1:builder:AAAA", false, 2},
+		{"the forged token again", "hci1:builder-1:builder:AAAA", false, 2},
+		{"not a node token", "hcc1_other", false, 2},
+	}
+	for _, c := range cases {
+		ok, private, err := v.MayRead(ctx, with(c.token), privOut)
+		if err != nil || ok != c.reads || !private {
+			t.Errorf("%s: MayRead = %v, %v, %v; want %v, private", c.name, ok, private, err, c.reads)
+		}
+		if n := asked.Load(); n != c.asked {
+			t.Errorf("%s: CheckNode asked %d times, want %d", c.name, n, c.asked)
+		}
+	}
+	clk.Advance(11 * time.Second)
+	down.Store(true)
+	if _, _, err := v.MayRead(ctx, with(good), privOut); err == nil {
+		t.Error("MayRead with no signer to check the token: no error")
 	}
 }

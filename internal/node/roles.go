@@ -3,10 +3,12 @@ package node
 import (
 	"context"
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"path/filepath"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
@@ -251,8 +253,8 @@ func (n *node) roleWorkers(notifier *notify.Notifier, announcer *queue.Announcer
 }
 
 // cacheVisibility is the cache role's check of private paths: the admin token and cache tokens
-// always; node tokens where the cluster secret is (a cache beside a signer), since only it
-// verifies them.
+// always; node tokens with the cluster secret where the node holds it (a cache beside a
+// signer), else through a signer, with the cache node's own token.
 func cacheVisibility(cfg *config.Config, pool *pgxpool.Pool, logger *slog.Logger) (*cache.Visibility, error) {
 	vis := &cache.Visibility{DB: pool}
 	if cfg.Auth.AdminToken != "" {
@@ -265,8 +267,30 @@ func cacheVisibility(cfg *config.Config, pool *pgxpool.Pool, logger *slog.Logger
 			return nil, fmt.Errorf("auth.cluster_secret_file: %w", err)
 		}
 		vis.Nodes = key
-	} else {
-		logger.Warn("the cache role without the cluster secret verifies no node token: builders read private projects' paths from caches beside a signer only")
+		return vis, nil
+	}
+	// No cluster secret: a signer verifies node tokens for this cache, with its own token.
+	token, err := nodeToken(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if token == "" {
+		logger.Warn("the cache role without the cluster secret or a node token verifies no node token: builders read private projects' paths from other caches only (set auth.node_token_file)")
+		return vis, nil
+	}
+	signers := signerclient.New(signerclient.Config{Token: token, DeadThreshold: cfg.Cluster.Heartbeat.DeadThreshold.Duration,
+		GiveUpAfter: nodeCheckGiveUp}, pool, logger)
+	vis.CheckNode = func(ctx context.Context, t string) (bool, error) {
+		_, err := signers.CheckNodeToken(ctx, t)
+		var se *signerclient.StatusError
+		if errors.As(err, &se) && se.Code == http.StatusForbidden {
+			return false, nil
+		}
+		return err == nil, err
 	}
 	return vis, nil
 }
+
+// nodeCheckGiveUp bounds a cache request's wait for a signer to check a node token: the
+// builder asking retries a transient failure on its own.
+const nodeCheckGiveUp = 10 * time.Second

@@ -88,6 +88,7 @@ var declared = map[string]access.ScopeKind{
 	"POST /webhook/{forge}/{repo}":                 access.KindSigned,
 	"POST /api/eval-ticket":                        access.KindSigned,
 	"POST /api/eval-ticket/check":                  access.KindSigned,
+	"POST /api/node-token/check":                   access.KindSigned,
 	"POST /api/eval-credential":                    access.KindSigned,
 }
 

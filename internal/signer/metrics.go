@@ -14,10 +14,11 @@ const (
 	endpointCacheLookup   = "cache-lookup"
 	endpointEvalTicket    = "eval-ticket"
 	endpointCheckTicket   = "eval-ticket-check"
+	endpointCheckNode     = "node-token-check"
 )
 
 var (
-	endpoints = []string{endpointUploadSlots, endpointBuildComplete, endpointPublish, endpointCacheLookup, endpointEvalTicket, endpointCheckTicket}
+	endpoints = []string{endpointUploadSlots, endpointBuildComplete, endpointPublish, endpointCacheLookup, endpointEvalTicket, endpointCheckTicket, endpointCheckNode}
 	// codeNames are the classes the signer answers with: JSON or an error, never 1xx or 3xx.
 	codeNames = [...]string{"2xx", "4xx", "5xx"}
 )

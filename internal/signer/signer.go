@@ -139,6 +139,7 @@ func (s *Server) Register(rt *access.Routes) {
 	rt.Handle("POST /api/cache-lookup", access.Signed, s.handle(endpointCacheLookup, "", s.handleCacheLookup))
 	rt.Handle("POST /api/eval-ticket", access.Signed, s.handle(endpointEvalTicket, config.RoleEvaluator, s.handleEvalTicket))
 	rt.Handle("POST /api/eval-ticket/check", access.Signed, s.handle(endpointCheckTicket, config.RoleFrontend, s.handleCheckTicket))
+	rt.Handle("POST /api/node-token/check", access.Signed, s.handle(endpointCheckNode, config.RoleCache, s.handleCheckNodeToken))
 }
 
 // handler serves one endpoint for an authenticated node.

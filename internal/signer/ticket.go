@@ -48,3 +48,18 @@ func (s *Server) handleCheckTicket(ctx context.Context, _ nodetoken.Identity, bo
 	}
 	return signerapi.CheckTicketResponse{Node: t.NodeID, Eval: claim}, nil
 }
+
+// handleCheckNodeToken tells a cache node whether a node token is good, so that builders and
+// evaluators read private paths from caches that do not hold the cluster secret. It answers
+// only the identity the token carries; the cache decides what that identity may read.
+func (s *Server) handleCheckNodeToken(_ context.Context, _ nodetoken.Identity, body io.Reader) (any, error) {
+	var req signerapi.CheckNodeTokenRequest
+	if err := decode(body, &req); err != nil {
+		return nil, err
+	}
+	id, err := s.cfg.Tokens.Verify(req.Token)
+	if err != nil {
+		return nil, httpapi.Errorf(http.StatusForbidden, "invalid node token")
+	}
+	return signerapi.CheckNodeTokenResponse{Node: id.NodeID, Roles: id.Roles}, nil
+}

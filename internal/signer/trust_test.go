@@ -3,6 +3,7 @@ package signer
 import (
 	"encoding/json"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -79,6 +80,9 @@ func TestAuth(t *testing.T) {
 		{"eval-ticket check", "/api/eval-ticket/check", e.token(t, "front-1", config.RoleFrontend),
 			signerapi.CheckTicketRequest{Ticket: ticket},
 			[]string{e.token(t, "front-1", config.RoleEvaluator), e.token(t, "front-1", config.RoleBuilder)}},
+		{"node-token check", "/api/node-token/check", e.token(t, "cache-1", config.RoleCache),
+			signerapi.CheckNodeTokenRequest{Token: builder},
+			[]string{e.token(t, "cache-1", config.RoleBuilder), e.token(t, "cache-1", config.RoleFrontend)}},
 	}
 	for _, r := range requests {
 		t.Run(r.name, func(t *testing.T) {
@@ -103,6 +107,18 @@ func TestAuth(t *testing.T) {
 	}
 	if s := jobStatus(t, e.pool, "auth"); s != status.JobSucceeded {
 		t.Fatalf("the job is %s after its build-complete, want succeeded", s)
+	}
+	// A cache node learns a good token's identity, and nothing from a bad one.
+	var who signerapi.CheckNodeTokenResponse
+	e.mustPost(t, "/api/node-token/check", e.token(t, "cache-1", config.RoleCache), signerapi.CheckNodeTokenRequest{Token: builder}, &who)
+	if who.Node != "builder-1" || !slices.Contains(who.Roles, config.RoleBuilder) {
+		t.Fatalf("node-token check: %+v, want builder-1 with the builder role", who)
+	}
+	for _, tok := range unauthenticated {
+		if code, body := e.post(t, "/api/node-token/check", e.token(t, "cache-1", config.RoleCache),
+			signerapi.CheckNodeTokenRequest{Token: tok.token}, nil); code != http.StatusForbidden {
+			t.Errorf("node-token check of %s: %d %s, want 403", tok.name, code, body)
+		}
 	}
 	// Any valid token may look the cache up, a cache node's too.
 	var found signerapi.CacheLookupResponse

@@ -158,3 +158,16 @@ type CheckTicketResponse struct {
 	Node string    `json:"node"`
 	Eval EvalClaim `json:"eval"`
 }
+
+// CheckNodeTokenRequest asks whether a node token is one this cluster's signers issued (POST
+// /api/node-token/check, cache role): a cache node without the cluster secret cannot verify
+// the builders' and evaluators' tokens that read private paths itself.
+type CheckNodeTokenRequest struct {
+	Token string `json:"token"`
+}
+
+// CheckNodeTokenResponse is the identity a good token carries (a bad one is a 403).
+type CheckNodeTokenResponse struct {
+	Node  string   `json:"node"`
+	Roles []string `json:"roles"`
+}

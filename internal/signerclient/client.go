@@ -128,6 +128,14 @@ func (c *Client) CheckTicket(ctx context.Context, ticket string) (signerapi.Chec
 	return resp, err
 }
 
+// CheckNodeToken asks a signer whether a node token is good (a cache node's call). A bad
+// token is a *StatusError 403.
+func (c *Client) CheckNodeToken(ctx context.Context, token string) (signerapi.CheckNodeTokenResponse, error) {
+	var resp signerapi.CheckNodeTokenResponse
+	err := c.call(ctx, "/api/node-token/check", signerapi.CheckNodeTokenRequest{Token: token}, &resp)
+	return resp, err
+}
+
 func (c *Client) signers(ctx context.Context) ([]string, error) {
 	rows, err := c.pool.Query(ctx, sqlSigners, c.cfg.DeadThreshold.Seconds())
 	if err != nil {
