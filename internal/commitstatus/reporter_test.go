@@ -1054,15 +1054,20 @@ func TestStartReportsOnNotifications(t *testing.T) {
 	if len(observed) != len(want) {
 		t.Fatalf("%d statuses observed, want %d", len(observed), len(want))
 	}
+	timed := 0
 	for i, o := range observed {
 		if o.status != want[i] {
 			t.Errorf("observed %+v, want %+v", o.status, want[i])
 		}
-		// The build statuses were caused by a build_jobs notification. (The evaluation's may
-		// have been computed by a reconciliation still running from the start.)
-		if i >= 4 && o.since <= 0 {
-			t.Errorf("%s %q observed %v after its notification, want > 0", o.status.Context, o.status.Description, o.since)
+		if i >= 4 && o.since > 0 {
+			timed++
 		}
+	}
+	// The build statuses were caused by build_jobs notifications and timed from them. A
+	// reconciliation (after a notifier resync, or still running from the start) may compute
+	// one first, untimed; not all of them.
+	if timed == 0 {
+		t.Errorf("no build status was timed from its notification: %+v", observed[4:])
 	}
 }
 
