@@ -27,6 +27,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/githubtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
 	"github.com/harmonia-ci/harmonia-ci/internal/node"
+	"github.com/harmonia-ci/harmonia-ci/internal/queuetest"
 )
 
 // Markers of the private project's data: none may reach a caller who may not read it.
@@ -171,11 +172,7 @@ func randomHex(t *testing.T) string {
 
 func (fx *visFixture) id(sql string, args ...any) int64 {
 	fx.t.Helper()
-	var id int64
-	if err := fx.pool.QueryRow(fx.ctx, sql, args...).Scan(&id); err != nil {
-		fx.t.Fatalf("%s: %v", sql, err)
-	}
-	return id
+	return queuetest.QueryInt(fx.t, fx.pool, sql, args...)
 }
 
 // repo records a repository as discovery would (which may have recorded it already).
