@@ -170,7 +170,9 @@ func newBenchCache() *cobra.Command {
 		Long: `cache adds a large store path and a closure of small ones (random and text content) with
 nix-store --add, publishes them into a local blob directory, then serves that directory with the
 cache role and with nginx, alternately driven by wrk: narinfo requests/s (cycling through every
-narinfo) and the large NAR's MB/s. Finally it times the upload pipeline (CompressNAR and a signed
+narinfo) and the large NAR's MB/s. Narinfos are also served by a cache role with its visibility
+check, on a private PostgreSQL holding a private project (so no path takes the all-public fast
+path). Finally it times the upload pipeline (CompressNAR and a signed
 narinfo per path) against nix copy --to 'file://DIR?compression=zstd' on the same paths.
 Needs nginx, wrk and nix-bin (scripts/deps.sh bench). The store paths are deleted afterwards.`,
 		Args: cobra.NoArgs,
@@ -206,6 +208,7 @@ func printCacheReport(w io.Writer, r cachebench.CacheReport) {
 	fmt.Fprintf(w, "harmonia-ci bench cache — %s, %s, %s, %s, %s\n", r.Machine, r.Nginx, r.Wrk, r.Nix, r.Date)
 	fmt.Fprintf(w, "  wrk: %d threads, %d connections, %d s per run, best of %d\n", r.Threads, r.Connections, r.Duration, r.Rounds)
 	fmt.Fprintf(w, "  narinfo (%d, cycled)   cache %.0f req/s   nginx %.0f req/s   ratio %.2f\n", r.Narinfos, r.CacheNarinfoRPS, r.NginxNarinfoRPS, r.NarinfoRatio)
+	fmt.Fprintf(w, "  narinfo, visibility on  cache %.0f req/s   ratio %.2f   (PostgreSQL %s, a private project: every path looked up)\n", r.VisibleNarinfoRPS, r.VisibleNarinfoRatio, r.Database)
 	fmt.Fprintf(w, "  NAR (%.1f MB .nar.zst)  cache %.0f MB/s   nginx %.0f MB/s   ratio %.2f\n", r.NarFileMB, r.CacheNarMBps, r.NginxNarMBps, r.NarRatio)
 	fmt.Fprintf(w, "  upload, %d paths, %.0f MB NAR:\n", r.ClosurePaths, r.ClosureNarMB)
 	fmt.Fprintf(w, "    pipeline (%d workers)  %.2f s = %.0f MB/s   (%.0f MB zstd)\n", r.PipelineWorkers, r.PipelineSeconds, r.PipelineMBps, r.PipelineFileMB)

@@ -56,26 +56,32 @@ type CacheReport struct {
 	Threads     int    `json:"threads"`
 	Rounds      int    `json:"rounds"`
 
-	Narinfos           int     `json:"narinfos"`
-	CacheNarinfoRPS    float64 `json:"cache_narinfo_requests_per_second"`
-	NginxNarinfoRPS    float64 `json:"nginx_narinfo_requests_per_second"`
-	NarinfoRatio       float64 `json:"narinfo_ratio"`
-	NarFileMB          float64 `json:"nar_file_mb"` // the large path's .nar.zst
-	CacheNarMBps       float64 `json:"cache_nar_mb_per_second"`
-	NginxNarMBps       float64 `json:"nginx_nar_mb_per_second"`
-	NarRatio           float64 `json:"nar_ratio"`
-	ClosurePaths       int     `json:"closure_paths"`
-	ClosureNarMB       float64 `json:"closure_nar_mb"`
-	PipelineSeconds    float64 `json:"pipeline_seconds"`
-	PipelineMBps       float64 `json:"pipeline_mb_per_second"` // NAR bytes per second
-	PipelineFileMB     float64 `json:"pipeline_file_mb"`
-	NixCopySeconds     float64 `json:"nix_copy_seconds"`
-	NixCopyMBps        float64 `json:"nix_copy_mb_per_second"`
-	NixCopyFileMB      float64 `json:"nix_copy_file_mb"`
-	PipelineRatio      float64 `json:"pipeline_ratio"`
-	PipelineWorkers    int     `json:"pipeline_workers"`
-	WrkSocketErrors    string  `json:"wrk_socket_errors,omitempty"`
-	NarinfoRequestPath string  `json:"narinfo_requests"`
+	Narinfos        int     `json:"narinfos"`
+	CacheNarinfoRPS float64 `json:"cache_narinfo_requests_per_second"`
+	NginxNarinfoRPS float64 `json:"nginx_narinfo_requests_per_second"`
+	NarinfoRatio    float64 `json:"narinfo_ratio"`
+	// The cache role with its visibility check on a database that has a private project, so
+	// every path is looked up (and kept for the check's TTL) rather than taking the all-public
+	// fast path; the benchmark's paths belong to no project, so they are public.
+	VisibleNarinfoRPS   float64 `json:"cache_visibility_narinfo_requests_per_second"`
+	VisibleNarinfoRatio float64 `json:"visibility_narinfo_ratio"`
+	Database            string  `json:"database,omitempty"`
+	NarFileMB           float64 `json:"nar_file_mb"` // the large path's .nar.zst
+	CacheNarMBps        float64 `json:"cache_nar_mb_per_second"`
+	NginxNarMBps        float64 `json:"nginx_nar_mb_per_second"`
+	NarRatio            float64 `json:"nar_ratio"`
+	ClosurePaths        int     `json:"closure_paths"`
+	ClosureNarMB        float64 `json:"closure_nar_mb"`
+	PipelineSeconds     float64 `json:"pipeline_seconds"`
+	PipelineMBps        float64 `json:"pipeline_mb_per_second"` // NAR bytes per second
+	PipelineFileMB      float64 `json:"pipeline_file_mb"`
+	NixCopySeconds      float64 `json:"nix_copy_seconds"`
+	NixCopyMBps         float64 `json:"nix_copy_mb_per_second"`
+	NixCopyFileMB       float64 `json:"nix_copy_file_mb"`
+	PipelineRatio       float64 `json:"pipeline_ratio"`
+	PipelineWorkers     int     `json:"pipeline_workers"`
+	WrkSocketErrors     string  `json:"wrk_socket_errors,omitempty"`
+	NarinfoRequestPath  string  `json:"narinfo_requests"`
 }
 
 func (o *CacheOptions) defaults() {
@@ -188,8 +194,9 @@ func checkTools(r *CacheReport) error {
 	return nil
 }
 
-// serveCache serves storeDir through the cache role on a loopback port.
-func serveCache(storeDir string) (url string, stop func(), err error) {
+// serveCache serves storeDir through the cache role on a loopback port, with vis as its
+// visibility check (nil: none).
+func serveCache(storeDir string, vis *cache.Visibility) (url string, stop func(), err error) {
 	local, err := blob.NewLocal(storeDir, "", []byte("bench-cache-secret-0123456789"))
 	if err != nil {
 		return "", nil, err
@@ -198,7 +205,7 @@ func serveCache(storeDir string) (url string, stop func(), err error) {
 	// Quiet: wrk resets connections mid-body when a run ends, which the cache role logs; a
 	// failed request shows up in wrk's non-2xx count instead. Narinfos are kept in memory
 	// (cache.DefaultNarinfoCacheBytes).
-	cache.New(cache.Config{Store: local, Logger: slog.New(slog.DiscardHandler), NarinfoCacheBytes: cache.DefaultNarinfoCacheBytes}).Register(access.NewRoutes(mux, nil))
+	cache.New(cache.Config{Store: local, Logger: slog.New(slog.DiscardHandler), NarinfoCacheBytes: cache.DefaultNarinfoCacheBytes, Visibility: vis}).Register(access.NewRoutes(mux, nil))
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		local.Close()
@@ -212,11 +219,21 @@ func serveCache(storeDir string) (url string, stop func(), err error) {
 // measureServing serves storeDir through the cache role and nginx, checks they serve the same
 // bytes, and runs wrk against each, alternating servers; the best round of each is kept.
 func measureServing(ctx context.Context, o CacheOptions, tmp, storeDir string, pub published, r *CacheReport) error {
-	cacheURL, stopCache, err := serveCache(storeDir)
+	cacheURL, stopCache, err := serveCache(storeDir, nil)
 	if err != nil {
 		return err
 	}
 	defer stopCache()
+	vis, closeDB, err := privateVisibility(ctx, o, r)
+	if err != nil {
+		return err
+	}
+	defer closeDB()
+	visURL, stopVis, err := serveCache(storeDir, vis)
+	if err != nil {
+		return err
+	}
+	defer stopVis()
 	nginxURL, stopNginx, err := startNginx(ctx, filepath.Join(tmp, "nginx"), storeDir)
 	if err != nil {
 		return err
@@ -225,16 +242,18 @@ func measureServing(ctx context.Context, o CacheOptions, tmp, storeDir string, p
 
 	// Both must serve the same bytes before either is measured.
 	for _, p := range []string{"/" + pub.narinfos[0], "/" + pub.largeNar} {
-		a, err := httpGet(ctx, cacheURL+p)
-		if err != nil {
-			return fmt.Errorf("bench cache: cache role: %w", err)
-		}
 		b, err := httpGet(ctx, nginxURL+p)
 		if err != nil {
 			return fmt.Errorf("bench cache: nginx: %w", err)
 		}
-		if !bytes.Equal(a, b) {
-			return fmt.Errorf("bench cache: cache role and nginx serve different bytes for %s", p)
+		for _, u := range []string{cacheURL, visURL} {
+			a, err := httpGet(ctx, u+p)
+			if err != nil {
+				return fmt.Errorf("bench cache: cache role: %w", err)
+			}
+			if !bytes.Equal(a, b) {
+				return fmt.Errorf("bench cache: cache role (%s) and nginx serve different bytes for %s", u, p)
+			}
 		}
 	}
 
@@ -258,7 +277,7 @@ func measureServing(ctx context.Context, o CacheOptions, tmp, storeDir string, p
 		for _, s := range []struct {
 			base string
 			rps  *float64
-		}{{cacheURL, &r.CacheNarinfoRPS}, {nginxURL, &r.NginxNarinfoRPS}} {
+		}{{cacheURL, &r.CacheNarinfoRPS}, {visURL, &r.VisibleNarinfoRPS}, {nginxURL, &r.NginxNarinfoRPS}} {
 			res, err := run("narinfo", s.base, "/", script)
 			if err != nil {
 				return err
@@ -278,8 +297,32 @@ func measureServing(ctx context.Context, o CacheOptions, tmp, storeDir string, p
 	}
 	r.WrkSocketErrors = strings.Join(sockErrs, "; ")
 	r.NarinfoRatio = r.CacheNarinfoRPS / r.NginxNarinfoRPS
+	r.VisibleNarinfoRatio = r.VisibleNarinfoRPS / r.NginxNarinfoRPS
 	r.NarRatio = r.CacheNarMBps / r.NginxNarMBps
 	return nil
+}
+
+// privateVisibility starts a private PostgreSQL with one private project, and returns a
+// visibility check on it: with a private project about, every narinfo is looked up. The
+// server's directory is a temporary one of its own (its parent must be searchable by the
+// postgres user the embedded server runs as under root).
+func privateVisibility(ctx context.Context, o CacheOptions, r *CacheReport) (*cache.Visibility, func(), error) {
+	dir, err := os.MkdirTemp("", "hci-bench-cache-pg-")
+	if err != nil {
+		return nil, nil, err
+	}
+	d, err := bench.OpenDatabase(ctx, bench.DatabaseOptions{Dir: dir, App: "harmonia-ci bench cache", PoolConns: 8, Logger: o.Logger})
+	if err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, nil, fmt.Errorf("bench cache: database: %w", err)
+	}
+	closeAll := func() { d.Close(); _ = os.RemoveAll(dir) }
+	if _, err := d.Pool.Exec(ctx, sqlPrivateProject, "bench-cache-private"); err != nil {
+		closeAll()
+		return nil, nil, fmt.Errorf("bench cache: private project: %w", err)
+	}
+	r.Database = d.Version
+	return &cache.Visibility{DB: d.Pool}, closeAll, nil
 }
 
 // measureUpload times the upload pipeline against nix copy on paths, alternating, each into a
