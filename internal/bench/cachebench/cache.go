@@ -273,11 +273,16 @@ func measureServing(ctx context.Context, o CacheOptions, tmp, storeDir string, p
 		}
 		return res, nil
 	}
-	for range o.Rounds {
-		for _, s := range []struct {
-			base string
-			rps  *float64
-		}{{cacheURL, &r.CacheNarinfoRPS}, {visURL, &r.VisibleNarinfoRPS}, {nginxURL, &r.NginxNarinfoRPS}} {
+	type narinfoServer struct {
+		base string
+		rps  *float64
+	}
+	servers := []narinfoServer{{cacheURL, &r.CacheNarinfoRPS}, {visURL, &r.VisibleNarinfoRPS}, {nginxURL, &r.NginxNarinfoRPS}}
+	for round := range o.Rounds {
+		// Each round starts with another server, so a machine that gets busier or quieter
+		// during the run favours none of them.
+		for i := range servers {
+			s := servers[(round+i)%len(servers)]
 			res, err := run("narinfo", s.base, "/", script)
 			if err != nil {
 				return err
