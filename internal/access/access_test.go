@@ -7,7 +7,9 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -227,4 +229,63 @@ func TestHandleRefusesARouteWithoutScope(t *testing.T) {
 		}
 	}()
 	access.NewRoutes(http.NewServeMux(), nil).Handle("GET /x", access.Scope{}, http.NotFoundHandler())
+}
+
+// An open stream ends once its caller may no longer read what it streams (a logout, a
+// withdrawn permission), and goes on while they still may.
+func TestRevokedEndsAStream(t *testing.T) {
+	t.Parallel()
+	fx := newFixture(t)
+	mux := http.NewServeMux()
+	rt := access.NewRoutes(mux, nil)
+	var admin atomic.Bool
+	admin.Store(true)
+	rt.Use(&access.Rule{DB: fx.pool}, func(*http.Request) access.Caller {
+		if admin.Load() {
+			return access.Caller{Kind: access.AdminToken, Admin: true}
+		}
+		return access.Caller{}
+	})
+	rt.SetRecheckInterval(10 * time.Millisecond)
+	opened := make(chan struct{}, 1)
+	stream := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		opened <- struct{}{}
+		select {
+		case <-access.Revoked(r):
+			io.WriteString(w, "revoked")
+		case <-time.After(300 * time.Millisecond): // at least 30 rechecks: still allowed
+			io.WriteString(w, "still open")
+		}
+	})
+	rt.Handle("GET /e/{id}", access.Eval("id"), stream)
+	rt.Handle("GET /free", access.Free, stream)
+
+	serve := func(path string) <-chan string {
+		got := make(chan string, 1)
+		go func() {
+			rec := httptest.NewRecorder()
+			rt.ServeHTTP(rec, httptest.NewRequestWithContext(t.Context(), http.MethodGet, path, nil))
+			got <- rec.Body.String()
+		}()
+		return got
+	}
+	private := fmt.Sprintf("/e/%d", fx.hushEval)
+	got := serve(private)
+	<-opened
+	if got := <-got; got != "still open" {
+		t.Fatalf("private stream while admin: %q", got)
+	}
+	for _, tt := range []struct{ path, want string }{
+		{private, "revoked"},
+		{fmt.Sprintf("/e/%d", fx.openEval), "still open"},
+		{"/free", "still open"},
+	} {
+		admin.Store(true)
+		got := serve(tt.path)
+		<-opened
+		admin.Store(false) // the admin logs out as the stream runs
+		if g := <-got; g != tt.want {
+			t.Errorf("%s after logout: %q, want %q", tt.path, g, tt.want)
+		}
+	}
 }

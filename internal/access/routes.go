@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/httpapi"
 )
@@ -102,6 +103,8 @@ type Routes struct {
 	mux    *http.ServeMux
 	logger *slog.Logger
 	gate   atomic.Pointer[gate]
+	// recheckEvery is Revoked's period in nanoseconds; 0: RecheckInterval.
+	recheckEvery atomic.Int64
 
 	mu     sync.Mutex
 	routes []Route
@@ -163,37 +166,14 @@ func (rt *Routes) ServeHTTP(w http.ResponseWriter, r *http.Request) { rt.mux.Ser
 const CheckTimeout = httpapi.DBTimeout
 
 // check wraps h: the object named by the scope's path value must be readable by the caller.
-// A malformed id goes on to h, which answers it (there is no data behind it).
+// A malformed id goes on to h, which answers it (there is no data behind it). h's request
+// carries the check, for Recheck.
 func (rt *Routes) check(scope Scope, h http.Handler) http.Handler {
 	what := map[ScopeKind]string{KindProject: "project", KindEval: "evaluation", KindJob: "build"}[scope.Kind]
 	return httpapi.Handle(rt.logger, func(w http.ResponseWriter, r *http.Request) error {
-		g := rt.gate.Load()
-		name := r.PathValue(scope.Param)
-		c := g.caller(r)
-		if c.Admin || c.Kind == Node { // may read anything: the handler says what exists
-			h.ServeHTTP(w, r)
-			return nil
-		}
 		ctx, cancel := context.WithTimeout(r.Context(), CheckTimeout)
 		defer cancel()
-		var ok bool
-		var err error
-		switch scope.Kind {
-		case KindProject:
-			ok, err = g.rule.MayReadProject(ctx, c, name)
-		default:
-			id, perr := strconv.ParseInt(name, 10, 64)
-			if perr != nil || id <= 0 {
-				h.ServeHTTP(w, r)
-				return nil
-			}
-			name = strconv.FormatInt(id, 10)
-			if scope.Kind == KindEval {
-				ok, err = g.rule.MayReadEval(ctx, c, id)
-			} else {
-				ok, err = g.rule.MayReadJob(ctx, c, id)
-			}
-		}
+		ok, name, err := rt.allows(ctx, scope, r)
 		switch {
 		case err != nil:
 			return err
@@ -202,8 +182,92 @@ func (rt *Routes) check(scope Scope, h http.Handler) http.Handler {
 		case !ok:
 			return &httpapi.Error{Code: http.StatusNotFound, Msg: fmt.Sprintf("%s %s not found", what, name)}
 		default:
-			h.ServeHTTP(w, r)
+			h.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), recheckKey{}, recheck{rt, scope})))
 		}
 		return nil
 	})
+}
+
+// allows reports whether r's caller may read what scope names in r (ok for a malformed id,
+// which the handler answers), and the object's name for the refusal.
+func (rt *Routes) allows(ctx context.Context, scope Scope, r *http.Request) (ok bool, name string, err error) {
+	g := rt.gate.Load()
+	name = r.PathValue(scope.Param)
+	c := g.caller(r)
+	if c.Admin || c.Kind == Node { // may read anything: the handler says what exists
+		return true, name, nil
+	}
+	if scope.Kind == KindProject {
+		ok, err = g.rule.MayReadProject(ctx, c, name)
+		return ok, name, err
+	}
+	id, perr := strconv.ParseInt(name, 10, 64)
+	if perr != nil || id <= 0 {
+		return true, name, nil
+	}
+	name = strconv.FormatInt(id, 10)
+	if scope.Kind == KindEval {
+		ok, err = g.rule.MayReadEval(ctx, c, id)
+	} else {
+		ok, err = g.rule.MayReadJob(ctx, c, id)
+	}
+	return ok, name, err
+}
+
+// RecheckInterval is how often a long answer (an event stream, a live log) is checked again
+// (Revoked): a logout or a withdrawn forge permission ends it within this, plus the forge
+// answer's cache.
+const RecheckInterval = time.Minute
+
+type recheckKey struct{}
+
+// recheck is the check a request passed, kept in its context.
+type recheck struct {
+	rt    *Routes
+	scope Scope
+}
+
+// SetRecheckInterval sets how often Revoked checks again (default RecheckInterval); for tests.
+func (rt *Routes) SetRecheckInterval(d time.Duration) { rt.recheckEvery.Store(int64(d)) }
+
+// Revoked returns a channel closed once the caller of r, a request its route's check let
+// through, may no longer read what the route names: the session ended, the forge withdrew
+// access. It is asked again every RecheckInterval until r's context ends; a check that fails
+// counts as revoked (the client reconnects and is answered afresh). For a route without a
+// check (free, filtered or signed data) the channel is never closed.
+func Revoked(r *http.Request) <-chan struct{} {
+	done := make(chan struct{})
+	rc, ok := r.Context().Value(recheckKey{}).(recheck)
+	if !ok {
+		return done
+	}
+	every := time.Duration(rc.rt.recheckEvery.Load())
+	if every <= 0 {
+		every = RecheckInterval
+	}
+	go func() {
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-r.Context().Done():
+				return
+			case <-t.C:
+			}
+			ctx, cancel := context.WithTimeout(r.Context(), CheckTimeout)
+			ok, _, err := rc.rt.allows(ctx, rc.scope, r)
+			cancel()
+			if r.Context().Err() != nil {
+				return
+			}
+			if err != nil {
+				rc.rt.logger.Warn("access check of an open stream failed: ending it", "path", r.URL.Path, "err", err)
+			}
+			if !ok || err != nil {
+				close(done)
+				return
+			}
+		}
+	}()
+	return done
 }

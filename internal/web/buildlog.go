@@ -16,6 +16,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/harmonia-ci/harmonia-ci/internal/access"
 	"github.com/harmonia-ci/harmonia-ci/internal/httpapi"
 	"github.com/harmonia-ci/harmonia-ci/internal/notify"
 	"github.com/harmonia-ci/harmonia-ci/internal/status"
@@ -472,9 +473,13 @@ func (s *Server) streamBuildLog(w http.ResponseWriter, r *http.Request, stream *
 	defer keepAlive.Stop()
 	var keepAliveC <-chan time.Time
 	var buf bytes.Buffer
+	revoked := access.Revoked(r)
 	for {
 		select {
 		case <-ctx.Done():
+			return
+		case <-revoked:
+			logger.Info("live log stream ended: the caller may no longer read the build")
 			return
 		case <-s.logs.quit:
 			return // the client reconnects, to a node that is up

@@ -402,11 +402,14 @@ func (u *UI) serveEvents(w http.ResponseWriter, r *http.Request, s *stream) {
 	}
 	keep := time.NewTicker(eventKeepAlive)
 	defer keep.Stop()
+	revoked := access.Revoked(r)
 	for {
 		select {
 		case <-r.Context().Done():
 			return
 		case <-s.gone:
+			return
+		case <-revoked:
 			return
 		case msg := <-s.out:
 			if !write(msg) {
