@@ -171,6 +171,9 @@ func (s *Server) mayRead(w http.ResponseWriter, r *http.Request, hash string) (h
 	}
 	ok, private, err := s.vis.MayRead(r.Context(), r, hash)
 	switch {
+	case errors.Is(err, ErrTooManyNodeChecks):
+		return w, &httpapi.Error{Code: http.StatusServiceUnavailable, Msg: "too many requests", Err: err,
+			Header: http.Header{"Retry-After": {"1"}}}
 	case err != nil:
 		return w, &httpapi.Error{Code: http.StatusBadGateway, Msg: "cache storage unavailable", Err: err}
 	case !ok:

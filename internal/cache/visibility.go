@@ -48,15 +48,30 @@ type Visibility struct {
 	// CheckNode, used when Nodes is nil, asks whether a node token is good (a signer, for a
 	// cache node without the cluster secret). Its answers are kept for TTL.
 	CheckNode func(ctx context.Context, token string) (bool, error)
-	TTL       time.Duration // default DefaultVisibilityTTL
-	Clock     clock.Clock   // default clock.Real
+	// CheckNodeRate bounds the CheckNode calls for tokens it has no answer for, per second,
+	// with bursts of 5 s worth (default DefaultCheckNodeRate): a client sending random
+	// "hci1:" tokens costs the signer no more than that. Past it, MayRead fails with
+	// ErrTooManyNodeChecks, which the cache answers 503 with Retry-After (a builder retries).
+	CheckNodeRate float64
+	TTL           time.Duration // default DefaultVisibilityTTL
+	Clock         clock.Clock   // default clock.Real
 
 	mu         sync.Mutex
 	anyPrivate bool
 	anyAt      time.Time // zero: never asked
 	paths      map[string]pathEntry
 	nodes      map[[32]byte]nodeEntry // CheckNode's answers, by token hash
+	// checkBudget is the CheckNode calls that may be made now, refilled at CheckNodeRate
+	// from checkAt.
+	checkBudget float64
+	checkAt     time.Time
 }
+
+// DefaultCheckNodeRate is CheckNode calls per second for tokens without an answer kept.
+const DefaultCheckNodeRate = 20
+
+// ErrTooManyNodeChecks is MayRead's error past CheckNodeRate.
+var ErrTooManyNodeChecks = errors.New("too many node tokens to check: try again shortly")
 
 type nodeEntry struct {
 	good bool
@@ -235,10 +250,15 @@ func (v *Visibility) checkNode(ctx context.Context, token string) (bool, error) 
 	now := v.now()
 	v.mu.Lock()
 	e, ok := v.nodes[h]
-	v.mu.Unlock()
 	if ok && now.Sub(e.at) < v.ttl() {
+		v.mu.Unlock()
 		return e.good, nil
 	}
+	if !v.takeCheck(now) {
+		v.mu.Unlock()
+		return false, ErrTooManyNodeChecks
+	}
+	v.mu.Unlock()
 	good, err := v.CheckNode(ctx, token)
 	if err != nil {
 		return false, fmt.Errorf("check node token: %w", err)
@@ -250,4 +270,24 @@ func (v *Visibility) checkNode(ctx context.Context, token string) (bool, error) 
 	v.nodes[h] = nodeEntry{good: good, at: now}
 	v.mu.Unlock()
 	return good, nil
+}
+
+// takeCheck spends one CheckNode call of the budget, if there is one; v.mu is held.
+func (v *Visibility) takeCheck(now time.Time) bool {
+	rate := v.CheckNodeRate
+	if rate <= 0 {
+		rate = DefaultCheckNodeRate
+	}
+	burst := 5 * rate
+	if v.checkAt.IsZero() {
+		v.checkBudget = burst
+	} else if d := now.Sub(v.checkAt); d > 0 {
+		v.checkBudget = min(burst, v.checkBudget+d.Seconds()*rate)
+	}
+	v.checkAt = now
+	if v.checkBudget < 1 {
+		return false
+	}
+	v.checkBudget--
+	return true
 }

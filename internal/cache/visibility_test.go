@@ -3,6 +3,7 @@ package cache_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"maps"
 	"net/http"
@@ -393,5 +394,34 @@ func TestNodeTokensCheckedElsewhere(t *testing.T) {
 	down.Store(true)
 	if _, _, err := v.MayRead(ctx, with(good), privOut); err == nil {
 		t.Error("MayRead with no signer to check the token: no error")
+	}
+	down.Store(false)
+
+	// Random tokens, each new, cost at most the rate's burst of signer calls; then they are
+	// turned away without a call until the budget refills, while a known token still reads.
+	clk.Advance(time.Minute)
+	before := asked.Load()
+	if _, _, err := v.MayRead(ctx, with(good), privOut); err != nil {
+		t.Fatalf("known token: %v", err)
+	}
+	var refused int
+	for i := range 1000 {
+		_, _, err := v.MayRead(ctx, with(fmt.Sprintf("hci1:builder-1:builder:%d", i)), privOut)
+		if errors.Is(err, cache.ErrTooManyNodeChecks) {
+			refused++
+		} else if err != nil {
+			t.Fatalf("random token %d: %v", i, err)
+		}
+	}
+	burst := 5 * cache.DefaultCheckNodeRate
+	if n := asked.Load() - before; n != int64(burst) || refused != 1000+1-burst {
+		t.Errorf("1000 random tokens: %d signer calls and %d refused; want %d calls", n, refused, burst)
+	}
+	if ok, _, err := v.MayRead(ctx, with(good), privOut); !ok || err != nil {
+		t.Errorf("known token past the budget: %v, %v", ok, err)
+	}
+	clk.Advance(time.Second)
+	if _, _, err := v.MayRead(ctx, with("hci1:builder-1:builder:new"), privOut); err != nil {
+		t.Errorf("a new token a second later: %v", err)
 	}
 }
