@@ -14,8 +14,9 @@ import (
 )
 
 // frontendOnly are the tables only frontends may read: the web UI's sessions (a row is half a
-// login) and the admins' bindings.
-var frontendOnly = []string{"admin_logins", "web_sessions"}
+// login), the admins' bindings, and the credentials of old repository URLs (handed only to the
+// evaluator holding an evaluation).
+var frontendOnly = []string{"admin_logins", "web_sessions", "repository_credentials"}
 
 // TestEveryTableCovered fails when a migration adds a table roles.sql does not know: nodes
 // could not even read it. The frontend-only tables are readable by frontends and no one else.

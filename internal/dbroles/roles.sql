@@ -50,7 +50,8 @@ REVOKE ALL ON FUNCTION claim_jobs(TEXT[], TEXT[], TEXT, INT, INT)
 
 REVOKE ALL ON schema_migrations, derivations, derivation_outputs, derivation_inputs, repositories,
     projects, evaluations, eval_attrs, build_jobs, build_log_tails, nodes, leaders,
-    maintenance_runs, signing_keys, webhook_deliveries, gc_runs, gc_requests, drv_objects, node_grants, cache_tokens
+    maintenance_runs, signing_keys, webhook_deliveries, gc_runs, gc_requests, drv_objects, node_grants, cache_tokens,
+    repository_credentials
     FROM harmonia_node, harmonia_frontend, harmonia_evaluator, harmonia_signer, harmonia_cache,
          harmonia_builder;
 
@@ -100,6 +101,10 @@ GRANT INSERT, UPDATE, DELETE ON repositories, projects, evaluations, eval_attrs,
 GRANT INSERT ON gc_requests TO harmonia_frontend;
 -- Only frontends see the web UI's sessions and admin bindings.
 GRANT SELECT, INSERT, DELETE ON web_sessions TO harmonia_frontend;
+-- Credentials moved out of old repository URLs: the frontend hands them to the evaluator that
+-- holds an evaluation of the repository (evalcred), as it mints a forge's; no other role reads
+-- them.
+GRANT SELECT ON repository_credentials TO harmonia_frontend;
 GRANT SELECT, INSERT, DELETE ON admin_logins TO harmonia_frontend;
 GRANT INSERT, DELETE ON maintenance_runs TO harmonia_frontend;
 -- Rebuild, cancel, the reaper, unsupported builds; blocked_inputs and ready for the readiness

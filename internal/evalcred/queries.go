@@ -8,4 +8,9 @@ const (
 	sqlClaimedRepository = `
 SELECT p.repo_id FROM evaluations e JOIN projects p ON p.id = e.project_id
 WHERE e.id = $1 AND e.claimed_by = $2 AND e.attempt = $3 AND e.status = 'running'`
+
+	// The credential moved out of the URL of repository $1 (added by URL before credentials
+	// in URLs were refused); no row for any other.
+	sqlStoredCredential = `
+SELECT username, password FROM repository_credentials WHERE repo_id = $1`
 )

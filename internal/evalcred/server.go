@@ -11,8 +11,11 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
+	"net/url"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -130,6 +133,9 @@ func (s *Server) mint(ctx context.Context, claim signerapi.CheckTicketResponse) 
 	if repo, err = project.GetRepository(ctx, s.pool, repoID); err != nil {
 		return cred, repo, err
 	}
+	if c, ok, err := s.stored(ctx, repo); ok || err != nil {
+		return c, repo, err
+	}
 	f := s.cfg.Forges[repo.Forge]
 	if f == nil {
 		return cred, repo, httpapi.Errorf(http.StatusNotFound, "the repository's forge is not configured on this frontend")
@@ -139,4 +145,28 @@ func (s *Server) mint(ctx context.Context, claim signerapi.CheckTicketResponse) 
 		return cred, repo, &httpapi.Error{Code: http.StatusBadGateway, Msg: "the forge issued no read credential for " + repo.FullName, Err: err}
 	}
 	return c, repo, nil
+}
+
+// stored is the credential that was in repo's URL before credentials in URLs were refused
+// (moved out of it by a migration), if it had one.
+func (s *Server) stored(ctx context.Context, repo project.Repository) (gitrepo.Credential, bool, error) {
+	var user, password string
+	err := s.pool.QueryRow(ctx, sqlStoredCredential, repo.ID).Scan(&user, &password)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return gitrepo.Credential{}, false, nil
+	}
+	if err != nil {
+		return gitrepo.Credential{}, false, fmt.Errorf("stored credential of repository %d: %w", repo.ID, err)
+	}
+	u, uerr := url.PathUnescape(user)
+	p, perr := url.PathUnescape(password)
+	scheme, _, _ := strings.Cut(repo.CloneURL, "://")
+	switch {
+	case uerr != nil || perr != nil:
+		return gitrepo.Credential{}, true, httpapi.Errorf(http.StatusConflict, "the credential stored for %s is not percent-encoded", repo.CloneURL)
+	case scheme != "http" && scheme != "https":
+		return gitrepo.Credential{}, true, httpapi.Errorf(http.StatusConflict,
+			"the credential stored for %s is a password for %s, which git cannot be given: use a key the evaluator nodes hold", repo.CloneURL, scheme)
+	}
+	return gitrepo.Credential{URL: repo.CloneURL, Username: u, Token: p}, true, nil
 }

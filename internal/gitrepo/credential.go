@@ -31,7 +31,11 @@ type Credential struct {
 // Secrets are the strings of c a log or an error message must never show.
 func (c Credential) Secrets() []string {
 	var out []string
-	for _, s := range []string{c.Token, c.SSHKey} {
+	secrets := []string{c.Token, c.SSHKey}
+	if c.Token == "" {
+		secrets = append(secrets, c.Username) // a token given as the user name
+	}
+	for _, s := range secrets {
 		if s != "" {
 			out = append(out, s)
 		}
@@ -43,7 +47,7 @@ func (c Credential) Secrets() []string {
 func (c Credential) String() string {
 	kind := "none"
 	switch {
-	case c.Token != "":
+	case c.Token != "" || c.Username != "":
 		kind = "token"
 	case c.SSHKey != "":
 		kind = "ssh key"
@@ -61,7 +65,7 @@ func (c Credential) gitEnv(knownHosts string) (env []string, cleanup func(), err
 	switch {
 	case c.Token != "" && c.SSHKey != "":
 		return nil, cleanup, errors.New("credential with both a token and a key")
-	case c.Token != "":
+	case c.Token != "" || c.Username != "":
 		if !strings.HasPrefix(c.URL, "https://") && !strings.HasPrefix(c.URL, "http://") {
 			return nil, cleanup, errors.New("a token is for an http(s) URL")
 		}
