@@ -133,6 +133,10 @@ func TestPrivateRepositories(t *testing.T) {
 	if served, _ := gh.GitFetches(ghName); served == 0 {
 		t.Error("the stand-in served no fetch of the private repository")
 	}
+	// The evaluator revoked its read token after the fetch, not leaving it to expire.
+	if live := gh.LiveReadTokens(); len(live) != 0 {
+		t.Errorf("%d read tokens still live after the evaluation", len(live))
+	}
 	front := c.procs["front-1"].Logs()
 	for _, forgeName := range []string{"gitea", "gh"} {
 		if !strings.Contains(front, "read credential issued") || !strings.Contains(front, "forge="+forgeName) {

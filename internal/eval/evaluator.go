@@ -435,7 +435,8 @@ func (e *Evaluator) run(ctx context.Context, c claim, log *slog.Logger) (ingestS
 // fetch brings the mirror up to date: a public repository anonymously, a private one with the
 // read credential a frontend mints for this evaluation. The credential lives in this function
 // only: git gets it in its environment (gitrepo.Mirror.FetchWith), the mirror's configuration
-// and the credential-free copy the project's code reads never hold it, and nothing logs it.
+// and the credential-free copy the project's code reads never hold it, and nothing logs it. A
+// token the forge lets its holder revoke is revoked after the fetch.
 func (e *Evaluator) fetch(ctx context.Context, c claim, m *gitrepo.Mirror, private bool, log *slog.Logger) error {
 	if !private || e.creds == nil {
 		return m.Fetch(ctx)
@@ -445,7 +446,12 @@ func (e *Evaluator) fetch(ctx context.Context, c claim, m *gitrepo.Mirror, priva
 		return err
 	}
 	log.Debug("fetching the private repository with a read credential", "url", cred.URL)
-	return m.FetchWith(ctx, cred)
+	err = m.FetchWith(ctx, cred)
+	// Done with it: a token that can be revoked is, rather than left to expire.
+	if rerr := cred.Revoke(context.WithoutCancel(ctx), e.creds.http); rerr != nil {
+		log.Warn("could not revoke the read credential; it expires by itself", "err", rerr, "expires", cred.Expires)
+	}
+	return err
 }
 
 // ingest prepares each batch as it arrives and commits what is prepared at most every

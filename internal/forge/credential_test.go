@@ -109,6 +109,20 @@ func TestGitHubReadCredential(t *testing.T) {
 		if res.StatusCode != http.StatusForbidden {
 			t.Errorf("status with the read token: %d, want 403", res.StatusCode)
 		}
+
+		// Revoked once used: the token fetches nothing more.
+		if len(srv.LiveReadTokens()) != 1 {
+			t.Fatalf("live read tokens before the revocation: %d, want 1", len(srv.LiveReadTokens()))
+		}
+		if err := cred.Revoke(ctx, http.DefaultClient); err != nil {
+			t.Fatalf("revoke: %v", err)
+		}
+		if live := srv.LiveReadTokens(); len(live) != 0 {
+			t.Errorf("%d read tokens live after the revocation", len(live))
+		}
+		if err := m.FetchWith(ctx, cred); err == nil {
+			t.Error("a revoked token fetched the repository")
+		}
 	}
 	if served, refused := srv.GitFetches(secret.FullName); served < 2 || refused < 1 {
 		t.Errorf("stand-in served %d fetches and refused %d, want the credential's served and the anonymous one refused", served, refused)

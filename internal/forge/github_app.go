@@ -237,7 +237,7 @@ func (g *GitHub) repoURL(repo Repo, query url.Values, segments ...string) string
 // ReadCredential implements Forge: a new installation token (never the cached one the CI
 // acts with) that GitHub scopes to repo alone, by its id when known, with contents: read and
 // nothing else, for basic authentication over https as x-access-token. It expires within the
-// hour; it is not revoked after the fetch, since the evaluator, not the frontend, uses it.
+// hour; the evaluator that fetches with it revokes it at once after (RevokeURL).
 func (g *GitHub) ReadCredential(ctx context.Context, repo Repository) (gitrepo.Credential, error) {
 	id, err := g.installationFor(ctx, repo.Repo)
 	if err != nil {
@@ -267,5 +267,6 @@ func (g *GitHub) ReadCredential(ctx context.Context, repo Repository) (gitrepo.C
 			return gitrepo.Credential{}, fmt.Errorf("read token for %s: granted %s: %s, want contents: read only", repo.FullName(), p, level)
 		}
 	}
-	return gitrepo.Credential{URL: repo.CloneURL, Username: "x-access-token", Token: out.Token, Expires: out.ExpiresAt}, nil
+	return gitrepo.Credential{URL: repo.CloneURL, Username: "x-access-token", Token: out.Token, Expires: out.ExpiresAt,
+		RevokeURL: g.endpoint(nil, "installation", "token")}, nil
 }

@@ -7,7 +7,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"time"
 )
 
 // Git over HTTP: github.com serves a repository at https://github.com/{owner}/{name}.git;
@@ -109,7 +108,7 @@ func (s *Server) mayRead(r *http.Request, repo *repoState, k string) bool {
 		return false
 	}
 	t := s.tokens[pass]
-	return t != nil && time.Now().Before(t.expires) && t.installation == repo.installation && t.covers(k) &&
+	return t.live() && t.installation == repo.installation && t.covers(k) &&
 		t.permits("contents", "read")
 }
 

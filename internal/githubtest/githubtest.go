@@ -7,7 +7,8 @@
 //   - App authentication: RS256 JWTs checked against the App's public key (iss, iat, exp), and
 //     installation access tokens (POST /app/installations/{id}/access_tokens) that then
 //     authenticate repository calls, scoped to the installation's repositories;
-//   - GET /app/installations, GET /repos/{o}/{r}/installation, GET /installation/repositories;
+//   - GET /app/installations, GET /repos/{o}/{r}/installation, GET /installation/repositories,
+//     DELETE /installation/token (a token revoking itself);
 //   - per-user permission levels (admin, maintain, write, triage, read) answered as GitHub
 //     answers them: GET /repos/{o}/{r}/collaborators/{u} is 204 for any access, read and triage
 //     included, and .../permission names the level; pull requests (and their commits),
@@ -146,7 +147,11 @@ type token struct {
 	repos []string
 	// permissions are what the token may do: the installation's, or the subset asked for.
 	permissions map[string]string
+	revoked     bool // DELETE /installation/token
 }
+
+// live reports whether t may be used: not expired, not revoked.
+func (t *token) live() bool { return t != nil && !t.revoked && time.Now().Before(t.expires) }
 
 // installationPermissions are what the App's installations are granted; a token asks for these
 // or fewer.
@@ -354,6 +359,30 @@ func (s *Server) SetTokenLifetime(d time.Duration) {
 	s.tokenLifetime = d
 }
 
+// LiveReadTokens are the installation tokens still usable that were asked for with contents:
+// read alone (read credentials), for tests that check they were revoked after use.
+func (s *Server) LiveReadTokens() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []string
+	for tok, t := range s.tokens {
+		if t.live() && t.permissions["contents"] == "read" && t.permissions["statuses"] == "" {
+			out = append(out, tok)
+		}
+	}
+	return out
+}
+
+// revokeToken is DELETE /installation/token: the token authenticating it stops working (204).
+func (s *Server) revokeToken(w http.ResponseWriter, r *http.Request, _ int64) {
+	s.mu.Lock()
+	if t := s.tokens[credential(r)]; t != nil {
+		t.revoked = true
+	}
+	s.mu.Unlock()
+	w.WriteHeader(http.StatusNoContent)
+}
+
 // ExpireTokens makes every installation token issued so far expired: further use answers 401.
 func (s *Server) ExpireTokens() {
 	s.mu.Lock()
@@ -369,6 +398,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("POST /app/installations/{id}/access_tokens", s.app(s.createToken))
 	mux.HandleFunc("GET /repos/{owner}/{repo}/installation", s.app(s.repoInstallation))
 	mux.HandleFunc("GET /installation/repositories", s.installation(s.listRepositories))
+	mux.HandleFunc("DELETE /installation/token", s.installation(s.revokeToken))
 	mux.HandleFunc("GET /repos/{owner}/{repo}/collaborators/{user}", s.inRepo(s.collaborator))
 	mux.HandleFunc("GET /repos/{owner}/{repo}/pulls/{number}", s.inRepo(s.pull))
 	mux.HandleFunc("GET /repos/{owner}/{repo}/pulls/{number}/commits", s.inRepo(s.pullCommits))
@@ -508,7 +538,7 @@ func (s *Server) installation(h func(w http.ResponseWriter, r *http.Request, ins
 		cred := credential(r)
 		s.mu.Lock()
 		t := s.tokens[cred]
-		valid := t != nil && time.Now().Before(t.expires)
+		valid := t.live()
 		s.mu.Unlock()
 		switch {
 		case cred == "":

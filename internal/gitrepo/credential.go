@@ -1,9 +1,12 @@
 package gitrepo
 
 import (
+	"context"
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -26,6 +29,9 @@ type Credential struct {
 	// Expires is when the forge stops honouring it; zero when it does not say (a deploy key
 	// lives as long as its registration).
 	Expires time.Time `json:"expires,omitzero"`
+	// RevokeURL, if set, is where the holder revokes the token once done with it: an HTTP
+	// DELETE authenticated with the token itself (GitHub's DELETE /installation/token).
+	RevokeURL string `json:"revoke_url,omitempty"`
 }
 
 // Secrets are the strings of c a log or an error message must never show.
@@ -115,4 +121,33 @@ func (c Credential) scrub(err error) error {
 // shellQuote quotes s for sh, which runs GIT_SSH_COMMAND.
 func shellQuote(s string) string {
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+// revokeTimeout bounds a revocation: the token expires by itself anyway.
+const revokeTimeout = 10 * time.Second
+
+// Revoke revokes c's token at its RevokeURL (nothing to do without one): a DELETE
+// authenticated with the token itself. Errors never show the token.
+func (c Credential) Revoke(ctx context.Context, client *http.Client) error {
+	if c.RevokeURL == "" || c.Token == "" {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, revokeTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodDelete, c.RevokeURL, nil)
+	if err != nil {
+		return fmt.Errorf("revoke token at %s: %w", redact(c.RevokeURL), err)
+	}
+	req.Header.Set("Authorization", "Bearer "+c.Token)
+	req.Header.Set("Accept", "application/vnd.github+json")
+	res, err := client.Do(req)
+	if err != nil {
+		return c.scrub(fmt.Errorf("revoke token at %s: %w", redact(c.RevokeURL), err))
+	}
+	defer res.Body.Close()
+	_, _ = io.Copy(io.Discard, io.LimitReader(res.Body, 4<<10))
+	if res.StatusCode != http.StatusNoContent && res.StatusCode != http.StatusOK {
+		return fmt.Errorf("revoke token at %s: %s", redact(c.RevokeURL), res.Status)
+	}
+	return nil
 }
