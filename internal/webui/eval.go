@@ -24,7 +24,8 @@ import (
 const attrPageSize = 200
 
 // registerEvalPages mounts the pages of a project: GET /ci/{project}/ (browse.go),
-// GET /ci/{project}/eval/{id} and GET /ci/{project}/build/{id}.
+// GET /ci/{project}/eval/{id} and GET /ci/{project}/build/{id}, and its badges and "latest"
+// links (badge.go).
 //
 // They are served through one pattern, GET /ci/{project}/{rest...}, because ServeMux refuses
 // GET /ci/{project}/eval/{id} (or /ci/{project}/{$}) next to GET /ci/static/: both match
@@ -44,6 +45,9 @@ func (u *UI) registerEvalPages(rt *access.Routes) {
 			projectPage.ServeHTTP(w, r)
 			return
 		}
+		if u.serveReadmeLink(w, r, rest) {
+			return
+		}
 		kind, id, ok := strings.Cut(rest, "/")
 		if !ok || strings.Contains(id, "/") {
 			kind = ""
@@ -58,6 +62,27 @@ func (u *UI) registerEvalPages(rt *access.Routes) {
 			u.renderError(w, r, notFound("no such page"))
 		}
 	}))
+}
+
+// serveReadmeLink serves rest if it is a badge or a "latest" link (badge.go), and reports
+// whether it was.
+func (u *UI) serveReadmeLink(w http.ResponseWriter, r *http.Request, rest string) bool {
+	var h func(w http.ResponseWriter, r *http.Request) error
+	switch {
+	case rest == "badge.svg" || rest == "badge.json":
+		h = func(w http.ResponseWriter, r *http.Request) error { return u.badge(w, r, rest == "badge.json") }
+	case strings.HasPrefix(rest, "latest/"):
+		attr, output := strings.CutSuffix(strings.TrimPrefix(rest, "latest/"), "/output")
+		h = func(w http.ResponseWriter, r *http.Request) error { return u.latest(w, r, attr, output) }
+	default:
+		return false
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), httpapi.DBTimeout)
+	defer cancel()
+	if err := h(w, r.WithContext(ctx)); err != nil {
+		u.renderError(w, r, err)
+	}
+	return true
 }
 
 // pathID is the page's positive integer {id}, or a 404 naming what.

@@ -569,3 +569,44 @@ JOIN projects p ON p.id = e.project_id
 JOIN repositories r ON r.id = p.repo_id
 LIMIT 200`
 )
+
+// Badges and "latest" links.
+const (
+	// The latest evaluation (not cancelled, not a pull request's) of project $1's branch $2 (''
+	// is the default branch), and its attributes (all, or the one named $3) by outcome: its
+	// status, attributes, evaluation errors, failed builds, unfinished builds. A skipped
+	// evaluation counts with the attributes it reuses. No row: no such evaluation.
+	sqlBadge = `
+WITH e AS (
+    SELECT e.status, COALESCE(e.reuses_eval_id, e.id) AS attrs_of
+    FROM evaluations e JOIN projects p ON p.id = e.project_id JOIN repositories r ON r.id = p.repo_id
+    WHERE p.name = $1 AND e.pr_number IS NULL AND e.status <> 'cancelled'
+      AND e.branch = COALESCE(NULLIF($2, ''), r.default_branch)
+    ORDER BY e.id DESC LIMIT 1
+)
+SELECT e.status, count(a.id)::int,
+       count(*) FILTER (WHERE a.error IS NOT NULL)::int,
+       count(*) FILTER (WHERE j.status IN ('failed', 'dep-failed'))::int,
+       count(*) FILTER (WHERE j.status IN ('pending', 'building', 'uploading'))::int
+FROM e
+LEFT JOIN eval_attrs a ON a.eval_id = e.attrs_of AND ($3 = '' OR a.attr = $3)
+LEFT JOIN build_jobs j ON j.drv_path = a.drv_path
+GROUP BY e.status`
+
+	// The latest evaluation of project $1's default branch in which attribute $2 built (its
+	// job succeeded, or it had none: cached), with that job and the attribute's output path
+	// ("out" first). No row: none.
+	sqlLatestSucceeded = `
+SELECT e.id, j.id, COALESCE(o.output_path, '')
+FROM evaluations e
+JOIN projects p ON p.id = e.project_id JOIN repositories r ON r.id = p.repo_id
+JOIN eval_attrs a ON a.eval_id = COALESCE(e.reuses_eval_id, e.id) AND a.attr = $2 AND a.drv_path IS NOT NULL
+LEFT JOIN build_jobs j ON j.drv_path = a.drv_path
+LEFT JOIN LATERAL (
+    SELECT output_path FROM derivation_outputs
+    WHERE drv_path = a.drv_path ORDER BY output_name <> 'out', output_name LIMIT 1
+) o ON true
+WHERE p.name = $1 AND e.pr_number IS NULL AND e.branch = r.default_branch
+  AND e.status IN ('succeeded', 'skipped') AND (j.id IS NULL OR j.status = 'succeeded')
+ORDER BY e.id DESC LIMIT 1`
+)
