@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -134,7 +135,7 @@ func newEvalCancel(g *globalFlags) *cobra.Command {
 }
 
 func newEvalShow(g *globalFlags) *cobra.Command {
-	var asJSON, wait bool
+	var asJSON, wait, diff bool
 	cmd := &cobra.Command{
 		Use:   "show ID",
 		Short: "Show an evaluation and its attributes",
@@ -153,13 +154,17 @@ func newEvalShow(g *globalFlags) *cobra.Command {
 				if err != nil {
 					return err
 				}
+				show := showEval
+				if diff {
+					show = showDiff
+				}
 				if !wait {
-					return showEval(ctx, cmd.OutOrStdout(), pool, e, true, asJSON)
+					return show(ctx, cmd.OutOrStdout(), pool, e, true, asJSON)
 				}
 				if e, err = waitEval(ctx, pool, id); err != nil {
 					return err
 				}
-				if err := showEval(ctx, cmd.OutOrStdout(), pool, e, true, asJSON); err != nil {
+				if err := show(ctx, cmd.OutOrStdout(), pool, e, true, asJSON); err != nil {
 					return err
 				}
 				return waitResult(e)
@@ -168,7 +173,49 @@ func newEvalShow(g *globalFlags) *cobra.Command {
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	cmd.Flags().BoolVar(&wait, "wait", false, "wait for the evaluation to finish")
+	cmd.Flags().BoolVar(&diff, "diff", false, "show what changed against the evaluation before it (of its branch; a pull request's base)")
 	return cmd
+}
+
+// showDiff prints what changed in e against the evaluation before it, instead of its
+// attributes.
+func showDiff(ctx context.Context, w io.Writer, pool *pgxpool.Pool, e evaluation.Evaluation, _, asJSON bool) error {
+	d, err := evaluation.DiffOf(ctx, pool, e.ID)
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		return printJSON(w, d)
+	}
+	if err := showEval(ctx, w, pool, e, false, false); err != nil {
+		return err
+	}
+	if d.Against == 0 {
+		fmt.Fprintln(w, "no earlier finished evaluation to compare with")
+		return nil
+	}
+	summary := d.Summary()
+	if summary == "" {
+		summary = "nothing newly failing, fixed, new and failing, or removed"
+	}
+	fmt.Fprintf(w, "against evaluation %d: %s\n", d.Against, summary)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "CHANGE\tATTRIBUTE")
+	for _, g := range []struct {
+		what  string
+		names []string
+	}{
+		{"newly failing", d.NewlyFailing}, {"fixed", d.NewlyFixed}, {"still failing", d.StillFailing},
+		{"new, failing", d.AddedFailing}, {"new", d.Added}, {"removed", d.Removed},
+	} {
+		for _, n := range g.names {
+			if g.what == "new" && slices.Contains(d.AddedFailing, n) {
+				continue // listed as new, failing
+			}
+			fmt.Fprintf(tw, "%s\t%s\n", g.what, n)
+		}
+	}
+	return tw.Flush()
 }
 
 func newEvalList(g *globalFlags) *cobra.Command {

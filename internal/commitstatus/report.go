@@ -82,10 +82,13 @@ type evalState struct {
 	ReusesEval *int64
 	Project    string
 	// Its attributes' build jobs.
-	Attrs, AttrErrors                      int
-	Total, Succeeded, Failed, Cancelled    int
-	Pending                                int
-	FirstFailedJob                         int64 // 0 if none
+	Attrs, AttrErrors                   int
+	Total, Succeeded, Failed, Cancelled int
+	Pending                             int
+	FirstFailedJob                      int64 // 0 if none
+	// Against the evaluation before it, once its builds are done (evaluation.Diff): attributes
+	// newly failing (new ones that fail included) and fixed.
+	NewlyFailing, NewlyFixed               int
 	Forge, FullName, Commit                string
 	InstallationID                         int64
 	LastStatus                             *string
@@ -174,12 +177,28 @@ func buildLine(s evalState, links Links, evalURL string) Line {
 		if s.FirstFailedJob != 0 {
 			u = links.Build(s.Project, s.FirstFailedJob)
 		}
-		return Line{forge.StateFailure, fmt.Sprintf("%d/%d builds failed", s.Failed, s.Total), u}
+		return Line{forge.StateFailure, fmt.Sprintf("%d/%d builds failed", s.Failed, s.Total) + changes(s), u}
 	case s.Cancelled > 0:
 		return Line{forge.StateError, fmt.Sprintf("%d/%d builds cancelled", s.Cancelled, s.Total), evalURL}
 	default:
-		return Line{forge.StateSuccess, fmt.Sprintf("%d/%d builds complete", s.Total, s.Total), evalURL}
+		return Line{forge.StateSuccess, fmt.Sprintf("%d/%d builds complete", s.Total, s.Total) + changes(s), evalURL}
 	}
+}
+
+// changes is what changed against the evaluation before s, for a final description: "" or
+// " (2 newly failing, 1 fixed)".
+func changes(s evalState) string {
+	var parts []string
+	if s.NewlyFailing > 0 {
+		parts = append(parts, fmt.Sprintf("%d newly failing", s.NewlyFailing))
+	}
+	if s.NewlyFixed > 0 {
+		parts = append(parts, fmt.Sprintf("%d fixed", s.NewlyFixed))
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return " (" + strings.Join(parts, ", ") + ")"
 }
 
 func plural(n int, what string) string {

@@ -164,6 +164,25 @@ func TestCompute(t *testing.T) {
 			wantFinal: true,
 		},
 		{
+			name: "builds failed: says what is newly failing and fixed",
+			s: evalState{Status: status.EvalSucceeded, Attrs: 42, Total: 42, Succeeded: 40, Failed: 2, FirstFailedJob: 99,
+				NewlyFailing: 2, NewlyFixed: 1},
+			want: Report{
+				Eval:  Line{forge.StateSuccess, "evaluated 42 attributes", evalURL},
+				Build: Line{forge.StateFailure, "2/42 builds failed (2 newly failing, 1 fixed)", testBase + "/ci/proj/build/99"},
+			},
+			wantFinal: true,
+		},
+		{
+			name: "builds complete: says what was fixed",
+			s:    evalState{Status: status.EvalSucceeded, Attrs: 3, Total: 3, Succeeded: 3, NewlyFixed: 1},
+			want: Report{
+				Eval:  Line{forge.StateSuccess, "evaluated 3 attributes", evalURL},
+				Build: Line{forge.StateSuccess, "3/3 builds complete (1 fixed)", evalURL},
+			},
+			wantFinal: true,
+		},
+		{
 			name: "builds failed without a known job: links the evaluation",
 			s:    evalState{Status: status.EvalSucceeded, Attrs: 1, Total: 1, Failed: 1},
 			want: Report{

@@ -22,6 +22,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/harmonia-ci/harmonia-ci/internal/evaluation"
 	"github.com/harmonia-ci/harmonia-ci/internal/forge"
 	"github.com/harmonia-ci/harmonia-ci/internal/notify"
 	"github.com/harmonia-ci/harmonia-ci/internal/startstop"
@@ -417,6 +418,15 @@ func (r *Reporter) Transition(ctx context.Context, id int64) error {
 			&s.Failed, &s.Cancelled, &s.Pending, &s.FirstFailedJob)
 		if err != nil {
 			return fmt.Errorf("aggregate builds: %w", err)
+		}
+		if s.Pending == 0 && (s.Status == status.EvalSucceeded || s.Status == status.EvalSkipped) {
+			// Once every build is done, the nix-build line says what changed since the
+			// evaluation before it.
+			d, err := evaluation.DiffOf(ctx, tx, id)
+			if err != nil {
+				return err
+			}
+			s.NewlyFailing, s.NewlyFixed = len(d.NewlyFailing)+len(d.AddedFailing), len(d.NewlyFixed)
 		}
 		rep := compute(s, r.cfg.Links)
 		err = tx.QueryRow(ctx, sqlTransition, id, rep.encode(), rep.Final(), r.cfg.NodeID, r.cfg.Lease.String()).Scan(&won)

@@ -374,6 +374,31 @@ func TestTransitionSequence(t *testing.T) {
 	}
 }
 
+// Once its builds are done, an evaluation's nix-build status says what changed against the
+// evaluation of its branch before it.
+func TestTransitionSaysWhatChanged(t *testing.T) {
+	t.Parallel()
+	fx := newFixture(t)
+	r := fx.reporter("frontend-1")
+	before := fx.newEvalOf(fx.project, strings.Repeat("1", 40))
+	old := fx.addBuilds(before, 2) // p0 and p1
+	fx.setJob(old[0], status.JobSucceeded)
+	fx.setJob(old[1], status.JobFailed)
+	fx.setEval(before, status.EvalSucceeded, "")
+
+	id := fx.newEval(fx.project)
+	now := fx.addBuilds(id, 2) // p0 breaks, p1 is fixed
+	fx.setEval(id, status.EvalSucceeded, "")
+	from := len(fx.forge.statuses())
+	fx.setJob(now[0], status.JobFailed)
+	fx.setJob(now[1], status.JobSucceeded)
+	fx.transition(r, id)
+	sent := fx.sentSince(from)
+	if len(sent) == 0 || sent[len(sent)-1].Description != "1/2 builds failed (1 newly failing, 1 fixed)" {
+		t.Errorf("statuses sent: %s; want the last to say 1 newly failing, 1 fixed", fmtStatuses(sent))
+	}
+}
+
 // The aggregate over an evaluation's attributes and their jobs, as Transition stores it.
 func TestTransitionAggregate(t *testing.T) {
 	t.Parallel()

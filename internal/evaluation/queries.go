@@ -176,3 +176,36 @@ func scanEval(row pgx.CollectableRow) (Evaluation, error) {
 		&e.StartedAt, &e.FinishedAt, &e.PRNumber, &e.PRAuthor, &e.NixVersion, &e.PRBase, &e.BaseCommit, &e.MergeCommit)
 	return e, err
 }
+
+// Evaluation diffs.
+const (
+	// The evaluation evaluation $1 is compared with: the latest finished (succeeded, or skipped
+	// for the same tree) branch evaluation of its project before it, of its branch, or for a
+	// pull request of its base branch. One row, NULL when there is none; no row: no $1.
+	sqlDiffBase = `
+SELECT (SELECT e.id FROM evaluations e
+        WHERE e.project_id = c.project_id AND e.pr_number IS NULL AND e.id < c.id
+          AND e.status IN ('succeeded', 'skipped')
+          AND e.branch = CASE WHEN c.pr_number IS NULL THEN c.branch ELSE c.pr_base END
+        ORDER BY e.id DESC LIMIT 1)
+FROM evaluations c WHERE c.id = $1`
+
+	// Each attribute of evaluation $1 or $2 (a skipped one's are those it reuses) with its
+	// outcome in $2 (before) and in $1 (after), NULL where it is missing, by name.
+	sqlDiff = `
+WITH outcome AS (
+    SELECT x.side, a.attr,
+           CASE WHEN a.error IS NOT NULL OR j.status IN ('failed', 'dep-failed') THEN 'failed'
+                WHEN j.id IS NULL OR j.status = 'succeeded' THEN 'succeeded'
+                ELSE 'unfinished' END AS outcome
+    FROM (SELECT 'after' AS side, COALESCE(reuses_eval_id, id) AS attrs_of FROM evaluations WHERE id = $1
+          UNION ALL
+          SELECT 'before', COALESCE(reuses_eval_id, id) FROM evaluations WHERE id = $2) x
+    JOIN eval_attrs a ON a.eval_id = x.attrs_of
+    LEFT JOIN build_jobs j ON j.drv_path = a.drv_path
+)
+SELECT COALESCE(b.attr, f.attr), b.outcome, f.outcome
+FROM (SELECT attr, outcome FROM outcome WHERE side = 'before') b
+FULL JOIN (SELECT attr, outcome FROM outcome WHERE side = 'after') f ON f.attr = b.attr
+ORDER BY 1`
+)

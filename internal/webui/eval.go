@@ -180,6 +180,47 @@ type EvalPage struct {
 	More  string // the "Load more" link; "" when this is the last page
 	// Timeline is the picture of the builds; nil when nothing was built.
 	Timeline *Timeline
+	// Diff is what changed against the evaluation before it; nil when there is none.
+	Diff *DiffView
+}
+
+// DiffView is an evaluation diff as its page shows it: each group names its first
+// diffNames attributes.
+type DiffView struct {
+	Against int64
+	Summary string
+	Groups  []DiffGroup
+}
+
+// DiffGroup is one kind of change: its attributes, and how many more there are.
+type DiffGroup struct {
+	Label, Class string
+	Names        []string
+	More         int
+}
+
+// diffNames bounds the attributes each group of an evaluation's diff names.
+const diffNames = 20
+
+func newDiffView(d evaluation.Diff) *DiffView {
+	if d.Against == 0 {
+		return nil
+	}
+	v := &DiffView{Against: d.Against, Summary: d.Summary()}
+	for _, g := range []struct {
+		label, class string
+		names        []string
+	}{
+		{"newly failing", "bad", d.NewlyFailing}, {"fixed", "ok", d.NewlyFixed},
+		{"new and failing", "bad", d.AddedFailing}, {"removed", "off", d.Removed},
+	} {
+		if len(g.names) == 0 {
+			continue
+		}
+		n := min(len(g.names), diffNames)
+		v.Groups = append(v.Groups, DiffGroup{Label: g.label, Class: g.class, Names: g.names[:n], More: len(g.names) - n})
+	}
+	return v
 }
 
 func (u *UI) evalPage(w http.ResponseWriter, r *http.Request) (string, Page, error) {
@@ -245,6 +286,11 @@ func (u *UI) evalPage(w http.ResponseWriter, r *http.Request) (string, Page, err
 	if p.Timeline, err = u.timeline(ctx, id, e.Project); err != nil {
 		return "", Page{}, err
 	}
+	d, err := evaluation.DiffOf(ctx, u.cfg.Pool, id)
+	if err != nil {
+		return "", Page{}, err
+	}
+	p.Diff = newDiffView(d)
 	title := fmt.Sprintf("%s · evaluation #%d", e.Project, e.ID)
 	return "eval", Page{Title: title, Data: p}, nil
 }

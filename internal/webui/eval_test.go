@@ -478,3 +478,35 @@ func TestEvalPageShowsMerge(t *testing.T) {
 		})
 	}
 }
+
+// The evaluation page says what changed against the evaluation before it, and names the
+// attributes.
+func TestEvalPageShowsDiff(t *testing.T) {
+	fx := newEvalFixture(t)
+	first := fx.id(`INSERT INTO evaluations (project_id, flake_url, commit_sha, branch, status)
+VALUES ($1, 'x', repeat('1', 40), 'main', 'succeeded') RETURNING id`, fx.project)
+	second := fx.id(`INSERT INTO evaluations (project_id, flake_url, commit_sha, branch, status)
+VALUES ($1, 'x', repeat('2', 40), 'main', 'succeeded') RETURNING id`, fx.project)
+	for e, spec := range map[int64]jobSpec{first: {status: status.JobSucceeded, node: "b1", ended: 1},
+		second: {status: status.JobFailed, node: "b1", ended: 1}} {
+		d := fx.drv(fmt.Sprint("hello-", e))
+		fx.attr(e, "hello", d)
+		fx.job(d, spec)
+	}
+	fx.attr(first, "gone", "")
+
+	body := fx.get(fmt.Sprintf("/ci/proj/eval/%d", second), http.StatusOK)
+	diff := regexp.MustCompile(`(?s)<dd id="eval-diff">(.*?)</dd>`).FindStringSubmatch(body)
+	if diff == nil {
+		t.Fatalf("no diff on the second evaluation's page:\n%s", body)
+	}
+	for _, want := range []string{fmt.Sprintf(`/ci/proj/eval/%d">evaluation #%d</a>: 1 newly failing, 1 removed`, first, first),
+		`newly failing</span> <span class="mono">hello</span>`, `removed</span> <span class="mono">gone</span>`} {
+		if !strings.Contains(diff[1], want) {
+			t.Errorf("diff %q lacks %q", diff[1], want)
+		}
+	}
+	if body := fx.get(fmt.Sprintf("/ci/proj/eval/%d", first), http.StatusOK); strings.Contains(body, `id="eval-diff"`) {
+		t.Error("the first evaluation has a diff")
+	}
+}
