@@ -5,8 +5,11 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
+	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
@@ -117,5 +120,51 @@ VALUES ($1, 'x', $2, 'main', $3) RETURNING id`, project, fmt.Sprintf("%040d", co
 		if code, body := get(t, fx.h, path); code != http.StatusNotFound || strings.Contains(body, "passing") {
 			t.Errorf("GET %s logged out: %d, want 404", path, code)
 		}
+	}
+}
+
+// An attribute's history lists its results over the branch's evaluations, newest first, and
+// draws its build times.
+func TestAttrHistory(t *testing.T) {
+	fx := newEvalFixture(t)
+	var evals []int64
+	for i, st := range []status.JobStatus{status.JobSucceeded, status.JobFailed, status.JobSucceeded} {
+		e := fx.id(`INSERT INTO evaluations (project_id, flake_url, commit_sha, branch, status)
+VALUES ($1, 'x', $2, 'main', 'succeeded') RETURNING id`, fx.project, strings.Repeat(fmt.Sprint(i+1), 40))
+		evals = append(evals, e)
+		d := fx.drv(fmt.Sprint("hello-", i))
+		fx.attr(e, "hello", d)
+		fx.job(d, jobSpec{status: st, node: fmt.Sprint("b", i), claimed: 0, ended: time.Duration(i+1) * time.Minute})
+	}
+	pr := fx.id(`INSERT INTO evaluations (project_id, flake_url, commit_sha, branch, status, pr_number)
+VALUES ($1, 'x', repeat('9', 40), 'pull/1', 'succeeded', 1) RETURNING id`, fx.project)
+	fx.attr(pr, "hello", fx.drv("hello-pr"))
+
+	body := fx.get("/ci/proj/attr/hello", http.StatusOK)
+	rows := regexp.MustCompile(`<a href="/ci/proj/eval/(\d+)">#`).FindAllStringSubmatch(body, -1)
+	var got []string
+	for _, r := range rows {
+		got = append(got, r[1])
+	}
+	want := []string{fmt.Sprint(evals[2]), fmt.Sprint(evals[1]), fmt.Sprint(evals[0])}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("history rows: evaluations %v, want %v (newest first, no pull request's)", got, want)
+	}
+	bars := regexp.MustCompile(`<rect x="[^"]*" y="[^"]*" width="[^"]*" height="([^"]*)" fill="([^"]*)"><title>evaluation #(\d+)`).FindAllStringSubmatch(body, -1)
+	if len(bars) != 3 || bars[0][3] != fmt.Sprint(evals[0]) || bars[1][2] != chartFailedColor || bars[2][1] != "78" {
+		t.Errorf("chart bars %q; want three, oldest first, the failed one red, the longest full height", bars)
+	}
+	for _, want := range []string{"b0", "b2", "3m00s"} {
+		if !strings.Contains(body, want) {
+			t.Errorf("history lacks %q", want)
+		}
+	}
+	fx.get("/ci/proj/attr/nope", http.StatusNotFound)
+	if code, _ := get(t, fx.h, "/ci/proj/attr/hello?branch=pull/1"); code != http.StatusNotFound {
+		t.Errorf("a pull request's branch: %d, want 404 (pull requests are not a branch's history)", code)
+	}
+	// The evaluation page links each attribute to its history.
+	if body := fx.get(fmt.Sprintf("/ci/proj/eval/%d", evals[0]), http.StatusOK); !strings.Contains(body, `href="/ci/proj/attr/hello"`) {
+		t.Error("the evaluation page does not link hello's history")
 	}
 }

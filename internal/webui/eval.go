@@ -24,8 +24,8 @@ import (
 const attrPageSize = 200
 
 // registerEvalPages mounts the pages of a project: GET /ci/{project}/ (browse.go),
-// GET /ci/{project}/eval/{id} and GET /ci/{project}/build/{id}, and its badges and "latest"
-// links (badge.go).
+// GET /ci/{project}/eval/{id} and GET /ci/{project}/build/{id}, its badges and "latest"
+// links (badge.go) and its attributes' histories (history.go).
 //
 // They are served through one pattern, GET /ci/{project}/{rest...}, because ServeMux refuses
 // GET /ci/{project}/eval/{id} (or /ci/{project}/{$}) next to GET /ci/static/: both match
@@ -64,13 +64,17 @@ func (u *UI) registerEvalPages(rt *access.Routes) {
 	}))
 }
 
-// serveReadmeLink serves rest if it is a badge or a "latest" link (badge.go), and reports
-// whether it was.
+// serveReadmeLink serves rest if it is a badge or a "latest" link (badge.go) or an
+// attribute's history (history.go), and reports whether it was.
 func (u *UI) serveReadmeLink(w http.ResponseWriter, r *http.Request, rest string) bool {
 	var h func(w http.ResponseWriter, r *http.Request) error
 	switch {
 	case rest == "badge.svg" || rest == "badge.json":
 		h = func(w http.ResponseWriter, r *http.Request) error { return u.badge(w, r, rest == "badge.json") }
+	case strings.HasPrefix(rest, "attr/"):
+		attr := strings.TrimPrefix(rest, "attr/")
+		u.page(func(w http.ResponseWriter, r *http.Request) (string, Page, error) { return u.historyPage(r, attr) }).ServeHTTP(w, r)
+		return true
 	case strings.HasPrefix(rest, "latest/"):
 		attr, output := strings.CutSuffix(strings.TrimPrefix(rest, "latest/"), "/output")
 		h = func(w http.ResponseWriter, r *http.Request) error { return u.latest(w, r, attr, output) }

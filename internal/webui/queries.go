@@ -610,3 +610,23 @@ WHERE p.name = $1 AND e.pr_number IS NULL AND e.branch = r.default_branch
   AND e.status IN ('succeeded', 'skipped') AND (j.id IS NULL OR j.status = 'succeeded')
 ORDER BY e.id DESC LIMIT 1`
 )
+
+// The attribute history page.
+const (
+	// The default branch of project $1.
+	sqlDefaultBranch = `
+SELECT r.default_branch FROM projects p JOIN repositories r ON r.id = p.repo_id WHERE p.name = $1`
+
+	// Attribute $3 in the last $4 evaluations (not cancelled, not a pull request's) of project
+	// $1's branch $2, newest first, with its build: a skipped evaluation's is the one it
+	// reuses.
+	sqlAttrHistory = `
+SELECT e.id, e.commit_sha, e.created_at, COALESCE(a.error, ''), j.id, COALESCE(j.status, ''),
+       j.claimed_by, j.started_at, j.finished_at
+FROM evaluations e
+JOIN projects p ON p.id = e.project_id
+JOIN eval_attrs a ON a.eval_id = COALESCE(e.reuses_eval_id, e.id) AND a.attr = $3
+LEFT JOIN build_jobs j ON j.drv_path = a.drv_path
+WHERE p.name = $1 AND e.branch = $2 AND e.pr_number IS NULL AND e.status <> 'cancelled'
+ORDER BY e.id DESC LIMIT $4`
+)
