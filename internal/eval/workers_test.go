@@ -1,0 +1,108 @@
+package eval
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/harmonia-ci/harmonia-ci/internal/nixtest"
+)
+
+// workersProject is a generated project for the workers' tests: shared dependencies, throwing
+// and uncatchable attributes (abort, infinite recursion, a type error), nested
+// recurseForDerivations sets, one large enough to be split (big, with a nested set of its own
+// that is split again) and one that is not walked.
+func workersProject(salt string) string {
+	return nixtest.Lib(salt) + `
+let
+  shared = builtins.genList (i: mk "shared-${toString i}" (if i == 0 then [ ] else [ (mk "low-${toString i}" [ ]) ])) 5;
+  member = prefix: i:
+    if i == 3 then throw "${prefix} boom ${toString i}"
+    else if i == 7 then abort "${prefix} aborted ${toString i}"
+    else if i == 11 then (let x = x + 1; in x)
+    else if i == 13 then 1 + "x"
+    else mk "${prefix}-${toString i}" [ (builtins.elemAt shared (i - (i / 5) * 5)) ];
+  set = prefix: n: builtins.listToAttrs (builtins.genList (i: { name = "${prefix}${toString i}"; value = member prefix i; }) n);
+in {
+  top = mk "top" shared;
+  bad = throw "boom from bad";
+  aborts = abort "aborted here";
+  loops = let x = x + 1; in x;
+  typeError = 1 + "x";
+  notADerivation = 42;
+  big = { recurseForDerivations = true; inner = { recurseForDerivations = true; } // set "inner" 16; } // set "p" 24;
+  nested = { recurseForDerivations = true; deeper = { recurseForDerivations = true; x = mk "x" [ ]; }; notWalked = { y = mk "y" [ ]; }; };
+  small = { recurseForDerivations = true; } // set "s" 4;
+}`
+}
+
+// walkWith walks spec with workers walkers, sets of more than 5 children shared; starts counts
+// the walker processes (probes included).
+func walkWith(t *testing.T, spec Spec, workers int) (attrs map[string]Attr, starts int) {
+	t.Helper()
+	var mu sync.Mutex
+	r := &NixRunner{Home: t.TempDir(), Workers: workers, SplitAbove: 5,
+		OnStart: func(int) { mu.Lock(); starts++; mu.Unlock() }}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	got := map[string]Attr{}
+	err := r.Walk(ctx, spec, func(a Attr) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if _, dup := got[a.Name]; dup {
+			t.Errorf("%d workers: attribute %s reported twice", workers, a.Name)
+		}
+		a.Path = nil // the walk reports no path for an uncatchable error's attribute with one worker
+		got[a.Name] = a
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("%d workers: %v", workers, err)
+	}
+	return got, starts
+}
+
+// Any number of workers reports exactly the attributes, derivations and errors one does.
+func TestWalkWorkersIdentical(t *testing.T) {
+	nixtest.RequireNix(t)
+	repo := nixtest.NewRepo(t)
+	rev := repo.Commit("init", map[string]string{"ci.nix": workersProject("workers-walk")})
+	spec := fileSpec(t, repo, rev, "ci.nix")
+	one, oneStarts := walkWith(t, spec, 1)
+	// 24 + 16 members of big, 4 of small, top, x and the five failing top-level attributes
+	// less notADerivation.
+	if len(one) != 24+16+4+1+1+4 {
+		t.Errorf("one worker: %d attributes: %v", len(one), slices.Sorted(maps.Keys(one)))
+	}
+	for n, msg := range map[string]string{"bad": "boom from bad", "aborts": "aborted here", "loops": "infinite recursion",
+		"typeError": "cannot add", "big.p3": "p boom 3", "big.p7": "p aborted 7", "big.inner.inner11": "infinite recursion",
+		"big.inner.inner13": "cannot add"} {
+		if !strings.Contains(one[n].Error, msg) {
+			t.Errorf("one worker: %s: %+v, want an error containing %q", n, one[n], msg)
+		}
+	}
+	for _, workers := range []int{2, 4} {
+		t.Run(fmt.Sprint(workers), func(t *testing.T) {
+			got, starts := walkWith(t, spec, workers)
+			// big and big.inner are cut into units other walker processes take.
+			if starts < oneStarts+4 {
+				t.Errorf("%d walker processes, one worker started %d: the large sets were not shared", starts, oneStarts)
+			}
+			for _, n := range slices.Sorted(maps.Keys(one)) {
+				if g, o := got[n], one[n]; g.DrvPath != o.DrvPath || g.Error != o.Error || g.Name != o.Name {
+					t.Errorf("%s: %+v, one worker: %+v", n, got[n], one[n])
+				}
+			}
+			for n := range got {
+				if _, ok := one[n]; !ok {
+					t.Errorf("%s: %+v, not reported by one worker", n, got[n])
+				}
+			}
+		})
+	}
+}
