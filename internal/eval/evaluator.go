@@ -36,6 +36,9 @@ type Config struct {
 	StateDir string
 	// MaxEvals is how many evaluations run at once; default 1.
 	MaxEvals int
+	// Workers is how many walker processes one evaluation runs at once, sharing its attribute
+	// tree ([eval] workers); default 1.
+	Workers int
 	// PollInterval: claim at least this often without a notification; default 5s.
 	PollInterval time.Duration
 	// Timeout of one evaluation unless .harmonia-ci.toml sets eval-timeout; default 1h.
@@ -111,6 +114,9 @@ func New(cfg Config, pool *pgxpool.Pool, logger *slog.Logger, clk clock.Clock) (
 	}
 	if cfg.MaxEvals <= 0 {
 		cfg.MaxEvals = 1
+	}
+	if cfg.Workers <= 0 {
+		cfg.Workers = 1
 	}
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = time.Hour
@@ -368,6 +374,13 @@ func (e *Evaluator) run(ctx context.Context, c claim, log *slog.Logger) (ingestS
 	runner := *e.cfg.Runner
 	runner.Home, runner.WorkDir = ws.home, ws.work
 	runner.MaxMemory = e.cfg.Confinement.MaxMemory
+	runner.MaxMemoryPerWorker = e.cfg.Confinement.MaxMemoryPerWorker
+	runner.Workers = e.cfg.Workers
+	runner.OnRestart = func(attr string) {
+		e.metrics.restarted()
+		log.Info("walker restarted: over eval.max_memory_per_worker", "attr", attr,
+			"max_memory_per_worker_mib", runner.MaxMemoryPerWorker>>20)
+	}
 	if e.confine.user != nil {
 		d, closeDaemon, err := e.confine.newDaemon()
 		if err != nil {

@@ -106,3 +106,6 @@ func TestWalkWorkersIdentical(t *testing.T) {
 		})
 	}
 }
+
+// WorkersProject is workersProject, for the evaluator's tests (package eval_test).
+var WorkersProject = workersProject
