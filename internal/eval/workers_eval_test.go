@@ -114,6 +114,12 @@ let a = mk "a" [ ]; in {
 	if n := metricstest.Value(t, reg, "harmonia_ci_eval_worker_restarts_total"); n != 2 {
 		t.Errorf("%v restarts counted, want 2: the walk, then greedy alone", n)
 	}
+	if n := h.queryInt(`SELECT worker_restarts FROM evaluations WHERE id = $1`, e.ID); n != 2 {
+		t.Errorf("%d restarts recorded on the evaluation, want 2", n)
+	}
+	if n := h.queryInt(`SELECT workers * worker_memory FROM evaluations WHERE id = $1`, e.ID); n != 2*200<<20 {
+		t.Errorf("workers × worker_memory %d recorded, want 2 × 200 MiB", n)
+	}
 }
 
 // An evaluation cancelled while several workers walk: every walker process stops and nothing
