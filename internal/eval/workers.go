@@ -22,8 +22,10 @@ type unit struct {
 }
 
 // defaultSplitAbove: a set with more children than this is shared between workers. A walker
-// process costs a start and the project's root import, so small sets stay with their walker.
-const defaultSplitAbove = 100
+// process costs its start (about 0.1 s for a small project on a 2-core machine) and the
+// project's root import (seconds for nixpkgs), and a cheap derivation about 0.3 ms: units of
+// at least half of it keep that cost a small part of each unit.
+const defaultSplitAbove = 1000
 
 // walkPool runs one walk with up to Workers walker processes at once. Units wait in a queue; an
 // idle worker takes the next one and starts a walker process on it, which may report more
@@ -41,11 +43,12 @@ type walkPool struct {
 	emitMu sync.Mutex
 	emit   func(Attr) error
 
-	mu    sync.Mutex
-	wake  *sync.Cond
-	queue []unit
-	busy  int
-	err   error
+	mu     sync.Mutex
+	wake   *sync.Cond
+	queue  []unit
+	busy   int
+	err    error                   // the first error: it ends the walk
+	cancel context.CancelCauseFunc // stops every worker's walker at the first error
 }
 
 func newWalkPool(r *NixRunner, spec Spec, base walkSpec, dir, nonce string, emit func(Attr) error) *walkPool {
@@ -64,6 +67,7 @@ func newWalkPool(r *NixRunner, spec Spec, base walkSpec, dir, nonce string, emit
 func (p *walkPool) walk(ctx context.Context, roots []unit) error {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
+	p.cancel = cancel
 	mw := newMemoryWatch(p.r.MaxMemoryPerWorker, p.r.MaxMemory, p.r.DaemonPid, p.r.memoryError(), cancel)
 	defer mw.close()
 	stopWaking := context.AfterFunc(ctx, func() {
@@ -102,17 +106,27 @@ func (p *walkPool) work(ctx context.Context, mw *memoryWatch) {
 			return
 		}
 		err := (&walker{pool: p, mw: mw, units: units}).walk(ctx)
+		if err != nil {
+			p.fail(ctx, err)
+		}
 		p.mu.Lock()
 		p.busy--
-		if err != nil && p.err == nil && ctx.Err() == nil {
-			p.err = err
-		}
 		failed := p.err != nil
 		p.wake.Broadcast()
 		p.mu.Unlock()
 		if failed {
 			return
 		}
+	}
+}
+
+// fail ends the walk with err, unless it already ended: every worker's walker is stopped.
+func (p *walkPool) fail(ctx context.Context, err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.err == nil && ctx.Err() == nil {
+		p.err = err
+		p.cancel(err)
 	}
 }
 
@@ -166,7 +180,11 @@ func (p *walkPool) report(ctx context.Context, a Attr) error {
 	if ctx.Err() != nil {
 		return fmt.Errorf("%w: %w", ErrCancelled, context.Cause(ctx))
 	}
-	return p.emit(a)
+	err := p.emit(a)
+	if err != nil {
+		p.fail(ctx, err) // before another worker reports
+	}
+	return err
 }
 
 // walker walks one batch of units in walker processes: again without an attribute an

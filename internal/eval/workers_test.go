@@ -2,8 +2,10 @@ package eval
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -109,3 +111,36 @@ func TestWalkWorkersIdentical(t *testing.T) {
 
 // WorkersProject is workersProject, for the evaluator's tests (package eval_test).
 var WorkersProject = workersProject
+
+// The first error of any worker (here emit's, as past eval.max_attrs) ends the walk: Walk
+// returns it once every walker process has stopped.
+func TestWalkWorkersStopAtFirstError(t *testing.T) {
+	nixtest.RequireNix(t)
+	repo := nixtest.NewRepo(t)
+	rev := repo.Commit("init", map[string]string{"ci.nix": workersProject("workers-stop")})
+	var mu sync.Mutex
+	var started []int
+	r := &NixRunner{Home: t.TempDir(), Workers: 4, SplitAbove: 5,
+		OnStart: func(pid int) { mu.Lock(); started = append(started, pid); mu.Unlock() }}
+	errEnough := errors.New("enough")
+	n := 0
+	err := r.Walk(t.Context(), fileSpec(t, repo, rev, "ci.nix"), func(Attr) error {
+		if n++; n > 10 {
+			return errEnough
+		}
+		return nil
+	})
+	if !errors.Is(err, errEnough) {
+		t.Fatalf("walk: %v, want emit's error", err)
+	}
+	if n != 11 {
+		t.Errorf("emit called %d times, want 11: nothing after the error", n)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, p := range started {
+		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", p)); err == nil && strings.Contains(string(b), "nix-instantiate") {
+			t.Errorf("walker %d still runs", p)
+		}
+	}
+}
