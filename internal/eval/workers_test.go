@@ -144,3 +144,36 @@ func TestWalkWorkersStopAtFirstError(t *testing.T) {
 		}
 	}
 }
+
+// A flake's roots are shared the same way: the system level below an output is walked
+// without recurseForDerivations, by whichever worker takes its unit.
+func TestWalkWorkersFlake(t *testing.T) {
+	nixtest.RequireNix(t)
+	repo := nixtest.NewRepo(t)
+	rev := repo.Commit("init", map[string]string{"flake.nix": `{
+  outputs = { self }: let sys = "x86_64-linux"; mk = name: builtins.derivation {
+    inherit name; system = sys; builder = "/bin/sh"; args = [ "-c" "echo ${self.rev} > $out" ]; }; in {
+    checks.${sys} = { one = mk "one"; two = mk "two"; seven = mk "seven"; bad = throw "bad check"; nested = { three = mk "three"; };
+      deep = { recurseForDerivations = true; four = mk "four"; five = mk "five"; six = abort "six"; }; };
+    packages.${sys}.default = mk "pkg";
+  };
+}`})
+	spec := Spec{Source: repo.Dir, Mode: "flake", FlakeRef: "git+file://" + repo.Dir + "?rev=" + rev + "&allRefs=1",
+		Roots: [][]string{{"checks"}, {"packages"}, {"missing"}}, Force: 2}
+	one, oneStarts := walkWith(t, spec, 1)
+	if len(one) != 9 {
+		t.Errorf("one worker: %v", slices.Sorted(maps.Keys(one)))
+	}
+	got, starts := walkWith(t, spec, 3)
+	if starts < oneStarts+3 {
+		t.Errorf("%d walker processes, one worker started %d: checks.x86_64-linux was not shared", starts, oneStarts)
+	}
+	for n := range one {
+		if g, o := got[n], one[n]; g.DrvPath != o.DrvPath || g.Error != o.Error {
+			t.Errorf("%s: %+v, one worker: %+v", n, g, o)
+		}
+	}
+	if len(got) != len(one) {
+		t.Errorf("3 workers: %v, one worker: %v", slices.Sorted(maps.Keys(got)), slices.Sorted(maps.Keys(one)))
+	}
+}
