@@ -50,7 +50,8 @@ var exposedBy = map[string][]string{
 		"harmonia_ci_webhook_deliveries_total", "harmonia_ci_commit_status_calls_total",
 		"harmonia_ci_commit_status_call_duration_seconds",
 	},
-	"eval-1": {"harmonia_ci_evaluations_finished_total", "harmonia_ci_evaluation_duration_seconds"},
+	"eval-1": {"harmonia_ci_evaluations_finished_total", "harmonia_ci_evaluation_duration_seconds",
+		"harmonia_ci_eval_worker_restarts_total"},
 	"b1": {
 		"harmonia_ci_claims_total", "harmonia_ci_claim_duration_seconds", "harmonia_ci_claimed_jobs_total",
 		"harmonia_ci_build_duration_seconds", "harmonia_ci_build_failures_total", "harmonia_ci_build_step_seconds",

@@ -146,7 +146,7 @@ evaluation's success, including ingestion and publication of the .drv closure. N
 				return printJSON(cmd.OutOrStdout(), r)
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "harmonia-ci bench eval — %s, %s, PostgreSQL %s, %s\n", r.Machine, r.Nix, r.Postgres, r.Date)
-			fmt.Fprintf(cmd.OutOrStdout(), "  %d derivations (layers of %d), best of %d rounds\n", r.Derivations, r.Width, r.Rounds)
+			fmt.Fprintf(cmd.OutOrStdout(), "  %d derivations (layers of %d), best of %d rounds, %d workers\n", r.Derivations, r.Width, r.Rounds, r.Workers)
 			fmt.Fprintf(cmd.OutOrStdout(), "  nix-instantiate   %.2f s\n", r.NixSeconds)
 			fmt.Fprintf(cmd.OutOrStdout(), "  harmonia-ci eval  %.2f s   ratio %.2f\n", r.EvalSeconds, r.Ratio)
 			fmt.Fprintf(cmd.OutOrStdout(), "  ingested %d rows = %.0f rows/s; %d jobs; %d narinfos published\n", r.Rows, r.RowsPerSecond, r.Jobs, r.Published)
@@ -157,6 +157,7 @@ evaluation's success, including ingestion and publication of the .drv closure. N
 	f.IntVar(&o.Derivations, "derivations", 10000, "derivations in the generated project")
 	f.IntVar(&o.Width, "width", 100, "derivations per layer")
 	f.IntVar(&o.Rounds, "rounds", 2, "runs per side, each with fresh derivations; the best is kept")
+	f.IntVar(&o.Workers, "workers", 0, "walker processes per evaluation ([eval] workers); 0: the machine's cores")
 	f.BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
 }

@@ -238,8 +238,16 @@ type SignerConfig struct {
 
 // EvalConfig configures the evaluator role.
 type EvalConfig struct {
-	Timeout   Duration `toml:"timeout"`    // one evaluation, and the ceiling of .harmonia-ci.toml's eval-timeout
-	MaxMemory ByteSize `toml:"max_memory"` // resident memory of one evaluation's Nix processes, its imports-from-derivation included
+	Timeout Duration `toml:"timeout"` // one evaluation, and the ceiling of .harmonia-ci.toml's eval-timeout
+	// Workers is how many walker processes one evaluation runs at once; default the machine's
+	// cores.
+	Workers int `toml:"workers"`
+	// MaxMemory is the resident memory of one evaluation's Nix processes together, its workers
+	// and imports-from-derivation included; default (0) workers × max_memory_per_worker.
+	MaxMemory ByteSize `toml:"max_memory"`
+	// MaxMemoryPerWorker is the resident memory of one walker process; past it the walker is
+	// restarted and the attribute it was on retried alone.
+	MaxMemoryPerWorker ByteSize `toml:"max_memory_per_worker"`
 	// MaxAttrs and MaxDerivations bound what one evaluation may cost: the attributes it reports
 	// and the derivations it adds (each lands in PostgreSQL and the cache). A project cannot
 	// raise them.
@@ -326,8 +334,9 @@ func defaults(getenv func(string) string) *Config {
 		Cache: CacheConfig{Store: "local", Priority: 30, NarinfoMemory: 64 * sizeMiB,
 			S3: S3Config{Region: "us-east-1", UseTLS: true}},
 		Signer: SignerConfig{URLExpiry: Duration{15 * time.Minute}},
-		Eval: EvalConfig{Timeout: Duration{time.Hour}, MaxMemory: 4 * sizeGiB, PollInterval: Duration{slots.DefaultPollInterval},
-			MaxAttrs: 500_000, MaxDerivations: 1_000_000, User: "harmonia-eval"},
+		Eval: EvalConfig{Timeout: Duration{time.Hour}, Workers: runtime.NumCPU(), MaxMemoryPerWorker: 4 * sizeGiB,
+			PollInterval: Duration{slots.DefaultPollInterval},
+			MaxAttrs:     500_000, MaxDerivations: 1_000_000, User: "harmonia-eval"},
 		Substituters: SubstitutersConfig{
 			URLs:              []string{},
 			TrustedPublicKeys: []string{},
@@ -381,4 +390,13 @@ func runtimeSystem() string {
 // HasRole reports whether the node runs role r.
 func (c *Config) HasRole(r string) bool {
 	return slices.Contains(c.Node.Roles, r)
+}
+
+// TotalMemory is the resident memory one evaluation may use in all: max_memory, or by default
+// workers × max_memory_per_worker.
+func (c EvalConfig) TotalMemory() int64 {
+	if c.MaxMemory > 0 {
+		return int64(c.MaxMemory)
+	}
+	return int64(c.Workers) * int64(c.MaxMemoryPerWorker)
 }

@@ -195,6 +195,9 @@ order = "fifo"
 
 [eval]
 timeout = "20m"
+workers = 3
+max_memory = "4GiB"
+max_memory_per_worker = "1GiB"
 poll_interval = "2s"
 max_attrs = 1000
 max_derivations = 5000
@@ -271,7 +274,7 @@ private_key_file = "app.pem"
 		Queue:  QueueConfig{d("1s"), d("10s"), d("1m"), d("0s"), d("30m"), d("1h"), OrderFIFO},
 		Cache:  CacheConfig{Store: "local", Priority: 30, NarinfoMemory: 64 << 20, S3: S3Config{Region: "us-east-1", UseTLS: true}},
 		Signer: SignerConfig{URLExpiry: d("15m")},
-		Eval: EvalConfig{Timeout: d("20m"), MaxMemory: 4 << 30, PollInterval: d("2s"), MaxAttrs: 1000, MaxDerivations: 5000,
+		Eval: EvalConfig{Timeout: d("20m"), Workers: 3, MaxMemory: 4 << 30, MaxMemoryPerWorker: 1 << 30, PollInterval: d("2s"), MaxAttrs: 1000, MaxDerivations: 5000,
 			User: "harmonia-eval"},
 		Substituters: SubstitutersConfig{
 			URLs:              []string{"https://cache.example.org"},
@@ -632,6 +635,10 @@ func TestValidate(t *testing.T) {
 			[]string{"config: retention.default must be positive"}},
 		{"retention max below default", func(c *Config) { c.Retention.Max = d("30d") },
 			[]string{"config: retention.max (720h) must be at least retention.default (2160h)"}},
+		{"no workers", func(c *Config) { c.Eval.Workers = 0 },
+			[]string{"config: eval.workers must be at least 1, got 0"}},
+		{"no memory per worker", func(c *Config) { c.Eval.MaxMemoryPerWorker = 0 },
+			[]string{"config: eval.max_memory_per_worker must be positive, got 0"}},
 		{"no attributes", func(c *Config) { c.Eval.MaxAttrs = 0 },
 			[]string{"config: eval.max_attrs must be positive, got 0"}},
 		{"negative derivations", func(c *Config) { c.Eval.MaxDerivations = -1 },

@@ -236,8 +236,14 @@ func (c *Config) problems(from origins) []error {
 		}
 	}
 	positive("eval.timeout", c.Eval.Timeout)
-	if c.Eval.MaxMemory <= 0 {
-		add("eval.max_memory", "eval.max_memory must be positive, got %s", c.Eval.MaxMemory)
+	if c.Eval.Workers < 1 {
+		add("eval.workers", "eval.workers must be at least 1, got %d", c.Eval.Workers)
+	}
+	if c.Eval.MaxMemory < 0 {
+		add("eval.max_memory", "eval.max_memory must be positive (or 0: eval.workers × eval.max_memory_per_worker), got %s", c.Eval.MaxMemory)
+	}
+	if c.Eval.MaxMemoryPerWorker <= 0 {
+		add("eval.max_memory_per_worker", "eval.max_memory_per_worker must be positive, got %s", c.Eval.MaxMemoryPerWorker)
 	}
 	if c.Eval.MaxAttrs <= 0 {
 		add("eval.max_attrs", "eval.max_attrs must be positive, got %d", c.Eval.MaxAttrs)

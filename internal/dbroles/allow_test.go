@@ -36,6 +36,7 @@ func TestRolesAllow(t *testing.T) {
 		sqlInsertAttrs        = realQuery(t, "eval", "sqlInsertAttrs")
 		sqlRevive             = realQuery(t, "eval", "sqlRevive")
 		sqlSetMerge           = realQuery(t, "eval", "sqlSetMerge")
+		sqlCountRestart       = realQuery(t, "eval", "sqlCountRestart")
 		sqlSucceedEval        = realQuery(t, "eval", "sqlSucceedEval")
 		sqlCancelUnneeded     = realQuery(t, "evaluation", "sqlCancelUnneeded")
 		sqlUpsertTail         = realQuery(t, "builder", "sqlUpsertTail")
@@ -74,7 +75,7 @@ func TestRolesAllow(t *testing.T) {
 	}
 	var evalID int64
 	var evalAttempt int
-	must("claim evaluation as e1", c.as["e1"].QueryRow(ctx, sqlClaimEval, "e1", "2.8.0").Scan(&evalID, &evalAttempt))
+	must("claim evaluation as e1", c.as["e1"].QueryRow(ctx, sqlClaimEval, "e1", "2.8.0", 2, int64(1<<30)).Scan(&evalID, &evalAttempt))
 	if evalID != ev.ID {
 		t.Fatalf("e1 claimed evaluation %d, want %d", evalID, ev.ID)
 	}
@@ -113,6 +114,10 @@ func TestRolesAllow(t *testing.T) {
 	// A pull request's evaluation records the merge it evaluates.
 	if n := execN(t, c.as["e1"], sqlSetMerge, evalID, "e1", evalAttempt, strings.Repeat("b", 40), strings.Repeat("c", 40)); n != 1 {
 		t.Fatalf("record the merge as e1 changed %d rows", n)
+	}
+	// A walker restarted past its memory limit is counted.
+	if n := execN(t, c.as["e1"], sqlCountRestart, evalID, "e1", evalAttempt); n != 1 {
+		t.Fatalf("count a restart as e1 changed %d rows", n)
 	}
 	if n := execN(t, c.as["e1"], sqlSucceedEval, evalID, "e1", evalAttempt); n != 1 {
 		t.Fatalf("finish evaluation as e1 changed %d rows", n)

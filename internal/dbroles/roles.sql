@@ -120,7 +120,8 @@ GRANT INSERT, UPDATE ON leaders TO harmonia_frontend;
 -- ===== Evaluator: its evaluations, the derivation tables, new jobs =====
 
 GRANT UPDATE (status, claimed_by, claimed_at, started_at, finished_at, attempt, error,
-              retention_seconds, nix_version, base_commit, merge_commit)
+              retention_seconds, nix_version, base_commit, merge_commit, workers, worker_memory,
+              worker_restarts)
     ON evaluations TO harmonia_evaluator;
 GRANT INSERT, DELETE ON eval_attrs TO harmonia_evaluator;
 GRANT INSERT ON derivations, derivation_inputs TO harmonia_evaluator;

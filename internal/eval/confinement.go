@@ -22,9 +22,14 @@ type Confinement struct {
 	// User is the unprivileged user a root node evaluates as ([eval] user). Ignored when the node
 	// does not run as root: it cannot switch users, and evaluates as itself.
 	User string
-	// MaxMemory is the resident memory one evaluation's Nix may use ([eval] max_memory); 0 is
-	// unlimited.
+	// MaxMemory is the resident memory one evaluation's Nix processes may use together, its
+	// workers and its imports from derivation ([eval] max_memory); past it the evaluation
+	// fails. 0 is unlimited.
 	MaxMemory int64
+	// MaxMemoryPerWorker is the resident memory of one walker process ([eval]
+	// max_memory_per_worker); past it the walker is restarted (NixRunner.MaxMemoryPerWorker).
+	// 0 is unlimited.
+	MaxMemoryPerWorker int64
 	// The sandbox of the builds Nix runs for imports from derivation, as for any build
 	// ([build] sandbox, build_users_group, extra_sandbox_paths).
 	Unsandboxed     bool

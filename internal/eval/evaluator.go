@@ -36,6 +36,9 @@ type Config struct {
 	StateDir string
 	// MaxEvals is how many evaluations run at once; default 1.
 	MaxEvals int
+	// Workers is how many walker processes one evaluation runs at once, sharing its attribute
+	// tree ([eval] workers); default 1.
+	Workers int
 	// PollInterval: claim at least this often without a notification; default 5s.
 	PollInterval time.Duration
 	// Timeout of one evaluation unless .harmonia-ci.toml sets eval-timeout; default 1h.
@@ -111,6 +114,9 @@ func New(cfg Config, pool *pgxpool.Pool, logger *slog.Logger, clk clock.Clock) (
 	}
 	if cfg.MaxEvals <= 0 {
 		cfg.MaxEvals = 1
+	}
+	if cfg.Workers <= 0 {
+		cfg.Workers = 1
 	}
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = time.Hour
@@ -214,7 +220,8 @@ func (e *Evaluator) claim(ctx context.Context, n int) ([]claim, error) {
 	var claims []claim
 	for range n {
 		c := claim{node: e.cfg.NodeID}
-		err := e.pool.QueryRow(ctx, sqlClaimEval, e.cfg.NodeID, e.nixVersion).Scan(&c.id, &c.attempt)
+		err := e.pool.QueryRow(ctx, sqlClaimEval, e.cfg.NodeID, e.nixVersion, e.cfg.Workers,
+			e.cfg.Confinement.MaxMemoryPerWorker).Scan(&c.id, &c.attempt)
 		if errors.Is(err, pgx.ErrNoRows) {
 			break
 		}
@@ -368,6 +375,9 @@ func (e *Evaluator) run(ctx context.Context, c claim, log *slog.Logger) (ingestS
 	runner := *e.cfg.Runner
 	runner.Home, runner.WorkDir = ws.home, ws.work
 	runner.MaxMemory = e.cfg.Confinement.MaxMemory
+	runner.MaxMemoryPerWorker = e.cfg.Confinement.MaxMemoryPerWorker
+	runner.Workers = e.cfg.Workers
+	runner.OnRestart = func(attr string) { e.restarted(ctx, c, attr, runner.MaxMemoryPerWorker, log) }
 	if e.confine.user != nil {
 		d, closeDaemon, err := e.confine.newDaemon()
 		if err != nil {
@@ -430,6 +440,15 @@ func (e *Evaluator) run(ctx context.Context, c claim, log *slog.Logger) (ingestS
 	}
 	log.Debug("walk done", "mode", spec.Mode)
 	return in.stats, nil
+}
+
+// restarted counts a walker of c restarted past its memory limit, on attribute attr.
+func (e *Evaluator) restarted(ctx context.Context, c claim, attr string, limit int64, log *slog.Logger) {
+	e.metrics.restarted()
+	log.Info("walker restarted: over eval.max_memory_per_worker", "attr", attr, "max_memory_per_worker_mib", limit>>20)
+	if _, err := e.pool.Exec(ctx, sqlCountRestart, c.id, c.node, c.attempt); err != nil {
+		log.Warn("could not count the walker's restart", "error", err)
+	}
 }
 
 // fetch brings the mirror up to date: a public repository anonymously, a private one with the

@@ -28,6 +28,7 @@ var EvalDurationBuckets = prometheus.ExponentialBuckets(0.5, 2.5, 10)
 type evalMetrics struct {
 	finished map[string]prometheus.Counter
 	duration map[string]prometheus.Observer
+	restarts prometheus.Counter
 }
 
 func newEvalMetrics(reg prometheus.Registerer) *evalMetrics {
@@ -43,8 +44,12 @@ func newEvalMetrics(reg prometheus.Registerer) *evalMetrics {
 		Help:    "Wall time of an evaluation run on this node, from claim to recorded outcome, by outcome.",
 		Buckets: EvalDurationBuckets,
 	}, []string{"outcome"})
-	reg.MustRegister(finished, duration)
-	m := &evalMetrics{finished: map[string]prometheus.Counter{}, duration: map[string]prometheus.Observer{}}
+	restarts := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "harmonia_ci_eval_worker_restarts_total",
+		Help: "Walker processes this node's evaluator killed and restarted for going past eval.max_memory_per_worker.",
+	})
+	reg.MustRegister(finished, duration, restarts)
+	m := &evalMetrics{finished: map[string]prometheus.Counter{}, duration: map[string]prometheus.Observer{}, restarts: restarts}
 	for _, o := range evalOutcomes {
 		m.finished[o] = finished.WithLabelValues(o)
 		m.duration[o] = duration.WithLabelValues(o)
@@ -58,4 +63,11 @@ func (m *evalMetrics) ended(outcome string, elapsed time.Duration) {
 	}
 	m.finished[outcome].Inc()
 	m.duration[outcome].Observe(elapsed.Seconds())
+}
+
+func (m *evalMetrics) restarted() {
+	if m == nil {
+		return
+	}
+	m.restarts.Inc()
 }

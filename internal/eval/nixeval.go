@@ -14,10 +14,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -78,8 +76,21 @@ type NixRunner struct {
 	// DaemonPid, if set, is that daemon's process, 0 unless it runs: it serves this walk alone,
 	// so it and the builds it runs count towards MaxMemory.
 	DaemonPid func() int
-	// MaxMemory stops a child whose resident memory exceeds it; 0 means no limit.
+	// MaxMemory stops the walk once all its workers and the daemon together use more resident
+	// memory; 0 means no limit.
 	MaxMemory int64
+	// MaxMemoryPerWorker restarts a worker whose process tree uses more; the attribute it was
+	// on is retried alone once, and fails if it goes past the limit again. 0 means no limit.
+	MaxMemoryPerWorker int64
+	// Workers is how many walkers run at once, sharing the attribute tree (workers.go); 0 or 1
+	// walks in one process.
+	Workers int
+	// SplitAbove: with several workers, a set the walk recurses into that has more children
+	// is cut into units other workers take; default defaultSplitAbove.
+	SplitAbove int
+	// OnRestart, if set, is called with the attribute a worker was on when it went past
+	// MaxMemoryPerWorker ("" if between attributes).
+	OnRestart func(attr string)
 	// OnStart, if set, is called with each child's pid (tests kill it).
 	OnStart func(pid int)
 }
@@ -151,6 +162,8 @@ type walkSpec struct {
 	Force    int        `json:"force"`
 	Skip     []string   `json:"skip"`
 	Probe    []string   `json:"probe,omitempty"`
+	Units    []unit     `json:"units,omitempty"`
+	Split    int        `json:"split,omitempty"`
 }
 
 // record is one trace line of the walker.
@@ -162,41 +175,68 @@ type record struct {
 	Drv    string   `json:"drv"`
 	Failed bool     `json:"failed"`
 	Error  string   `json:"error"`
+	// A set not walked but reported, for its children to be walked as units.
+	Split *string  `json:"split"`
+	Force int      `json:"force"`
+	Names []string `json:"names"`
 }
 
 // recordPrefix starts a walker record; the nonce, random per walk and passed as an argument the
 // project's code cannot see, makes records unforgeable by a project's own builtins.trace.
 func recordPrefix(nonce string) string { return "trace: @hci:" + nonce + " " }
 
-// Walk evaluates spec and calls emit for every attribute as Nix reaches it. An attribute whose
-// evaluation fails is emitted with its error, and the walk goes on. Walk fails when Nix fails
-// outside any attribute (a syntax error in ci.nix, a missing flake.nix), is killed, or ctx ends.
+// Walk evaluates spec and calls emit for every attribute as Nix reaches it, from Workers walkers
+// at once (emit is called from one at a time). An attribute whose evaluation fails is emitted
+// with its error, and the walk goes on. Walk fails when Nix fails outside any attribute (a
+// syntax error in ci.nix, a missing flake.nix), is killed, or ctx ends.
 func (r *NixRunner) Walk(ctx context.Context, spec Spec, emit func(Attr) error) error {
-	if !filepath.IsAbs(spec.Source) {
-		return fmt.Errorf("walk: the source directory %q is not absolute", spec.Source)
-	}
-	dir, err := os.MkdirTemp(r.WorkDir, "walk-")
+	dir, ws, err := r.prepareWalk(spec)
 	if err != nil {
-		return fmt.Errorf("walk: %w", err)
+		return err
 	}
 	defer os.RemoveAll(dir)
+	var rnd [12]byte
+	_, _ = rand.Read(rnd[:])
+	roots := make([]unit, len(spec.Roots))
+	for i, p := range spec.Roots {
+		roots[i] = unit{Path: p, Force: spec.Force}
+	}
+	p := newWalkPool(r, spec, ws, dir, hex.EncodeToString(rnd[:]), emit)
+	return p.walk(ctx, roots)
+}
+
+// prepareWalk writes what every walker of spec reads into a new directory: walker.nix and the
+// git configuration. ws is spec in the walker's form, without units.
+func (r *NixRunner) prepareWalk(spec Spec) (dir string, ws walkSpec, err error) {
+	if !filepath.IsAbs(spec.Source) {
+		return "", ws, fmt.Errorf("walk: the source directory %q is not absolute", spec.Source)
+	}
+	dir, err = os.MkdirTemp(r.WorkDir, "walk-")
+	if err != nil {
+		return "", ws, fmt.Errorf("walk: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			_ = os.RemoveAll(dir)
+		}
+	}()
 	// Readable by the evaluation user; nothing in it is secret (the nonce is not in it).
 	if err := os.Chmod(dir, 0o755); err != nil {
-		return fmt.Errorf("walk: %w", err)
+		return "", ws, fmt.Errorf("walk: %w", err)
 	}
 	if err := os.WriteFile(filepath.Join(dir, "walker.nix"), walkerNix, 0o644); err != nil {
-		return fmt.Errorf("walk: %w", err)
+		return "", ws, fmt.Errorf("walk: %w", err)
 	}
 	// Nix sees the source at its place in the view.
 	source, err := viewSource(spec.Source)
 	if err != nil {
-		return fmt.Errorf("walk: %w", err)
+		return "", ws, fmt.Errorf("walk: %w", err)
 	}
 	flakeRef := spec.FlakeRef
 	if spec.Mode == "flake" {
 		host := "git+file://" + spec.Source + "?"
 		if !strings.HasPrefix(flakeRef, host) {
-			return fmt.Errorf("walk: the flake reference %q does not name the source directory %s", flakeRef, spec.Source)
+			return "", ws, fmt.Errorf("walk: the flake reference %q does not name the source directory %s", flakeRef, spec.Source)
 		}
 		flakeRef = "git+file://" + source + "?" + strings.TrimPrefix(flakeRef, host)
 	}
@@ -205,72 +245,41 @@ func (r *NixRunner) Walk(ctx context.Context, spec Spec, emit func(Attr) error) 
 	// line), so the child's global configuration is this file.
 	gitconfig := "[safe]\n\tdirectory = " + strconv.Quote(source) + "\n"
 	if err := os.WriteFile(filepath.Join(dir, "gitconfig"), []byte(gitconfig), 0o644); err != nil {
-		return fmt.Errorf("walk: %w", err)
+		return "", ws, fmt.Errorf("walk: %w", err)
 	}
-	var rnd [12]byte
-	_, _ = rand.Read(rnd[:])
-	nonce := hex.EncodeToString(rnd[:])
-	ws := walkSpec{Mode: spec.Mode, FlakeRef: flakeRef, Source: source, Rev: spec.Rev, File: spec.File,
+	ws = walkSpec{Mode: spec.Mode, FlakeRef: flakeRef, Source: source, Rev: spec.Rev, File: spec.File,
 		Roots: spec.Roots, Force: spec.Force, Skip: []string{}}
-	done := map[string]bool{}
-	var failed []Attr
-	for {
-		res, err := r.run(ctx, dir, nonce, spec, ws, func(rec record) error {
-			done[rec.Attr] = true
-			a := Attr{Name: rec.Attr, Path: rec.Path, DrvPath: rec.Drv, Error: rec.Error}
-			if rec.Failed {
-				failed = append(failed, a) // probed below, for the message
-				return nil
-			}
-			return emit(a)
-		})
-		if err != nil {
-			return err
-		}
-		if res.ok {
-			break
-		}
-		if res.culprit == nil {
-			return fmt.Errorf("nix-instantiate failed: %s", res.message)
-		}
-		// An uncatchable error in one attribute: record it and walk again without it.
-		c := *res.culprit
-		done[c] = true
-		if err := emit(Attr{Name: c, Path: nil, Error: res.message}); err != nil {
-			return err
-		}
-		ws.Skip = ws.Skip[:0]
-		for a := range done {
-			ws.Skip = append(ws.Skip, a)
-		}
-	}
-	for _, a := range failed {
-		msg, err := r.probe(ctx, dir, nonce, spec, ws, a.Path)
-		if err != nil {
-			return err
-		}
-		a.Error = msg
-		if err := emit(a); err != nil {
-			return err
-		}
-	}
-	return nil
+	return dir, ws, nil
 }
 
 type runResult struct {
-	ok      bool
-	culprit *string // the attribute begun last, when Nix failed inside one
-	message string  // Nix's error output
+	ok          bool
+	culprit     *string  // the attribute begun last, when Nix failed inside one
+	culpritPath []string // its path
+	message     string   // Nix's error output
+	overWorker  bool     // killed past MaxMemoryPerWorker
 }
 
 // command is nix-instantiate running the walker in its view; info is the read end of bwrap's
 // info fd (see started).
 func (r *NixRunner) command(ctx context.Context, dir, nonce string, spec Spec, ws walkSpec) (cmd *exec.Cmd, info *os.File, err error) {
-	b, _ := json.Marshal(ws)
-	if err := os.WriteFile(filepath.Join(dir, "spec.json"), b, 0o644); err != nil {
+	// A spec file per run: several workers run at once from one directory.
+	f, err := os.CreateTemp(dir, "spec-*.json")
+	if err != nil {
 		return nil, nil, err
 	}
-	specFile := viewWalker + "/spec.json"
+	b, _ := json.Marshal(ws)
+	_, err = f.Write(b)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Chmod(f.Name(), 0o644)
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	specFile := viewWalker + "/" + filepath.Base(f.Name())
 	bin := r.Bin
 	if bin == "" {
 		bin = "nix-instantiate"
@@ -364,142 +373,17 @@ func (r *NixRunner) started(cmd *exec.Cmd, info *os.File) {
 	}
 }
 
-// watchMemory kills the walk once the resident memory of its processes exceeds the limit,
-// checking every memoryCheck; the returned func stops watching and reports whether it killed.
-// The walk's processes are process pgid (bwrap, whose process group holds the view) and its
-// descendants, the Nix inside the view among them, and the evaluation's own nix-daemon
-// (DaemonPid) with its workers and the builds they run for imports from derivation: a project
-// cannot spend more memory by building than by evaluating.
-func (r *NixRunner) watchMemory(pgid int) func() bool {
-	if r.MaxMemory <= 0 {
-		return func() bool { return false }
-	}
-	stop := make(chan struct{})
-	done := make(chan bool, 1)
-	go func() {
-		t := time.NewTicker(memoryCheck)
-		defer t.Stop()
-		var tree []int
-		for i := 0; ; i++ {
-			select {
-			case <-stop:
-				done <- false
-				return
-			case <-t.C:
-			}
-			// Finding the descendants reads all of /proc; the tree is refreshed every
-			// treeRefresh checks, and in between only its members are read.
-			if i%treeRefresh == 0 {
-				roots := []int{pgid}
-				if r.DaemonPid != nil {
-					if d := r.DaemonPid(); d > 0 {
-						roots = append(roots, d)
-					}
-				}
-				tree = descendants(roots)
-			}
-			var total int64
-			for _, p := range tree {
-				total += rss(p)
-			}
-			if total > r.MaxMemory {
-				_ = syscall.Kill(-pgid, syscall.SIGKILL)
-				for _, p := range descendants(tree) {
-					_ = syscall.Kill(p, syscall.SIGKILL)
-				}
-				done <- true
-				return
-			}
-		}
-	}()
-	var once sync.Once
-	var killed bool
-	return func() bool {
-		once.Do(func() {
-			close(stop)
-			killed = <-done
-		})
-		return killed
-	}
-}
-
-// memoryCheck is how often a child's memory is read: often enough that an evaluation allocating
-// gigabytes a second overshoots by little. Its process tree is found again every treeRefresh
-// checks: a build started in between is counted from the next refresh on.
-const (
-	memoryCheck = 100 * time.Millisecond
-	treeRefresh = 3
-)
-
-// rss is the resident memory of process pid in bytes, 0 if it cannot be read.
-func rss(pid int) int64 {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/statm")
-	if err != nil {
-		return 0
-	}
-	f := strings.Fields(string(b))
-	if len(f) < 2 {
-		return 0
-	}
-	pages, _ := strconv.ParseInt(f[1], 10, 64)
-	return pages * int64(os.Getpagesize())
-}
-
-// descendants is roots and every process below them, from the parent ids in /proc.
-func descendants(roots []int) []int {
-	entries, err := os.ReadDir("/proc")
-	if err != nil {
-		return roots
-	}
-	children := map[int][]int{}
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		if ppid := parent(pid); ppid > 0 {
-			children[ppid] = append(children[ppid], pid)
-		}
-	}
-	seen := map[int]bool{}
-	out := []int{}
-	for queue := slices.Clone(roots); len(queue) > 0; queue = queue[1:] {
-		p := queue[0]
-		if seen[p] {
-			continue
-		}
-		seen[p] = true
-		out = append(out, p)
-		queue = append(queue, children[p]...)
-	}
-	return out
-}
-
-// parent is the parent process id of pid, 0 if it cannot be read. /proc/<pid>/stat is "pid
-// (comm) state ppid …", and comm may hold spaces and parentheses.
-func parent(pid int) int {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return 0
-	}
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return 0
-	}
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 2 {
-		return 0
-	}
-	ppid, _ := strconv.Atoi(f[1])
-	return ppid
-}
-
 func (r *NixRunner) memoryError() error {
 	return fmt.Errorf("%w: over eval.max_memory (%d MiB)", ErrMemory, r.MaxMemory>>20)
 }
 
+// workerMemoryMessage is the error of an attribute that alone took a worker past its limit.
+func (r *NixRunner) workerMemoryMessage() string {
+	return fmt.Sprintf("evaluating this attribute exceeds eval.max_memory_per_worker (%d MiB)", r.MaxMemoryPerWorker>>20)
+}
+
 // run runs the walker once, passing each record to onRecord.
-func (r *NixRunner) run(ctx context.Context, dir, nonce string, spec Spec, ws walkSpec, onRecord func(record) error) (runResult, error) {
+func (r *NixRunner) run(ctx context.Context, mw *memoryWatch, dir, nonce string, spec Spec, ws walkSpec, onRecord func(record) error) (runResult, error) {
 	cmd, info, err := r.command(ctx, dir, nonce, spec, ws)
 	if err != nil {
 		return runResult{}, fmt.Errorf("walk: %w", err)
@@ -515,14 +399,15 @@ func (r *NixRunner) run(ctx context.Context, dir, nonce string, spec Spec, ws wa
 		return runResult{}, fmt.Errorf("start nix-instantiate: %w", err)
 	}
 	r.started(cmd, info)
-	overMemory := r.watchMemory(cmd.Process.Pid)
+	overWorker := mw.add(cmd.Process.Pid)
 	prefix := recordPrefix(nonce)
 	var (
-		walking bool
-		begun   *string
-		tail    tailBuffer
-		emitErr error
-		sc      = bufio.NewScanner(stderr)
+		walking   bool
+		begun     *string
+		begunPath []string
+		tail      tailBuffer
+		emitErr   error
+		sc        = bufio.NewScanner(stderr)
 	)
 	sc.Buffer(make([]byte, 64<<10), 16<<20)
 	for sc.Scan() {
@@ -544,7 +429,7 @@ func (r *NixRunner) run(ctx context.Context, dir, nonce string, spec Spec, ws wa
 			walking = true
 		case rec.Begin != nil:
 			b := *rec.Begin
-			begun = &b
+			begun, begunPath = &b, rec.Path
 			tail.reset()
 		case emitErr == nil:
 			begun = nil
@@ -556,7 +441,7 @@ func (r *NixRunner) run(ctx context.Context, dir, nonce string, spec Spec, ws wa
 	}
 	_, _ = io.Copy(io.Discard, stderr)
 	waitErr := cmd.Wait()
-	if overMemory() {
+	if mw.exceeded() {
 		return runResult{}, r.memoryError()
 	}
 	if emitErr != nil {
@@ -564,6 +449,13 @@ func (r *NixRunner) run(ctx context.Context, dir, nonce string, spec Spec, ws wa
 	}
 	if ctx.Err() != nil {
 		return runResult{}, fmt.Errorf("%w: %w", ErrCancelled, context.Cause(ctx))
+	}
+	if overWorker() {
+		res := runResult{overWorker: true}
+		if walking && begun != nil && *begun != "" {
+			res.culprit, res.culpritPath = begun, begunPath
+		}
+		return res, nil
 	}
 	if waitErr == nil {
 		return runResult{ok: true}, nil
@@ -584,13 +476,13 @@ func (r *NixRunner) run(ctx context.Context, dir, nonce string, spec Spec, ws wa
 	}
 	res := runResult{message: msg}
 	if walking && begun != nil && *begun != "" {
-		res.culprit = begun
+		res.culprit, res.culpritPath = begun, begunPath
 	}
 	return res, nil
 }
 
 // probe evaluates one attribute on its own to get the message of the error tryEval swallowed.
-func (r *NixRunner) probe(ctx context.Context, dir, nonce string, spec Spec, ws walkSpec, path []string) (string, error) {
+func (r *NixRunner) probe(ctx context.Context, mw *memoryWatch, dir, nonce string, spec Spec, ws walkSpec, path []string) (string, error) {
 	ws.Probe = path
 	cmd, info, err := r.command(ctx, dir, nonce, spec, ws)
 	if err != nil {
@@ -604,13 +496,16 @@ func (r *NixRunner) probe(ctx context.Context, dir, nonce string, spec Spec, ws 
 		return "", fmt.Errorf("probe: start nix-instantiate: %w", err)
 	}
 	r.started(cmd, info)
-	overMemory := r.watchMemory(cmd.Process.Pid)
+	overWorker := mw.add(cmd.Process.Pid)
 	err = cmd.Wait()
-	if overMemory() {
+	if mw.exceeded() {
 		return "", r.memoryError()
 	}
 	if ctx.Err() != nil {
 		return "", fmt.Errorf("%w: %w", ErrCancelled, context.Cause(ctx))
+	}
+	if overWorker() {
+		return r.workerMemoryMessage(), nil
 	}
 	var tail tailBuffer
 	for line := range strings.SplitSeq(out.String(), "\n") {

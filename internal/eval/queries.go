@@ -6,7 +6,8 @@ package eval
 
 const (
 	// The evaluator's claim: the oldest queued evaluation of an enabled project. A new claim
-	// forgets what an earlier, reaped attempt recorded. $1 node, $2 the Nix version it evaluates with.
+	// forgets what an earlier, reaped attempt recorded. $1 node, $2 the Nix version it evaluates
+	// with, $3 its walkers per evaluation and $4 the memory of each.
 	sqlClaimEval = `
 WITH next AS (
     SELECT e.id FROM evaluations e JOIN projects p ON p.id = e.project_id
@@ -15,9 +16,15 @@ WITH next AS (
     FOR UPDATE OF e SKIP LOCKED
 )
 UPDATE evaluations e SET status = 'running', claimed_by = $1, claimed_at = now(), started_at = now(),
-    attempt = e.attempt + 1, error = NULL, nix_version = $2
+    attempt = e.attempt + 1, error = NULL, nix_version = $2,
+    workers = $3, worker_memory = $4, worker_restarts = 0
 FROM next WHERE e.id = next.id
 RETURNING e.id, e.attempt`
+
+	// A walker of the evaluation was restarted past its memory limit. $1 id, $2 node, $3 attempt.
+	sqlCountRestart = `
+UPDATE evaluations SET worker_restarts = worker_restarts + 1
+WHERE id = $1 AND claimed_by = $2 AND attempt = $3 AND status = 'running'`
 
 	// The live frontends an evaluator may ask for a read credential; $1 the dead threshold in
 	// seconds.

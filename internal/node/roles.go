@@ -220,14 +220,15 @@ func (n *node) roleWorkers(notifier *notify.Notifier, announcer *queue.Announcer
 			return nil, err
 		}
 		ecfg := eval.Config{
-			NodeID: cfg.Node.ID, StateDir: cfg.StateDir, MaxEvals: cfg.Node.MaxEvals,
+			NodeID: cfg.Node.ID, StateDir: cfg.StateDir, MaxEvals: cfg.Node.MaxEvals, Workers: cfg.Eval.Workers,
 			PollInterval: cfg.Eval.PollInterval.Duration, Timeout: cfg.Eval.Timeout.Duration,
 			MaxAttrs: cfg.Eval.MaxAttrs, MaxDerivations: cfg.Eval.MaxDerivations,
 			MaxRetention: cfg.Retention.Max.Duration,
 			Gate:         &n.inFlight, Notifier: notifier, Upstream: up, Registerer: n.reg,
 			Confinement: eval.Confinement{
-				User: cfg.Eval.User, MaxMemory: int64(cfg.Eval.MaxMemory),
-				Unsandboxed: !cfg.Build.Sandbox, BuildUsersGroup: cfg.Build.BuildUsersGroup,
+				User: cfg.Eval.User, MaxMemory: cfg.Eval.TotalMemory(),
+				MaxMemoryPerWorker: int64(cfg.Eval.MaxMemoryPerWorker),
+				Unsandboxed:        !cfg.Build.Sandbox, BuildUsersGroup: cfg.Build.BuildUsersGroup,
 				SandboxPaths: cfg.Build.ExtraSandboxPaths,
 			},
 		}

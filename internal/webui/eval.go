@@ -123,7 +123,17 @@ type EvalHeader struct {
 	CommitURL                       string  // the commit's page on the forge; "" when unknown
 	Evaluator                       *string // the node that evaluated it last
 	NixVersion                      string  // the Nix it evaluated with; "" when unknown
+	// Its walkers: how many ran at once (0: unknown), the memory each might use (0: no
+	// limit), and how often one was restarted past it.
+	Workers, WorkerRestarts int
+	WorkerMemory            int64
 }
+
+// WorkerMemoryMiB is the memory of one walker in MiB.
+func (e EvalHeader) WorkerMemoryMiB() int64 { return e.WorkerMemory >> 20 }
+
+// TotalWorkerMemoryMiB is the memory of all walkers together in MiB.
+func (e EvalHeader) TotalWorkerMemoryMiB() int64 { return int64(e.Workers) * e.WorkerMemory >> 20 }
 
 // Finished reports whether the evaluation itself is over (its builds may still run).
 func (e EvalHeader) Finished() bool {
@@ -305,7 +315,7 @@ func (u *UI) evalHeader(ctx context.Context, id int64, project string) (EvalHead
 	err := u.cfg.Pool.QueryRow(ctx, sqlEvalHeader, id, project).Scan(&e.ID, &e.ProjectID, &e.Project, &e.Forge,
 		&e.Owner, &e.Repo, &e.FullName, &e.Commit, &e.Branch, &e.Status, &e.SkippedReason, &e.Error, &e.PRNumber,
 		&e.PRAuthor, &e.PRBase, &e.BaseCommit, &e.MergeCommit, &e.CreatedAt, &e.StartedAt, &e.FinishedAt, &e.ReusesEvalID,
-		&e.Evaluator, &e.NixVersion)
+		&e.Evaluator, &e.NixVersion, &e.Workers, &e.WorkerMemory, &e.WorkerRestarts)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return e, notFound("project %s has no evaluation %d", project, id)
 	}

@@ -231,10 +231,14 @@ func TestEvalPageShowsEveryAttribute(t *testing.T) {
 	fx := newEvalFixture(t)
 	s := fx.newScenario()
 	fx.exec(`UPDATE evaluations SET branch = 'pull/7', pr_number = 7, pr_author = 'alice', claimed_by = 'eval-1',
-    nix_version = '2.26.3' WHERE id = $1`, s.eval)
+    nix_version = '2.26.3', workers = 4, worker_memory = 2147483648, worker_restarts = 3 WHERE id = $1`, s.eval)
 	body := fx.get(fmt.Sprintf("/ci/proj/eval/%d", s.eval), http.StatusOK)
 	if nix := element(t, body, "dd", "eval-nix"); !strings.Contains(nix, "Nix 2.26.3") || !strings.Contains(nix, "eval-1") {
 		t.Errorf("the page does not say which Nix evaluated, on which node: %s", nix)
+	}
+	if w := element(t, body, "dd", "eval-workers"); !strings.Contains(w, "4 × 2048 MiB") || !strings.Contains(w, "8192 MiB") ||
+		!strings.Contains(w, "3 restarted") {
+		t.Errorf("the page does not show the walkers, their memory and restarts: %s", w)
 	}
 
 	if got, want := rowAttrs(body), []string{"bad", "broken", "busy", "cached", "ok", "top", "waiting"}; !slices.Equal(got, want) {

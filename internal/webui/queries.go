@@ -287,7 +287,8 @@ const (
 SELECT e.id, p.id, p.name, r.forge, r.owner, r.name, r.full_name, e.commit_sha, e.branch, e.status,
        COALESCE(e.skipped_reason, ''), COALESCE(e.error, ''), COALESCE(e.pr_number, 0), COALESCE(e.pr_author, ''),
        e.pr_base, e.base_commit, e.merge_commit,
-       e.created_at, e.started_at, e.finished_at, e.reuses_eval_id, e.claimed_by, e.nix_version
+       e.created_at, e.started_at, e.finished_at, e.reuses_eval_id, e.claimed_by, e.nix_version,
+       e.workers, e.worker_memory, e.worker_restarts
 FROM evaluations e
 JOIN projects p ON p.id = e.project_id
 JOIN repositories r ON r.id = p.repo_id

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"time"
 
@@ -31,6 +32,7 @@ type EvalOptions struct {
 	Derivations int // default 10000
 	Width       int // derivations per layer; default 100
 	Rounds      int // each side runs this often with fresh salts; the best is kept; default 2
+	Workers     int // the evaluator's [eval] workers; default the machine's cores
 	Logger      *slog.Logger
 }
 
@@ -43,6 +45,7 @@ type EvalReport struct {
 	Derivations int    `json:"derivations"`
 	Width       int    `json:"width"`
 	Rounds      int    `json:"rounds"`
+	Workers     int    `json:"workers"`
 	// NixSeconds is bare nix-instantiate of the same kind of expression (another salt, so its
 	// .drv files are new too).
 	NixSeconds float64 `json:"nix_instantiate_seconds"`
@@ -60,6 +63,7 @@ type EvalReport struct {
 func (o *EvalOptions) defaults() {
 	o.Derivations = bench.Positive(o.Derivations, 10000)
 	o.Width = bench.Positive(o.Width, 100)
+	o.Workers = bench.Positive(o.Workers, runtime.NumCPU())
 	o.Rounds = bench.Positive(o.Rounds, 2)
 	if o.Derivations < o.Width {
 		o.Width = o.Derivations
@@ -74,7 +78,7 @@ func (o *EvalOptions) defaults() {
 func Eval(ctx context.Context, o EvalOptions) (EvalReport, error) {
 	o.defaults()
 	r := EvalReport{
-		Date: time.Now().UTC().Format(time.RFC3339), Derivations: o.Derivations, Width: o.Width, Rounds: o.Rounds,
+		Date: time.Now().UTC().Format(time.RFC3339), Derivations: o.Derivations, Width: o.Width, Rounds: o.Rounds, Workers: o.Workers,
 		Machine: bench.Machine(),
 		Nix:     bench.ToolVersion("nix-instantiate", "--version"),
 	}
@@ -99,7 +103,7 @@ func Eval(ctx context.Context, o EvalOptions) (EvalReport, error) {
 	defer d.Close()
 	url, pool := d.URL, d.Pool
 	r.Postgres = d.Version
-	cfg, err := evalNodeConfig(filepath.Join(dir, "state"), url)
+	cfg, err := evalNodeConfig(filepath.Join(dir, "state"), url, o.Workers)
 	if err != nil {
 		return r, err
 	}
@@ -209,7 +213,7 @@ func (rn *evalRound) evaluate(ctx context.Context, name, repo string) (float64, 
 	return secs, nil
 }
 
-func evalNodeConfig(stateDir, url string) (*config.Config, error) {
+func evalNodeConfig(stateDir, url string, workers int) (*config.Config, error) {
 	if err := os.MkdirAll(stateDir, 0o755); err != nil {
 		return nil, err
 	}
@@ -219,6 +223,7 @@ func evalNodeConfig(stateDir, url string) (*config.Config, error) {
 	cfg.Node.ID = "bench-eval"
 	cfg.Node.Roles = []string{config.RoleFrontend, config.RoleEvaluator, config.RoleSigner, config.RoleCache}
 	cfg.Eval.PollInterval = config.Duration{Duration: time.Second}
+	cfg.Eval.Workers = workers
 	cfg.Auth.ClusterSecret = bench.RandomHex(16)
 	key, err := nix.GenerateKey("bench-eval-1")
 	if err != nil {

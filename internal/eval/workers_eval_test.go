@@ -1,0 +1,184 @@
+package eval_test
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/harmonia-ci/harmonia-ci/internal/eval"
+	"github.com/harmonia-ci/harmonia-ci/internal/evaluation"
+	"github.com/harmonia-ci/harmonia-ci/internal/metricstest"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
+	"github.com/harmonia-ci/harmonia-ci/internal/waittest"
+)
+
+// evaluated is what an evaluation left in the database: its attributes (name: derivation or
+// error, job status), and every derivation and build job (with its readiness and chain).
+type evaluated struct {
+	attrs       map[string]string
+	derivations []string
+	jobs        []string
+}
+
+func (h *harness) evaluated(id int64) evaluated {
+	h.t.Helper()
+	out := evaluated{attrs: map[string]string{}}
+	for n, a := range h.attrs(id) {
+		out.attrs[n] = fmt.Sprintf("drv %s error %q job %s", a.DrvPath, a.Error, a.JobStatus)
+	}
+	out.derivations = sorted(h.queryStrings(`SELECT drv_path FROM derivations`))
+	out.jobs = sorted(h.queryStrings(`SELECT drv_path || ' ' || status || ' ' || blocked_inputs || ' ' || dependent_chain FROM build_jobs`))
+	return out
+}
+
+// An evaluation with 1, 2 or 4 workers records the same attributes, derivations, jobs and
+// errors: each runs on a database of its own, on a project with throwing and uncatchable
+// attributes, nested sets (large ones cut into units) and shared dependencies.
+func TestWorkersIdenticalResults(t *testing.T) {
+	t.Parallel()
+	salt := salt(t)
+	var first evaluated
+	for _, workers := range []int{1, 2, 4} {
+		h := newHarness(t)
+		h.salt = salt
+		h.startEvaluator("ev-1", func(c *eval.Config) {
+			c.Workers = workers
+			c.Runner = &eval.NixRunner{SplitAbove: 5}
+		})
+		_, commit := h.newProject("many", map[string]string{"ci.nix": eval.WorkersProject(salt)})
+		e, _ := h.trigger("many", "", commit)
+		h.waitSucceeded(e.ID)
+		got := h.evaluated(e.ID)
+		if workers == 1 {
+			first = got
+			if len(got.attrs) != 50 || !strings.Contains(got.attrs["big.inner.inner7"], "aborted 7") {
+				t.Fatalf("one worker: %d attributes %v", len(got.attrs), got.attrs)
+			}
+			continue
+		}
+		for _, n := range slices.Sorted(maps.Keys(first.attrs)) {
+			if got.attrs[n] != first.attrs[n] {
+				t.Errorf("%d workers: %s: %s, one worker: %s", workers, n, got.attrs[n], first.attrs[n])
+			}
+		}
+		if len(got.attrs) != len(first.attrs) {
+			t.Errorf("%d workers: %d attributes, one worker %d", workers, len(got.attrs), len(first.attrs))
+		}
+		if !slices.Equal(got.derivations, first.derivations) {
+			t.Errorf("%d workers: derivations %v, one worker %v", workers, got.derivations, first.derivations)
+		}
+		if !slices.Equal(got.jobs, first.jobs) {
+			t.Errorf("%d workers: jobs %v, one worker %v", workers, got.jobs, first.jobs)
+		}
+	}
+}
+
+// A worker past eval.max_memory_per_worker is killed and restarted; the attribute it was on is
+// retried alone, and fails with the limit's message when it goes past it again. The rest of the
+// evaluation completes, and both restarts are counted.
+func TestWorkerMemoryLimit(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	reg := prometheus.NewRegistry()
+	h.startEvaluator("ev-1", func(c *eval.Config) {
+		c.Workers = 2
+		c.Confinement.MaxMemoryPerWorker = 200 << 20
+		c.Registerer = reg
+	})
+	_, commit := h.newProject("greedy", map[string]string{"ci.nix": h.lib() + `
+let a = mk "a" [ ]; in {
+  inherit a;
+  greedy = mk (toString (builtins.length (builtins.genList (i: "item ${toString i}") 20000000))) [ ];
+  z = mk "z" [ a ];
+  set = { recurseForDerivations = true; c = mk "c" [ a ]; d = mk "d" [ ]; };
+}`})
+	e, _ := h.trigger("greedy", "", commit)
+	h.waitSucceeded(e.ID)
+	attrs := h.attrs(e.ID)
+	if got := attrs["greedy"]; got.DrvPath != "" || !strings.Contains(got.Error, "exceeds eval.max_memory_per_worker (200 MiB)") {
+		t.Errorf("greedy: %+v, want the per-worker limit's error", got)
+	}
+	for _, n := range []string{"a", "z", "set.c", "set.d"} {
+		if a := attrs[n]; !strings.HasSuffix(a.DrvPath, ".drv") || a.JobStatus != status.JobPending {
+			t.Errorf("%s: %+v, want a derivation with a pending job", n, a)
+		}
+	}
+	if len(attrs) != 5 {
+		t.Errorf("attributes %v, want 5", slices.Sorted(maps.Keys(attrs)))
+	}
+	if n := metricstest.Value(t, reg, "harmonia_ci_eval_worker_restarts_total"); n != 2 {
+		t.Errorf("%v restarts counted, want 2: the walk, then greedy alone", n)
+	}
+	if n := h.queryInt(`SELECT worker_restarts FROM evaluations WHERE id = $1`, e.ID); n != 2 {
+		t.Errorf("%d restarts recorded on the evaluation, want 2", n)
+	}
+	if n := h.queryInt(`SELECT workers * worker_memory FROM evaluations WHERE id = $1`, e.ID); n != 2*200<<20 {
+		t.Errorf("workers × worker_memory %d recorded, want 2 × 200 MiB", n)
+	}
+}
+
+// An evaluation cancelled while several workers walk: every walker process stops and nothing
+// more is ingested.
+func TestCancelStopsEveryWorker(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	var children pids
+	ev := h.startEvaluator("ev-1", func(c *eval.Config) {
+		c.Workers = 4
+		c.Runner = &eval.NixRunner{SplitAbove: 2, OnStart: children.onStart}
+	})
+	g := newGate(t)
+	gated := make([]string, 8)
+	for i := range gated {
+		gated[i] = fmt.Sprintf("g%d = %s;", i, g.drv(fmt.Sprintf("gated-%d", i), h.salt))
+	}
+	_, commit := h.newProject("gated", map[string]string{"ci.nix": h.lib() + `
+let a = mk "a" [ ]; in {
+  inherit a;
+  b = mk "b" [ a ];
+  gated = { recurseForDerivations = true; ` + strings.Join(gated, "\n") + ` };
+}`})
+	e, _ := h.trigger("gated", "", commit)
+	h.waitAttrs(e.ID, 2)
+	// Four walkers, each stuck on the gated member its unit starts with.
+	var alive []int
+	waittest.For(t, finishTimeout, func() bool {
+		alive = alive[:0]
+		children.mu.Lock()
+		for _, p := range children.list {
+			if nixAlive(p) {
+				alive = append(alive, p)
+			}
+		}
+		children.mu.Unlock()
+		return len(alive) == 4
+	}, "four walkers to run")
+	if err := evaluation.Cancel(h.ctx(), h.pool, e.ID, "cancelled by the test"); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range alive {
+		waitNixGone(t, p)
+	}
+	waittest.For(t, 10*time.Second, func() bool { return ev.Running() == 0 }, "the evaluator to let go of the evaluation")
+	if got := h.get(e.ID); got.Status != status.EvalCancelled {
+		t.Errorf("status %s, want cancelled", got.Status)
+	}
+	if n := h.queryInt(`SELECT count(*) FROM eval_attrs WHERE eval_id = $1`, e.ID); n != 0 {
+		t.Errorf("%d attributes left", n)
+	}
+	if n := h.queryInt(`SELECT count(*) FROM derivations WHERE name LIKE 'gated-%'`); n != 0 {
+		t.Errorf("%d gated derivations ingested", n)
+	}
+	children.mu.Lock()
+	defer children.mu.Unlock()
+	for _, p := range children.list {
+		if nixAlive(p) {
+			t.Errorf("walker %d still runs", p)
+		}
+	}
+}
