@@ -186,6 +186,22 @@ func TestWebUI(t *testing.T) {
 	}
 	checkTimeline(t, svg, u.jobsOf(evalID))
 
+	// An attribute's history, from its row's link, and the project's badge and latest link
+	// (the default branch has one evaluation: the build broke, so the badge says failing).
+	visitor.Click(slowRow + " a.history")
+	visitor.WaitText("#history tbody", "succeeded", 10*time.Second)
+	if n := visitor.Count("#history-chart rect"); n != 1 {
+		t.Errorf("the history chart of slow has %d bars, want 1", n)
+	}
+	visitor.Navigate(fmt.Sprintf("%s/ci/%s/badge.svg", u.public, u.repo.Name))
+	if got := visitor.Text("title"); got != "harmonia-ci: failing" {
+		t.Errorf("the badge says %q, want harmonia-ci: failing", got)
+	}
+	visitor.Navigate(fmt.Sprintf("%s/ci/%s/latest/slow", u.public, u.repo.Name))
+	if want := fmt.Sprintf("/ci/%s/build/%d", u.repo.Name, slowID); !strings.HasSuffix(visitor.Location(), want) {
+		t.Errorf("the latest link of slow led to %s, want …%s", visitor.Location(), want)
+	}
+
 	// The owner logs in through Gitea and rebuilds the failure with one click.
 	brokenID, st, attempt := u.jobOf(evalID, "broken")
 	if st != status.JobFailed {
