@@ -125,6 +125,7 @@ func printQueueReport(w io.Writer, r queuebench.QueueReport) {
 func newBenchEval() *cobra.Command {
 	var o evalbench.EvalOptions
 	var asJSON bool
+	var shape string
 	cmd := &cobra.Command{
 		Use:   "eval",
 		Short: "Evaluate a generated 10,000-derivation project against bare nix-instantiate",
@@ -132,12 +133,38 @@ func newBenchEval() *cobra.Command {
 on two of the layer below) with different salts, so both runs write new .drv files. It times bare
 nix-instantiate of one, then an evaluation of the other by a node running the frontend, evaluator,
 signer and cache roles in this process (private PostgreSQL, local cache): from the request to the
-evaluation's success, including ingestion and publication of the .drv closure. Needs nix-bin.`,
+evaluation's success, including ingestion and publication of the .drv closure. Needs nix-bin.
+
+--shape packages generates instead a set shaped like nixpkgs (--derivations defaults to
+100,000): a bootstrap chain, low-level libraries with deep chains, packages with fixed-output
+sources, nested recurseForDerivations sets and a few attributes that throw. It reports, in one
+run, bare single-process nix-instantiate (of the set without the throwing attributes), an
+evaluation with one walker and one with --workers: wall time, CPU seconds of Nix, the node and
+PostgreSQL, the largest walker's peak memory, and the parallel efficiency (the one-walker
+run's CPU time ÷ (wall time × workers)).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.Logger = benchLogger(cmd.ErrOrStderr())
 			ctx, _, stop := signalContext()
 			defer stop()
+			switch shape {
+			case "layered":
+			case "packages":
+				if !cmd.Flags().Changed("derivations") {
+					o.Derivations = 100_000
+				}
+				r, err := evalbench.Scale(ctx, o)
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					return printJSON(cmd.OutOrStdout(), r)
+				}
+				printScaleReport(cmd.OutOrStdout(), r)
+				return nil
+			default:
+				return fmt.Errorf("--shape %q: want layered or packages", shape)
+			}
 			r, err := evalbench.Eval(ctx, o)
 			if err != nil {
 				return err
@@ -158,8 +185,25 @@ evaluation's success, including ingestion and publication of the .drv closure. N
 	f.IntVar(&o.Width, "width", 100, "derivations per layer")
 	f.IntVar(&o.Rounds, "rounds", 2, "runs per side, each with fresh derivations; the best is kept")
 	f.IntVar(&o.Workers, "workers", 0, "walker processes per evaluation ([eval] workers); 0: the machine's cores")
+	f.StringVar(&shape, "shape", "layered", "the generated project: layered, or packages (shaped like nixpkgs)")
 	f.BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
+}
+
+func printScaleReport(w io.Writer, r evalbench.ScaleReport) {
+	fmt.Fprintf(w, "harmonia-ci bench eval --shape packages — %s, %s, PostgreSQL %s, %s\n", r.Machine, r.Nix, r.Postgres, r.Date)
+	fmt.Fprintf(w, "  %d derivations shaped like nixpkgs\n", r.Derivations)
+	fmt.Fprintf(w, "  %-22s %8s %7s %9s %9s %9s %9s %8s %6s %5s %8s\n", "", "wall s", "ratio", "Nix cpu", "node cpu", "pg cpu", "peak MB", "attrs", "errors", "jobs", "restarts")
+	for _, row := range []struct {
+		name string
+		run  evalbench.ScaleRun
+	}{{"bare nix-instantiate", r.Bare}, {"harmonia-ci, 1 worker", r.One}, {fmt.Sprintf("harmonia-ci, %d workers", r.Workers), r.Many}} {
+		fmt.Fprintf(w, "  %-22s %8.2f %7.2f %9.2f %9.2f %9.2f %9.0f %8d %6d %5d %8d\n", row.name, row.run.Seconds, row.run.Ratio,
+			row.run.NixCPU, row.run.NodeCPU, row.run.PostgresCPU, row.run.PeakWorkerMB, row.run.Attributes, row.run.EvalErrors,
+			row.run.Jobs, row.run.Restarts)
+	}
+	fmt.Fprintf(w, "  parallel efficiency %.2f (1-worker CPU %.1f s ÷ (%.1f s × %d)); identical results: %v\n",
+		r.Efficiency, r.One.CPU(), r.Many.Seconds, r.Workers, r.Identical)
 }
 
 func newBenchCache() *cobra.Command {

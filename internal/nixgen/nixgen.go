@@ -79,3 +79,62 @@ let
 in builtins.listToAttrs leafAttrs // (if chain > 0 then { spine = link (chain - 1); } else { })
 `, leaves, chain, strings.Repeat("0", digits))
 }
+
+// PackageSet returns a Nix expression shaped like nixpkgs, of about n derivations (at least
+// 200): a bootstrap chain of 40 stages ending in stdenv; n/25 low-level libraries (attributes
+// lib0…), each on stdenv and on up to two earlier libraries, so that chains run deep; and
+// packages, each built from a fixed-output source of its own (a derivation too) and three
+// libraries. Six packages in ten are top-level attributes (pkg…); the others are in
+// recurseForDerivations sets: pythonPackages, perlPackages and haskellPackages, whose
+// packages sit one level further down in seven groups. With throws, a few attributes throw
+// (top-level and in pythonPackages), as broken packages do; bare nix-instantiate stops at the
+// first of them, so the benchmark gives it the set without.
+func PackageSet(salt string, n int, throws bool) string {
+	const stages = 40
+	libs := max(n/25, 4)
+	pkgs := max((n-stages-libs)/2, 1)
+	thrower := "false"
+	if throws {
+		thrower = "true"
+	}
+	return Lib(salt) + fmt.Sprintf(`
+let
+  stages = %d; nlibs = %d; npkgs = %d; throws = %s; salt = "%s";
+  mod = a: b: a - (a / b) * b;
+  stage = i: mk "stdenv-stage${toString i}" (if i == 0 then [ ] else [ (stage (i - 1)) ]);
+  stdenv = stage (stages - 1);
+  libs = builtins.genList (i: mk "lib${toString i}" ([ stdenv ]
+    ++ (if i == 0 then [ ] else [ (builtins.elemAt libs (i - 1 - mod (i * 7) (if i < 50 then i else 50))) ])
+    ++ (if i < 2 then [ ] else [ (builtins.elemAt libs (i / 2)) ]))) nlibs;
+  src = i: let content = "source ${salt} ${toString i}"; in builtins.derivation {
+    name = "src${toString i}";
+    system = builtins.currentSystem;
+    builder = "/bin/sh";
+    args = [ "-c" "printf %%s '${content}' > $out" ];
+    outputHashMode = "flat";
+    outputHashAlgo = "sha256";
+    outputHash = builtins.hashString "sha256" content;
+  };
+  lib = j: builtins.elemAt libs (mod j nlibs);
+  pkg = i: mk "pkg${toString i}" [ (src i) (lib (i * 13)) (lib (i * 31 + 7)) (lib (i * 101 + 3)) ];
+  named = f: is: builtins.listToAttrs (map (i: { name = "pkg${toString i}"; value = f i; }) is);
+  where = k: builtins.filter (i: mod i 10 == k) (builtins.genList (i: i) npkgs);
+  topLevel = builtins.filter (i: mod i 10 < 6) (builtins.genList (i: i) npkgs);
+  broken = k: throw "broken package ${toString k}";
+  set = attrs: attrs // { recurseForDerivations = true; };
+in
+  builtins.listToAttrs (builtins.genList (i: { name = "lib${toString i}"; value = builtins.elemAt libs i; }) nlibs)
+  // named pkg topLevel
+  // {
+    inherit stdenv;
+    pythonPackages = set (named pkg (where 6 ++ where 7)
+      // (if throws then { broken = broken 100; } else { }));
+    perlPackages = set (named pkg (where 8));
+    haskellPackages = set (builtins.listToAttrs (builtins.genList (g: {
+      name = "group${toString g}";
+      value = set (named pkg (builtins.filter (i: mod (i / 10) 7 == g) (where 9)));
+    }) 7));
+  }
+  // (if throws then builtins.listToAttrs (builtins.genList (k: { name = "broken${toString k}"; value = broken k; }) 5) else { })
+`, stages, libs, pkgs, thrower, salt)
+}

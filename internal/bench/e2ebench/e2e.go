@@ -396,14 +396,14 @@ func (b *e2e) plainRound(ctx context.Context, name, salt string, round int, expr
 	if len(drvs) != o.Derivations {
 		return fmt.Errorf("nix-instantiate gave %d derivations, want %d", len(drvs), o.Derivations)
 	}
-	cpu0 := busyCPU()
-	_, own0 := processCPU()
+	cpu0 := bench.BusyCPU()
+	_, own0 := bench.ProcessCPU()
 	d, err := b.realise(ctx, store, drvs, jobsAtOnce, b.sandboxPaths(name))
 	if err != nil {
 		return err
 	}
-	_, own1 := processCPU()
-	rr.nix, rr.nixCPU, rr.nixOwn = d.Seconds(), busyCPU()-cpu0, own1-own0
+	_, own1 := bench.ProcessCPU()
+	rr.nix, rr.nixCPU, rr.nixOwn = d.Seconds(), bench.BusyCPU()-cpu0, own1-own0
 	if !o.Keep {
 		_ = os.RemoveAll(store)
 	}
@@ -471,9 +471,9 @@ func (b *e2e) clusterRound(ctx context.Context, name string, round int, projectI
 		rr.stores = append(rr.stores, cfg.Build.NixStore)
 	}
 	start := time.Now()
-	cpu0 := busyCPU()
-	self0, children0 := processCPU()
-	pg0 := b.postgresCPU()
+	cpu0 := bench.BusyCPU()
+	self0, children0 := bench.ProcessCPU()
+	pg0 := bench.PostgresCPU(filepath.Join(b.dir, "pg", "data"))
 	for _, cfg := range cfgs {
 		builders = append(builders, b.start(ctx, cfg))
 	}
@@ -486,9 +486,9 @@ func (b *e2e) clusterRound(ctx context.Context, name string, round int, projectI
 	}); err != nil {
 		return err
 	}
-	rr.fromStart, rr.clusterCPU = time.Since(start).Seconds(), busyCPU()-cpu0
-	self1, _ := processCPU()
-	rr.clusterGo, rr.pg = self1-self0, b.postgresCPU()-pg0
+	rr.fromStart, rr.clusterCPU = time.Since(start).Seconds(), bench.BusyCPU()-cpu0
+	self1, _ := bench.ProcessCPU()
+	rr.clusterGo, rr.pg = self1-self0, bench.PostgresCPU(filepath.Join(b.dir, "pg", "data"))-pg0
 	// A job is succeeded once the signer records it; its builder reports the job's timings a
 	// moment later (after its GC roots are gone), and a stopped builder reports none.
 	if err := b.waitTimings(ctx, projectID); err != nil {
@@ -501,7 +501,7 @@ func (b *e2e) clusterRound(ctx context.Context, name string, round int, projectI
 	}
 	// The builders' Nix daemons (and their builds) count once reaped: when their sessions
 	// closed, at the stop.
-	_, children1 := processCPU()
+	_, children1 := bench.ProcessCPU()
 	rr.clusterNix = children1 - children0
 	if len(failures) > 0 {
 		return fmt.Errorf("%d jobs did not succeed: %s", len(failures), strings.Join(failures[:min(5, len(failures))], "; "))

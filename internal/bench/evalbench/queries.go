@@ -12,3 +12,15 @@ const (
 	    (SELECT count(*) FROM build_jobs),
 	    (SELECT count(*) FROM build_jobs)`
 )
+
+// The scale benchmark's SQL.
+const (
+	// sqlEvalShape is what evaluation $1 recorded: attributes, of which failed to evaluate,
+	// and the build jobs of its attributes' closures.
+	sqlEvalShape = `SELECT
+	    (SELECT count(*) FROM eval_attrs WHERE eval_id = $1),
+	    (SELECT count(*) FROM eval_attrs WHERE eval_id = $1 AND error IS NOT NULL),
+	    (SELECT count(*) FROM build_jobs j JOIN projects p ON p.id = j.project_id
+	     JOIN evaluations e ON e.project_id = p.id WHERE e.id = $1),
+	    (SELECT worker_restarts FROM evaluations WHERE id = $1)`
+)
