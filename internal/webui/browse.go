@@ -121,7 +121,7 @@ func (u *UI) projectPage(w http.ResponseWriter, r *http.Request) (string, Page, 
 	p.CloneURL, p.FullName = project.RedactURL(p.CloneURL), project.RedactURL(p.FullName)
 	d.RepoURL = repoURL(p.CloneURL)
 	d.Before = before
-	if d.Cache, err = u.cacheSources(ctx); err != nil {
+	if d.Cache, err = u.cacheSources(ctx, u.Caller(r).Kind == access.Anonymous); err != nil {
 		return "", Page{}, err
 	}
 	d.TokenPlaceholder = tokenPlaceholder

@@ -17,17 +17,23 @@ import (
 type CacheSources struct {
 	URLs []string
 	Keys []string
+	// Hidden is true when the URLs are the nodes' endpoints, which anonymous viewers are not
+	// shown (as GET /api/cluster does not show them): URLs is then empty.
+	Hidden bool
 }
 
-// cacheSources reads where to substitute from.
-func (u *UI) cacheSources(ctx context.Context) (CacheSources, error) {
+// cacheSources reads where to substitute from, for a viewer who is anonymous or not.
+func (u *UI) cacheSources(ctx context.Context, anonymous bool) (CacheSources, error) {
 	var s CacheSources
 	dead := cmp.Or(u.cfg.DeadThreshold, cluster.DefaultDeadThreshold)
 	if err := u.cfg.Pool.QueryRow(ctx, sqlCacheSources, dead.Seconds()).Scan(&s.URLs, &s.Keys); err != nil {
 		return s, fmt.Errorf("cache sources: %w", err)
 	}
-	if pu := strings.TrimRight(u.cfg.CacheURL, "/"); pu != "" {
+	switch pu := strings.TrimRight(u.cfg.CacheURL, "/"); {
+	case pu != "":
 		s.URLs = []string{pu}
+	case anonymous && len(s.URLs) > 0:
+		s.URLs, s.Hidden = nil, true
 	}
 	for i, c := range s.URLs {
 		s.URLs[i] = strings.TrimRight(c, "/")

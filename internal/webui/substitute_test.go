@@ -163,15 +163,27 @@ func TestSubstituteSnippetWorksWithNix(t *testing.T) {
 VALUES ('c1', '{cache}', $1, gen_random_uuid(), 'active', now()) RETURNING 1`, cacheSrv.URL)
 	fx.id(`INSERT INTO signing_keys (public_key) VALUES ($1) RETURNING 1`, key.Public().String())
 
-	// A public project's page: public, the cache and key, no netrc.
+	// A public project's page: public, the cache and key, no netrc. The nodes' endpoints are
+	// not shown to anonymous viewers (as GET /api/cluster does not show them).
 	_, body := fx.browser().get("/ci/app/")
+	if snippet(body, "nix-conf") != "" || strings.Contains(body, cacheSrv.URL) || !strings.Contains(body, `id="cache-hidden"`) ||
+		!strings.Contains(html.UnescapeString(body), key.Public().String()) {
+		t.Errorf("the public project's page shows an anonymous viewer the cache node's endpoint, or not the key:\n%s", body)
+	}
+	friend := fx.browser().login("friend")
+	_, body = friend.get("/ci/app/")
 	conf := snippet(body, "nix-conf")
 	want := "extra-substituters = " + cacheSrv.URL + "\nextra-trusted-public-keys = " + key.Public().String() + "\n"
 	if conf != want || snippet(body, "netrc") != "" || !strings.Contains(body, "<strong>public</strong>") {
 		t.Errorf("the public project's snippet is %q (netrc %q), want %q and no netrc", conf, snippet(body, "netrc"), want)
 	}
+	// [cache] public_url is everyone's, in place of the endpoints.
+	fx.u.cfg.CacheURL = "https://cache.example.org/"
+	if s, err := fx.u.cacheSources(fx.ctx, true); err != nil || s.Hidden || len(s.URLs) != 1 || s.URLs[0] != "https://cache.example.org" {
+		t.Errorf("sources with [cache] public_url, anonymously: %+v, %v; want the public URL alone", s, err)
+	}
+	fx.u.cfg.CacheURL = ""
 
-	friend := fx.browser().login("friend")
 	_, body = friend.get("/ci/secret/")
 	conf, netrc := snippet(body, "nix-conf"), snippet(body, "netrc")
 	if conf != want+"netrc-file = /etc/nix/netrc\n" || !strings.Contains(body, "<strong>private</strong>") || !strings.Contains(body, `href="/ci/tokens"`) {

@@ -159,7 +159,7 @@ func (u *UI) tokensData(r *http.Request, who actor) (TokensPage, error) {
 		}
 		slices.Sort(d.Tokens[i].Projects)
 	}
-	if d.Sources, err = u.cacheSources(ctx); err != nil {
+	if d.Sources, err = u.cacheSources(ctx, false); err != nil {
 		return d, err
 	}
 	return d, nil
