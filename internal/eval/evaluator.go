@@ -436,9 +436,20 @@ func (e *Evaluator) run(ctx context.Context, c claim, log *slog.Logger) (ingestS
 // read credential a frontend mints for this evaluation. The credential lives in this function
 // only: git gets it in its environment (gitrepo.Mirror.FetchWith), the mirror's configuration
 // and the credential-free copy the project's code reads never hold it, and nothing logs it.
+// A repository recorded public whose anonymous fetch is refused for want of credentials (made
+// private since discovery last listed it) is fetched once more with a credential.
 func (e *Evaluator) fetch(ctx context.Context, c claim, m *gitrepo.Mirror, private bool, log *slog.Logger) error {
 	if !private || e.creds == nil {
-		return m.Fetch(ctx)
+		err := m.Fetch(ctx)
+		if err == nil || private || e.creds == nil || !gitrepo.IsAuthError(err) {
+			return err
+		}
+		log.Info("the anonymous fetch was refused for want of credentials: fetching again with a read credential (the repository may have been made private)")
+		cred, cerr := e.creds.get(ctx, c)
+		if cerr != nil {
+			return fmt.Errorf("%w (and no read credential: %w)", err, cerr)
+		}
+		return m.FetchWith(ctx, cred)
 	}
 	cred, err := e.creds.get(ctx, c)
 	if err != nil {
