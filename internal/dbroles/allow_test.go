@@ -194,7 +194,7 @@ func TestRolesAllow(t *testing.T) {
 	var tokenID int64
 	var expires time.Time
 	must("mint a user's cache token as f1", c.as["f1"].QueryRow(ctx, realQuery(t, "webui", "sqlUserTokenInsert"),
-		make([]byte, 32), "note", []int64{}, 30, "github", int64(5), "octo").Scan(&tokenID, &expires))
+		make([]byte, 32), "note", []int64{}, 30, "github", int64(5), "octo", 50).Scan(&tokenID, &expires))
 	for _, q := range []struct {
 		name string
 		args []any

@@ -580,10 +580,13 @@ FROM projects p JOIN repositories r ON r.id = p.repo_id
 ORDER BY p.id`
 
 	// A user's cache token: $1 hash, $2 note, $3 project ids, $4 days valid, $5 forge, $6 user
-	// id, $7 login. Refreshed now: its projects are what the forge said at mint.
+	// id, $7 login; no row when the user has $8 live tokens already. Refreshed now: its
+	// projects are what the forge said at mint.
 	sqlUserTokenInsert = `
 INSERT INTO cache_tokens (token_hash, note, project_ids, expires_at, forge, user_id, login, refreshed_at)
-VALUES ($1, $2, $3, now() + make_interval(days => $4), $5, $6, $7, now())
+SELECT $1, $2, $3, now() + make_interval(days => $4), $5, $6, $7, now()
+WHERE (SELECT count(*) FROM cache_tokens
+       WHERE forge = $5 AND user_id = $6 AND revoked_at IS NULL AND expires_at > now()) < $8
 RETURNING id, expires_at`
 
 	// Cache tokens, newest first, at most $3: user $2 of forge $1's, or with $1 = '' everyone's

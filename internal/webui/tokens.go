@@ -43,10 +43,12 @@ var tokenDays = []int{7, 30, 90, 365}
 
 const defaultTokenDays = 90
 
-// maxTokenNote bounds a token's note; maxTokensListed the tokens a page lists.
+// maxTokenNote bounds a token's note; maxTokensListed the tokens a page lists;
+// maxLiveTokens a user's live tokens (each costs nothing to refresh, but nobody needs more).
 const (
 	maxTokenNote    = 200
 	maxTokensListed = 500
+	maxLiveTokens   = 50
 )
 
 // TokenRow is a cache token as the tokens page lists it (never the token itself).
@@ -277,7 +279,11 @@ func (u *UI) mintToken(w http.ResponseWriter, r *http.Request) {
 	}
 	h := httpapi.HashToken(token)
 	m := MintedToken{Token: token}
-	err = u.cfg.Pool.QueryRow(ctx, sqlUserTokenInsert, h[:], note, ids, days, who.forge, who.userID, who.login).Scan(&m.ID, &m.ExpiresAt)
+	err = u.cfg.Pool.QueryRow(ctx, sqlUserTokenInsert, h[:], note, ids, days, who.forge, who.userID, who.login, maxLiveTokens).Scan(&m.ID, &m.ExpiresAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		u.fail(w, r, httpapi.Errorf(http.StatusConflict, "you have %d live cache tokens: revoke one first", maxLiveTokens), "/ci/tokens")
+		return
+	}
 	if err != nil {
 		u.fail(w, r, fmt.Errorf("mint cache token: %w", err), "/ci/tokens")
 		return

@@ -202,3 +202,20 @@ func TestUserCacheTokens(t *testing.T) {
 		t.Fatalf("a token not refreshed for an hour still reads the private path")
 	}
 }
+
+// A user has at most maxLiveTokens live tokens: one more is refused until one is revoked.
+func TestUserCacheTokensBounded(t *testing.T) {
+	fx := newAuthFixture(t)
+	friend := fx.browser().login("friend")
+	fx.id(`INSERT INTO cache_tokens (token_hash, project_ids, expires_at, forge, user_id, login, refreshed_at)
+SELECT sha256(i::text::bytea), '{}', now() + interval '1 day', 'github', $1, 'friend', now()
+FROM generate_series(1, $2) i RETURNING 1`, fx.gh.UserID("friend"), maxLiveTokens)
+	resp, body := friend.post("/ci/tokens", url.Values{"csrf": {friend.csrf()}, "note": {"one more"}}, nil)
+	if resp.StatusCode != http.StatusConflict || !strings.Contains(body, "revoke one first") {
+		t.Fatalf("mint past the bound: %d %s, want 409", resp.StatusCode, body)
+	}
+	if _, err := fx.pool.Exec(fx.ctx, `UPDATE cache_tokens SET revoked_at = now() WHERE id = (SELECT min(id) FROM cache_tokens)`); err != nil {
+		t.Fatal(err)
+	}
+	friend.mint("one more")
+}
