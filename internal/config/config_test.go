@@ -278,7 +278,7 @@ private_key_file = "app.pem"
 			TrustedPublicKeys: []string{"cache.example.org-1:6NCHdD59X431o0gWypbMrAURkbJ16ZPMQFGspcDShjY="},
 		},
 		Frontend: FrontendConfig{PublicURL: "https://ci.example.org", StatusDebounce: d("1s"),
-			RepoSyncInterval: d("15m"), PollCheckInterval: d("1m"), MaxWebhooksInFlight: 32},
+			RepoSyncInterval: d("15m"), PollCheckInterval: d("1m"), CacheTokenRefresh: d("5m"), MaxWebhooksInFlight: 32},
 		Retention: RetentionConfig{Default: d("90d"), Max: d("365d"), LogRetention: d("30d"), GCInterval: d("24h"), Grace: d("24h")},
 		Forges: []ForgeConfig{
 			{Name: "gitea", Type: "gitea", URL: "https://gitea.example.org", TokenFile: "gitea.token",

@@ -93,7 +93,7 @@ func (n *node) forgeSide(httpServer *web.Server, notifier *notify.Notifier, endp
 		Logger:     n.logger,
 	}, n.pool)
 	// Users' cache tokens follow their forge permissions (a user logs in with a forge).
-	tasks = append(tasks, ui.TokenRefreshTask(0))
+	tasks = append(tasks, ui.TokenRefreshTask(cfg.Frontend.CacheTokenRefresh.Duration))
 	n.logger.Info("forges connected", "forges", strings.Join(forges.Names(), ","), "public_url", publicURL)
 	return reporter, tasks, nil
 }
