@@ -614,6 +614,8 @@ func TestValidate(t *testing.T) {
 		{"webhook body", func(c *Config) {
 			c.Forges = []ForgeConfig{{Name: "g", Type: "gitea", URL: "https://gitea.example", Token: "t", WebhookSecret: "s", MaxWebhookBody: 10}}
 		}, []string{"config: forges[0].max_webhook_body must be between 1 KB and 100 MB, got 10B"}},
+		{"cache token refresh", func(c *Config) { c.Frontend.CacheTokenRefresh = Duration{time.Hour} },
+			[]string{"config: frontend.cache_token_refresh must be at most 30m (a user's cache token not refreshed for an hour reads nothing), got 1h"}},
 		{"webhooks in flight", func(c *Config) { c.Frontend.MaxWebhooksInFlight = 0 },
 			[]string{"config: frontend.max_webhooks_in_flight must be between 1 and 10000, got 0"}},
 		{"bad trusted key", func(c *Config) { c.Substituters.TrustedPublicKeys = []string{"nokey"} },

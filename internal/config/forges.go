@@ -125,6 +125,10 @@ func (c *Config) forgeProblems(add func(key, format string, args ...any)) {
 			add(k.key, "%s must be positive, got %s", k.key, k.d)
 		}
 	}
+	// The cache refuses a user's token that no refresh vouched for within an hour.
+	if fe.CacheTokenRefresh.Duration > 30*time.Minute {
+		add("frontend.cache_token_refresh", "frontend.cache_token_refresh must be at most 30m (a user's cache token not refreshed for an hour reads nothing), got %s", fe.CacheTokenRefresh)
+	}
 	if fe.MaxWebhooksInFlight < 1 || fe.MaxWebhooksInFlight > 10000 {
 		add("frontend.max_webhooks_in_flight", "frontend.max_webhooks_in_flight must be between 1 and 10000, got %d", fe.MaxWebhooksInFlight)
 	}
