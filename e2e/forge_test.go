@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -51,6 +52,8 @@ type forgeOptions struct {
 	publicURL string
 	// frontendLines are more [frontend] lines.
 	frontendLines string
+	// repoSync is [frontend] repo_sync_interval; "" is 1s.
+	repoSync string
 	// prepare runs once the Gitea user exists, before the cluster starts: it may create more
 	// repositories and return lines for the [[forges]] entry and the frontends' environment.
 	prepare func(g *giteatest.Server, owner giteatest.User) (forgeLines string, env []string)
@@ -74,7 +77,7 @@ func newForgeCluster(t *testing.T, o forgeOptions) *forgeCluster {
 	if _, err := g.Push(ctx, repo, owner, "main", map[string]string{"README": "hello\n"}, "init", false); err != nil {
 		t.Fatal(err)
 	}
-	extra := "[frontend]\nstatus_debounce = \"100ms\"\nrepo_sync_interval = \"1s\"\npoll_check_interval = \"1s\"\n"
+	extra := fmt.Sprintf("[frontend]\nstatus_debounce = \"100ms\"\nrepo_sync_interval = %q\npoll_check_interval = \"1s\"\n", cmp.Or(o.repoSync, "1s"))
 	if o.publicURL != "" {
 		extra += fmt.Sprintf("public_url = %q\n", o.publicURL)
 	}

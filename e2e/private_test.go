@@ -250,3 +250,39 @@ func databaseText(t *testing.T, pool interface {
 	}
 	return b.String()
 }
+
+// A repository made private after discovery recorded it public: the evaluator's anonymous
+// fetch is refused for want of credentials, so it asks a frontend for the evaluation's read
+// credential and fetches once more with it, and the push is evaluated and built.
+func TestRepositoryMadePrivateAfterDiscovery(t *testing.T) {
+	// Discovery lists the repository public at the start, and not again for an hour.
+	c := newForgeCluster(t, forgeOptions{repoSync: "1h"})
+	ctx := context.Background()
+	proctest.WaitFor(t, time.Minute, "the first repository discovery", func() bool {
+		c.checkRunning()
+		var n int
+		err := c.pool.QueryRow(ctx, `SELECT count(*) FROM maintenance_runs WHERE task = 'forge-repositories'`).Scan(&n)
+		return err == nil && n > 0
+	})
+	c.enable(nil)
+	// Made private on the forge; the row still says public.
+	if err := c.gitea.Do(ctx, c.owner.Token, http.MethodPatch, "/repos/"+c.repo.FullName(), map[string]any{"private": true}, nil); err != nil {
+		t.Fatal(err)
+	}
+	sha := c.push(c.owner, c.repo, "main", map[string]string{"ci.nix": probeNix(uniqueSalt(t))}, false)
+	c.waitStatuses(sha, "success", "success", 3*time.Minute)
+
+	var logs string
+	for _, p := range c.procs {
+		logs += p.Logs()
+	}
+	if !strings.Contains(logs, "anonymous fetch was refused for want of credentials") {
+		t.Errorf("no evaluator logged the fallback to a read credential:\n%s", lastLines(logs, 40))
+	}
+	if front := c.procs["front-1"].Logs(); !strings.Contains(front, "read credential issued") {
+		t.Errorf("front-1 issued no read credential:\n%s", lastLines(front, 40))
+	}
+	if strings.Contains(logs, "OPENSSH PRIVATE KEY") {
+		t.Error("a node's log holds the deploy key")
+	}
+}

@@ -26,10 +26,12 @@ JOIN evaluations e ON e.id = a.eval_id
 JOIN projects p ON p.id = e.project_id JOIN repositories r ON r.id = p.repo_id`
 
 	// The projects of a live cache token by its hash $1; no row: no such token, or expired or
-	// revoked.
+	// revoked, or a user's token whose projects the frontends have not refreshed from the
+	// forge for an hour (it fails closed while the forge or the refresh is away).
 	sqlCacheTokenProjects = `
 SELECT project_ids FROM cache_tokens
-WHERE token_hash = $1 AND revoked_at IS NULL AND expires_at > now()`
+WHERE token_hash = $1 AND revoked_at IS NULL AND expires_at > now()
+  AND (user_id IS NULL OR refreshed_at > now() - interval '1 hour')`
 
 	// $1 hash, $2 note, $3 project names, $4 expiry; inserted only when every project named
 	// exists (no row otherwise).
@@ -41,10 +43,11 @@ FROM (SELECT array_agg(p.id ORDER BY p.id) AS ids, count(*) AS n
 WHERE s.n = cardinality(ARRAY(SELECT DISTINCT unnest($3::text[])))
 RETURNING id`
 
-	// Every cache token, newest first, with its projects' names.
+	// Every cache token, newest first, with its projects' names and whose it is ("forge:login"
+	// for a user's, "" for an admin's).
 	sqlCacheTokenList = `
 SELECT t.id, t.note, ARRAY(SELECT p.name FROM projects p WHERE p.id = ANY(t.project_ids) ORDER BY p.name),
-       t.expires_at, t.revoked_at, t.created_at
+       t.expires_at, t.revoked_at, t.created_at, COALESCE(t.forge || ':' || t.login, '')
 FROM cache_tokens t ORDER BY t.id DESC`
 
 	// $1 token id: revoked now, if not already.

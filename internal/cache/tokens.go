@@ -21,6 +21,8 @@ type TokenInfo struct {
 	ExpiresAt time.Time  `json:"expires_at"`
 	RevokedAt *time.Time `json:"revoked_at,omitempty"`
 	CreatedAt time.Time  `json:"created_at"`
+	// Owner is the user who minted it in the web UI ("forge:login"); "" for an admin's token.
+	Owner string `json:"owner,omitempty"`
 }
 
 // MintToken stores a new read-only cache token for projects, valid until expires, and returns
@@ -53,7 +55,7 @@ func ListTokens(ctx context.Context, conn db.DBTX) ([]TokenInfo, error) {
 	}
 	var t TokenInfo
 	var out []TokenInfo
-	_, err = pgx.ForEachRow(rows, []any{&t.ID, &t.Note, &t.Projects, &t.ExpiresAt, &t.RevokedAt, &t.CreatedAt}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{&t.ID, &t.Note, &t.Projects, &t.ExpiresAt, &t.RevokedAt, &t.CreatedAt, &t.Owner}, func() error {
 		out = append(out, t)
 		return nil
 	})

@@ -103,7 +103,7 @@ func newCacheTokenRevoke(g *globalFlags) *cobra.Command {
 
 func printCacheTokens(w io.Writer, tokens []cache.TokenInfo, now time.Time) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tPROJECTS\tEXPIRES\tSTATE\tNOTE")
+	fmt.Fprintln(tw, "ID\tWHOSE\tPROJECTS\tEXPIRES\tSTATE\tNOTE")
 	for _, t := range tokens {
 		state := "live"
 		switch {
@@ -112,7 +112,11 @@ func printCacheTokens(w io.Writer, tokens []cache.TokenInfo, now time.Time) {
 		case !t.ExpiresAt.After(now):
 			state = "expired"
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\n", t.ID, strings.Join(t.Projects, ","), t.ExpiresAt.UTC().Format(time.RFC3339), state, t.Note)
+		owner := t.Owner
+		if owner == "" {
+			owner = "admin"
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\n", t.ID, owner, strings.Join(t.Projects, ","), t.ExpiresAt.UTC().Format(time.RFC3339), state, t.Note)
 	}
 	_ = tw.Flush()
 }

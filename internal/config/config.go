@@ -203,7 +203,11 @@ type CacheConfig struct {
 	Priority int    `toml:"priority"` // nix-cache-info Priority
 	// NarinfoMemory bounds the narinfos a cache node keeps in memory (0 keeps none).
 	NarinfoMemory ByteSize `toml:"narinfo_memory"`
-	S3            S3Config `toml:"s3"`
+	// PublicURL is where Nix clients reach the binary cache (a load balancer in front of the
+	// cache nodes), shown in the web UI's substituter snippets. Default: the cache nodes'
+	// endpoints.
+	PublicURL string   `toml:"public_url"`
+	S3        S3Config `toml:"s3"`
 }
 
 // S3Config addresses an S3-compatible bucket. Credentials come from files or the environment.

@@ -75,6 +75,9 @@ type FrontendConfig struct {
 	RepoSyncInterval Duration `toml:"repo_sync_interval"`
 	// PollCheckInterval is how often projects with a poll_interval are checked for being due.
 	PollCheckInterval Duration `toml:"poll_check_interval"`
+	// CacheTokenRefresh is how often the maintenance leader asks the forges again which
+	// projects each user's cache token may read (a permission taken back stops it within this).
+	CacheTokenRefresh Duration `toml:"cache_token_refresh"`
 	// MaxWebhooksInFlight bounds the webhook deliveries this frontend handles at a time;
 	// past it they get 503 with Retry-After (the forge delivers again).
 	MaxWebhooksInFlight int `toml:"max_webhooks_in_flight"`
@@ -87,6 +90,7 @@ func frontendDefaults() FrontendConfig {
 		StatusDebounce:      Duration{5 * time.Second},
 		RepoSyncInterval:    Duration{15 * time.Minute},
 		PollCheckInterval:   Duration{time.Minute},
+		CacheTokenRefresh:   Duration{5 * time.Minute},
 		MaxWebhooksInFlight: 32,
 	}
 }
@@ -115,10 +119,15 @@ func (c *Config) forgeProblems(add func(key, format string, args ...any)) {
 	for _, k := range []struct {
 		key string
 		d   Duration
-	}{{"frontend.status_debounce", fe.StatusDebounce}, {"frontend.repo_sync_interval", fe.RepoSyncInterval}, {"frontend.poll_check_interval", fe.PollCheckInterval}} {
+	}{{"frontend.status_debounce", fe.StatusDebounce}, {"frontend.repo_sync_interval", fe.RepoSyncInterval}, {"frontend.poll_check_interval", fe.PollCheckInterval},
+		{"frontend.cache_token_refresh", fe.CacheTokenRefresh}} {
 		if k.d.Duration < 0 || (k.key != "frontend.status_debounce" && k.d.Duration == 0) {
 			add(k.key, "%s must be positive, got %s", k.key, k.d)
 		}
+	}
+	// The cache refuses a user's token that no refresh vouched for within an hour.
+	if fe.CacheTokenRefresh.Duration > 30*time.Minute {
+		add("frontend.cache_token_refresh", "frontend.cache_token_refresh must be at most 30m (a user's cache token not refreshed for an hour reads nothing), got %s", fe.CacheTokenRefresh)
 	}
 	if fe.MaxWebhooksInFlight < 1 || fe.MaxWebhooksInFlight > 10000 {
 		add("frontend.max_webhooks_in_flight", "frontend.max_webhooks_in_flight must be between 1 and 10000, got %d", fe.MaxWebhooksInFlight)

@@ -205,6 +205,11 @@ func (c *Config) problems(from origins) []error {
 	if c.Cache.NarinfoMemory < 0 {
 		add("cache.narinfo_memory", "cache.narinfo_memory must not be negative, got %d", c.Cache.NarinfoMemory)
 	}
+	if pu := c.Cache.PublicURL; pu != "" {
+		if u, err := url.Parse(pu); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" {
+			add("cache.public_url", "cache.public_url: invalid URL %q (an absolute http or https URL)", pu)
+		}
+	}
 	if c.Cache.Priority < 0 {
 		add("cache.priority", "cache.priority must not be negative, got %d", c.Cache.Priority)
 	}

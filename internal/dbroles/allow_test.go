@@ -195,6 +195,23 @@ func TestRolesAllow(t *testing.T) {
 		t.Fatalf("cancel for a user as f1: %+v, %v", res, err)
 	}
 	must("drain request as f1", cluster.RequestDrain(ctx, c.as["f1"], "c1"))
+	// A user's cache token: minted, listed, refreshed from the forge and revoked by a frontend.
+	var tokenID int64
+	var expires time.Time
+	must("mint a user's cache token as f1", c.as["f1"].QueryRow(ctx, realQuery(t, "webui", "sqlUserTokenInsert"),
+		make([]byte, 32), "note", []int64{}, 30, "github", int64(5), "octo", 50).Scan(&tokenID, &expires))
+	for _, q := range []struct {
+		name string
+		args []any
+	}{
+		{"sqlUserTokens", []any{"github", int64(5), 10}},
+		{"sqlLiveUserTokens", nil},
+		{"sqlUserTokenRefresh", []any{[]int64{tokenID}, []int64{}}},
+		{"sqlUserTokenRevoke", []any{tokenID, "github", int64(5)}},
+	} {
+		_, err := c.as["f1"].Exec(ctx, realQuery(t, "webui", q.name), q.args...)
+		must(q.name+" as f1", err)
+	}
 
 	// A restarted builder gives back what its previous process held (OnReregister).
 	jobs, err = queue.ClaimJobs(ctx, c.as["b1"], queue.Claimer{NodeID: "b1", Systems: []string{system}}, 1)

@@ -106,6 +106,8 @@ GRANT SELECT, INSERT, DELETE ON web_sessions TO harmonia_frontend;
 -- them.
 GRANT SELECT ON repository_credentials TO harmonia_frontend;
 GRANT SELECT, INSERT, DELETE ON admin_logins TO harmonia_frontend;
+-- Users' own cache tokens: minted and revoked in the UI, their projects refreshed from the forge.
+GRANT INSERT, UPDATE (project_ids, login, refreshed_at, revoked_at) ON cache_tokens TO harmonia_frontend;
 GRANT INSERT, DELETE ON maintenance_runs TO harmonia_frontend;
 -- Rebuild, cancel, the reaper, unsupported builds; blocked_inputs and ready for the readiness
 -- audit.

@@ -455,18 +455,33 @@ func (e *Evaluator) restarted(ctx context.Context, c claim, attr string, limit i
 // read credential a frontend mints for this evaluation. The credential lives in this function
 // only: git gets it in its environment (gitrepo.Mirror.FetchWith), the mirror's configuration
 // and the credential-free copy the project's code reads never hold it, and nothing logs it. A
-// token the forge lets its holder revoke is revoked after the fetch.
+// token the forge lets its holder revoke is revoked after the fetch. A repository recorded
+// public whose anonymous fetch is refused for want of credentials (made private since
+// discovery last listed it) is fetched once more with a credential.
 func (e *Evaluator) fetch(ctx context.Context, c claim, m *gitrepo.Mirror, private bool, log *slog.Logger) error {
-	if !private || e.creds == nil {
-		return m.Fetch(ctx)
+	if private && e.creds != nil {
+		log.Debug("fetching the private repository with a read credential")
+		return e.fetchWithCredential(ctx, c, m, log)
 	}
+	err := m.Fetch(ctx)
+	if err == nil || e.creds == nil || !gitrepo.IsAuthError(err) {
+		return err
+	}
+	log.Info("the anonymous fetch was refused for want of credentials: fetching again with a read credential (the repository may have been made private)")
+	if cerr := e.fetchWithCredential(ctx, c, m, log); cerr != nil {
+		return fmt.Errorf("%w (and with a read credential: %w)", err, cerr)
+	}
+	return nil
+}
+
+// fetchWithCredential fetches with the read credential a frontend mints for claim c, then
+// revokes it where the forge lets its holder: done with it, rather than left to expire.
+func (e *Evaluator) fetchWithCredential(ctx context.Context, c claim, m *gitrepo.Mirror, log *slog.Logger) error {
 	cred, err := e.creds.get(ctx, c)
 	if err != nil {
 		return err
 	}
-	log.Debug("fetching the private repository with a read credential", "url", cred.URL)
 	err = m.FetchWith(ctx, cred)
-	// Done with it: a token that can be revoked is, rather than left to expire.
 	if rerr := cred.Revoke(context.WithoutCancel(ctx), e.creds.http); rerr != nil {
 		log.Warn("could not revoke the read credential; it expires by itself", "err", rerr, "expires", cred.Expires)
 	}

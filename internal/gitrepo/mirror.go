@@ -405,3 +405,32 @@ func redact(u string) string {
 	}
 	return u
 }
+
+// authRefusals are what git says when a remote wants credentials it was not given: HTTP's 401
+// with prompts off, a refused password or token, ssh refusing the key.
+var authRefusals = []string{
+	"could not read username",
+	"terminal prompts disabled",
+	"authentication failed",
+	"requested url returned error: 401",
+	"requested url returned error: 403",
+	"http basic: access denied",
+	"permission denied (publickey",
+}
+
+// IsAuthError reports whether err is a fetch the remote refused for want of credentials (a
+// repository made private since it was recorded public, say), rather than one that failed
+// for another reason.
+func IsAuthError(err error) bool {
+	var ge *gitError
+	if !errors.As(err, &ge) {
+		return false
+	}
+	s := strings.ToLower(ge.stderr)
+	for _, r := range authRefusals {
+		if strings.Contains(s, r) {
+			return true
+		}
+	}
+	return false
+}

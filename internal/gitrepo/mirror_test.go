@@ -3,6 +3,8 @@ package gitrepo
 import (
 	"context"
 	"errors"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -408,5 +410,39 @@ func TestReadFile(t *testing.T) {
 				t.Fatalf("ReadFile(%s, %q) returned %q for an absent file, want nil", tt.commit, tt.path, got)
 			}
 		})
+	}
+}
+
+// A remote that wants credentials is told apart from one that fails otherwise: the evaluator
+// then asks for a read credential (a repository made private since it was recorded public).
+func TestIsAuthError(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case strings.HasPrefix(r.URL.Path, "/private/"):
+			w.Header().Set("WWW-Authenticate", `Basic realm="forge"`)
+			http.Error(w, "unauthorized", http.StatusUnauthorized)
+		case strings.HasPrefix(r.URL.Path, "/forbidden/"):
+			http.Error(w, "forbidden", http.StatusForbidden)
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	defer srv.Close()
+	for _, tt := range []struct {
+		path string
+		auth bool
+	}{
+		{"/private/repo.git", true},
+		{"/forbidden/repo.git", true},
+		{"/missing/repo.git", false},
+	} {
+		m := &Mirror{Dir: filepath.Join(t.TempDir(), "project.git"), URL: srv.URL + tt.path}
+		err := m.Fetch(t.Context())
+		if err == nil || IsAuthError(err) != tt.auth {
+			t.Errorf("fetch of %s: %v; IsAuthError %v, want %v", tt.path, err, IsAuthError(err), tt.auth)
+		}
+	}
+	if IsAuthError(errors.New("git fetch: could not read Username")) {
+		t.Error("an error that is not git's counts as an authentication error")
 	}
 }

@@ -36,7 +36,8 @@ func (n *node) forgeSide(httpServer *web.Server, notifier *notify.Notifier, endp
 	}
 	ui, err := webui.New(webui.Config{Pool: n.pool, Forges: forges, Notifier: notifier, Logger: n.logger,
 		Secret: []byte(cfg.Auth.Secret), Admins: cfg.Auth.Admins, AdminToken: cfg.Auth.AdminToken,
-		PublicURL: cfg.Frontend.PublicURL, OAuth: oauth})
+		PublicURL: cfg.Frontend.PublicURL, OAuth: oauth,
+		CacheURL: cfg.Cache.PublicURL, DeadThreshold: cfg.Cluster.Heartbeat.DeadThreshold.Duration})
 	if err != nil {
 		return nil, nil, err
 	}
@@ -91,6 +92,8 @@ func (n *node) forgeSide(httpServer *web.Server, notifier *notify.Notifier, endp
 		Reregister: enabler.Reregister,
 		Logger:     n.logger,
 	}, n.pool)
+	// Users' cache tokens follow their forge permissions (a user logs in with a forge).
+	tasks = append(tasks, ui.TokenRefreshTask(cfg.Frontend.CacheTokenRefresh.Duration))
 	n.logger.Info("forges connected", "forges", strings.Join(forges.Names(), ","), "public_url", publicURL)
 	return reporter, tasks, nil
 }

@@ -85,6 +85,11 @@ type ProjectPage struct {
 	Evals           []EvalRow
 	Before          int64  // this page's cursor; 0 on the first page
 	More            string // the next page's URL; "" on the last page
+	// Cache is where the project's outputs are substituted from (substitute.go); the first
+	// page only.
+	Cache CacheSources
+	// TokenPlaceholder stands for the viewer's cache token in the netrc snippet.
+	TokenPlaceholder string
 }
 
 func (u *UI) projectPage(w http.ResponseWriter, r *http.Request) (string, Page, error) {
@@ -118,6 +123,10 @@ func (u *UI) projectPage(w http.ResponseWriter, r *http.Request) (string, Page, 
 	d.RepoURL = repoURL(p.CloneURL)
 	d.Before = before
 	if before == 0 {
+		if d.Cache, err = u.cacheSources(ctx, u.Caller(r).Kind == access.Anonymous); err != nil {
+			return "", Page{}, err
+		}
+		d.TokenPlaceholder = tokenPlaceholder
 		if d.Branches, err = u.evalRows(ctx, p, sqlProjectBranches, p.ID, p.DefaultBranch, listLimit); err != nil {
 			return "", Page{}, err
 		}

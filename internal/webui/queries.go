@@ -631,3 +631,60 @@ LEFT JOIN build_jobs j ON j.drv_path = a.drv_path
 WHERE p.name = $1 AND e.branch = $2 AND e.pr_number IS NULL AND e.status <> 'cancelled'
 ORDER BY e.id DESC LIMIT $4`
 )
+
+// Users' cache tokens (tokens.go).
+const (
+	// Every project with its repository, for the projects a user may read: id, name, private,
+	// forge, full name, installation.
+	sqlProjectRepos = `
+SELECT p.id, p.name, r.is_private, r.forge, r.full_name, COALESCE(r.installation_id, 0)
+FROM projects p JOIN repositories r ON r.id = p.repo_id
+ORDER BY p.id`
+
+	// A user's cache token: $1 hash, $2 note, $3 project ids, $4 days valid, $5 forge, $6 user
+	// id, $7 login; no row when the user has $8 live tokens already. Refreshed now: its
+	// projects are what the forge said at mint.
+	sqlUserTokenInsert = `
+INSERT INTO cache_tokens (token_hash, note, project_ids, expires_at, forge, user_id, login, refreshed_at)
+SELECT $1, $2, $3, now() + make_interval(days => $4), $5, $6, $7, now()
+WHERE (SELECT count(*) FROM cache_tokens
+       WHERE forge = $5 AND user_id = $6 AND revoked_at IS NULL AND expires_at > now()) < $8
+RETURNING id, expires_at`
+
+	// Cache tokens, newest first, at most $3: user $2 of forge $1's, or with $1 = '' everyone's
+	// (an admin's view, admin tokens included). Owner: "forge:login", "" for an admin token.
+	sqlUserTokens = `
+SELECT t.id, t.note, COALESCE(t.forge || ':' || t.login, ''), t.project_ids, t.expires_at, t.revoked_at,
+       t.created_at, t.revoked_at IS NULL AND t.expires_at > now()
+FROM cache_tokens t
+WHERE $1 = '' OR (t.forge = $1 AND t.user_id = $2)
+ORDER BY t.id DESC
+LIMIT $3`
+
+	// Revoke token $1 now, if it is live and user $3 of forge $2's (with $2 = '': anyone's, an
+	// admin's revocation).
+	sqlUserTokenRevoke = `
+UPDATE cache_tokens SET revoked_at = now()
+WHERE id = $1 AND revoked_at IS NULL AND ($2 = '' OR (forge = $2 AND user_id = $3))`
+
+	// The live users' tokens, for the refresh: id, forge, user id, login.
+	sqlLiveUserTokens = `
+SELECT id, forge, user_id, login FROM cache_tokens
+WHERE user_id IS NOT NULL AND revoked_at IS NULL AND expires_at > now()
+ORDER BY forge, user_id, login, id`
+
+	// Tokens $1 read projects $2 from now on (the forge's answer of this refresh).
+	sqlUserTokenRefresh = `
+UPDATE cache_tokens SET project_ids = $2, refreshed_at = now()
+WHERE id = ANY($1::bigint[]) AND revoked_at IS NULL`
+
+	// Where Nix clients substitute from: the live cache nodes' endpoints (silent for less than
+	// $1 seconds), and the keys the cluster signs with.
+	sqlCacheSources = `
+SELECT
+    ARRAY(SELECT endpoint FROM nodes
+          WHERE 'cache' = ANY(capabilities) AND endpoint IS NOT NULL AND endpoint <> ''
+            AND status NOT IN ('dead') AND last_seen > now() - make_interval(secs => $1)
+          ORDER BY id),
+    ARRAY(SELECT public_key FROM signing_keys ORDER BY first_seen, public_key)`
+)

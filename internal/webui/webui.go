@@ -64,6 +64,12 @@ type Config struct {
 	// PermissionTTL is how long a forge's answer about a user's permission is reused; 0 means
 	// DefaultPermissionTTL (5 min).
 	PermissionTTL time.Duration
+
+	// Where Nix clients substitute from (the project pages' snippets, substitute.go).
+	// CacheURL is [cache] public_url; "" lists the live cache nodes' endpoints, those heard
+	// from within DeadThreshold (default cluster.DefaultDeadThreshold).
+	CacheURL      string
+	DeadThreshold time.Duration
 }
 
 // UI serves the pages.
@@ -134,6 +140,7 @@ func (u *UI) Register(rt *access.Routes) {
 	u.registerEvents(rt)      // live updates over SSE (events.go)
 	u.registerAuth(rt)        // login, logout and the actions (auth.go, actions.go)
 	u.registerSettings(rt)    // the admins' project settings (settings.go)
+	u.registerTokens(rt)      // users' cache tokens (tokens.go)
 }
 
 func (u *UI) staticHandler() http.Handler {
