@@ -1,29 +1,38 @@
 package cache
 
 const (
-	// Whether any project's repository is private: when none is, every path is public and no
-	// path is looked up.
-	sqlAnyPrivate = `
-SELECT EXISTS (SELECT 1 FROM projects p JOIN repositories r ON r.id = p.repo_id WHERE r.is_private)`
+	// Whether any path may be restricted: any project's repository is private, or any output is
+	// quarantined. When neither, every path is public and no path is looked up.
+	sqlAnyRestricted = `
+SELECT EXISTS (SELECT 1 FROM projects p JOIN repositories r ON r.id = p.repo_id WHERE r.is_private)
+    OR EXISTS (SELECT 1 FROM derivation_outputs WHERE quarantined)`
 
 	// The projects that have the store paths of hash part $1 (a derivation's, or an output's of
 	// one), each with its repository's privacy: through the build jobs queued for them and the
-	// evaluations that have them as attributes. No row: no project's. Outputs are found by
-	// the index on their hash part (migration 0021).
+	// evaluations that have them as attributes; and whether the path is a quarantined output
+	// (every built row of it is). Always one row at least; a NULL id: no project's. Outputs are
+	// found by the index on their hash part (migration 0021).
 	sqlPathProjects = `
 WITH d AS (
     SELECT drv_path FROM derivations WHERE hash_part = $1
     UNION
     SELECT drv_path FROM derivation_outputs WHERE substr(output_path, 12, 32) = $1
+), q AS (
+    SELECT EXISTS (SELECT 1 FROM derivation_outputs WHERE substr(output_path, 12, 32) = $1 AND quarantined)
+       AND NOT EXISTS (SELECT 1 FROM derivation_outputs
+                       WHERE substr(output_path, 12, 32) = $1 AND nar_hash IS NOT NULL AND NOT quarantined) AS quarantined
 )
-SELECT p.id, r.is_private
-FROM d JOIN build_jobs j ON j.drv_path = d.drv_path
-JOIN projects p ON p.id = j.project_id JOIN repositories r ON r.id = p.repo_id
-UNION
-SELECT p.id, r.is_private
-FROM d JOIN eval_attrs a ON a.drv_path = d.drv_path
-JOIN evaluations e ON e.id = a.eval_id
-JOIN projects p ON p.id = e.project_id JOIN repositories r ON r.id = p.repo_id`
+SELECT s.id, COALESCE(s.is_private, false), q.quarantined
+FROM q LEFT JOIN (
+    SELECT p.id, r.is_private
+    FROM d JOIN build_jobs j ON j.drv_path = d.drv_path
+    JOIN projects p ON p.id = j.project_id JOIN repositories r ON r.id = p.repo_id
+    UNION
+    SELECT p.id, r.is_private
+    FROM d JOIN eval_attrs a ON a.drv_path = d.drv_path
+    JOIN evaluations e ON e.id = a.eval_id
+    JOIN projects p ON p.id = e.project_id JOIN repositories r ON r.id = p.repo_id
+) s ON true`
 
 	// The projects of a live cache token by its hash $1; no row: no such token, or expired or
 	// revoked.

@@ -29,16 +29,18 @@ const DefaultVisibilityTTL = 10 * time.Second
 const maxPathEntries = 200_000
 
 // Visibility is who may read which store path. A path is private when every project that
-// has it (a build job queued for it, an evaluation with it as an attribute) is private; a
-// path of a public project, or of none, is everyone's. A private path is read by the admin
-// token, by node tokens (when Nodes is set) and by cache tokens of one of its projects; to
-// anyone else it is the same 404 as a path that does not exist.
+// has it (a build job queued for it, an evaluation with it as an attribute) is private, or
+// when it is a quarantined output (built only for pull requests), whatever its projects; any
+// other path, of a public project or of none, is everyone's. A private path is read by the
+// admin token, by node tokens (when Nodes is set) and by cache tokens of one of its projects;
+// to anyone else it is the same 404 as a path that does not exist.
 //
 // Credentials are the password of HTTP basic auth (what Nix sends from a netrc-file; the
 // user name is ignored) or a bearer token.
 //
-// What it learns is kept for TTL: whether any project is private at all (when none is, no
-// path is looked up: the public fast path costs no query), and each path's projects.
+// What it learns is kept for TTL: whether any project is private or any output quarantined at
+// all (when neither, no path is looked up: the public fast path costs no query), and each
+// path's projects.
 type Visibility struct {
 	DB db.DBTX
 	// Admin, if set, is the admin token's hash: it reads everything.
@@ -68,8 +70,9 @@ type nodeEntry struct {
 const maxNodeEntries = 10000
 
 type pathEntry struct {
-	private []int64 // the projects of a private path; nil: public
-	at      time.Time
+	private  bool
+	projects []int64 // the projects of a private path, whose cache tokens read it
+	at       time.Time
 }
 
 func (v *Visibility) ttl() time.Duration {
@@ -89,11 +92,11 @@ func (v *Visibility) now() time.Time {
 // MayRead reports whether r may read the store paths of hash part hash, and whether they are
 // private (an answer no shared cache may keep).
 func (v *Visibility) MayRead(ctx context.Context, r *http.Request, hash string) (ok, private bool, err error) {
-	projects, err := v.privateProjects(ctx, hash)
-	if err != nil || projects == nil {
+	e, err := v.path(ctx, hash)
+	if err != nil || !e.private {
 		return err == nil, false, err
 	}
-	ok, err = v.mayReadPrivate(ctx, r, projects)
+	ok, err = v.mayReadPrivate(ctx, r, e.projects)
 	return ok, true, err
 }
 
@@ -132,26 +135,26 @@ func (v *Visibility) mayReadPrivate(ctx context.Context, r *http.Request, projec
 	return false, nil
 }
 
-// privateProjects are the projects of the private path hash; nil for a public one.
-func (v *Visibility) privateProjects(ctx context.Context, hash string) ([]int64, error) {
+// path is what Visibility knows of the path hash: whether it is private, and its projects.
+func (v *Visibility) path(ctx context.Context, hash string) (pathEntry, error) {
 	now := v.now()
 	v.mu.Lock()
 	if !v.anyAt.IsZero() && now.Sub(v.anyAt) < v.ttl() {
 		if !v.anyPrivate {
 			v.mu.Unlock()
-			return nil, nil
+			return pathEntry{}, nil
 		}
 		if e, ok := v.paths[hash]; ok && now.Sub(e.at) < v.ttl() {
 			v.mu.Unlock()
-			return e.private, nil
+			return e, nil
 		}
 	}
 	v.mu.Unlock()
 
 	if v.anyStale(now) {
 		var any bool
-		if err := v.DB.QueryRow(ctx, sqlAnyPrivate).Scan(&any); err != nil {
-			return nil, fmt.Errorf("private projects: %w", err)
+		if err := v.DB.QueryRow(ctx, sqlAnyRestricted).Scan(&any); err != nil {
+			return pathEntry{}, fmt.Errorf("private projects: %w", err)
 		}
 		v.mu.Lock()
 		v.anyPrivate, v.anyAt = any, now
@@ -160,37 +163,42 @@ func (v *Visibility) privateProjects(ctx context.Context, hash string) ([]int64,
 		}
 		v.mu.Unlock()
 		if !any {
-			return nil, nil
+			return pathEntry{}, nil
 		}
 	}
 	rows, err := v.DB.Query(ctx, sqlPathProjects, hash)
 	if err != nil {
-		return nil, fmt.Errorf("projects of %s: %w", hash, err)
+		return pathEntry{}, fmt.Errorf("projects of %s: %w", hash, err)
 	}
-	var id int64
-	var private, public bool
+	var id *int64
+	var private, quarantined, public bool
 	var ids []int64
-	_, err = pgx.ForEachRow(rows, []any{&id, &private}, func() error {
-		if private {
-			ids = append(ids, id)
-		} else {
+	_, err = pgx.ForEachRow(rows, []any{&id, &private, &quarantined}, func() error {
+		switch {
+		case id == nil:
+		case private || quarantined:
+			ids = append(ids, *id)
+		default:
 			public = true
 		}
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("projects of %s: %w", hash, err)
+		return pathEntry{}, fmt.Errorf("projects of %s: %w", hash, err)
 	}
-	if public {
-		ids = nil
+	// A quarantined output is private whatever its projects: only a trusted build makes it
+	// everyone's.
+	e := pathEntry{private: quarantined || (ids != nil && !public), at: now}
+	if e.private {
+		e.projects = ids
 	}
 	v.mu.Lock()
 	if v.paths == nil || len(v.paths) >= maxPathEntries {
 		v.paths = make(map[string]pathEntry)
 	}
-	v.paths[hash] = pathEntry{private: ids, at: now}
+	v.paths[hash] = e
 	v.mu.Unlock()
-	return ids, nil
+	return e, nil
 }
 
 func (v *Visibility) anyStale(now time.Time) bool {

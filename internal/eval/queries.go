@@ -27,7 +27,9 @@ WHERE 'frontend' = ANY(capabilities) AND last_seen > now() - make_interval(secs 
 ORDER BY id`
 
 	sqlRepoOfEval = `
-SELECT e.project_id, r.clone_url, r.is_private, e.commit_sha, e.branch, COALESCE(e.pr_number, 0), e.pr_base FROM evaluations e
+SELECT e.project_id, r.clone_url, r.is_private, e.commit_sha, e.branch, COALESCE(e.pr_number, 0), e.pr_base,
+       p.promote_pr_outputs
+FROM evaluations e
 JOIN projects p ON p.id = e.project_id JOIN repositories r ON r.id = p.repo_id
 WHERE e.id = $1`
 
@@ -60,9 +62,49 @@ WHERE o.output_path = ANY($1)`
 
 	// Any derivation's row counts: only the signer records a hash, on the rows of a derivation
 	// whose outputs it checked, and a derivation sharing the path has the same derivation
-	// hash (checkSharedOutputs), so Nix would take the path as built for it too.
+	// hash (checkSharedOutputs), so Nix would take the path as built for it too. Each path
+	// comes with whether it is quarantined (every built row is).
 	sqlCachedOutputs = `
-SELECT DISTINCT output_path FROM derivation_outputs WHERE output_path = ANY($1) AND nar_hash IS NOT NULL`
+SELECT output_path, bool_and(quarantined) FROM derivation_outputs
+WHERE output_path = ANY($1) AND nar_hash IS NOT NULL
+GROUP BY output_path`
+
+	// A trusted evaluation promotes the quarantined outputs $1 of its new derivations.
+	sqlPromoteOutputs = `
+UPDATE derivation_outputs SET quarantined = false WHERE output_path = ANY($1) AND quarantined`
+
+	// A trusted evaluation's ingest, for the closure of the known derivations $1 it met: their
+	// unfinished jobs become trusted (one running for a pull request counts as trusted when it
+	// completes: it builds the same derivation), and outputs of it that are quarantined (every
+	// built row of the path is) are promoted when $2, or else their succeeded jobs go back to
+	// pending, trusted, to be rebuilt (the readiness triggers block their dependents again).
+	// The walk is skipped while nothing is untrusted or quarantined. Returns the systems of the
+	// jobs reset.
+	sqlTrustClosure = `
+WITH RECURSIVE clo(drv_path) AS (
+    SELECT unnest($1::text[])
+    WHERE EXISTS (SELECT 1 FROM build_jobs WHERE NOT trusted)
+       OR EXISTS (SELECT 1 FROM derivation_outputs WHERE quarantined)
+  UNION
+    SELECT di.input_drv FROM derivation_inputs di JOIN clo c ON di.referrer = c.drv_path
+), trust AS (
+    UPDATE build_jobs bj SET trusted = true
+    WHERE bj.drv_path IN (SELECT drv_path FROM clo) AND NOT bj.trusted AND bj.status <> 'succeeded'
+), q AS (
+    SELECT o.drv_path, o.output_path FROM derivation_outputs o
+    WHERE o.drv_path IN (SELECT drv_path FROM clo) AND o.quarantined
+      AND NOT EXISTS (SELECT 1 FROM derivation_outputs p
+                      WHERE p.output_path = o.output_path AND p.nar_hash IS NOT NULL AND NOT p.quarantined)
+), promoted AS (
+    UPDATE derivation_outputs o SET quarantined = false
+    WHERE $2 AND o.output_path IN (SELECT output_path FROM q) AND o.quarantined
+), reset AS (
+    UPDATE build_jobs bj SET status = 'pending', trusted = true, claimed_by = NULL, claimed_at = NULL,
+        started_at = NULL, finished_at = NULL
+    WHERE NOT $2 AND bj.drv_path IN (SELECT drv_path FROM q) AND bj.status = 'succeeded'
+    RETURNING bj.system
+)
+SELECT ARRAY(SELECT system FROM reset)`
 
 	// $1 eval, $2 attr[], $3 drv_path[] ('' = NULL), $4 error[] ('' = NULL)
 	sqlInsertAttrs = `

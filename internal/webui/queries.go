@@ -451,7 +451,8 @@ const (
 	sqlSettingsRepos = `
 SELECT r.id, r.forge, r.full_name, r.clone_url, r.default_branch, r.is_private, COALESCE(r.hook_id, ''),
        COALESCE(p.name, ''), p.id IS NOT NULL, COALESCE(p.enabled, false), COALESCE(p.scheduling_shares, 0),
-       COALESCE(p.pr_enabled, false), COALESCE(p.pr_trust, ''), COALESCE(p.poll_interval, 0)
+       COALESCE(p.pr_enabled, false), COALESCE(p.pr_trust, ''), COALESCE(p.poll_interval, 0),
+       COALESCE(p.promote_pr_outputs, true)
 FROM repositories r LEFT JOIN projects p ON p.repo_id = r.id
 WHERE ($1::text = '' OR r.full_name ILIKE $1 OR r.forge ILIKE $1 OR p.name ILIKE $1)
   AND ($2::bigint = 0 OR (r.forge, r.full_name) > (SELECT forge, full_name FROM repositories WHERE id = $2))
@@ -462,7 +463,8 @@ LIMIT $3`
 	sqlSettingsRepo = `
 SELECT r.id, r.forge, r.full_name, r.clone_url, r.default_branch, r.is_private, COALESCE(r.hook_id, ''),
        COALESCE(p.name, ''), p.id IS NOT NULL, COALESCE(p.enabled, false), COALESCE(p.scheduling_shares, 0),
-       COALESCE(p.pr_enabled, false), COALESCE(p.pr_trust, ''), COALESCE(p.poll_interval, 0)
+       COALESCE(p.pr_enabled, false), COALESCE(p.pr_trust, ''), COALESCE(p.poll_interval, 0),
+       COALESCE(p.promote_pr_outputs, true)
 FROM repositories r LEFT JOIN projects p ON p.repo_id = r.id
 WHERE r.id = $1`
 )
