@@ -410,6 +410,17 @@ WHERE di.input_drv = $1
 ORDER BY j.id DESC
 LIMIT $2`
 
+	// A build's outputs ($1 its derivation): path, the NAR hash the cache serves, whether only
+	// pull requests built the path (quarantined), and the NAR hash of a pull request's build a
+	// trusted rebuild did not reproduce ('' for none).
+	sqlBuildOutputs = `
+SELECT o.output_name, COALESCE(o.output_path, ''), COALESCE(o.nar_hash, ''),
+       o.quarantined AND NOT EXISTS (SELECT 1 FROM derivation_outputs c
+                                     WHERE c.output_path = o.output_path AND c.nar_hash IS NOT NULL AND NOT c.quarantined),
+       COALESCE(o.nonrepro_nar_hash, '')
+FROM derivation_outputs o WHERE o.drv_path = $1
+ORDER BY o.output_name`
+
 	// A build's log state: status, archived log key, live tail. $1 job id.
 	sqlBuildLogState = `
 SELECT j.status, COALESCE(j.log_url, ''), t.log_tail

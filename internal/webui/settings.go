@@ -363,8 +363,6 @@ func parseForm(r *http.Request, form *SettingsForm) (project.Settings, error) {
 		PREnabled:    r.PostFormValue("pr_enabled") != "",
 		PRTrust:      r.PostFormValue("pr_trust"),
 		PollInterval: strings.TrimSpace(r.PostFormValue("poll_interval")),
-		// A form without the field (an older page, a script) keeps outputs rebuilt rather than
-		// promoted only when it says so: absent means on, as the default.
 		PromotePROutputs: r.PostFormValue("promote_pr_outputs") != "off",
 		submitted:        true,
 	}
@@ -384,8 +382,16 @@ func parseForm(r *http.Request, form *SettingsForm) (project.Settings, error) {
 		poll = d.Duration
 	}
 	trust, pr := form.PRTrust, form.PREnabled
-	promote := form.PromotePROutputs
-	s := project.Settings{Shares: &shares, PREnabled: &pr, PRTrust: &trust, PollInterval: &poll, PromotePROutputs: &promote}
+	s := project.Settings{Shares: &shares, PREnabled: &pr, PRTrust: &trust, PollInterval: &poll}
+	// A form without the field (a script written before it) leaves the setting as it is.
+	switch r.PostFormValue("promote_pr_outputs") {
+	case "":
+	case "on", "off":
+		promote := form.PromotePROutputs
+		s.PromotePROutputs = &promote
+	default:
+		return project.Settings{}, invalid("promote_pr_outputs %q: want on or off", r.PostFormValue("promote_pr_outputs"))
+	}
 	if err := s.Validate(); err != nil {
 		return project.Settings{}, invalid("%v", err)
 	}
