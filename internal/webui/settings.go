@@ -358,11 +358,11 @@ func parseForm(r *http.Request, form *SettingsForm) (project.Settings, error) {
 		return project.Settings{}, &settingsError{Code: http.StatusBadRequest, Msg: "the form could not be read", Err: err}
 	}
 	*form = SettingsForm{
-		Name:         strings.TrimSpace(r.PostFormValue("name")),
-		Shares:       strings.TrimSpace(r.PostFormValue("shares")),
-		PREnabled:    r.PostFormValue("pr_enabled") != "",
-		PRTrust:      r.PostFormValue("pr_trust"),
-		PollInterval: strings.TrimSpace(r.PostFormValue("poll_interval")),
+		Name:             strings.TrimSpace(r.PostFormValue("name")),
+		Shares:           strings.TrimSpace(r.PostFormValue("shares")),
+		PREnabled:        r.PostFormValue("pr_enabled") != "",
+		PRTrust:          r.PostFormValue("pr_trust"),
+		PollInterval:     strings.TrimSpace(r.PostFormValue("poll_interval")),
 		PromotePROutputs: r.PostFormValue("promote_pr_outputs") != "off",
 		submitted:        true,
 	}
