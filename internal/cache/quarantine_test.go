@@ -25,7 +25,14 @@ const (
 	qDrv      = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa" // a pull request's derivation
 	qOut      = "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb" // its output, built only for the pull request
 	qTrustOut = "cccccccccccccccccccccccccccccccc" // built for a pull request and for a branch
+	qLateDrv  = "ffffffffffffffffffffffffffffffff" // a pull request's, built after the cache asked
+	qLateOut  = "gggggggggggggggggggggggggggggggg"
 )
+
+// quarantinedNarinfo is a narinfo as the signer writes it for an untrusted job.
+func quarantinedNarinfo(hash string) []byte {
+	return []byte("StorePath: /nix/store/" + hash + "-q\nHarmoniaQuarantined: 1\n")
+}
 
 // quarFixture inserts the public projects pub and other, pub's derivations with a job each, and
 // outputs built for a pull request only (qOut) and for both (qTrustOut).
@@ -59,9 +66,9 @@ func quarFixture(t testing.TB, pool *pgxpool.Pool) {
 }
 
 // An output built only for a pull request is quarantined even in a public project: anonymous
-// cache users get exactly the answer of a missing path; nodes, the admin and the project's
-// tokens read it, privately. Its .drv and an output a trusted job built too are public. Once
-// promoted it is everyone's.
+// cache users get exactly the answer of a missing path (GET and HEAD); nodes, the admin and the
+// project's tokens read it, privately. Its .drv and an output a trusted job built too are
+// public. Once promoted it is everyone's.
 func TestQuarantinedOutputsOfAPublicProject(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -69,9 +76,10 @@ func TestQuarantinedOutputsOfAPublicProject(t *testing.T) {
 	quarFixture(t, pool)
 
 	store := newLocal(t)
-	for _, h := range []string{qDrv, qOut, qTrustOut} {
-		put(t, store, h+".narinfo", []byte("StorePath: /nix/store/"+h+"-q\n"))
-	}
+	put(t, store, qDrv+".narinfo", []byte("StorePath: /nix/store/"+qDrv+"-q\n"))
+	// Both outputs were first built for a pull request; one has been built by a trusted job too.
+	put(t, store, qOut+".narinfo", quarantinedNarinfo(qOut))
+	put(t, store, qTrustOut+".narinfo", quarantinedNarinfo(qTrustOut))
 	const adminToken = "admin-token-0123456789"
 	admin := httpapi.HashToken(adminToken)
 	key, err := nodetoken.NewKey("cluster-secret-0123456789")
@@ -101,9 +109,9 @@ func TestQuarantinedOutputsOfAPublicProject(t *testing.T) {
 		t.Cleanup(srv.Close)
 		return srv
 	}
-	get := func(srv *httptest.Server, path, token string) (int, string, http.Header) {
+	getMethod := func(srv *httptest.Server, method, path, token string) (int, string, http.Header) {
 		t.Helper()
-		req, err := http.NewRequest("GET", srv.URL+path, nil)
+		req, err := http.NewRequest(method, srv.URL+path, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -122,8 +130,36 @@ func TestQuarantinedOutputsOfAPublicProject(t *testing.T) {
 		resp.Header.Del("Date")
 		return resp.StatusCode, string(body), resp.Header
 	}
+	get := func(srv *httptest.Server, path, token string) (int, string, http.Header) {
+		t.Helper()
+		return getMethod(srv, http.MethodGet, path, token)
+	}
 
 	srv := serve()
+	// A pull request's output built after the cache learnt its path (and that nothing is
+	// private) is not served to everyone meanwhile: the narinfo carries the mark.
+	if code, _, _ := get(srv, "/"+qLateOut+".narinfo", ""); code != http.StatusNotFound {
+		t.Fatalf("a path not built yet: %d", code)
+	}
+	for _, sql := range []string{
+		`INSERT INTO derivations (drv_path, hash_part, name, system, nar_hash, nar_size) VALUES ('/nix/store/` + qLateDrv + `-q.drv', '` + qLateDrv + `', 'q', 'x86_64-linux', 'h', 1)`,
+		`INSERT INTO derivation_outputs (drv_path, output_name, output_path, nar_hash, nar_size, quarantined) VALUES ('/nix/store/` + qLateDrv + `-q.drv', 'out', '/nix/store/` + qLateOut + `-q', 'sha256:x', 1, true)`,
+		`INSERT INTO build_jobs (drv_path, project_id, system, status, trusted) SELECT '/nix/store/` + qLateDrv + `-q.drv', id, 'x86_64-linux', 'succeeded', false FROM projects WHERE name = 'pub'`,
+	} {
+		if _, err := pool.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	put(t, store, qLateOut+".narinfo", quarantinedNarinfo(qLateOut))
+	for range 2 { // from the store, then from memory
+		if code, _, _ := get(srv, "/"+qLateOut+".narinfo", ""); code != http.StatusNotFound {
+			t.Errorf("a pull request's output built after the cache asked about it, anonymous: %d, want 404", code)
+		}
+	}
+	if code, _, _ := get(srv, "/"+qLateOut+".narinfo", nodeToken); code != http.StatusOK {
+		t.Errorf("a pull request's output built after the cache asked about it, node token: %d, want 200", code)
+	}
+
 	for _, c := range []struct {
 		name, token string
 		reads       bool
@@ -134,6 +170,12 @@ func TestQuarantinedOutputsOfAPublicProject(t *testing.T) {
 		{"admin token", adminToken, true},
 		{"node token", nodeToken, true},
 	} {
+		for _, head := range []bool{false, true} {
+			code, _, _ := getMethod(srv, map[bool]string{false: http.MethodGet, true: http.MethodHead}[head], "/"+qOut+".narinfo", c.token)
+			if (code == http.StatusOK) != c.reads {
+				t.Errorf("%s: HEAD %v of the quarantined output: %d, want readable %v", c.name, head, code, c.reads)
+			}
+		}
 		code, body, h := get(srv, "/"+qOut+".narinfo", c.token)
 		if c.reads {
 			if code != http.StatusOK || !strings.HasPrefix(h.Get("Cache-Control"), "private,") {

@@ -29,18 +29,18 @@ const DefaultVisibilityTTL = 10 * time.Second
 const maxPathEntries = 200_000
 
 // Visibility is who may read which store path. A path is private when every project that
-// has it (a build job queued for it, an evaluation with it as an attribute) is private, or
-// when it is a quarantined output (built only for pull requests), whatever its projects; any
-// other path, of a public project or of none, is everyone's. A private path is read by the
-// admin token, by node tokens (when Nodes is set) and by cache tokens of one of its projects;
-// to anyone else it is the same 404 as a path that does not exist.
+// has it (a build job queued for it, an evaluation with it as an attribute) is private; a
+// path of a public project, or of none, is everyone's. A private path is read by the admin
+// token, by node tokens (when Nodes is set) and by cache tokens of one of its projects; to
+// anyone else it is the same 404 as a path that does not exist. A quarantined output (its
+// narinfo says so: only pull requests built it) is read likewise, by cache tokens of any of
+// its projects, until a built row of it is released (MayReadQuarantined).
 //
 // Credentials are the password of HTTP basic auth (what Nix sends from a netrc-file; the
 // user name is ignored) or a bearer token.
 //
-// What it learns is kept for TTL: whether any project is private or any output quarantined at
-// all (when neither, no path is looked up: the public fast path costs no query), and each
-// path's projects.
+// What it learns is kept for TTL: whether any project is private at all (when none is, no
+// path is looked up: the public fast path costs no query), and each path's projects.
 type Visibility struct {
 	DB db.DBTX
 	// Admin, if set, is the admin token's hash: it reads everything.
@@ -71,7 +71,9 @@ const maxNodeEntries = 10000
 
 type pathEntry struct {
 	private  bool
-	projects []int64 // the projects of a private path, whose cache tokens read it
+	projects []int64 // every project of the path
+	// released: a built row of the output is not quarantined (never changes back).
+	released bool
 	at       time.Time
 }
 
@@ -92,9 +94,29 @@ func (v *Visibility) now() time.Time {
 // MayRead reports whether r may read the store paths of hash part hash, and whether they are
 // private (an answer no shared cache may keep).
 func (v *Visibility) MayRead(ctx context.Context, r *http.Request, hash string) (ok, private bool, err error) {
+	if any, err := v.anyPrivateNow(ctx); err != nil || !any {
+		return err == nil, false, err
+	}
 	e, err := v.path(ctx, hash)
 	if err != nil || !e.private {
 		return err == nil, false, err
+	}
+	ok, err = v.mayReadPrivate(ctx, r, e.projects)
+	return ok, true, err
+}
+
+// MayReadQuarantined reports whether r may read the output of hash part hash, whose narinfo is
+// marked quarantined: everyone once a built row of it is released (a trusted build, a
+// promotion), else the readers of a private path. The mark is written with the narinfo, so a
+// cache that learnt of the path before it was built never serves it to everyone.
+// private says whether the answer is one no shared cache may keep.
+func (v *Visibility) MayReadQuarantined(ctx context.Context, r *http.Request, hash string) (ok, private bool, err error) {
+	e, err := v.path(ctx, hash)
+	if err != nil {
+		return false, false, err
+	}
+	if e.released {
+		return true, false, nil
 	}
 	ok, err = v.mayReadPrivate(ctx, r, e.projects)
 	return ok, true, err
@@ -135,50 +157,51 @@ func (v *Visibility) mayReadPrivate(ctx context.Context, r *http.Request, projec
 	return false, nil
 }
 
-// path is what Visibility knows of the path hash: whether it is private, and its projects.
-func (v *Visibility) path(ctx context.Context, hash string) (pathEntry, error) {
+// anyPrivateNow reports whether any project is private, as learnt within the TTL.
+func (v *Visibility) anyPrivateNow(ctx context.Context) (bool, error) {
 	now := v.now()
 	v.mu.Lock()
 	if !v.anyAt.IsZero() && now.Sub(v.anyAt) < v.ttl() {
-		if !v.anyPrivate {
-			v.mu.Unlock()
-			return pathEntry{}, nil
-		}
-		if e, ok := v.paths[hash]; ok && now.Sub(e.at) < v.ttl() {
-			v.mu.Unlock()
-			return e, nil
-		}
+		any := v.anyPrivate
+		v.mu.Unlock()
+		return any, nil
+	}
+	v.mu.Unlock()
+	var any bool
+	if err := v.DB.QueryRow(ctx, sqlAnyPrivate).Scan(&any); err != nil {
+		return false, fmt.Errorf("private projects: %w", err)
+	}
+	v.mu.Lock()
+	v.anyPrivate, v.anyAt = any, now
+	v.mu.Unlock()
+	return any, nil
+}
+
+// path is what Visibility knows of the path hash: whether it is private, its projects, and
+// whether it is a released output; looked up at most once per TTL.
+func (v *Visibility) path(ctx context.Context, hash string) (pathEntry, error) {
+	now := v.now()
+	v.mu.Lock()
+	if e, ok := v.paths[hash]; ok && now.Sub(e.at) < v.ttl() {
+		v.mu.Unlock()
+		return e, nil
 	}
 	v.mu.Unlock()
 
-	if v.anyStale(now) {
-		var any bool
-		if err := v.DB.QueryRow(ctx, sqlAnyRestricted).Scan(&any); err != nil {
-			return pathEntry{}, fmt.Errorf("private projects: %w", err)
-		}
-		v.mu.Lock()
-		v.anyPrivate, v.anyAt = any, now
-		if !any {
-			v.paths = nil
-		}
-		v.mu.Unlock()
-		if !any {
-			return pathEntry{}, nil
-		}
-	}
 	rows, err := v.DB.Query(ctx, sqlPathProjects, hash)
 	if err != nil {
 		return pathEntry{}, fmt.Errorf("projects of %s: %w", hash, err)
 	}
 	var id *int64
-	var private, quarantined, public bool
-	var ids []int64
-	_, err = pgx.ForEachRow(rows, []any{&id, &private, &quarantined}, func() error {
-		switch {
-		case id == nil:
-		case private || quarantined:
-			ids = append(ids, *id)
-		default:
+	var private, released, public bool
+	e := pathEntry{at: now}
+	_, err = pgx.ForEachRow(rows, []any{&id, &private, &released}, func() error {
+		e.released = released
+		if id == nil {
+			return nil
+		}
+		e.projects = append(e.projects, *id)
+		if !private {
 			public = true
 		}
 		return nil
@@ -186,12 +209,7 @@ func (v *Visibility) path(ctx context.Context, hash string) (pathEntry, error) {
 	if err != nil {
 		return pathEntry{}, fmt.Errorf("projects of %s: %w", hash, err)
 	}
-	// A quarantined output is private whatever its projects: only a trusted build makes it
-	// everyone's.
-	e := pathEntry{private: quarantined || (ids != nil && !public), at: now}
-	if e.private {
-		e.projects = ids
-	}
+	e.private = len(e.projects) > 0 && !public
 	v.mu.Lock()
 	if v.paths == nil || len(v.paths) >= maxPathEntries {
 		v.paths = make(map[string]pathEntry)
@@ -201,11 +219,6 @@ func (v *Visibility) path(ctx context.Context, hash string) (pathEntry, error) {
 	return e, nil
 }
 
-func (v *Visibility) anyStale(now time.Time) bool {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	return v.anyAt.IsZero() || now.Sub(v.anyAt) >= v.ttl()
-}
 
 // credential is the token of r: the password of basic auth, or a bearer token.
 func credential(r *http.Request) (string, bool) {

@@ -345,7 +345,7 @@ func (s *Server) handleBuildComplete(ctx context.Context, id nodetoken.Identity,
 			replace[p] = true
 		}
 	}
-	canon, resp, err := s.publishAll(ctx, outs, replace)
+	canon, resp, err := s.publishAll(ctx, outs, replace, !f.trusted)
 	if err != nil {
 		return nil, err
 	}

@@ -231,14 +231,14 @@ type canonical struct {
 
 // publishAll writes the narinfos of outs (their NARs are in the store), then makes them durable.
 // The narinfos of the paths in replace (quarantined outputs a trusted job built) are rewritten
-// if their NAR differs.
-func (s *Server) publishAll(ctx context.Context, outs []output, replace map[string]bool) ([]canonical, signerapi.PublishResponse, error) {
+// if their NAR differs. New narinfos are marked quarantined if quarantine (an untrusted job's).
+func (s *Server) publishAll(ctx context.Context, outs []output, replace map[string]bool, quarantine bool) ([]canonical, signerapi.PublishResponse, error) {
 	var resp signerapi.PublishResponse
 	canon := make([]canonical, len(outs))
 	results := make([]publishResult, len(outs))
 	err := eachOutput(ctx, outs, func(ctx context.Context, i int, o output) error {
 		var err error
-		canon[i], results[i], err = s.publish(ctx, o, replace[o.path.String()])
+		canon[i], results[i], err = s.publish(ctx, o, replace[o.path.String()], quarantine)
 		return err
 	})
 	if err != nil {
@@ -262,11 +262,13 @@ func (s *Server) publishAll(ctx context.Context, outs []output, replace map[stri
 	return canon, resp, s.syncObjects(ctx, keys)
 }
 
-// publish writes o's signed narinfo unless one exists. An existing narinfo is rewritten only
-// when replace (a quarantined output, built now by a trusted job): with the same NarHash it is
-// skipped, with another it is a conflict (a non-reproducible build; the cache keeps the first),
-// or, when replace, rewritten with o's. It returns what the cache now serves for the path.
-func (s *Server) publish(ctx context.Context, o output, replace bool) (canonical, publishResult, error) {
+// publish writes o's signed narinfo unless one exists, marked quarantined if quarantine: the
+// mark is in the object itself, so no cache node serves it to everyone in the moment before
+// the database says it is quarantined. An existing narinfo is rewritten only when replace (a
+// quarantined output, built now by a trusted job): with the same NarHash it is skipped, with
+// another it is a conflict (a non-reproducible build; the cache keeps the first), or, when
+// replace, rewritten with o's. It returns what the cache now serves for the path.
+func (s *Server) publish(ctx context.Context, o output, replace, quarantine bool) (canonical, publishResult, error) {
 	mine := canonical{path: o.path.String(), narHash: o.narHash, narSize: o.narSize}
 	existing, err := s.readNarInfo(ctx, o.infoKey)
 	if err != nil {
@@ -278,7 +280,7 @@ func (s *Server) publish(ctx context.Context, o output, replace bool) (canonical
 			StorePath: mine.path, URL: o.narKey, Compression: "zstd",
 			FileHash: nix.FormatSHA256(o.fileSum), FileSize: o.fileSize,
 			NarHash: o.narHash, NarSize: o.narSize,
-			References: o.refBases(), Deriver: o.deriver, CA: o.ca,
+			References: o.refBases(), Deriver: o.deriver, CA: o.ca, Quarantined: quarantine,
 		}
 		if err := ni.Sign(s.cfg.Key); err != nil {
 			return mine, 0, badRequest("%s: %v", mine.path, err)

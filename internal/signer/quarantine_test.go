@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"testing"
 
+	"github.com/harmonia-ci/harmonia-ci/internal/nix"
 	"github.com/harmonia-ci/harmonia-ci/internal/queuetest"
 	"github.com/harmonia-ci/harmonia-ci/internal/signerapi"
 )
@@ -48,6 +49,11 @@ func TestQuarantinedOutputsRebuilt(t *testing.T) {
 		if row := e.quarantineRow(t, c.label); !row.quarantined || row.narHash != prBuild.out.NarHash {
 			t.Fatalf("%s: after the untrusted build: %+v, want quarantined with its hash", c.label, row)
 		}
+		// The narinfo itself says so: no cache node serves it to everyone, whatever it learnt
+		// of the path before.
+		if text, _ := e.read(t, hashPart(t, d.Out("out"))+".narinfo"); !nix.NarInfoQuarantined(text) {
+			t.Fatalf("%s: the untrusted build's narinfo is not marked quarantined:\n%s", c.label, text)
+		}
 
 		// The branch's evaluation resets the job, trusted.
 		queuetest.Exec(t, e.pool, `UPDATE build_jobs SET status = 'pending', trusted = true, claimed_by = NULL, claimed_at = NULL,
@@ -70,6 +76,11 @@ func TestQuarantinedOutputsRebuilt(t *testing.T) {
 			t.Errorf("%s: not reproduced: answered %+v, non-reproducible %v; want written, the pull request's hash", c.label, r, row.nonrepro)
 		}
 		e.checkNarInfo(t, trusted, nil, drvBase(c.label), "")
+		// A rewritten narinfo is the trusted build's, unmarked; one reproduced keeps its mark,
+		// the database releasing the path.
+		if text, _ := e.read(t, hashPart(t, d.Out("out"))+".narinfo"); nix.NarInfoQuarantined(text) != c.reproducible {
+			t.Errorf("%s: narinfo marked quarantined %v after the trusted build, want %v", c.label, nix.NarInfoQuarantined(text), c.reproducible)
+		}
 	}
 	if got := counters(t, e.reg)[`harmonia_ci_signer_narinfos_total{result="rewritten"}`]; got != 1 {
 		t.Errorf("narinfos rewritten: %v, want 1", got)
