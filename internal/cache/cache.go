@@ -290,7 +290,9 @@ func (s *Server) serveTopLevel(w http.ResponseWriter, r *http.Request) error {
 	}
 	var vet func(http.ResponseWriter, []byte) (http.ResponseWriter, error)
 	if kind == kindNarinfo && s.vis != nil {
-		vet = func(w http.ResponseWriter, body []byte) (http.ResponseWriter, error) { return s.vetNarinfo(w, r, hash, body) }
+		vet = func(w http.ResponseWriter, body []byte) (http.ResponseWriter, error) {
+			return s.vetNarinfo(w, r, hash, body)
+		}
 	}
 	if keep {
 		return s.metrics.failed(kind, s.serveBlob(w, r, kind, name, ctype, cacheHit, s.narinfos, vet))

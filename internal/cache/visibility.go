@@ -219,7 +219,6 @@ func (v *Visibility) path(ctx context.Context, hash string) (pathEntry, error) {
 	return e, nil
 }
 
-
 // credential is the token of r: the password of basic auth, or a bearer token.
 func credential(r *http.Request) (string, bool) {
 	if _, password, ok := r.BasicAuth(); ok {
