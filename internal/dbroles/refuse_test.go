@@ -37,13 +37,13 @@ func newFixture(t *testing.T, c *testDB) fixture {
 	queuetest.Enqueue(t, o, &fx.project,
 		queuetest.Drv("a", system), queuetest.Drv("b", system, "a"), queuetest.Drv("c", system, "b"),
 		queuetest.Drv("d", system), queuetest.Drv("h", system), queuetest.Drv("m", system),
-		queuetest.Drv("arm", foreignSystem))
+		queuetest.Drv("arm", foreignSystem), queuetest.Drv("built", system))
 	if _, err := queue.Enqueue(testCtx(t), o, queue.EnqueueParams{
 		Derivations: []queue.Derivation{queuetest.Drv("nojob", system)}, Build: []string{},
 	}); err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{"a", "b", "c", "d", "h", "m", "arm"} {
+	for _, name := range []string{"a", "b", "c", "d", "h", "m", "arm", "built"} {
 		fx.job[name] = queuetest.Job(t, o, name).ID
 	}
 	for name, node := range map[string]string{"h": "b2", "m": "b1"} {
@@ -63,6 +63,10 @@ VALUES ($1, 'git+file:///p', 'c3', 'main', 'running', 'e1', now(), now(), 1) RET
 	fx.evalOwnPR = queuetest.QueryInt(t, o, `
 INSERT INTO evaluations (project_id, flake_url, commit_sha, branch, pr_number, pr_base, status, claimed_by, claimed_at, started_at, attempt)
 VALUES ($1, 'git+file:///p', 'c4', 'pull/1', 1, 'main', 'running', 'e1', now(), now(), 1) RETURNING id`, fx.project)
+	// built succeeded, for a pull request: its output is quarantined.
+	queuetest.Exec(t, o, `UPDATE build_jobs SET status = 'succeeded', finished_at = now(), trusted = false WHERE id = $1`, fx.job["built"])
+	queuetest.Exec(t, o, `UPDATE derivation_outputs SET nar_hash = 'sha256:bb', nar_size = 1, quarantined = true WHERE drv_path = $1`,
+		queuetest.DrvPath("built"))
 	// d was queued for a pull request; a's output was built for one (quarantined).
 	queuetest.Exec(t, o, `UPDATE build_jobs SET trusted = false WHERE id = $1`, fx.job["d"])
 	queuetest.Exec(t, o, `UPDATE derivation_outputs SET nar_hash = 'sha256:aa', nar_size = 1, quarantined = true WHERE drv_path = $1`,
@@ -324,6 +328,14 @@ VALUES ($1, 'git+file:///p', 'evil', 'main')`, fx.project),
 			do: inEval(fx.evalOwnPR, `INSERT INTO build_jobs (drv_path, project_id, system, trusted) VALUES ($1, $2, $3, true)`,
 				nojob, fx.project, system),
 			effect: `SELECT EXISTS (SELECT 1 FROM build_jobs WHERE drv_path = $1 AND trusted)`, args: []any{nojob}},
+		{as: "e1", name: "rebuild a quarantined output in the ingest of a project that promotes",
+			do: inEval(fx.evalOwn, `UPDATE build_jobs SET status = 'pending', finished_at = NULL, trusted = true WHERE id = $1`,
+				fx.job["built"]),
+			effect: `SELECT status = 'pending' FROM build_jobs WHERE id = $1`, args: []any{fx.job["built"]}},
+		{as: "e1", name: "rebuild a quarantined output in a pull request's ingest",
+			do: inEval(fx.evalOwnPR, `UPDATE build_jobs SET status = 'pending', finished_at = NULL, trusted = true WHERE id = $1`,
+				fx.job["built"]),
+			effect: `SELECT status = 'pending' FROM build_jobs WHERE id = $1`, args: []any{fx.job["built"]}},
 		{as: "e1", name: "promote an output in a pull request's ingest",
 			do:     inEval(fx.evalOwnPR, `UPDATE derivation_outputs SET quarantined = false WHERE drv_path = $1`, a),
 			effect: `SELECT NOT quarantined FROM derivation_outputs WHERE drv_path = $1`, args: []any{a}},
