@@ -78,8 +78,9 @@ UPDATE derivation_outputs SET quarantined = false WHERE output_path = ANY($1) AN
 	// completes: it builds the same derivation), and outputs of it that are quarantined (every
 	// built row of the path is) are promoted when $2, or else their succeeded jobs go back to
 	// pending, trusted, to be rebuilt (the readiness triggers block their dependents again).
-	// The walk is skipped while nothing is untrusted or quarantined. Returns the systems of the
-	// jobs reset.
+	// The walk is skipped while nothing is untrusted or quarantined. The jobs made trusted are
+	// locked in id order, as the readiness triggers lock dependents: a job may be finishing.
+	// Returns the systems of the jobs reset.
 	sqlTrustClosure = `
 WITH RECURSIVE clo(drv_path) AS (
     SELECT unnest($1::text[])
@@ -89,7 +90,11 @@ WITH RECURSIVE clo(drv_path) AS (
     SELECT di.input_drv FROM derivation_inputs di JOIN clo c ON di.referrer = c.drv_path
 ), trust AS (
     UPDATE build_jobs bj SET trusted = true
-    WHERE bj.drv_path IN (SELECT drv_path FROM clo) AND NOT bj.trusted AND bj.status <> 'succeeded'
+    FROM (SELECT l.id FROM build_jobs l
+          WHERE l.drv_path IN (SELECT drv_path FROM clo) AND NOT l.trusted AND l.status <> 'succeeded'
+          ORDER BY l.id
+          FOR NO KEY UPDATE) locked
+    WHERE bj.id = locked.id
 ), q AS (
     SELECT o.drv_path, o.output_path FROM derivation_outputs o
     WHERE o.drv_path IN (SELECT drv_path FROM clo) AND o.quarantined
