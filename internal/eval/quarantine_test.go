@@ -22,7 +22,7 @@ func TestPullRequestJobsUntrusted(t *testing.T) {
 		name := fmt.Sprintf("quar-promote-%v", promote)
 		// Each case its own derivations: the evaluations of one share them.
 		ci := h.lib() + fmt.Sprintf(`
-let dep = mk "dep-%[1]s" [ ]; in { inherit dep; top = mk "top-%[1]s" [ dep ]; }`, name)
+let dep = mk "dep-%[1]s" [ ]; in { inherit dep; top = mk "top-%[1]s" [ dep ]; running = mk "running-%[1]s" [ ]; }`, name)
 		repo, commit := h.newProject(name, map[string]string{"ci.nix": ci, eval.SettingsFile: "pull-requests = \"head\"\n"})
 		repo.Git("update-ref", "refs/pull/1/head", commit)
 		pid := h.queryInt(`SELECT id FROM projects WHERE name = $1`, name)
@@ -35,7 +35,7 @@ let dep = mk "dep-%[1]s" [ ]; in { inherit dep; top = mk "top-%[1]s" [ dep ]; }`
 		}
 		h.waitSucceeded(pr.ID)
 		attrs := h.attrs(pr.ID)
-		dep, top := attrs["dep"].DrvPath, attrs["top"].DrvPath
+		dep, top, running := attrs["dep"].DrvPath, attrs["top"].DrvPath, attrs["running"].DrvPath
 		trusted := func(drv string) bool {
 			t.Helper()
 			return h.queryInt(`SELECT count(*) FROM build_jobs WHERE drv_path = $1 AND trusted`, drv) == 1
@@ -50,11 +50,18 @@ let dep = mk "dep-%[1]s" [ ]; in { inherit dep; top = mk "top-%[1]s" [ dep ]; }`
 		if h.queryInt(`SELECT count(*) FROM build_jobs WHERE drv_path = $1 AND ready`, top) != 1 {
 			t.Fatalf("%s: top is not ready once dep is built", name)
 		}
+		// A builder is building running for the pull request.
+		h.exec(`UPDATE build_jobs SET status = 'building', claimed_by = 'some-builder', claimed_at = now(), started_at = now(),
+			attempt = 1 WHERE drv_path = $1`, running)
 
 		branch, _ := h.trigger(name, "", commit)
 		h.waitSucceeded(branch.ID)
 		if !trusted(top) {
 			t.Errorf("%s: the branch needs top, whose job is still untrusted", name)
+		}
+		// The build under way counts as trusted when it completes: the same derivation.
+		if !trusted(running) || h.jobStatus(running) != status.JobBuilding {
+			t.Errorf("%s: running: trusted %v, %s; want trusted and still building", name, trusted(running), h.jobStatus(running))
 		}
 		quarantined := h.queryInt(`SELECT count(*) FROM derivation_outputs WHERE drv_path = $1 AND quarantined`, dep) == 1
 		depStatus := h.jobStatus(dep)
