@@ -34,7 +34,7 @@ func TestRolesAllow(t *testing.T) {
 		sqlHoldClaim          = realQuery(t, "eval", "sqlHoldClaim")
 		sqlDeleteAttrs        = realQuery(t, "evaluation", "sqlDeleteAttrs")
 		sqlInsertAttrs        = realQuery(t, "eval", "sqlInsertAttrs")
-		sqlRevive             = realQuery(t, "eval", "sqlRevive")
+		sqlNeedJobs           = realQuery(t, "eval", "sqlNeedJobs")
 		sqlSetMerge           = realQuery(t, "eval", "sqlSetMerge")
 		sqlSucceedEval        = realQuery(t, "eval", "sqlSucceedEval")
 		sqlCancelUnneeded     = realQuery(t, "evaluation", "sqlCancelUnneeded")
@@ -42,7 +42,6 @@ func TestRolesAllow(t *testing.T) {
 		sqlDeleteFinishedTail = realQuery(t, "builder", "sqlDeleteFinishedTail")
 		sqlRecordNarHashes    = realQuery(t, "signer", "sqlRecordNarHashes")
 		sqlReleaseQuarantine  = realQuery(t, "signer", "sqlReleaseQuarantine")
-		sqlTrustClosure       = realQuery(t, "eval", "sqlTrustClosure")
 		sqlPromoteOutputs     = realQuery(t, "eval", "sqlPromoteOutputs")
 		sqlRecordKey          = realQuery(t, "signer", "sqlRecordKey")
 	)
@@ -118,12 +117,12 @@ func TestRolesAllow(t *testing.T) {
 		if _, err := tx.Exec(ctx, sqlPromoteOutputs, []string{queuetest.OutPath("b")}); err != nil {
 			return err
 		}
-		var reset []string
-		if err := tx.QueryRow(ctx, sqlTrustClosure, []string{queuetest.DrvPath("c"), queuetest.DrvPath("x")}, true).Scan(&reset); err != nil {
+		var revived, reset []string
+		if err := tx.QueryRow(ctx, sqlNeedJobs, []string{queuetest.DrvPath("c"), queuetest.DrvPath("x")}, true, true).Scan(&revived, &reset); err != nil {
 			return err
 		}
-		if len(reset) != 0 {
-			return fmt.Errorf("reset %v, want nothing", reset)
+		if len(revived)+len(reset) != 0 {
+			return fmt.Errorf("revived %v, reset %v; want nothing", revived, reset)
 		}
 		return nil
 	}))
@@ -140,8 +139,11 @@ func TestRolesAllow(t *testing.T) {
 	if n := execN(t, c.as["e1"], sqlCancelUnneeded, []int64{evalID}); n != 4 {
 		t.Fatalf("cancel unneeded jobs as e1 changed %d rows, want 4", n)
 	}
-	if n := execN(t, c.as["e1"], sqlRevive, []string{queuetest.DrvPath("c"), queuetest.DrvPath("x")}); n != 4 {
-		t.Fatalf("revive jobs as e1 changed %d rows, want 4", n)
+	var revived, reset []string
+	must("revive jobs as e1", c.as["e1"].QueryRow(ctx, sqlNeedJobs, []string{queuetest.DrvPath("c"), queuetest.DrvPath("x")}, false, true).
+		Scan(&revived, &reset))
+	if len(revived) != 4 || len(reset) != 0 {
+		t.Fatalf("revive jobs as e1 revived %d, reset %d, want 4 and 0", len(revived), len(reset))
 	}
 	// A pull request's evaluation records the merge it evaluates.
 	if n := execN(t, c.as["e1"], sqlSetMerge, evalID, "e1", evalAttempt, strings.Repeat("b", 40), strings.Repeat("c", 40)); n != 1 {

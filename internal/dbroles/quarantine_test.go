@@ -15,7 +15,7 @@ func TestRolesAllowRebuild(t *testing.T) {
 	c := setup(t)
 	ctx := testCtx(t)
 	sqlHoldClaim := realQuery(t, "eval", "sqlHoldClaim")
-	sqlTrustClosure := realQuery(t, "eval", "sqlTrustClosure")
+	sqlNeedJobs := realQuery(t, "eval", "sqlNeedJobs")
 	o := c.owner
 	pid := queuetest.NewProject(t, o, "p", 100)
 	queuetest.Exec(t, o, `UPDATE projects SET promote_pr_outputs = false WHERE id = $1`, pid)
@@ -31,13 +31,13 @@ func TestRolesAllowRebuild(t *testing.T) {
 INSERT INTO evaluations (project_id, flake_url, commit_sha, branch, status, claimed_by, claimed_at, started_at, attempt)
 VALUES ($1, 'git+file:///p', 'c1', 'main', 'running', 'e1', now(), now(), 1) RETURNING id`, pid)
 
-	var reset []string
+	var revived, reset []string
 	err := pgx.BeginFunc(ctx, c.as["e1"], func(tx pgx.Tx) error {
 		var st string
 		if err := tx.QueryRow(ctx, sqlHoldClaim, evalID, "e1", 1).Scan(&st); err != nil {
 			return err
 		}
-		return tx.QueryRow(ctx, sqlTrustClosure, []string{queuetest.DrvPath("app")}, false).Scan(&reset)
+		return tx.QueryRow(ctx, sqlNeedJobs, []string{queuetest.DrvPath("app")}, true, false).Scan(&revived, &reset)
 	})
 	if err != nil || len(reset) != 1 {
 		t.Fatalf("trusted ingest as e1: reset %v, %v; want lib's job", reset, err)

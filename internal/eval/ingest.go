@@ -194,29 +194,11 @@ func (in *ingester) commit(ctx context.Context, batches []batch) error {
 		if _, err := tx.Exec(ctx, sqlInsertAttrs, in.evalID, names, drvs, errs); err != nil {
 			return fmt.Errorf("insert attributes: %w", err)
 		}
-		if len(preexisting) > 0 {
-			rows, err := tx.Query(ctx, sqlRevive, preexisting)
-			if err != nil {
-				return fmt.Errorf("revive cancelled jobs: %w", err)
-			}
-			systems, err := pgx.CollectRows(rows, pgx.RowTo[string])
-			if err != nil {
-				return fmt.Errorf("revive cancelled jobs: %w", err)
-			}
-			for _, s := range uniq(systems) {
-				if err := queue.NotifyJobs(ctx, tx, map[string]string{"system": s}); err != nil {
-					return err
-				}
-			}
-			res.NewJobs += len(systems)
+		n, err := in.need(ctx, tx, preexisting, uniq(promote))
+		if err != nil {
+			return err
 		}
-		if in.trusted {
-			n, err := in.trust(ctx, tx, preexisting, uniq(promote))
-			if err != nil {
-				return err
-			}
-			res.NewJobs += n
-		}
+		res.NewJobs += n
 		return nil
 	})
 	if err != nil {
@@ -237,13 +219,15 @@ func (in *ingester) commit(ctx context.Context, batches []batch) error {
 	return nil
 }
 
-// trust is what a trusted evaluation does to what it needs that pull requests built: the jobs
-// of the closure of the known derivations it met become trusted, and quarantined outputs there
-// (and promote, those of its new derivations' outputs found quarantined) are promoted, or, when
-// the project does not promote, their jobs are reset to pending to be rebuilt trusted (the
-// readiness triggers make their dependents wait). It returns how many jobs it reset.
-func (in *ingester) trust(ctx context.Context, tx pgx.Tx, preexisting, promote []string) (int, error) {
-	if len(promote) > 0 {
+// need is what the evaluation does, in its ingest transaction, to the jobs it needs that exist
+// already, in the closure of the known derivations it met (preexisting): cancelled ones go back
+// to pending. A trusted evaluation also makes them trusted and takes the outputs there that
+// only pull requests built (quarantined) as built (promotion), or, when its project does not
+// promote them, resets their jobs to pending, trusted, to be built again (the readiness
+// triggers make their dependents wait); and it promotes promote, the quarantined outputs its
+// new derivations share. It returns how many jobs went back to the queue.
+func (in *ingester) need(ctx context.Context, tx pgx.Tx, preexisting, promote []string) (int, error) {
+	if in.trusted && in.promote && len(promote) > 0 {
 		if _, err := tx.Exec(ctx, sqlPromoteOutputs, promote); err != nil {
 			return 0, fmt.Errorf("promote quarantined outputs: %w", err)
 		}
@@ -251,16 +235,16 @@ func (in *ingester) trust(ctx context.Context, tx pgx.Tx, preexisting, promote [
 	if len(preexisting) == 0 {
 		return 0, nil
 	}
-	var systems []string
-	if err := tx.QueryRow(ctx, sqlTrustClosure, preexisting, in.promote).Scan(&systems); err != nil {
-		return 0, fmt.Errorf("trust the jobs it needs: %w", err)
+	var revived, reset []string
+	if err := tx.QueryRow(ctx, sqlNeedJobs, preexisting, in.trusted, in.promote).Scan(&revived, &reset); err != nil {
+		return 0, fmt.Errorf("revive and trust the jobs it needs: %w", err)
 	}
-	for _, s := range uniq(systems) {
+	for _, s := range uniq(append(revived, reset...)) {
 		if err := queue.NotifyJobs(ctx, tx, map[string]string{"system": s}); err != nil {
 			return 0, err
 		}
 	}
-	return len(systems), nil
+	return len(revived) + len(reset), nil
 }
 
 // holdClaim locks the evaluation's row for tx (FOR SHARE), errStale unless this attempt still

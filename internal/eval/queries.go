@@ -73,62 +73,54 @@ GROUP BY output_path`
 	sqlPromoteOutputs = `
 UPDATE derivation_outputs SET quarantined = false WHERE output_path = ANY($1) AND quarantined`
 
-	// A trusted evaluation's ingest, for the closure of the known derivations $1 it met: their
-	// unfinished jobs become trusted (one running for a pull request counts as trusted when it
-	// completes: it builds the same derivation), and outputs of it that are quarantined (every
-	// built row of the path is) are promoted when $2, or else their succeeded jobs go back to
-	// pending, trusted, to be rebuilt (the readiness triggers block their dependents again).
-	// The walk is skipped while nothing is untrusted or quarantined. The jobs made trusted are
-	// locked in id order, as the readiness triggers lock dependents: a job may be finishing.
-	// Returns the systems of the jobs reset.
-	sqlTrustClosure = `
+	// The jobs an evaluation needs that exist already, in the closure of the known derivations $1
+	// it met: cancelled ones (superseded earlier) go back to pending. When the evaluation is
+	// trusted ($2), the rest of its unfinished jobs become trusted too (one running for a pull
+	// request counts as trusted when it completes: it builds the same derivation), and outputs
+	// there that are quarantined (every built row of the path is) are promoted when $3, or else
+	// their succeeded jobs go back to pending, trusted, to be built again (the readiness
+	// triggers block their dependents again). One walk of the closure for all of it. The jobs
+	// made trusted are locked in id order, as the readiness triggers lock them: a job may be
+	// finishing. Returns the systems of the jobs revived and of those reset.
+	sqlNeedJobs = `
 WITH RECURSIVE clo(drv_path) AS (
     SELECT unnest($1::text[])
-    WHERE EXISTS (SELECT 1 FROM build_jobs WHERE NOT trusted)
-       OR EXISTS (SELECT 1 FROM derivation_outputs WHERE quarantined)
   UNION
     SELECT di.input_drv FROM derivation_inputs di JOIN clo c ON di.referrer = c.drv_path
+), revived AS (
+    UPDATE build_jobs bj SET status = 'pending', finished_at = NULL, claimed_by = NULL, claimed_at = NULL,
+        started_at = NULL, trusted = bj.trusted OR $2
+    WHERE bj.status = 'cancelled' AND bj.drv_path IN (SELECT drv_path FROM clo)
+    RETURNING bj.system
 ), trust AS (
     UPDATE build_jobs bj SET trusted = true
     FROM (SELECT l.id FROM build_jobs l
-          WHERE l.drv_path IN (SELECT drv_path FROM clo) AND NOT l.trusted AND l.status <> 'succeeded'
+          WHERE $2 AND l.drv_path IN (SELECT drv_path FROM clo) AND NOT l.trusted
+            AND l.status NOT IN ('succeeded', 'cancelled')
           ORDER BY l.id
           FOR NO KEY UPDATE) locked
     WHERE bj.id = locked.id
 ), q AS (
     SELECT o.drv_path, o.output_path FROM derivation_outputs o
-    WHERE o.drv_path IN (SELECT drv_path FROM clo) AND o.quarantined
+    WHERE $2 AND o.drv_path IN (SELECT drv_path FROM clo) AND o.quarantined
       AND NOT EXISTS (SELECT 1 FROM derivation_outputs p
                       WHERE p.output_path = o.output_path AND p.nar_hash IS NOT NULL AND NOT p.quarantined)
 ), promoted AS (
     UPDATE derivation_outputs o SET quarantined = false
-    WHERE $2 AND o.output_path IN (SELECT output_path FROM q) AND o.quarantined
+    WHERE $3 AND o.output_path IN (SELECT output_path FROM q) AND o.quarantined
 ), reset AS (
     UPDATE build_jobs bj SET status = 'pending', trusted = true, claimed_by = NULL, claimed_at = NULL,
         started_at = NULL, finished_at = NULL
-    WHERE NOT $2 AND bj.drv_path IN (SELECT drv_path FROM q) AND bj.status = 'succeeded'
+    WHERE NOT $3 AND bj.drv_path IN (SELECT drv_path FROM q) AND bj.status = 'succeeded'
     RETURNING bj.system
 )
-SELECT ARRAY(SELECT system FROM reset)`
+SELECT ARRAY(SELECT system FROM revived), ARRAY(SELECT system FROM reset)`
 
 	// $1 eval, $2 attr[], $3 drv_path[] ('' = NULL), $4 error[] ('' = NULL)
 	sqlInsertAttrs = `
 INSERT INTO eval_attrs (eval_id, attr, drv_path, error)
 SELECT $1, a, NULLIF(d, ''), NULLIF(e, '') FROM unnest($2::text[], $3::text[], $4::text[]) AS t(a, d, e)
 ON CONFLICT (eval_id, attr) DO NOTHING`
-
-	// A new evaluation needs a cancelled job again (superseded earlier): back to pending.
-	// $1 derivations whose closure to search.
-	sqlRevive = `
-WITH RECURSIVE clo(drv_path) AS (
-    SELECT unnest($1::text[])
-  UNION
-    SELECT di.input_drv FROM derivation_inputs di JOIN clo c ON di.referrer = c.drv_path
-)
-UPDATE build_jobs bj SET status = 'pending', finished_at = NULL, claimed_by = NULL, claimed_at = NULL,
-    started_at = NULL
-WHERE bj.status = 'cancelled' AND bj.drv_path IN (SELECT drv_path FROM clo)
-RETURNING bj.system`
 
 	// Finishes. $1 id, $2 node, $3 attempt.
 	sqlSucceedEval = `

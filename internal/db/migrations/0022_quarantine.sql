@@ -19,10 +19,8 @@ ALTER TABLE derivation_outputs
 -- an admin's setting, never the repository's.
 ALTER TABLE projects ADD COLUMN promote_pr_outputs BOOLEAN NOT NULL DEFAULT true;
 
--- The cache's fast path asks whether anything is quarantined at all, and a trusted ingest
--- whether any job is untrusted: both answered from small partial indexes.
+-- The signer asks, at every build-complete, whether a job's output paths are quarantined.
 CREATE INDEX derivation_outputs_quarantined_idx ON derivation_outputs (output_path) WHERE quarantined;
-CREATE INDEX build_jobs_untrusted_idx ON build_jobs (id) WHERE NOT trusted;
 
 -- The evaluator's ingest of a trusted evaluation: its project, or NULL when the transaction names
 -- no running evaluation the session's login holds, or one of a pull request.
