@@ -370,6 +370,14 @@ func TestEvalCLI(t *testing.T) {
 	if listed[0].Name != "web" || listed[0].Shares != 7 || listed[0].Branch != "main" || !listed[0].Enabled {
 		t.Fatalf("after project set web --shares 7: %+v", listed[0])
 	}
+	if !listed[0].PromotePROutputs {
+		t.Fatalf("project web does not promote pull requests' outputs by default: %+v", listed[0])
+	}
+	cli.ok("project", "set", "web", "--promote-pr-outputs=false")
+	cli.json(&listed, "project", "list", "--json")
+	if listed[0].PromotePROutputs || listed[0].Shares != 7 {
+		t.Fatalf("after project set web --promote-pr-outputs=false: %+v", listed[0])
+	}
 
 	// An evaluation, followed to its end.
 	var done evalJSON

@@ -404,6 +404,11 @@ func (b *Builder) handle(ctx context.Context, job queue.Job, logger *slog.Logger
 	if _, err := ss.EnsureInputs(ctx, inPaths, inputs.canonical, logger); err != nil {
 		return transient(err), nil
 	}
+	// What this store holds of outputs to build again may be the pull request's build (built
+	// here, or fetched for its dependents): Nix would take it as done.
+	if err := ss.Discard(ctx, inputs.rebuild, logger); err != nil {
+		return transient(err), nil
+	}
 	t.Fetch = time.Since(start)
 
 	log := NewLogBuffer(b.cfg.MaxLogSize, b.clock)
@@ -602,6 +607,9 @@ type jobInputs struct {
 	hashes  map[string]string            // output path → canonical NAR hash
 	// drvHashes are the input derivations' hashes the signer recorded (see verify).
 	drvHashes map[string][32]byte
+	// rebuild are the job's own outputs that only pull requests built (quarantined), which a
+	// trusted job builds again.
+	rebuild []string
 }
 
 // canonical is a Canonical answering from the hashes read with the inputs.
@@ -626,6 +634,10 @@ func (b *Builder) jobInputs(ctx context.Context, drvPath string) (jobInputs, err
 	var drv, name, out, hash string
 	var drvHash []byte
 	_, err = pgx.ForEachRow(rows, []any{&drv, &name, &out, &hash, &drvHash}, func() error {
+		if drv == drvPath {
+			in.rebuild = append(in.rebuild, out)
+			return nil
+		}
 		if in.outputs[drv] == nil {
 			in.outputs[drv] = map[string]string{}
 		}

@@ -38,7 +38,9 @@ SELECT
 	// The outputs of derivation $1's input derivations, with the canonical NAR hash of each
 	// (what the cache serves for the path, whichever derivation published it first), and each
 	// input's derivation hash as the signer recorded it when it checked that .drv (NULL if it
-	// recorded none).
+	// recorded none). Then, as rows of $1 itself (never its own input), its outputs that a
+	// trusted job must build again: quarantined ones (only pull requests built them), whatever
+	// the store holds of them.
 	sqlJobInputs = `
 SELECT o.drv_path, o.output_name, o.output_path,
        COALESCE(o.nar_hash, (SELECT c.nar_hash FROM derivation_outputs c
@@ -46,5 +48,11 @@ SELECT o.drv_path, o.output_name, o.output_path,
        d.drv_hash
 FROM derivation_inputs i JOIN derivation_outputs o ON o.drv_path = i.input_drv
 LEFT JOIN drv_objects d ON d.hash_part = substring(i.input_drv FROM 12 FOR 32) AND d.store_path = i.input_drv
-WHERE i.referrer = $1 AND o.output_path IS NOT NULL`
+WHERE i.referrer = $1 AND o.output_path IS NOT NULL
+UNION ALL
+SELECT o.drv_path, o.output_name, o.output_path, '', NULL::bytea
+FROM derivation_outputs o JOIN build_jobs j ON j.drv_path = o.drv_path
+WHERE o.drv_path = $1 AND j.trusted AND o.quarantined
+  AND NOT EXISTS (SELECT 1 FROM derivation_outputs c
+                  WHERE c.output_path = o.output_path AND c.nar_hash IS NOT NULL AND NOT c.quarantined)`
 )

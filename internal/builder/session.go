@@ -428,6 +428,29 @@ func pathInfo(found *substitute.Found) workerproto.PathInfo {
 	return info
 }
 
+// Discard deletes those of paths the store holds, with every local path referring to them,
+// even if rooted: a trusted rebuild of outputs only a pull request built must not find them
+// valid, nor keep anything built against them.
+func (ss *Session) Discard(ctx context.Context, paths []string, logger *slog.Logger) error {
+	if len(paths) == 0 {
+		return nil
+	}
+	valid, err := ss.conn.QueryValidPaths(ctx, paths)
+	if err != nil {
+		return fmt.Errorf("discard: %w", err)
+	}
+	if len(valid) == 0 {
+		return nil
+	}
+	if logger != nil {
+		logger.Info("building again outputs only a pull request built: deleting the store's copy", "paths", valid)
+	}
+	if err := ss.deleteWithReferrers(ctx, valid); err != nil {
+		return fmt.Errorf("discard: %w", err)
+	}
+	return nil
+}
+
 // deleteWithReferrers deletes paths and every local path referring to them, even if rooted:
 // anything built against a Frankenbuild is suspect too. The daemon refuses to ignore roots, so
 // this rare step is a Nix process, between this connection and a fresh one.

@@ -184,6 +184,26 @@ func (s *Server) mayRead(w http.ResponseWriter, r *http.Request, hash string) (h
 	return w, nil
 }
 
+// vetNarinfo answers for a narinfo body before it is sent: one marked quarantined (only pull
+// requests built the output) is read as mayRead reads a private path, until the path is
+// released. The mark is checked on the body served, not looked up beforehand, so no answer
+// learnt before the output was built lets it out.
+func (s *Server) vetNarinfo(w http.ResponseWriter, r *http.Request, hash string, body []byte) (http.ResponseWriter, error) {
+	if s.vis == nil || !nix.NarInfoQuarantined(body) {
+		return w, nil
+	}
+	ok, private, err := s.vis.MayReadQuarantined(r.Context(), r, hash)
+	switch {
+	case err != nil:
+		return w, &httpapi.Error{Code: http.StatusBadGateway, Msg: "cache storage unavailable", Err: err}
+	case !ok:
+		return w, errNotFound()
+	case private:
+		return privateWriter{w}, nil
+	}
+	return w, nil
+}
+
 // nixUnauthenticated is why the cache's routes are not checked yet.
 const nixUnauthenticated = "the binary cache without a visibility check (cache.Config.Visibility): every project's paths are served"
 
@@ -243,6 +263,10 @@ func (s *Server) serveTopLevel(w http.ResponseWriter, r *http.Request) error {
 	keep := kind == kindNarinfo && s.narinfos != nil && r.Method == http.MethodGet
 	if keep {
 		if e := s.narinfos.get(name); e != nil {
+			w, err := s.vetNarinfo(w, r, hash, e.body)
+			if err != nil {
+				return s.metrics.failed(kind, err)
+			}
 			s.sendNarinfo(w, r, e)
 			return nil
 		}
@@ -267,10 +291,16 @@ func (s *Server) serveTopLevel(w http.ResponseWriter, r *http.Request) error {
 			return s.metrics.failed(kind, s.storeError(w, r, name, err))
 		}
 	}
-	if keep {
-		return s.metrics.failed(kind, s.serveBlob(w, r, kind, name, ctype, cacheHit, s.narinfos))
+	var vet func(http.ResponseWriter, []byte) (http.ResponseWriter, error)
+	if kind == kindNarinfo && s.vis != nil {
+		vet = func(w http.ResponseWriter, body []byte) (http.ResponseWriter, error) {
+			return s.vetNarinfo(w, r, hash, body)
+		}
 	}
-	return s.metrics.failed(kind, s.serveBlob(w, r, kind, name, ctype, cacheHit, nil))
+	if keep {
+		return s.metrics.failed(kind, s.serveBlob(w, r, kind, name, ctype, cacheHit, s.narinfos, vet))
+	}
+	return s.metrics.failed(kind, s.serveBlob(w, r, kind, name, ctype, cacheHit, nil, vet))
 }
 
 // Header values of a narinfo answered from memory, built once: setting them costs no
@@ -312,7 +342,7 @@ func (s *Server) serveNAR(w http.ResponseWriter, r *http.Request) error {
 			return s.metrics.failed(kindNAR, s.storeError(w, r, key, err))
 		}
 	}
-	return s.metrics.failed(kindNAR, s.serveBlob(w, r, kindNAR, key, typeNAR, cacheImmutable, nil))
+	return s.metrics.failed(kindNAR, s.serveBlob(w, r, kindNAR, key, typeNAR, cacheImmutable, nil, nil))
 }
 
 // sendSmall answers with body, read whole (a .drv object from the database), and counts the hit.
@@ -330,9 +360,11 @@ func (s *Server) sendSmall(w http.ResponseWriter, r *http.Request, kind objectKi
 }
 
 // serveBlob streams key as stored and counts the hit; the caller counts errors. A GET whose
-// body is read whole (a small object) is remembered in keep, if set.
-func (s *Server) serveBlob(w http.ResponseWriter, r *http.Request, kind objectKind, key, ctype, cacheControl string, keep *narinfoCache) error {
-	if r.Method == http.MethodHead {
+// body is read whole (a small object) is remembered in keep, if set. vet, if set, reads the
+// body whole (for a HEAD too) and answers for it before anything is sent.
+func (s *Server) serveBlob(w http.ResponseWriter, r *http.Request, kind objectKind, key, ctype, cacheControl string, keep *narinfoCache,
+	vet func(http.ResponseWriter, []byte) (http.ResponseWriter, error)) error {
+	if r.Method == http.MethodHead && vet == nil {
 		info, err := s.store.Head(r.Context(), key)
 		if err != nil {
 			return s.storeError(w, r, key, err)
@@ -354,7 +386,7 @@ func (s *Server) serveBlob(w http.ResponseWriter, r *http.Request, kind objectKi
 	// Small objects (narinfo, .ls, the requests Nix makes most) are read whole and written once,
 	// so headers and body leave in one write; copying would flush the headers, then send the
 	// body separately. NARs keep the zero-copy path.
-	if info.Size >= 0 && info.Size <= smallObject {
+	if info.Size >= 0 && (info.Size <= smallObject || vet != nil) {
 		body, err := readWhole(rc, info.Size)
 		if err != nil {
 			return s.storeError(w, r, key, fmt.Errorf("read %s: %w", key, err))
@@ -362,14 +394,24 @@ func (s *Server) serveBlob(w http.ResponseWriter, r *http.Request, kind objectKi
 		if keep != nil {
 			keep.put(key, body, readStart)
 		}
+		if vet != nil {
+			if w, err = vet(w, body); err != nil {
+				return err
+			}
+		}
 		setHeaders(w, ctype, cacheControl, info.Size)
 		w.WriteHeader(http.StatusOK)
-		n, err := w.Write(body)
-		if err != nil {
-			s.copyError(r, key, 0, err)
+		var n int
+		if r.Method != http.MethodHead {
+			if n, err = w.Write(body); err != nil {
+				s.copyError(r, key, 0, err)
+			}
 		}
 		s.metrics.hit(kind, int64(n))
 		return nil
+	}
+	if vet != nil {
+		return s.storeError(w, r, key, fmt.Errorf("read %s: the store does not say its size", key))
 	}
 	setHeaders(w, ctype, cacheControl, info.Size)
 	w.WriteHeader(http.StatusOK)
@@ -419,7 +461,7 @@ func (s *Server) sendLog(w http.ResponseWriter, r *http.Request) error {
 	}
 	if acceptsZstd(r.Header.Values("Accept-Encoding")) {
 		w.Header().Set("Content-Encoding", "zstd")
-		return s.serveBlob(w, r, kindLog, key, typeLog, cacheHit, nil)
+		return s.serveBlob(w, r, kindLog, key, typeLog, cacheHit, nil, nil)
 	}
 	// Decompressed: the length is unknown until the whole log has been read.
 	if r.Method == http.MethodHead {

@@ -32,7 +32,9 @@ const maxPathEntries = 200_000
 // has it (a build job queued for it, an evaluation with it as an attribute) is private; a
 // path of a public project, or of none, is everyone's. A private path is read by the admin
 // token, by node tokens (when Nodes is set) and by cache tokens of one of its projects; to
-// anyone else it is the same 404 as a path that does not exist.
+// anyone else it is the same 404 as a path that does not exist. A quarantined output (its
+// narinfo says so: only pull requests built it) is read likewise, by cache tokens of any of
+// its projects, until a built row of it is released (MayReadQuarantined).
 //
 // Credentials are the password of HTTP basic auth (what Nix sends from a netrc-file; the
 // user name is ignored) or a bearer token.
@@ -83,8 +85,11 @@ type nodeEntry struct {
 const maxNodeEntries = 10000
 
 type pathEntry struct {
-	private []int64 // the projects of a private path; nil: public
-	at      time.Time
+	private  bool
+	projects []int64 // every project of the path
+	// released: a built row of the output is not quarantined (never changes back).
+	released bool
+	at       time.Time
 }
 
 func (v *Visibility) ttl() time.Duration {
@@ -104,11 +109,31 @@ func (v *Visibility) now() time.Time {
 // MayRead reports whether r may read the store paths of hash part hash, and whether they are
 // private (an answer no shared cache may keep).
 func (v *Visibility) MayRead(ctx context.Context, r *http.Request, hash string) (ok, private bool, err error) {
-	projects, err := v.privateProjects(ctx, hash)
-	if err != nil || projects == nil {
+	if any, err := v.anyPrivateNow(ctx); err != nil || !any {
 		return err == nil, false, err
 	}
-	ok, err = v.mayReadPrivate(ctx, r, projects)
+	e, err := v.path(ctx, hash)
+	if err != nil || !e.private {
+		return err == nil, false, err
+	}
+	ok, err = v.mayReadPrivate(ctx, r, e.projects)
+	return ok, true, err
+}
+
+// MayReadQuarantined reports whether r may read the output of hash part hash, whose narinfo is
+// marked quarantined: everyone once a built row of it is released (a trusted build, a
+// promotion), else the readers of a private path. The mark is written with the narinfo, so a
+// cache that learnt of the path before it was built never serves it to everyone.
+// private says whether the answer is one no shared cache may keep.
+func (v *Visibility) MayReadQuarantined(ctx context.Context, r *http.Request, hash string) (ok, private bool, err error) {
+	e, err := v.path(ctx, hash)
+	if err != nil {
+		return false, false, err
+	}
+	if e.released {
+		return true, false, nil
+	}
+	ok, err = v.mayReadPrivate(ctx, r, e.projects)
 	return ok, true, err
 }
 
@@ -147,71 +172,66 @@ func (v *Visibility) mayReadPrivate(ctx context.Context, r *http.Request, projec
 	return false, nil
 }
 
-// privateProjects are the projects of the private path hash; nil for a public one.
-func (v *Visibility) privateProjects(ctx context.Context, hash string) ([]int64, error) {
+// anyPrivateNow reports whether any project is private, as learnt within the TTL.
+func (v *Visibility) anyPrivateNow(ctx context.Context) (bool, error) {
 	now := v.now()
 	v.mu.Lock()
 	if !v.anyAt.IsZero() && now.Sub(v.anyAt) < v.ttl() {
-		if !v.anyPrivate {
-			v.mu.Unlock()
-			return nil, nil
-		}
-		if e, ok := v.paths[hash]; ok && now.Sub(e.at) < v.ttl() {
-			v.mu.Unlock()
-			return e.private, nil
-		}
+		any := v.anyPrivate
+		v.mu.Unlock()
+		return any, nil
+	}
+	v.mu.Unlock()
+	var any bool
+	if err := v.DB.QueryRow(ctx, sqlAnyPrivate).Scan(&any); err != nil {
+		return false, fmt.Errorf("private projects: %w", err)
+	}
+	v.mu.Lock()
+	v.anyPrivate, v.anyAt = any, now
+	v.mu.Unlock()
+	return any, nil
+}
+
+// path is what Visibility knows of the path hash: whether it is private, its projects, and
+// whether it is a released output; looked up at most once per TTL.
+func (v *Visibility) path(ctx context.Context, hash string) (pathEntry, error) {
+	now := v.now()
+	v.mu.Lock()
+	if e, ok := v.paths[hash]; ok && now.Sub(e.at) < v.ttl() {
+		v.mu.Unlock()
+		return e, nil
 	}
 	v.mu.Unlock()
 
-	if v.anyStale(now) {
-		var any bool
-		if err := v.DB.QueryRow(ctx, sqlAnyPrivate).Scan(&any); err != nil {
-			return nil, fmt.Errorf("private projects: %w", err)
-		}
-		v.mu.Lock()
-		v.anyPrivate, v.anyAt = any, now
-		if !any {
-			v.paths = nil
-		}
-		v.mu.Unlock()
-		if !any {
-			return nil, nil
-		}
-	}
 	rows, err := v.DB.Query(ctx, sqlPathProjects, hash)
 	if err != nil {
-		return nil, fmt.Errorf("projects of %s: %w", hash, err)
+		return pathEntry{}, fmt.Errorf("projects of %s: %w", hash, err)
 	}
-	var id int64
-	var private, public bool
-	var ids []int64
-	_, err = pgx.ForEachRow(rows, []any{&id, &private}, func() error {
-		if private {
-			ids = append(ids, id)
-		} else {
+	var id *int64
+	var private, released, public bool
+	e := pathEntry{at: now}
+	_, err = pgx.ForEachRow(rows, []any{&id, &private, &released}, func() error {
+		e.released = released
+		if id == nil {
+			return nil
+		}
+		e.projects = append(e.projects, *id)
+		if !private {
 			public = true
 		}
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("projects of %s: %w", hash, err)
+		return pathEntry{}, fmt.Errorf("projects of %s: %w", hash, err)
 	}
-	if public {
-		ids = nil
-	}
+	e.private = len(e.projects) > 0 && !public
 	v.mu.Lock()
 	if v.paths == nil || len(v.paths) >= maxPathEntries {
 		v.paths = make(map[string]pathEntry)
 	}
-	v.paths[hash] = pathEntry{private: ids, at: now}
+	v.paths[hash] = e
 	v.mu.Unlock()
-	return ids, nil
-}
-
-func (v *Visibility) anyStale(now time.Time) bool {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	return v.anyAt.IsZero() || now.Sub(v.anyAt) >= v.ttl()
+	return e, nil
 }
 
 // credential is the token of r: the password of basic auth, or a bearer token.

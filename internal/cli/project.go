@@ -94,7 +94,7 @@ func newProjectSet(g *globalFlags) *cobra.Command {
 	var branch string
 	var pr prFlags
 	cmd := &cobra.Command{
-		Use:   "set NAME [--shares N] [--enabled=true|false] [--branch B] [--private=true|false] [--pr-enabled=B] [--pr-trust T] [--poll-interval D]",
+		Use:   "set NAME [--shares N] [--enabled=true|false] [--branch B] [--private=true|false] [--pr-enabled=B] [--pr-trust T] [--poll-interval D] [--promote-pr-outputs=B]",
 		Short: "Change a project's shares, default branch, pull request policy, polling, or whether it is evaluated",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {

@@ -22,12 +22,14 @@ type prFlags struct {
 	enabled bool
 	trust   string
 	poll    string
+	promote bool
 }
 
 func (p *prFlags) add(f *pflag.FlagSet) {
 	f.BoolVar(&p.enabled, "pr-enabled", true, "evaluate pull requests")
 	f.StringVar(&p.trust, "pr-trust", project.PRTrustCollaborators, "whose pull requests are evaluated: collaborators (others after a collaborator's \"/ci run\"), all or none")
 	f.StringVar(&p.poll, "poll-interval", "0s", "also check the default branch's head this often (0s: webhooks only; at least 1m)")
+	f.BoolVar(&p.promote, "promote-pr-outputs", true, "a branch's evaluation takes outputs built only for pull requests (quarantined) as built, serving them to everyone; false rebuilds them first")
 }
 
 func (p *prFlags) settings(cmd *cobra.Command) (project.Settings, error) {
@@ -37,6 +39,9 @@ func (p *prFlags) settings(cmd *cobra.Command) (project.Settings, error) {
 	}
 	if cmd.Flags().Changed("pr-trust") {
 		s.PRTrust = &p.trust
+	}
+	if cmd.Flags().Changed("promote-pr-outputs") {
+		s.PromotePROutputs = &p.promote
 	}
 	if cmd.Flags().Changed("poll-interval") {
 		var d config.Duration

@@ -34,7 +34,7 @@ func TestRolesAllow(t *testing.T) {
 		sqlHoldClaim          = realQuery(t, "eval", "sqlHoldClaim")
 		sqlDeleteAttrs        = realQuery(t, "evaluation", "sqlDeleteAttrs")
 		sqlInsertAttrs        = realQuery(t, "eval", "sqlInsertAttrs")
-		sqlRevive             = realQuery(t, "eval", "sqlRevive")
+		sqlNeedJobs           = realQuery(t, "eval", "sqlNeedJobs")
 		sqlSetMerge           = realQuery(t, "eval", "sqlSetMerge")
 		sqlCountRestart       = realQuery(t, "eval", "sqlCountRestart")
 		sqlSucceedEval        = realQuery(t, "eval", "sqlSucceedEval")
@@ -42,6 +42,8 @@ func TestRolesAllow(t *testing.T) {
 		sqlUpsertTail         = realQuery(t, "builder", "sqlUpsertTail")
 		sqlDeleteFinishedTail = realQuery(t, "builder", "sqlDeleteFinishedTail")
 		sqlRecordNarHashes    = realQuery(t, "signer", "sqlRecordNarHashes")
+		sqlReleaseQuarantine  = realQuery(t, "signer", "sqlReleaseQuarantine")
+		sqlPromoteOutputs     = realQuery(t, "eval", "sqlPromoteOutputs")
 		sqlRecordKey          = realQuery(t, "signer", "sqlRecordKey")
 	)
 	pid := queuetest.NewProject(t, c.owner, "p", 100)
@@ -103,13 +105,46 @@ func TestRolesAllow(t *testing.T) {
 	if b := queuetest.Job(t, c.owner, "b"); b.BlockedInputs != 1 {
 		t.Fatalf("after ingest: %s, want blocked_inputs 1", b)
 	}
+	// A pull request had queued x and built c's input b (quarantined): the branch's next ingest
+	// trusts x, promotes b's output (the project promotes) and resets nothing.
+	queuetest.Exec(t, c.owner, `UPDATE build_jobs SET trusted = false WHERE drv_path = $1`, queuetest.DrvPath("x"))
+	queuetest.Exec(t, c.owner, `UPDATE derivation_outputs SET nar_hash = 'sha256:bb', nar_size = 1, quarantined = true WHERE drv_path = $1`,
+		queuetest.DrvPath("b"))
+	must("trust as e1", pgx.BeginFunc(ctx, c.as["e1"], func(tx pgx.Tx) error {
+		var status string
+		if err := tx.QueryRow(ctx, sqlHoldClaim, evalID, "e1", evalAttempt).Scan(&status); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, sqlPromoteOutputs, []string{queuetest.OutPath("b")}); err != nil {
+			return err
+		}
+		var revived, reset []string
+		if err := tx.QueryRow(ctx, sqlNeedJobs, []string{queuetest.DrvPath("c"), queuetest.DrvPath("x")}, true, true).Scan(&revived, &reset); err != nil {
+			return err
+		}
+		if len(revived)+len(reset) != 0 {
+			return fmt.Errorf("revived %v, reset %v; want nothing", revived, reset)
+		}
+		return nil
+	}))
+	if n := queuetest.QueryInt(t, c.owner, `SELECT count(*) FROM build_jobs WHERE NOT trusted`); n != 0 {
+		t.Fatalf("after the trusted ingest: %d untrusted jobs", n)
+	}
+	if n := queuetest.QueryInt(t, c.owner, `SELECT count(*) FROM derivation_outputs WHERE quarantined`); n != 0 {
+		t.Fatalf("after the trusted ingest: %d quarantined outputs", n)
+	}
+	queuetest.Exec(t, c.owner, `UPDATE derivation_outputs SET nar_hash = NULL, nar_size = NULL WHERE drv_path = $1`, queuetest.DrvPath("b"))
+
 	// Cancelling the jobs nothing else needs (a rolled-back evaluation's) and reviving them
 	// (a new evaluation needs them again).
 	if n := execN(t, c.as["e1"], sqlCancelUnneeded, []int64{evalID}); n != 4 {
 		t.Fatalf("cancel unneeded jobs as e1 changed %d rows, want 4", n)
 	}
-	if n := execN(t, c.as["e1"], sqlRevive, []string{queuetest.DrvPath("c"), queuetest.DrvPath("x")}); n != 4 {
-		t.Fatalf("revive jobs as e1 changed %d rows, want 4", n)
+	var revived, reset []string
+	must("revive jobs as e1", c.as["e1"].QueryRow(ctx, sqlNeedJobs, []string{queuetest.DrvPath("c"), queuetest.DrvPath("x")}, false, true).
+		Scan(&revived, &reset))
+	if len(revived) != 4 || len(reset) != 0 {
+		t.Fatalf("revive jobs as e1 revived %d, reset %d, want 4 and 0", len(revived), len(reset))
 	}
 	// A pull request's evaluation records the merge it evaluates.
 	if n := execN(t, c.as["e1"], sqlSetMerge, evalID, "e1", evalAttempt, strings.Repeat("b", 40), strings.Repeat("c", 40)); n != 1 {
@@ -141,7 +176,8 @@ func TestRolesAllow(t *testing.T) {
 	must("mark uploading as b1", queue.MarkUploading(ctx, c.as["b1"], claims["a"]))
 	// The signer's build-complete: the output's hashes and the success with its log, one batch.
 	batch := &pgx.Batch{}
-	batch.Queue(sqlRecordNarHashes, []string{queuetest.OutPath("a")}, []string{"sha256:aa"}, []int64{10}, queuetest.DrvPath("a"))
+	batch.Queue(sqlReleaseQuarantine, []string{queuetest.OutPath("a")}, []string{"sha256:aa"}, []int64{10})
+	batch.Queue(sqlRecordNarHashes, []string{queuetest.OutPath("a")}, []string{"sha256:aa"}, []int64{10}, queuetest.DrvPath("a"), false)
 	var succeeded queue.Outcome
 	queue.QueueSucceed(batch, claims["a"], "log/a", &succeeded)
 	must("succeed as s1", c.as["s1"].SendBatch(ctx, batch).Close())

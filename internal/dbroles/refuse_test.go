@@ -22,6 +22,7 @@ type fixture struct {
 	project, otherProject       int64
 	job                         map[string]int64
 	evalOther, evalOwn, evalNew int64
+	evalOwnPR                   int64 // a pull request's, running for e1
 }
 
 // foreignSystem is a system no node of the fixture builds.
@@ -36,13 +37,13 @@ func newFixture(t *testing.T, c *testDB) fixture {
 	queuetest.Enqueue(t, o, &fx.project,
 		queuetest.Drv("a", system), queuetest.Drv("b", system, "a"), queuetest.Drv("c", system, "b"),
 		queuetest.Drv("d", system), queuetest.Drv("h", system), queuetest.Drv("m", system),
-		queuetest.Drv("arm", foreignSystem))
+		queuetest.Drv("arm", foreignSystem), queuetest.Drv("built", system))
 	if _, err := queue.Enqueue(testCtx(t), o, queue.EnqueueParams{
 		Derivations: []queue.Derivation{queuetest.Drv("nojob", system)}, Build: []string{},
 	}); err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{"a", "b", "c", "d", "h", "m", "arm"} {
+	for _, name := range []string{"a", "b", "c", "d", "h", "m", "arm", "built"} {
 		fx.job[name] = queuetest.Job(t, o, name).ID
 	}
 	for name, node := range map[string]string{"h": "b2", "m": "b1"} {
@@ -59,6 +60,17 @@ VALUES ($1, 'git+file:///p', 'c1', 'main', 'running', 'e2', now(), now(), 1) RET
 	fx.evalOwn = queuetest.QueryInt(t, o, `
 INSERT INTO evaluations (project_id, flake_url, commit_sha, branch, status, claimed_by, claimed_at, started_at, attempt)
 VALUES ($1, 'git+file:///p', 'c3', 'main', 'running', 'e1', now(), now(), 1) RETURNING id`, fx.project)
+	fx.evalOwnPR = queuetest.QueryInt(t, o, `
+INSERT INTO evaluations (project_id, flake_url, commit_sha, branch, pr_number, pr_base, status, claimed_by, claimed_at, started_at, attempt)
+VALUES ($1, 'git+file:///p', 'c4', 'pull/1', 1, 'main', 'running', 'e1', now(), now(), 1) RETURNING id`, fx.project)
+	// built succeeded, for a pull request: its output is quarantined.
+	queuetest.Exec(t, o, `UPDATE build_jobs SET status = 'succeeded', finished_at = now(), trusted = false WHERE id = $1`, fx.job["built"])
+	queuetest.Exec(t, o, `UPDATE derivation_outputs SET nar_hash = 'sha256:bb', nar_size = 1, quarantined = true WHERE drv_path = $1`,
+		queuetest.DrvPath("built"))
+	// d was queued for a pull request; a's output was built for one (quarantined).
+	queuetest.Exec(t, o, `UPDATE build_jobs SET trusted = false WHERE id = $1`, fx.job["d"])
+	queuetest.Exec(t, o, `UPDATE derivation_outputs SET nar_hash = 'sha256:aa', nar_size = 1, quarantined = true WHERE drv_path = $1`,
+		queuetest.DrvPath("a"))
 	fx.evalNew = queuetest.QueryInt(t, o, `
 INSERT INTO evaluations (project_id, flake_url, commit_sha, branch) VALUES ($1, 'git+file:///p', 'c2', 'dev') RETURNING id`, fx.project)
 	queuetest.Exec(t, o, `
@@ -297,6 +309,39 @@ VALUES ($1, 'git+file:///p', 'evil', 'main')`, fx.project),
 		{as: "f1", name: "claim a job whose inputs are not built for a builder",
 			do:     stmt(`UPDATE build_jobs SET status = 'building', claimed_by = 'b1', claimed_at = now(), started_at = now() WHERE id = $1`, c),
 			effect: claimedBy, args: []any{c, "b1"}},
+
+		// An evaluator trusts jobs and promotes outputs only in a trusted evaluation's ingest,
+		// and trust only grows.
+		{as: "e1", name: "trust a job in a pull request's ingest",
+			do:     inEval(fx.evalOwnPR, `UPDATE build_jobs SET trusted = true WHERE id = $1`, d),
+			effect: `SELECT trusted FROM build_jobs WHERE id = $1`, args: []any{d}},
+		{as: "e1", name: "trust a job outside an ingest",
+			do:     stmt(`UPDATE build_jobs SET trusted = true WHERE id = $1`, d),
+			effect: `SELECT trusted FROM build_jobs WHERE id = $1`, args: []any{d}},
+		{as: "e1", name: "distrust a job in a trusted ingest",
+			do:     inEval(fx.evalOwn, `UPDATE build_jobs SET trusted = false WHERE id = $1`, c),
+			effect: `SELECT NOT trusted FROM build_jobs WHERE id = $1`, args: []any{c}},
+		{as: "e1", name: "reset a building job in a trusted ingest",
+			do:     inEval(fx.evalOwn, `UPDATE build_jobs SET status = 'pending', claimed_by = NULL, trusted = true WHERE id = $1`, h),
+			effect: `SELECT status = 'pending' FROM build_jobs WHERE id = $1`, args: []any{h}},
+		{as: "e1", name: "queue a trusted job in a pull request's ingest",
+			do: inEval(fx.evalOwnPR, `INSERT INTO build_jobs (drv_path, project_id, system, trusted) VALUES ($1, $2, $3, true)`,
+				nojob, fx.project, system),
+			effect: `SELECT EXISTS (SELECT 1 FROM build_jobs WHERE drv_path = $1 AND trusted)`, args: []any{nojob}},
+		{as: "e1", name: "rebuild a quarantined output in the ingest of a project that promotes",
+			do: inEval(fx.evalOwn, `UPDATE build_jobs SET status = 'pending', finished_at = NULL, trusted = true WHERE id = $1`,
+				fx.job["built"]),
+			effect: `SELECT status = 'pending' FROM build_jobs WHERE id = $1`, args: []any{fx.job["built"]}},
+		{as: "e1", name: "rebuild a quarantined output in a pull request's ingest",
+			do: inEval(fx.evalOwnPR, `UPDATE build_jobs SET status = 'pending', finished_at = NULL, trusted = true WHERE id = $1`,
+				fx.job["built"]),
+			effect: `SELECT status = 'pending' FROM build_jobs WHERE id = $1`, args: []any{fx.job["built"]}},
+		{as: "e1", name: "promote an output in a pull request's ingest",
+			do:     inEval(fx.evalOwnPR, `UPDATE derivation_outputs SET quarantined = false WHERE drv_path = $1`, a),
+			effect: `SELECT NOT quarantined FROM derivation_outputs WHERE drv_path = $1`, args: []any{a}},
+		{as: "e1", name: "record a NAR hash in a trusted ingest",
+			do:     inEval(fx.evalOwn, `UPDATE derivation_outputs SET nar_hash = 'sha256:evil' WHERE drv_path = $1`, a),
+			effect: hashRecorded},
 
 		// A signer: results, hashes, keys and the GC, not claims or maintenance.
 		{as: "s1", name: "take the maintenance lease", do: takeLease("s1", "maintenance"), effect: leaseTaken, args: []any{"s1", "maintenance"}},

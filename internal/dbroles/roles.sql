@@ -129,16 +129,19 @@ GRANT INSERT, DELETE ON eval_attrs TO harmonia_evaluator;
 GRANT INSERT ON derivations, derivation_inputs TO harmonia_evaluator;
 -- Never nar_hash or nar_size: the canonical NAR hash is the signer's to record.
 GRANT INSERT (drv_path, output_name, output_path) ON derivation_outputs TO harmonia_evaluator;
-GRANT INSERT (drv_path, project_id, system, required_features, dependent_chain) ON build_jobs TO harmonia_evaluator;
+GRANT INSERT (drv_path, project_id, system, required_features, dependent_chain, trusted) ON build_jobs TO harmonia_evaluator;
 -- Reviving cancelled jobs a new evaluation needs, cancelling those a failed one no longer does;
--- the critical-path order of the pending jobs its new jobs wait for.
-GRANT UPDATE (status, finished_at, claimed_by, claimed_at, started_at, dependent_chain) ON build_jobs TO harmonia_evaluator;
+-- the critical-path order of the pending jobs its new jobs wait for; a trusted evaluation's
+-- trust in the jobs it needs, and the rebuild of quarantined outputs it does not promote.
+GRANT UPDATE (status, finished_at, claimed_by, claimed_at, started_at, dependent_chain, trusted) ON build_jobs TO harmonia_evaluator;
+-- A trusted evaluation promotes the quarantined outputs it needs (when its project promotes).
+GRANT UPDATE (quarantined) ON derivation_outputs TO harmonia_evaluator;
 
 -- ===== Signer: build results, NAR hashes, keys; the GC leader =====
 
 GRANT UPDATE (status, finished_at, exit_code, error_message, log_url), DELETE
     ON build_jobs TO harmonia_signer;
-GRANT UPDATE (nar_hash, nar_size) ON derivation_outputs TO harmonia_signer;
+GRANT UPDATE (nar_hash, nar_size, quarantined, nonrepro_nar_hash) ON derivation_outputs TO harmonia_signer;
 GRANT INSERT, UPDATE (last_seen) ON signing_keys TO harmonia_signer;
 GRANT DELETE ON evaluations, derivations, webhook_deliveries, gc_requests TO harmonia_signer;
 GRANT INSERT, UPDATE, DELETE ON gc_runs TO harmonia_signer;
@@ -247,10 +250,28 @@ CREATE POLICY harmonia_builder_update ON build_jobs FOR UPDATE TO harmonia_build
 -- An evaluator adds pending jobs to the project of the evaluation it ingests (see derivations
 -- below), revives cancelled ones and cancels pending ones.
 CREATE POLICY harmonia_evaluator_insert ON build_jobs FOR INSERT TO harmonia_evaluator
-    WITH CHECK (status = 'pending' AND claimed_by IS NULL AND project_id = ingest_project());
+    WITH CHECK (status = 'pending' AND claimed_by IS NULL AND project_id = ingest_project()
+                AND (NOT trusted OR ingest_trusted_project() IS NOT NULL));
 CREATE POLICY harmonia_evaluator_update ON build_jobs FOR UPDATE TO harmonia_evaluator
     USING (status IN ('pending', 'cancelled'))
     WITH CHECK (status IN ('pending', 'cancelled') AND claimed_by IS NULL);
+-- A trusted evaluation's ingest (migration 0022) marks the jobs it needs trusted, whatever their
+-- status, and resets a succeeded one whose outputs are quarantined when its project does not
+-- promote them.
+CREATE POLICY harmonia_evaluator_trust ON build_jobs FOR UPDATE TO harmonia_evaluator
+    USING (ingest_trusted_project() IS NOT NULL)
+    WITH CHECK (trusted AND ingest_trusted_project() IS NOT NULL);
+-- Whichever policy lets an evaluator at a row (WITH CHECKs are ORed), trust only grows, and
+-- only in a trusted evaluation's ingest; a job out of the queue (building, finished) keeps its
+-- status and claim, but for that reset.
+CREATE POLICY harmonia_evaluator_bounds ON build_jobs AS RESTRICTIVE FOR UPDATE TO harmonia_evaluator
+    USING (true)
+    WITH CHECK ((SELECT (o.trusted = build_jobs.trusted OR (build_jobs.trusted AND ingest_trusted_project() IS NOT NULL))
+                        AND (o.status IN ('pending', 'cancelled')
+                             OR (o.status = build_jobs.status AND o.claimed_by IS NOT DISTINCT FROM build_jobs.claimed_by)
+                             OR (o.status = 'succeeded' AND build_jobs.status = 'pending' AND build_jobs.claimed_by IS NULL
+                                 AND ingest_trusted_project() IS NOT NULL AND NOT ingest_promotes()))
+                 FROM build_jobs o WHERE o.id = build_jobs.id));
 -- The signer records results (and the GC expires logs); it deletes what nobody is building.
 CREATE POLICY harmonia_signer_update ON build_jobs FOR UPDATE TO harmonia_signer
     USING (true) WITH CHECK (status IN ('succeeded', 'failed', 'cancelled', 'dep-failed'));
@@ -319,6 +340,9 @@ CREATE POLICY harmonia_evaluator_insert ON derivation_outputs FOR INSERT TO harm
                                   AND o.output_path IS NOT DISTINCT FROM derivation_outputs.output_path)));
 CREATE POLICY harmonia_signer_update ON derivation_outputs FOR UPDATE TO harmonia_signer
     USING (true) WITH CHECK (true);
+-- A trusted evaluation whose project promotes quarantined outputs releases them.
+CREATE POLICY harmonia_evaluator_promote ON derivation_outputs FOR UPDATE TO harmonia_evaluator
+    USING (quarantined AND ingest_promotes()) WITH CHECK (NOT quarantined);
 
 CREATE POLICY harmonia_read ON derivation_inputs FOR SELECT TO harmonia_node USING (true);
 CREATE POLICY harmonia_evaluator_insert ON derivation_inputs FOR INSERT TO harmonia_evaluator

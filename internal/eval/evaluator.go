@@ -323,11 +323,11 @@ func (e *Evaluator) run(ctx context.Context, c claim, log *slog.Logger) (ingestS
 	var url, commit, branch, prBase string
 	var projectID int64
 	var prNumber int
-	var private bool
+	var private, promote bool
 	if err := evaluation.ClearAttrs(ctx, e.pool, c.id); err != nil {
 		return ingestStats{}, fmt.Errorf("clear attributes of an earlier attempt: %w", err)
 	}
-	if err := e.pool.QueryRow(ctx, sqlRepoOfEval, c.id).Scan(&projectID, &url, &private, &commit, &branch, &prNumber, &prBase); err != nil {
+	if err := e.pool.QueryRow(ctx, sqlRepoOfEval, c.id).Scan(&projectID, &url, &private, &commit, &branch, &prNumber, &prBase, &promote); err != nil {
 		return ingestStats{}, fmt.Errorf("read evaluation: %w", err)
 	}
 	mirror, err := gitrepo.New(MirrorDir(e.cfg.StateDir, projectID), url)
@@ -395,6 +395,7 @@ func (e *Evaluator) run(ctx context.Context, c claim, log *slog.Logger) (ingestS
 	in := &ingester{pool: e.pool, storeRoot: e.cfg.StoreRoot, storeDB: storeDB, cache: e.cfg.Cache,
 		upstream: e.cfg.Upstream, publisher: e.cfg.Publisher,
 		evalID: c.id, node: c.node, attempt: c.attempt, projectID: projectID, order: e.cfg.Order,
+		trusted: prNumber == 0, promote: promote,
 		maxDerivations: e.cfg.MaxDerivations,
 		known:          map[string]bool{}, prepared: map[string]bool{}, published: map[string]bool{},
 		checked: map[string]drvCheck{}}

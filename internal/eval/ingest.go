@@ -54,6 +54,10 @@ type ingester struct {
 	attempt   int
 	projectID int64
 	order     queue.Order
+	// trusted: an evaluation of a branch, whose jobs build outputs everyone may substitute; a
+	// pull request's jobs are untrusted and their outputs quarantined. promote is the project's
+	// setting: a trusted evaluation takes a quarantined output as built, or else rebuilds it.
+	trusted, promote bool
 	// maxDerivations is the most new derivations the evaluation may add; 0: unlimited.
 	maxDerivations int
 	added          int // new derivations of this evaluation's prepared batches
@@ -81,6 +85,7 @@ type batch struct {
 	derivs      []queue.Derivation
 	build       []string // derivations that get a job
 	preexisting []string // known derivations it met, whose cancelled jobs it may need again
+	promote     []string // quarantined output paths a trusted evaluation takes as built
 }
 
 // prepare reads the closure of a batch of attributes down to what the database or an earlier
@@ -139,7 +144,7 @@ func (in *ingester) prepare(ctx context.Context, attrs []Attr) (batch, error) {
 		}
 		b.derivs = append(b.derivs, qd)
 	}
-	if b.build, err = in.needBuild(ctx, roots, fresh); err != nil {
+	if b.build, b.promote, err = in.needBuild(ctx, roots, fresh); err != nil {
 		return b, err
 	}
 	if err := in.publish(ctx, newDrvs, fresh); err != nil {
@@ -155,12 +160,13 @@ func (in *ingester) prepare(ctx context.Context, attrs []Attr) (batch, error) {
 // (queue.EnqueueTx), and revives cancelled jobs they need again.
 func (in *ingester) commit(ctx context.Context, batches []batch) error {
 	var derivs []queue.Derivation
-	var names, drvs, errs, preexisting []string
+	var names, drvs, errs, preexisting, promote []string
 	build := []string{}
 	for _, b := range batches {
 		derivs = append(derivs, b.derivs...)
 		build = append(build, b.build...)
 		preexisting = append(preexisting, b.preexisting...)
+		promote = append(promote, b.promote...)
 		for _, a := range b.attrs {
 			names, drvs, errs = append(names, a.Name), append(drvs, a.DrvPath), append(errs, a.Error)
 		}
@@ -181,29 +187,18 @@ func (in *ingester) commit(ctx context.Context, batches []batch) error {
 		pid := in.projectID
 		var err error
 		res, err = queue.EnqueueTx(ctx, tx, queue.EnqueueParams{ProjectID: &pid, Derivations: derivs, Build: build,
-			Order: in.order, DeferRaise: true})
+			Order: in.order, DeferRaise: true, Untrusted: !in.trusted})
 		if err != nil {
 			return err
 		}
 		if _, err := tx.Exec(ctx, sqlInsertAttrs, in.evalID, names, drvs, errs); err != nil {
 			return fmt.Errorf("insert attributes: %w", err)
 		}
-		if len(preexisting) > 0 {
-			rows, err := tx.Query(ctx, sqlRevive, preexisting)
-			if err != nil {
-				return fmt.Errorf("revive cancelled jobs: %w", err)
-			}
-			systems, err := pgx.CollectRows(rows, pgx.RowTo[string])
-			if err != nil {
-				return fmt.Errorf("revive cancelled jobs: %w", err)
-			}
-			for _, s := range uniq(systems) {
-				if err := queue.NotifyJobs(ctx, tx, map[string]string{"system": s}); err != nil {
-					return err
-				}
-			}
-			res.NewJobs += len(systems)
+		n, err := in.need(ctx, tx, preexisting, uniq(promote))
+		if err != nil {
+			return err
 		}
+		res.NewJobs += n
 		return nil
 	})
 	if err != nil {
@@ -222,6 +217,34 @@ func (in *ingester) commit(ctx context.Context, batches []batch) error {
 	in.stats.Jobs += res.NewJobs
 	in.stats.Commits++
 	return nil
+}
+
+// need is what the evaluation does, in its ingest transaction, to the jobs it needs that exist
+// already, in the closure of the known derivations it met (preexisting): cancelled ones go back
+// to pending. A trusted evaluation also makes them trusted and takes the outputs there that
+// only pull requests built (quarantined) as built (promotion), or, when its project does not
+// promote them, resets their jobs to pending, trusted, to be built again (the readiness
+// triggers make their dependents wait); and it promotes promote, the quarantined outputs its
+// new derivations share. It returns how many jobs went back to the queue.
+func (in *ingester) need(ctx context.Context, tx pgx.Tx, preexisting, promote []string) (int, error) {
+	if in.trusted && in.promote && len(promote) > 0 {
+		if _, err := tx.Exec(ctx, sqlPromoteOutputs, promote); err != nil {
+			return 0, fmt.Errorf("promote quarantined outputs: %w", err)
+		}
+	}
+	if len(preexisting) == 0 {
+		return 0, nil
+	}
+	var revived, reset []string
+	if err := tx.QueryRow(ctx, sqlNeedJobs, preexisting, in.trusted, in.promote).Scan(&revived, &reset); err != nil {
+		return 0, fmt.Errorf("revive and trust the jobs it needs: %w", err)
+	}
+	for _, s := range uniq(append(revived, reset...)) {
+		if err := queue.NotifyJobs(ctx, tx, map[string]string{"system": s}); err != nil {
+			return 0, err
+		}
+	}
+	return len(revived) + len(reset), nil
 }
 
 // holdClaim locks the evaluation's row for tx (FOR SHARE), errStale unless this attempt still
@@ -410,7 +433,10 @@ func (in *ingester) drvHash(p string) (nix.DrvHash, error) {
 // needBuild decides which new derivations get a job: a derivation needs one unless all its
 // outputs are in the cache or upstream, and only if an attribute needs it (itself, or through
 // a dependent that is built): the inputs of something already cached are never built.
-func (in *ingester) needBuild(ctx context.Context, roots []string, fresh map[string]*nix.Derivation) ([]string, error) {
+//
+// A trusted evaluation takes a quarantined output as cached only if its project promotes them,
+// and then returns it among promote, for the commit to clear its quarantine.
+func (in *ingester) needBuild(ctx context.Context, roots []string, fresh map[string]*nix.Derivation) (build, promote []string, err error) {
 	var outs []string
 	for _, d := range fresh {
 		for _, o := range d.Outputs {
@@ -419,9 +445,9 @@ func (in *ingester) needBuild(ctx context.Context, roots []string, fresh map[str
 			}
 		}
 	}
-	have, err := in.cachedOutputs(ctx, outs)
+	have, promote, err := in.cachedOutputs(ctx, outs)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	cached := func(d *nix.Derivation) bool {
 		for _, o := range d.Outputs {
@@ -449,37 +475,51 @@ func (in *ingester) needBuild(ctx context.Context, roots []string, fresh map[str
 			}
 		}
 	}
-	build := slices.Sorted(maps.Keys(need))
+	build = slices.Sorted(maps.Keys(need))
 	if build == nil {
 		build = []string{}
 	}
-	return build, nil
+	return build, promote, nil
 }
 
 // cachedOutputs returns the output paths the cache holds, by the signer's record in the
-// database, by asking the cache, or signed by a trusted upstream substituter.
-func (in *ingester) cachedOutputs(ctx context.Context, outs []string) (map[string]bool, error) {
-	have := map[string]bool{}
+// database, by asking the cache, or signed by a trusted upstream substituter. A quarantined
+// output (built only for pull requests) counts for a pull request's evaluation; for a trusted
+// one only if the project promotes them (returned in promote), and otherwise it is not asked
+// of the cache either, which holds its narinfo.
+func (in *ingester) cachedOutputs(ctx context.Context, outs []string) (have map[string]bool, promote []string, err error) {
+	have = map[string]bool{}
 	if len(outs) == 0 {
-		return have, nil
+		return have, nil, nil
 	}
 	rows, err := in.pool.Query(ctx, sqlCachedOutputs, outs)
 	if err != nil {
-		return nil, fmt.Errorf("look up cached outputs: %w", err)
+		return nil, nil, fmt.Errorf("look up cached outputs: %w", err)
 	}
-	recorded, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	var p string
+	var quarantined bool
+	rebuild := map[string]bool{}
+	_, err = pgx.ForEachRow(rows, []any{&p, &quarantined}, func() error {
+		switch {
+		case !quarantined || !in.trusted:
+			have[p] = true
+		case in.promote:
+			have[p] = true
+			promote = append(promote, p)
+		default:
+			rebuild[p] = true
+		}
+		return nil
+	})
 	if err != nil {
-		return nil, fmt.Errorf("look up cached outputs: %w", err)
+		return nil, nil, fmt.Errorf("look up cached outputs: %w", err)
 	}
-	for _, p := range recorded {
-		have[p] = true
-	}
-	rest := missing(outs, have)
+	rest := missing(missing(outs, have), rebuild)
 	if in.cache != nil && len(rest) > 0 {
 		for chunk := range slices.Chunk(rest, 1000) {
 			present, err := in.cache.CacheLookup(ctx, chunk)
 			if err != nil {
-				return nil, fmt.Errorf("ask the cache: %w", err)
+				return nil, nil, fmt.Errorf("ask the cache: %w", err)
 			}
 			for _, p := range present {
 				have[p] = true
@@ -490,13 +530,13 @@ func (in *ingester) cachedOutputs(ctx context.Context, outs []string) (map[strin
 	if in.upstream != nil && len(rest) > 0 {
 		present, err := in.upstream.Have(ctx, rest)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		for _, p := range present {
 			have[p] = true
 		}
 	}
-	return have, nil
+	return have, promote, nil
 }
 
 // publish uploads the new .drv files and the sources they need, so that a builder on another

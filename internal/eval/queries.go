@@ -34,7 +34,9 @@ WHERE 'frontend' = ANY(capabilities) AND last_seen > now() - make_interval(secs 
 ORDER BY id`
 
 	sqlRepoOfEval = `
-SELECT e.project_id, r.clone_url, r.is_private, e.commit_sha, e.branch, COALESCE(e.pr_number, 0), e.pr_base FROM evaluations e
+SELECT e.project_id, r.clone_url, r.is_private, e.commit_sha, e.branch, COALESCE(e.pr_number, 0), e.pr_base,
+       p.promote_pr_outputs
+FROM evaluations e
 JOIN projects p ON p.id = e.project_id JOIN repositories r ON r.id = p.repo_id
 WHERE e.id = $1`
 
@@ -67,28 +69,65 @@ WHERE o.output_path = ANY($1)`
 
 	// Any derivation's row counts: only the signer records a hash, on the rows of a derivation
 	// whose outputs it checked, and a derivation sharing the path has the same derivation
-	// hash (checkSharedOutputs), so Nix would take the path as built for it too.
+	// hash (checkSharedOutputs), so Nix would take the path as built for it too. Each path
+	// comes with whether it is quarantined (every built row is).
 	sqlCachedOutputs = `
-SELECT DISTINCT output_path FROM derivation_outputs WHERE output_path = ANY($1) AND nar_hash IS NOT NULL`
+SELECT output_path, bool_and(quarantined) FROM derivation_outputs
+WHERE output_path = ANY($1) AND nar_hash IS NOT NULL
+GROUP BY output_path`
+
+	// A trusted evaluation promotes the quarantined outputs $1 of its new derivations.
+	sqlPromoteOutputs = `
+UPDATE derivation_outputs SET quarantined = false WHERE output_path = ANY($1) AND quarantined`
+
+	// The jobs an evaluation needs that exist already, in the closure of the known derivations $1
+	// it met: cancelled ones (superseded earlier) go back to pending. When the evaluation is
+	// trusted ($2), the rest of its unfinished jobs become trusted too (one running for a pull
+	// request counts as trusted when it completes: it builds the same derivation), and outputs
+	// there that are quarantined (every built row of the path is) are promoted when $3, or else
+	// their succeeded jobs go back to pending, trusted, to be built again (the readiness
+	// triggers block their dependents again). One walk of the closure for all of it. The jobs
+	// made trusted are locked in id order, as the readiness triggers lock them: a job may be
+	// finishing. Returns the systems of the jobs revived and of those reset.
+	sqlNeedJobs = `
+WITH RECURSIVE clo(drv_path) AS (
+    SELECT unnest($1::text[])
+  UNION
+    SELECT di.input_drv FROM derivation_inputs di JOIN clo c ON di.referrer = c.drv_path
+), revived AS (
+    UPDATE build_jobs bj SET status = 'pending', finished_at = NULL, claimed_by = NULL, claimed_at = NULL,
+        started_at = NULL, trusted = bj.trusted OR $2
+    WHERE bj.status = 'cancelled' AND bj.drv_path IN (SELECT drv_path FROM clo)
+    RETURNING bj.system
+), trust AS (
+    UPDATE build_jobs bj SET trusted = true
+    FROM (SELECT l.id FROM build_jobs l
+          WHERE $2 AND l.drv_path IN (SELECT drv_path FROM clo) AND NOT l.trusted
+            AND l.status NOT IN ('succeeded', 'cancelled')
+          ORDER BY l.id
+          FOR NO KEY UPDATE) locked
+    WHERE bj.id = locked.id
+), q AS (
+    SELECT o.drv_path, o.output_path FROM derivation_outputs o
+    WHERE $2 AND o.drv_path IN (SELECT drv_path FROM clo) AND o.quarantined
+      AND NOT EXISTS (SELECT 1 FROM derivation_outputs p
+                      WHERE p.output_path = o.output_path AND p.nar_hash IS NOT NULL AND NOT p.quarantined)
+), promoted AS (
+    UPDATE derivation_outputs o SET quarantined = false
+    WHERE $3 AND o.output_path IN (SELECT output_path FROM q) AND o.quarantined
+), reset AS (
+    UPDATE build_jobs bj SET status = 'pending', trusted = true, claimed_by = NULL, claimed_at = NULL,
+        started_at = NULL, finished_at = NULL
+    WHERE NOT $3 AND bj.drv_path IN (SELECT drv_path FROM q) AND bj.status = 'succeeded'
+    RETURNING bj.system
+)
+SELECT ARRAY(SELECT system FROM revived), ARRAY(SELECT system FROM reset)`
 
 	// $1 eval, $2 attr[], $3 drv_path[] ('' = NULL), $4 error[] ('' = NULL)
 	sqlInsertAttrs = `
 INSERT INTO eval_attrs (eval_id, attr, drv_path, error)
 SELECT $1, a, NULLIF(d, ''), NULLIF(e, '') FROM unnest($2::text[], $3::text[], $4::text[]) AS t(a, d, e)
 ON CONFLICT (eval_id, attr) DO NOTHING`
-
-	// A new evaluation needs a cancelled job again (superseded earlier): back to pending.
-	// $1 derivations whose closure to search.
-	sqlRevive = `
-WITH RECURSIVE clo(drv_path) AS (
-    SELECT unnest($1::text[])
-  UNION
-    SELECT di.input_drv FROM derivation_inputs di JOIN clo c ON di.referrer = c.drv_path
-)
-UPDATE build_jobs bj SET status = 'pending', finished_at = NULL, claimed_by = NULL, claimed_at = NULL,
-    started_at = NULL
-WHERE bj.status = 'cancelled' AND bj.drv_path IN (SELECT drv_path FROM clo)
-RETURNING bj.system`
 
 	// Finishes. $1 id, $2 node, $3 attempt.
 	sqlSucceedEval = `

@@ -22,7 +22,22 @@ type NarInfo struct {
 	Deriver     string   // basename, optional
 	Sigs        []string // "keyname:base64"
 	CA          string   // content address, optional ("fixed:r:sha256:…", "text:sha256:…")
+	// Quarantined marks the narinfo of an output built for a pull request (quarantineKey):
+	// harmonia-ci's cache serves it only to those who may read quarantined paths until a
+	// trusted evaluation releases the path. Nix ignores keys it does not know, and the
+	// signature does not cover it.
+	Quarantined bool
 }
+
+// quarantineKey is the narinfo key of NarInfo.Quarantined.
+const quarantineKey = "HarmoniaQuarantined"
+
+// quarantineLine is how MarshalText writes NarInfo.Quarantined: the last line.
+var quarantineLine = []byte("\n" + quarantineKey + ": 1\n")
+
+// NarInfoQuarantined reports whether a narinfo's text, as MarshalText wrote it, is marked
+// Quarantined, without parsing it (the cache asks of every narinfo it serves).
+func NarInfoQuarantined(text []byte) bool { return bytes.HasSuffix(text, quarantineLine) }
 
 // unknownDeriver is what Nix writes (and reads) for "no deriver".
 const unknownDeriver = "unknown-deriver"
@@ -56,6 +71,9 @@ func (ni *NarInfo) MarshalText() ([]byte, error) {
 	}
 	if ni.CA != "" {
 		line("CA", ni.CA)
+	}
+	if ni.Quarantined {
+		line(quarantineKey, "1")
 	}
 	return b.Bytes(), nil
 }
@@ -186,6 +204,8 @@ func (ni *NarInfo) set(key, value string) error {
 		ni.Sigs = append(ni.Sigs, value)
 	case "CA":
 		ni.CA = value
+	case quarantineKey:
+		ni.Quarantined = value == "1"
 	}
 	if err != nil {
 		return fmt.Errorf("%s: %w", key, err)

@@ -47,6 +47,9 @@ type Project struct {
 	// Private: the project's data is shown only to those who may read the repository
 	// (internal/access).
 	Private bool `json:"private"`
+	// PromotePROutputs: a trusted evaluation takes what only pull requests built (quarantined)
+	// as built, making it everyone's; false rebuilds it first.
+	PromotePROutputs bool `json:"promote_pr_outputs"`
 }
 
 // Who may have a pull request evaluated (projects.pr_trust).

@@ -37,7 +37,8 @@ func TestAddListGetSet(t *testing.T) {
 	// Defaults: branch main, 100 shares, enabled.
 	web := mustAdd(t, pool, AddParams{Name: "web", RepoURL: "https://git.example.com/web.git"})
 	want := Project{ID: web.ID, Name: "web", RepoURL: "https://git.example.com/web.git", Branch: "main", Shares: 100, Enabled: true,
-		RepoID: web.RepoID, Forge: ForgeGit, FullName: "https://git.example.com/web.git", PREnabled: true, PRTrust: PRTrustCollaborators}
+		RepoID: web.RepoID, Forge: ForgeGit, FullName: "https://git.example.com/web.git", PREnabled: true, PRTrust: PRTrustCollaborators,
+		PromotePROutputs: true}
 	if got := withoutTime(web); got != want {
 		t.Fatalf("Add returned %+v, want %+v", got, want)
 	}

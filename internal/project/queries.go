@@ -30,40 +30,40 @@ WITH p AS (
     RETURNING *
 )
 SELECT p.id, p.name, r.clone_url, r.default_branch, p.scheduling_shares, p.enabled, p.created_at,
-       r.id, r.forge, r.full_name, p.pr_enabled, p.pr_trust, p.poll_interval, r.is_private
+       r.id, r.forge, r.full_name, p.pr_enabled, p.pr_trust, p.poll_interval, r.is_private, p.promote_pr_outputs
 FROM p JOIN repositories r ON r.id = p.repo_id`
 
 	sqlListProjects = `
 SELECT p.id, p.name, r.clone_url, r.default_branch, p.scheduling_shares, p.enabled, p.created_at,
-       r.id, r.forge, r.full_name, p.pr_enabled, p.pr_trust, p.poll_interval, r.is_private
+       r.id, r.forge, r.full_name, p.pr_enabled, p.pr_trust, p.poll_interval, r.is_private, p.promote_pr_outputs
 FROM projects p JOIN repositories r ON r.id = p.repo_id
 ORDER BY p.name`
 
 	// $1 name
 	sqlProjectByName = `
 SELECT p.id, p.name, r.clone_url, r.default_branch, p.scheduling_shares, p.enabled, p.created_at,
-       r.id, r.forge, r.full_name, p.pr_enabled, p.pr_trust, p.poll_interval, r.is_private
+       r.id, r.forge, r.full_name, p.pr_enabled, p.pr_trust, p.poll_interval, r.is_private, p.promote_pr_outputs
 FROM projects p JOIN repositories r ON r.id = p.repo_id
 WHERE p.name = $1`
 
 	// $1 forge, $2 full name
 	sqlProjectByRepo = `
 SELECT p.id, p.name, r.clone_url, r.default_branch, p.scheduling_shares, p.enabled, p.created_at,
-       r.id, r.forge, r.full_name, p.pr_enabled, p.pr_trust, p.poll_interval, r.is_private
+       r.id, r.forge, r.full_name, p.pr_enabled, p.pr_trust, p.poll_interval, r.is_private, p.promote_pr_outputs
 FROM projects p JOIN repositories r ON r.id = p.repo_id
 WHERE r.forge = $1 AND r.full_name = $2`
 
 	// $1 repository id
 	sqlProjectByRepoID = `
 SELECT p.id, p.name, r.clone_url, r.default_branch, p.scheduling_shares, p.enabled, p.created_at,
-       r.id, r.forge, r.full_name, p.pr_enabled, p.pr_trust, p.poll_interval, r.is_private
+       r.id, r.forge, r.full_name, p.pr_enabled, p.pr_trust, p.poll_interval, r.is_private, p.promote_pr_outputs
 FROM projects p JOIN repositories r ON r.id = p.repo_id
 WHERE r.id = $1`
 
 	// Enabled projects, not of forge git, whose poll interval has passed.
 	sqlDuePolls = `
 SELECT p.id, p.name, r.clone_url, r.default_branch, p.scheduling_shares, p.enabled, p.created_at,
-       r.id, r.forge, r.full_name, p.pr_enabled, p.pr_trust, p.poll_interval, r.is_private
+       r.id, r.forge, r.full_name, p.pr_enabled, p.pr_trust, p.poll_interval, r.is_private, p.promote_pr_outputs
 FROM projects p JOIN repositories r ON r.id = p.repo_id
 WHERE p.enabled AND p.poll_interval > 0 AND r.forge <> 'git'
   AND (p.last_polled IS NULL OR p.last_polled + p.poll_interval * interval '1 second' <= now())
@@ -135,7 +135,8 @@ ON CONFLICT (repo_id) DO UPDATE SET enabled = true`
 UPDATE projects SET scheduling_shares = COALESCE($2, scheduling_shares),
                     pr_enabled = COALESCE($3, pr_enabled),
                     pr_trust = COALESCE($4, pr_trust),
-                    poll_interval = COALESCE($5, poll_interval)
+                    poll_interval = COALESCE($5, poll_interval),
+                    promote_pr_outputs = COALESCE($6, promote_pr_outputs)
 WHERE repo_id = $1`
 
 	sqlNameTaken = `SELECT EXISTS (SELECT 1 FROM projects WHERE name = $1)`
@@ -148,7 +149,7 @@ func scanProject(row pgx.CollectableRow) (Project, error) {
 	var p Project
 	var poll int
 	err := row.Scan(&p.ID, &p.Name, &p.RepoURL, &p.Branch, &p.Shares, &p.Enabled, &p.CreatedAt,
-		&p.RepoID, &p.Forge, &p.FullName, &p.PREnabled, &p.PRTrust, &poll, &p.Private)
+		&p.RepoID, &p.Forge, &p.FullName, &p.PREnabled, &p.PRTrust, &poll, &p.Private, &p.PromotePROutputs)
 	p.PollInterval = time.Duration(poll) * time.Second
 	return p, err
 }

@@ -118,6 +118,9 @@ type Settings struct {
 	PREnabled    *bool          `json:"pr_enabled,omitempty"`
 	PRTrust      *string        `json:"pr_trust,omitempty"`
 	PollInterval *time.Duration `json:"-"`
+	// PromotePROutputs: see Project.PromotePROutputs. An admin's setting, never the
+	// repository's (a pull request could change that).
+	PromotePROutputs *bool `json:"promote_pr_outputs,omitempty"`
 }
 
 // Validate checks the settings that are set.
@@ -227,7 +230,7 @@ func (en Enabler) Enable(ctx context.Context, repoID int64, p EnableParams) (Pro
 		if _, err := tx.Exec(ctx, sqlEnableProject, repoID, name); err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, sqlProjectSettings, repoID, p.Shares, p.PREnabled, p.PRTrust, p.pollSeconds()); err != nil {
+		if _, err := tx.Exec(ctx, sqlProjectSettings, repoID, p.Shares, p.PREnabled, p.PRTrust, p.pollSeconds(), p.PromotePROutputs); err != nil {
 			return err
 		}
 		rows, err := tx.Query(ctx, sqlProjectByRepoID, repoID)
@@ -313,7 +316,7 @@ func Configure(ctx context.Context, pool *pgxpool.Pool, repoID int64, s Settings
 	if err := s.Validate(); err != nil {
 		return Project{}, err
 	}
-	tag, err := pool.Exec(ctx, sqlProjectSettings, repoID, s.Shares, s.PREnabled, s.PRTrust, s.pollSeconds())
+	tag, err := pool.Exec(ctx, sqlProjectSettings, repoID, s.Shares, s.PREnabled, s.PRTrust, s.pollSeconds(), s.PromotePROutputs)
 	if err != nil {
 		return Project{}, fmt.Errorf("configure the project of repository %d: %w", repoID, err)
 	}

@@ -176,7 +176,7 @@ func TestEnableDisable(t *testing.T) {
 	}
 	want := Project{ID: p.ID, Name: "hello", RepoURL: "https://forge.example/octo/hello.git", Branch: "main", Shares: 100,
 		Enabled: true, CreatedAt: p.CreatedAt, RepoID: ids["octo/hello"], Forge: "github", FullName: "octo/hello",
-		PREnabled: true, PRTrust: PRTrustCollaborators}
+		PREnabled: true, PRTrust: PRTrustCollaborators, PromotePROutputs: true}
 	if p != want {
 		t.Fatalf("Enable(octo/hello) = %+v; want %+v", p, want)
 	}

@@ -32,11 +32,11 @@ INSERT INTO derivation_inputs (referrer, input_drv, outputs)
 SELECT r, i, string_to_array(o, ',') FROM unnest($1::text[], $2::text[], $3::text[]) AS t(r, i, o)
 ON CONFLICT (referrer, input_drv) DO NOTHING`
 
-	// $1 drv_path[], $2 project_id (NULL for none), $3 dependent_chain[]. Returns the
+	// $1 drv_path[], $2 project_id (NULL for none), $3 dependent_chain[], $4 trusted. Returns the
 	// derivations and systems of the jobs created.
 	sqlJobsInsert = `
-INSERT INTO build_jobs (drv_path, project_id, system, required_features, dependent_chain)
-SELECT d.drv_path, $2, d.system, d.required_features, t.chain
+INSERT INTO build_jobs (drv_path, project_id, system, required_features, dependent_chain, trusted)
+SELECT d.drv_path, $2, d.system, d.required_features, t.chain, $4
 FROM unnest($1::text[], $3::int[]) AS t(drv, chain) JOIN derivations d ON d.drv_path = t.drv
 ON CONFLICT (drv_path) DO NOTHING
 RETURNING drv_path, system`

@@ -67,6 +67,8 @@ type EnqueueParams struct {
 	// they are, for one RaiseDeferred after the last of several enqueues: an evaluation arrives
 	// inputs first, so raising at every enqueue would raise everything below again each time.
 	DeferRaise bool
+	// Untrusted creates the jobs untrusted (for a pull request): what they build is quarantined.
+	Untrusted bool
 }
 
 // Order is how a project's ready jobs of equal priority are ranked.
@@ -149,7 +151,7 @@ func EnqueueTx(ctx context.Context, tx pgx.Tx, p EnqueueParams) (EnqueueResult, 
 			for i, drv := range chunk {
 				chunkChains[i] = int32(chains.of(drv))
 			}
-			rows, err := tx.Query(ctx, sqlJobsInsert, chunk, p.ProjectID, chunkChains)
+			rows, err := tx.Query(ctx, sqlJobsInsert, chunk, p.ProjectID, chunkChains, !p.Untrusted)
 			if err != nil {
 				return fmt.Errorf("insert build jobs: %w", err)
 			}

@@ -38,6 +38,10 @@ type jobFacts struct {
 	drvText     []byte
 	inputHashes map[string][32]byte
 	fit         claimFit
+	// trusted: a trusted evaluation needs the job, so its outputs are not quarantined;
+	// quarantined are its output paths whose every built row is (a pull request built them).
+	trusted     bool
+	quarantined []string
 }
 
 func (f jobFacts) drvBase() string { return path.Base(f.drvPath) }
@@ -64,7 +68,8 @@ func queueJobFacts(b *pgx.Batch, id nodetoken.Identity, claim signerapi.JobClaim
 	b.Queue(sqlJobFacts, claim.ID, id.NodeID, claim.Attempt).QueryRow(func(row pgx.Row) error {
 		var inDrvs []string
 		var inHashes [][]byte
-		if err := row.Scan(&f.drvPath, &f.outputNames, &f.outputs, &f.inputs, &f.drvText, &inDrvs, &inHashes); err != nil {
+		if err := row.Scan(&f.drvPath, &f.outputNames, &f.outputs, &f.inputs, &f.drvText, &inDrvs, &inHashes,
+			&f.trusted, &f.quarantined); err != nil {
 			return err
 		}
 		f.inputHashes = make(map[string][32]byte, len(inDrvs))
@@ -332,7 +337,15 @@ func (s *Server) handleBuildComplete(ctx context.Context, id nodetoken.Identity,
 	if err := s.syncObjects(ctx, keys); err != nil {
 		return nil, err
 	}
-	canon, resp, err := s.publishAll(ctx, outs)
+	// A trusted build replaces what only pull requests built, should the two differ.
+	var replace map[string]bool
+	if f.trusted {
+		replace = map[string]bool{}
+		for _, p := range f.quarantined {
+			replace[p] = true
+		}
+	}
+	canon, resp, err := s.publishAll(ctx, outs, replace, !f.trusted)
 	if err != nil {
 		return nil, err
 	}
@@ -354,7 +367,7 @@ func (s *Server) handleBuildComplete(ctx context.Context, id nodetoken.Identity,
 func succeed(ctx context.Context, conn *pgx.Conn, f jobFacts, logKey string, canon []canonical) error {
 	c := f.claim
 	b := &pgx.Batch{}
-	queueRecordHashes(b, f.drvPath, canon)
+	queueRecordHashes(b, f.drvPath, canon, f.trusted)
 	var out queue.Outcome
 	queue.QueueSucceed(b, c, logKey, &out)
 	err := conn.SendBatch(ctx, b).Close()

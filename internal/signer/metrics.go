@@ -42,7 +42,7 @@ func newSignerMetrics(reg prometheus.Registerer) *signerMetrics {
 	}, []string{"endpoint", "code"})
 	narinfos := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "harmonia_ci_signer_narinfos_total",
-		Help: "Narinfos this node's signer published, by result: written (signed and stored), skipped (the cache had it with the same NAR hash), conflict (the cache had another NAR: a non-reproducible build, the first is kept).",
+		Help: "Narinfos this node's signer published, by result: written (signed and stored), skipped (the cache had it with the same NAR hash), conflict (the cache had another NAR: a non-reproducible build, the first is kept), rewritten (a trusted build replaced a quarantined output's narinfo with another NAR).",
 	}, []string{"result"})
 	uploads := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "harmonia_ci_signer_upload_bytes_total",
@@ -53,7 +53,7 @@ func newSignerMetrics(reg prometheus.Registerer) *signerMetrics {
 		requests: map[string]*[len(codeNames)]prometheus.Counter{},
 		narinfos: map[publishResult]prometheus.Counter{
 			written: narinfos.WithLabelValues("written"), skipped: narinfos.WithLabelValues("skipped"),
-			conflict: narinfos.WithLabelValues("conflict"),
+			conflict: narinfos.WithLabelValues("conflict"), rewritten: narinfos.WithLabelValues("rewritten"),
 		},
 		uploadNAR: uploads.WithLabelValues("nar"), uploadLog: uploads.WithLabelValues("log"),
 		uploadDrv: uploads.WithLabelValues("drv"),

@@ -218,6 +218,8 @@ const (
 	written publishResult = iota
 	skipped
 	conflict
+	// rewritten: a trusted build replaced a quarantined output's narinfo that had another NAR.
+	rewritten
 )
 
 // canonical is the NAR hash and size the cache serves for a path.
@@ -228,13 +230,15 @@ type canonical struct {
 }
 
 // publishAll writes the narinfos of outs (their NARs are in the store), then makes them durable.
-func (s *Server) publishAll(ctx context.Context, outs []output) ([]canonical, signerapi.PublishResponse, error) {
+// The narinfos of the paths in replace (quarantined outputs a trusted job built) are rewritten
+// if their NAR differs. New narinfos are marked quarantined if quarantine (an untrusted job's).
+func (s *Server) publishAll(ctx context.Context, outs []output, replace map[string]bool, quarantine bool) ([]canonical, signerapi.PublishResponse, error) {
 	var resp signerapi.PublishResponse
 	canon := make([]canonical, len(outs))
 	results := make([]publishResult, len(outs))
 	err := eachOutput(ctx, outs, func(ctx context.Context, i int, o output) error {
 		var err error
-		canon[i], results[i], err = s.publish(ctx, o)
+		canon[i], results[i], err = s.publish(ctx, o, replace[o.path.String()], quarantine)
 		return err
 	})
 	if err != nil {
@@ -243,7 +247,7 @@ func (s *Server) publishAll(ctx context.Context, outs []output) ([]canonical, si
 	s.metrics.published(results)
 	for _, r := range results {
 		switch r {
-		case written:
+		case written, rewritten:
 			resp.Written++
 		case skipped:
 			resp.Skipped++
@@ -258,21 +262,25 @@ func (s *Server) publishAll(ctx context.Context, outs []output) ([]canonical, si
 	return canon, resp, s.syncObjects(ctx, keys)
 }
 
-// publish writes o's signed narinfo unless one exists. An existing narinfo is never rewritten:
-// with the same NarHash it is skipped, with another it is a conflict (a non-reproducible
-// build; the cache keeps the first). It returns what the cache now serves for the path.
-func (s *Server) publish(ctx context.Context, o output) (canonical, publishResult, error) {
+// publish writes o's signed narinfo unless one exists, marked quarantined if quarantine: the
+// mark is in the object itself, so no cache node serves it to everyone in the moment before
+// the database says it is quarantined. An existing narinfo is rewritten only when replace (a
+// quarantined output, built now by a trusted job): with the same NarHash it is skipped, with
+// another it is a conflict (a non-reproducible build; the cache keeps the first), or, when
+// replace, rewritten with o's. It returns what the cache now serves for the path.
+func (s *Server) publish(ctx context.Context, o output, replace, quarantine bool) (canonical, publishResult, error) {
 	mine := canonical{path: o.path.String(), narHash: o.narHash, narSize: o.narSize}
 	existing, err := s.readNarInfo(ctx, o.infoKey)
 	if err != nil {
 		return mine, 0, err
 	}
-	if existing == nil {
+	rewrite := replace && existing != nil && existing.StorePath == mine.path && existing.NarHash != o.narHash
+	if existing == nil || rewrite {
 		ni := &nix.NarInfo{
 			StorePath: mine.path, URL: o.narKey, Compression: "zstd",
 			FileHash: nix.FormatSHA256(o.fileSum), FileSize: o.fileSize,
 			NarHash: o.narHash, NarSize: o.narSize,
-			References: o.refBases(), Deriver: o.deriver, CA: o.ca,
+			References: o.refBases(), Deriver: o.deriver, CA: o.ca, Quarantined: quarantine,
 		}
 		if err := ni.Sign(s.cfg.Key); err != nil {
 			return mine, 0, badRequest("%s: %v", mine.path, err)
@@ -283,7 +291,13 @@ func (s *Server) publish(ctx context.Context, o output) (canonical, publishResul
 		}
 		sum := sha256.Sum256(text)
 		err = s.cfg.Store.Put(ctx, o.infoKey, bytes.NewReader(text), int64(len(text)),
-			blob.PutOptions{ContentType: blob.ContentTypeFor(o.infoKey), SHA256: sum[:], IfAbsent: true})
+			blob.PutOptions{ContentType: blob.ContentTypeFor(o.infoKey), SHA256: sum[:], IfAbsent: !rewrite})
+		if err == nil && rewrite {
+			s.logger.Warn("non-reproducible build: a trusted build replaces the quarantined pull-request build's NAR",
+				"path", mine.path, "quarantined_nar_hash", existing.NarHash, "trusted_nar_hash", o.narHash)
+			s.refs.put(mine.path, o.refs)
+			return mine, rewritten, nil
+		}
 		if err == nil {
 			s.refs.put(mine.path, o.refs)
 			return mine, written, nil
@@ -333,8 +347,10 @@ func (s *Server) readNarInfo(ctx context.Context, key string) (*nix.NarInfo, err
 }
 
 // queueRecordHashes queues on b the statement setting the canonical NAR hash of drvPath's
-// output rows still without one: the first writer wins.
-func queueRecordHashes(b *pgx.Batch, drvPath string, cs []canonical) {
+// output rows still without one (the first writer wins), quarantined unless trusted. A trusted
+// job's outputs that were quarantined are released first: the canonical hash becomes the one
+// the cache now serves, and a quarantined build that differs is recorded as non-reproducible.
+func queueRecordHashes(b *pgx.Batch, drvPath string, cs []canonical, trusted bool) {
 	var paths, hashes []string
 	var sizes []int64
 	for _, c := range cs {
@@ -343,9 +359,13 @@ func queueRecordHashes(b *pgx.Batch, drvPath string, cs []canonical) {
 		}
 		paths, hashes, sizes = append(paths, c.path), append(hashes, c.narHash), append(sizes, c.narSize)
 	}
-	if len(paths) > 0 {
-		b.Queue(sqlRecordNarHashes, paths, hashes, sizes, drvPath)
+	if len(paths) == 0 {
+		return
 	}
+	if trusted {
+		b.Queue(sqlReleaseQuarantine, paths, hashes, sizes)
+	}
+	b.Queue(sqlRecordNarHashes, paths, hashes, sizes, drvPath, !trusted)
 }
 
 func (s *Server) handleCacheLookup(ctx context.Context, _ nodetoken.Identity, body io.Reader) (any, error) {

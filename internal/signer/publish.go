@@ -69,7 +69,7 @@ func (s *Server) handlePublish(ctx context.Context, id nodetoken.Identity, body 
 		if err := s.sync(ctx); err != nil {
 			return nil, err
 		}
-		_, resp, err := s.publishAll(ctx, srcs)
+		_, resp, err := s.publishAll(ctx, srcs, nil, false)
 		if err != nil {
 			return nil, err
 		}

@@ -23,7 +23,13 @@ SELECT j.drv_path,
        ARRAY(SELECT i.input_drv FROM derivation_inputs i WHERE i.referrer = j.drv_path ORDER BY i.input_drv),
        ARRAY(SELECT y.drv_hash FROM derivation_inputs i
              LEFT JOIN drv_objects y ON y.hash_part = substring(i.input_drv FROM 12 FOR 32) AND y.store_path = i.input_drv
-             WHERE i.referrer = j.drv_path ORDER BY i.input_drv)
+             WHERE i.referrer = j.drv_path ORDER BY i.input_drv),
+       j.trusted,
+       ARRAY(SELECT o.output_path FROM derivation_outputs o
+             WHERE o.drv_path = j.drv_path AND o.output_path IS NOT NULL
+               AND EXISTS (SELECT 1 FROM derivation_outputs q WHERE q.output_path = o.output_path AND q.quarantined)
+               AND NOT EXISTS (SELECT 1 FROM derivation_outputs q
+                               WHERE q.output_path = o.output_path AND q.nar_hash IS NOT NULL AND NOT q.quarantined))
 FROM build_jobs j JOIN derivations d ON d.drv_path = j.drv_path
 LEFT JOIN drv_objects x ON x.hash_part = d.hash_part AND x.store_path = j.drv_path
 WHERE j.id = $1 AND j.claimed_by = $2 AND j.attempt = $3 AND j.status IN ('building', 'uploading')`
@@ -52,11 +58,21 @@ SELECT EXISTS (SELECT 1 FROM evaluations
 	// First writer wins: the NAR hash the cache serves for an output is its canonical one. Only
 	// the rows of the derivation built ($4) are written: another derivation listing the same
 	// path is no more built by this than the signer checked its outputs (readers take a path
-	// as built from any derivation's row; see docs/decisions.md).
+	// as built from any derivation's row; see docs/decisions.md). $5: quarantined (an
+	// untrusted job built it).
 	sqlRecordNarHashes = `
-UPDATE derivation_outputs o SET nar_hash = v.nar_hash, nar_size = v.nar_size
+UPDATE derivation_outputs o SET nar_hash = v.nar_hash, nar_size = v.nar_size, quarantined = $5
 FROM unnest($1::text[], $2::text[], $3::bigint[]) AS v(output_path, nar_hash, nar_size)
 WHERE o.drv_path = $4 AND o.output_path = v.output_path AND o.nar_hash IS NULL`
+
+	// A trusted job built the output paths $1, with what the cache now serves ($2 NAR hash, $3
+	// size): every quarantined row of them is released, taking that hash as canonical, and a
+	// quarantined build that gave another hash is kept as non-reproducible.
+	sqlReleaseQuarantine = `
+UPDATE derivation_outputs o SET quarantined = false, nar_hash = v.nar_hash, nar_size = v.nar_size,
+    nonrepro_nar_hash = CASE WHEN o.nar_hash <> v.nar_hash THEN o.nar_hash ELSE o.nonrepro_nar_hash END
+FROM unnest($1::text[], $2::text[], $3::bigint[]) AS v(output_path, nar_hash, nar_size)
+WHERE o.output_path = v.output_path AND o.quarantined`
 
 	sqlRecordKey = `
 INSERT INTO signing_keys (public_key) VALUES ($1)

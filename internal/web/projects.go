@@ -38,10 +38,12 @@ type projectRequest struct {
 	// Private marks a project added by URL private (settings only): a forge's repository is
 	// private as its forge says.
 	Private *bool `json:"private"`
+	// PromotePROutputs: see project.Project.PromotePROutputs.
+	PromotePROutputs *bool `json:"promote_pr_outputs"`
 }
 
 func (p projectRequest) settings() project.Settings {
-	s := project.Settings{Shares: p.Shares, PREnabled: p.PREnabled, PRTrust: p.PRTrust}
+	s := project.Settings{Shares: p.Shares, PREnabled: p.PREnabled, PRTrust: p.PRTrust, PromotePROutputs: p.PromotePROutputs}
 	if p.PollInterval != nil {
 		s.PollInterval = &p.PollInterval.Duration
 	}
@@ -68,7 +70,7 @@ func decodeProjectRequest(r *http.Request) (projectRequest, error) {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&p); err != nil {
-		return p, httpapi.Errorf(http.StatusBadRequest, "invalid JSON body: %v (fields: name, shares, pr_enabled, pr_trust, poll_interval, private)", err)
+		return p, httpapi.Errorf(http.StatusBadRequest, "invalid JSON body: %v (fields: name, shares, pr_enabled, pr_trust, poll_interval, private, promote_pr_outputs)", err)
 	}
 	return p, nil
 }

@@ -64,6 +64,17 @@ type BuildDependent struct {
 	Status status.JobStatus
 }
 
+// BuildOutput is one of a build's outputs.
+type BuildOutput struct {
+	Name, Path string
+	NarHash    string // what the cache serves; "" before a build
+	// Quarantined: only pull requests built it, so anonymous cache users do not get it.
+	Quarantined bool
+	// NonReproducible is the NAR hash of the pull request's build that a trusted rebuild
+	// (NarHash) did not reproduce; "" when none.
+	NonReproducible string
+}
+
 // repoRef is where a listed row's project lives, to decide whether the viewer may see it.
 type repoRef struct {
 	private         bool
@@ -91,6 +102,7 @@ type BuildPage struct {
 	MaxAttempts int
 	Evals       []BuildEval
 	Dependents  []BuildDependent
+	Outputs     []BuildOutput
 	Log         LogView
 }
 
@@ -176,6 +188,18 @@ func (u *UI) buildPage(r *http.Request, logCtx context.Context) (string, Page, e
 		return nil
 	}); err != nil {
 		return "", Page{}, fmt.Errorf("dependents of build %d: %w", id, err)
+	}
+
+	rows, err = u.cfg.Pool.Query(ctx, sqlBuildOutputs, j.DrvPath)
+	if err != nil {
+		return "", Page{}, fmt.Errorf("outputs of build %d: %w", id, err)
+	}
+	var o BuildOutput
+	if _, err := pgx.ForEachRow(rows, []any{&o.Name, &o.Path, &o.NarHash, &o.Quarantined, &o.NonReproducible}, func() error {
+		p.Outputs = append(p.Outputs, o)
+		return nil
+	}); err != nil {
+		return "", Page{}, fmt.Errorf("outputs of build %d: %w", id, err)
 	}
 
 	lctx, cancel := context.WithTimeout(logCtx, logFetchTimeout)

@@ -258,3 +258,30 @@ func TestCleanLog(t *testing.T) {
 		}
 	}
 }
+
+// A build's outputs say when only pull requests built them (quarantined) and when a trusted
+// rebuild did not reproduce a pull request's build.
+func TestBuildPageShowsQuarantine(t *testing.T) {
+	t.Parallel()
+	fx := newEvalFixture(t)
+	s := fx.newScenario()
+	var libDrv string
+	if err := fx.pool.QueryRow(fx.ctx, `SELECT drv_path FROM build_jobs WHERE id = $1`, s.jobs["lib"]).Scan(&libDrv); err != nil {
+		t.Fatal(err)
+	}
+	fx.exec(`INSERT INTO derivation_outputs (drv_path, output_name, output_path, nar_hash, nar_size, quarantined)
+VALUES ($1, 'out', '/nix/store/bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb-lib', 'sha256:pr', 1, true)
+ON CONFLICT (drv_path, output_name) DO UPDATE SET nar_hash = 'sha256:pr', nar_size = 1, quarantined = true`, libDrv)
+	page := fmt.Sprintf("/ci/proj/build/%d", s.jobs["lib"])
+	body := fx.get(page, http.StatusOK)
+	if !strings.Contains(body, "built for a pull request; not served to anonymous cache users until a trusted evaluation needs it") ||
+		!strings.Contains(body, "sha256:pr") {
+		t.Errorf("the page of a quarantined build does not say so:\n%s", body)
+	}
+	fx.exec(`UPDATE derivation_outputs SET nar_hash = 'sha256:trusted', quarantined = false, nonrepro_nar_hash = 'sha256:pr' WHERE drv_path = $1`, libDrv)
+	body = fx.get(page, http.StatusOK)
+	if strings.Contains(body, "built for a pull request") ||
+		!strings.Contains(body, `non-reproducible</span> the pull request’s build gave <span class="mono">sha256:pr</span>, the trusted build <span class="mono">sha256:trusted</span>`) {
+		t.Errorf("the page of a non-reproducible build does not say so:\n%s", body)
+	}
+}

@@ -411,6 +411,17 @@ WHERE di.input_drv = $1
 ORDER BY j.id DESC
 LIMIT $2`
 
+	// A build's outputs ($1 its derivation): path, the NAR hash the cache serves, whether only
+	// pull requests built the path (quarantined), and the NAR hash of a pull request's build a
+	// trusted rebuild did not reproduce ('' for none).
+	sqlBuildOutputs = `
+SELECT o.output_name, COALESCE(o.output_path, ''), COALESCE(o.nar_hash, ''),
+       o.quarantined AND NOT EXISTS (SELECT 1 FROM derivation_outputs c
+                                     WHERE c.output_path = o.output_path AND c.nar_hash IS NOT NULL AND NOT c.quarantined),
+       COALESCE(o.nonrepro_nar_hash, '')
+FROM derivation_outputs o WHERE o.drv_path = $1
+ORDER BY o.output_name`
+
 	// A build's log state: status, archived log key, live tail. $1 job id.
 	sqlBuildLogState = `
 SELECT j.status, COALESCE(j.log_url, ''), t.log_tail
@@ -452,7 +463,8 @@ const (
 	sqlSettingsRepos = `
 SELECT r.id, r.forge, r.full_name, r.clone_url, r.default_branch, r.is_private, COALESCE(r.hook_id, ''),
        COALESCE(p.name, ''), p.id IS NOT NULL, COALESCE(p.enabled, false), COALESCE(p.scheduling_shares, 0),
-       COALESCE(p.pr_enabled, false), COALESCE(p.pr_trust, ''), COALESCE(p.poll_interval, 0)
+       COALESCE(p.pr_enabled, false), COALESCE(p.pr_trust, ''), COALESCE(p.poll_interval, 0),
+       COALESCE(p.promote_pr_outputs, true)
 FROM repositories r LEFT JOIN projects p ON p.repo_id = r.id
 WHERE ($1::text = '' OR r.full_name ILIKE $1 OR r.forge ILIKE $1 OR p.name ILIKE $1)
   AND ($2::bigint = 0 OR (r.forge, r.full_name) > (SELECT forge, full_name FROM repositories WHERE id = $2))
@@ -463,7 +475,8 @@ LIMIT $3`
 	sqlSettingsRepo = `
 SELECT r.id, r.forge, r.full_name, r.clone_url, r.default_branch, r.is_private, COALESCE(r.hook_id, ''),
        COALESCE(p.name, ''), p.id IS NOT NULL, COALESCE(p.enabled, false), COALESCE(p.scheduling_shares, 0),
-       COALESCE(p.pr_enabled, false), COALESCE(p.pr_trust, ''), COALESCE(p.poll_interval, 0)
+       COALESCE(p.pr_enabled, false), COALESCE(p.pr_trust, ''), COALESCE(p.poll_interval, 0),
+       COALESCE(p.promote_pr_outputs, true)
 FROM repositories r LEFT JOIN projects p ON p.repo_id = r.id
 WHERE r.id = $1`
 )

@@ -94,6 +94,7 @@ type RepoSettings struct {
 	PREnabled          bool
 	PRTrust            string
 	PollSeconds        int
+	PromotePROutputs   bool
 	URL                string // the repository's web page; "" when unknown
 	ForgeNotConfigured bool   // its forge is not one of this node's [[forges]] (or it was added by URL)
 	CSRF               string // the viewer's CSRF token, for the Enable and Disable forms
@@ -105,7 +106,8 @@ func (s RepoSettings) PollInterval() string { return formatInterval(s.PollSecond
 func scanRepoSettings(row pgx.CollectableRow) (RepoSettings, error) {
 	var s RepoSettings
 	err := row.Scan(&s.ID, &s.Forge, &s.FullName, &s.CloneURL, &s.DefaultBranch, &s.Private, &s.HookID,
-		&s.Project, &s.HasProject, &s.Enabled, &s.Shares, &s.PREnabled, &s.PRTrust, &s.PollSeconds)
+		&s.Project, &s.HasProject, &s.Enabled, &s.Shares, &s.PREnabled, &s.PRTrust, &s.PollSeconds,
+		&s.PromotePROutputs)
 	s.CloneURL, s.FullName = project.RedactURL(s.CloneURL), project.RedactURL(s.FullName)
 	return s, err
 }
@@ -183,6 +185,9 @@ type SettingsForm struct {
 	PREnabled    bool
 	PRTrust      string
 	PollInterval string
+	// PromotePROutputs: a branch's evaluation takes pull requests' (quarantined) outputs as
+	// built; off, it rebuilds them.
+	PromotePROutputs bool
 
 	submitted bool // read from a POST (parseForm)
 }
@@ -216,10 +221,10 @@ func (u *UI) loadRepoSettings(r *http.Request, id int64) (RepoSettings, error) {
 // storedForm is the form filled with a repository's settings, or a new project's defaults.
 func storedForm(s RepoSettings) SettingsForm {
 	if !s.HasProject {
-		return SettingsForm{Shares: strconv.Itoa(defaultShares), PREnabled: true, PRTrust: defaultPRTrust}
+		return SettingsForm{Shares: strconv.Itoa(defaultShares), PREnabled: true, PRTrust: defaultPRTrust, PromotePROutputs: true}
 	}
 	return SettingsForm{Shares: strconv.Itoa(s.Shares), PREnabled: s.PREnabled, PRTrust: s.PRTrust,
-		PollInterval: s.PollInterval()}
+		PollInterval: s.PollInterval(), PromotePROutputs: s.PromotePROutputs}
 }
 
 func settingsPage(d SettingsProject) Page {
@@ -353,12 +358,13 @@ func parseForm(r *http.Request, form *SettingsForm) (project.Settings, error) {
 		return project.Settings{}, &settingsError{Code: http.StatusBadRequest, Msg: "the form could not be read", Err: err}
 	}
 	*form = SettingsForm{
-		Name:         strings.TrimSpace(r.PostFormValue("name")),
-		Shares:       strings.TrimSpace(r.PostFormValue("shares")),
-		PREnabled:    r.PostFormValue("pr_enabled") != "",
-		PRTrust:      r.PostFormValue("pr_trust"),
-		PollInterval: strings.TrimSpace(r.PostFormValue("poll_interval")),
-		submitted:    true,
+		Name:             strings.TrimSpace(r.PostFormValue("name")),
+		Shares:           strings.TrimSpace(r.PostFormValue("shares")),
+		PREnabled:        r.PostFormValue("pr_enabled") != "",
+		PRTrust:          r.PostFormValue("pr_trust"),
+		PollInterval:     strings.TrimSpace(r.PostFormValue("poll_interval")),
+		PromotePROutputs: r.PostFormValue("promote_pr_outputs") != "off",
+		submitted:        true,
 	}
 	invalid := func(format string, args ...any) error {
 		return &settingsError{Code: http.StatusBadRequest, Msg: fmt.Sprintf(format, args...)}
@@ -377,6 +383,15 @@ func parseForm(r *http.Request, form *SettingsForm) (project.Settings, error) {
 	}
 	trust, pr := form.PRTrust, form.PREnabled
 	s := project.Settings{Shares: &shares, PREnabled: &pr, PRTrust: &trust, PollInterval: &poll}
+	// A form without the field (a script written before it) leaves the setting as it is.
+	switch r.PostFormValue("promote_pr_outputs") {
+	case "":
+	case "on", "off":
+		promote := form.PromotePROutputs
+		s.PromotePROutputs = &promote
+	default:
+		return project.Settings{}, invalid("promote_pr_outputs %q: want on or off", r.PostFormValue("promote_pr_outputs"))
+	}
 	if err := s.Validate(); err != nil {
 		return project.Settings{}, invalid("%v", err)
 	}

@@ -268,24 +268,24 @@ func TestSettingsSave(t *testing.T) {
 	fx := newSettingsFixture(t)
 	page := fmt.Sprintf("/ci/settings/projects/%d", fx.app)
 	settings := func() string {
-		return fx.str(`SELECT format('%s %s %s %s', scheduling_shares, pr_enabled::text, pr_trust, poll_interval)
+		return fx.str(`SELECT format('%s %s %s %s %s', scheduling_shares, pr_enabled::text, pr_trust, poll_interval, promote_pr_outputs::text)
 FROM projects WHERE repo_id = $1`, fx.app)
 	}
 	before := settings()
-	if before != "100 true collaborators 0" {
+	if before != "100 true collaborators 0 true" {
 		t.Fatalf("fixture settings %q", before)
 	}
 
 	// The form shows the stored settings.
 	_, body := fx.boss.get(page)
 	for _, want := range []string{`action="` + page + `"`, `name="shares" value="100"`, `name="pr_enabled" value="on" checked`,
-		`<option value="collaborators" selected>`, `name="poll_interval" value=""`} {
+		`<option value="collaborators" selected>`, `name="poll_interval" value=""`, `<option value="on" selected>promote when a branch needs them`} {
 		if !strings.Contains(body, want) {
 			t.Errorf("settings form without %s:\n%s", want, body)
 		}
 	}
 
-	form := url.Values{"shares": {"7"}, "pr_trust": {"all"}, "poll_interval": {"5m"}} // pr_enabled unchecked
+	form := url.Values{"shares": {"7"}, "pr_trust": {"all"}, "poll_interval": {"5m"}, "promote_pr_outputs": {"off"}} // pr_enabled unchecked
 	// Without the CSRF token, or with another session's: 403, nothing changes.
 	if resp, _ := fx.boss.post(page, form, asPage); resp.StatusCode != http.StatusForbidden {
 		t.Errorf("save without CSRF: %d, want 403", resp.StatusCode)
@@ -303,12 +303,12 @@ FROM projects WHERE repo_id = $1`, fx.app)
 	if loc := resp.Header.Get("Location"); resp.StatusCode != http.StatusSeeOther || loc != page+"?notice=saved" {
 		t.Fatalf("save: %d to %q:\n%s", resp.StatusCode, loc, body)
 	}
-	if got := settings(); got != "7 false all 300" {
-		t.Errorf("saved settings %q, want 7 false all 300", got)
+	if got := settings(); got != "7 false all 300 false" {
+		t.Errorf("saved settings %q, want 7 false all 300 false", got)
 	}
 	_, body = fx.boss.get(page + "?notice=saved")
 	for _, want := range []string{"Settings saved.", `name="shares" value="7"`, `name="poll_interval" value="5m"`,
-		`<option value="all" selected>`} {
+		`<option value="all" selected>`, `<option value="off" selected>rebuild when a branch needs them`} {
 		if !strings.Contains(body, want) {
 			t.Errorf("page after saving without %s", want)
 		}
@@ -353,7 +353,7 @@ FROM projects WHERE repo_id = $1`, fx.app)
 			}
 		}
 	}
-	if got := settings(); got != "7 false all 300" {
+	if got := settings(); got != "7 false all 300 false" {
 		t.Errorf("invalid saves changed the settings to %q", got)
 	}
 
@@ -363,12 +363,12 @@ FROM projects WHERE repo_id = $1`, fx.app)
 		if resp, _ := fx.boss.post(page, form, asPage); resp.StatusCode != http.StatusSeeOther {
 			t.Errorf("poll interval %q: %d", off, resp.StatusCode)
 		}
-		if got := settings(); got != "7 false all 0" {
+		if got := settings(); got != "7 false all 0 false" {
 			t.Errorf("poll interval %q: settings %q", off, got)
 		}
 		form.Set("poll_interval", "1d")
 		fx.boss.post(page, form, asPage)
-		if got := settings(); got != "7 false all 86400" {
+		if got := settings(); got != "7 false all 86400 false" {
 			t.Errorf("poll interval 1d: settings %q", got)
 		}
 	}
@@ -383,7 +383,8 @@ FROM projects WHERE repo_id = $1`, fx.app)
 	if resp.StatusCode != http.StatusOK || !strings.Contains(body, "Settings saved.") {
 		t.Errorf("save with the admin token: %d %s", resp.StatusCode, body)
 	}
-	if got := settings(); got != "9 true none 0" {
+	// A form without promote_pr_outputs (a script written before it) leaves it as it was.
+	if got := settings(); got != "9 true none 0 false" {
 		t.Errorf("after the admin token's save: %q", got)
 	}
 }
