@@ -184,7 +184,7 @@ run's CPU time ÷ (wall time × workers)).`,
 	f.IntVar(&o.Derivations, "derivations", 10000, "derivations in the generated project")
 	f.IntVar(&o.Width, "width", 100, "derivations per layer")
 	f.IntVar(&o.Rounds, "rounds", 2, "runs per side, each with fresh derivations; the best is kept")
-	f.IntVar(&o.Workers, "workers", 0, "walker processes per evaluation ([eval] workers); 0: the machine's cores")
+	f.IntVar(&o.Workers, "workers", 0, "walker processes per evaluation ([eval] workers); 0: the default (half the cores), or the cores with --shape packages")
 	f.StringVar(&shape, "shape", "layered", "the generated project: layered, or packages (shaped like nixpkgs)")
 	f.BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd

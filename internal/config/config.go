@@ -240,11 +240,17 @@ type SignerConfig struct {
 	URLExpiry      Duration `toml:"url_expiry"`       // lifetime of presigned upload URLs
 }
 
+// DefaultEvalWorkers is half the machine's cores, at least one: each walker's records cost
+// the node's ingestion and PostgreSQL about as much CPU again as the walk (measured with
+// bench eval --shape packages), and every walker re-evaluates the dependencies its part of the
+// tree shares with the others.
+func DefaultEvalWorkers() int { return max(1, runtime.NumCPU()/2) }
+
 // EvalConfig configures the evaluator role.
 type EvalConfig struct {
 	Timeout Duration `toml:"timeout"` // one evaluation, and the ceiling of .harmonia-ci.toml's eval-timeout
-	// Workers is how many walker processes one evaluation runs at once; default the machine's
-	// cores.
+	// Workers is how many walker processes one evaluation runs at once; default
+	// DefaultEvalWorkers.
 	Workers int `toml:"workers"`
 	// MaxMemory is the resident memory of one evaluation's Nix processes together, its workers
 	// and imports-from-derivation included; default (0) workers × max_memory_per_worker.
@@ -338,7 +344,7 @@ func defaults(getenv func(string) string) *Config {
 		Cache: CacheConfig{Store: "local", Priority: 30, NarinfoMemory: 64 * sizeMiB,
 			S3: S3Config{Region: "us-east-1", UseTLS: true}},
 		Signer: SignerConfig{URLExpiry: Duration{15 * time.Minute}},
-		Eval: EvalConfig{Timeout: Duration{time.Hour}, Workers: runtime.NumCPU(), MaxMemoryPerWorker: 4 * sizeGiB,
+		Eval: EvalConfig{Timeout: Duration{time.Hour}, Workers: DefaultEvalWorkers(), MaxMemoryPerWorker: 4 * sizeGiB,
 			PollInterval: Duration{slots.DefaultPollInterval},
 			MaxAttrs:     500_000, MaxDerivations: 1_000_000, User: "harmonia-eval"},
 		Substituters: SubstitutersConfig{

@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"time"
 
@@ -63,7 +62,7 @@ type EvalReport struct {
 func (o *EvalOptions) defaults() {
 	o.Derivations = bench.Positive(o.Derivations, 10000)
 	o.Width = bench.Positive(o.Width, 100)
-	o.Workers = bench.Positive(o.Workers, runtime.NumCPU())
+	o.Workers = bench.Positive(o.Workers, config.DefaultEvalWorkers())
 	o.Rounds = bench.Positive(o.Rounds, 2)
 	if o.Derivations < o.Width {
 		o.Width = o.Derivations

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -67,6 +68,9 @@ func (r ScaleRun) CPU() float64 { return r.NixCPU + r.NodeCPU + r.PostgresCPU }
 
 // Scale runs the package-set benchmark.
 func Scale(ctx context.Context, o EvalOptions) (ScaleReport, error) {
+	if o.Workers == 0 {
+		o.Workers = runtime.NumCPU() // compared with one walker, so more than the default
+	}
 	o.defaults()
 	r := ScaleReport{Date: time.Now().UTC().Format(time.RFC3339), Machine: bench.Machine(), Derivations: o.Derivations,
 		Workers: o.Workers, Nix: bench.ToolVersion("nix-instantiate", "--version")}
