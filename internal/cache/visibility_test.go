@@ -257,6 +257,7 @@ func BenchmarkNarinfoVisibility(b *testing.B) {
 	}{{"off", false, false}, {"on, no private project", true, false}, {"on, private projects", true, true}} {
 		b.Run(bc.name, func(b *testing.B) {
 			if bc.private {
+				pool := dbtest.NewPool(b) // a database of its own: b.Run may call this again
 				visFixture(b, pool)
 			}
 			cfg := cache.Config{Store: store, NarinfoCacheBytes: cache.DefaultNarinfoCacheBytes}
