@@ -14,6 +14,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/cache"
 	"github.com/harmonia-ci/harmonia-ci/internal/dbtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
+	"github.com/harmonia-ci/harmonia-ci/internal/nixtest"
 )
 
 // A private project's output, substituted by the real Nix client with require-sigs: refused
@@ -81,7 +82,7 @@ func TestRealNixPrivatePath(t *testing.T) {
 		{"another project's token", netrc(bToken), false},
 		{"the project's token", netrc(aToken), true},
 	} {
-		chroot := writableTempDir(t)
+		chroot := nixtest.WritableTempDir(t)
 		args := []string{"--store", chroot, "-r", path,
 			"--option", "substituters", srv.URL,
 			"--option", "trusted-public-keys", key.Public().String(),

@@ -17,6 +17,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/blob"
 	"github.com/harmonia-ci/harmonia-ci/internal/cache"
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
+	"github.com/harmonia-ci/harmonia-ci/internal/nixtest"
 )
 
 // nixOpts keep every Nix invocation offline: no default substituter, no build-users group
@@ -35,7 +36,7 @@ func tryNix(t *testing.T, bin string, args ...string) (stdout, stderr string, er
 		args = append([]string{"--extra-experimental-features", "nix-command"}, args...)
 	}
 	cmd := exec.Command(bin, args...)
-	cmd.Env = append(os.Environ(), "XDG_CACHE_HOME="+writableTempDir(t), "NIX_REMOTE=")
+	cmd.Env = append(os.Environ(), "XDG_CACHE_HOME="+nixtest.WritableTempDir(t), "NIX_REMOTE=")
 	var o, e bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &o, &e
 	err = cmd.Run()
@@ -49,20 +50,6 @@ func runNix(t *testing.T, bin string, args ...string) string {
 		t.Fatalf("%s %s: %v\n%s", bin, strings.Join(args, " "), err, stderr)
 	}
 	return out
-}
-
-// writableTempDir is t.TempDir for trees Nix fills with read-only store paths.
-func writableTempDir(t *testing.T) string {
-	d := t.TempDir()
-	t.Cleanup(func() {
-		_ = filepath.WalkDir(d, func(p string, e fs.DirEntry, err error) error {
-			if err == nil && e.IsDir() {
-				_ = os.Chmod(p, 0o755)
-			}
-			return nil
-		})
-	})
-	return d
 }
 
 func writeFile(t *testing.T, path, data string, perm fs.FileMode) {
@@ -141,7 +128,7 @@ func TestRealNixSubstitutes(t *testing.T) {
 	srv := httptest.NewServer(mux)
 	defer srv.Close()
 
-	chroot := writableTempDir(t)
+	chroot := nixtest.WritableTempDir(t)
 	_, stderr, err := tryNix(t, "nix-store", "--store", chroot, "-r", path,
 		"--option", "substituters", srv.URL,
 		"--option", "trusted-public-keys", key.Public().String(),
@@ -162,7 +149,7 @@ func TestRealNixSubstitutes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, stderr, err = tryNix(t, "nix-store", "--store", writableTempDir(t), "-r", path,
+	_, stderr, err = tryNix(t, "nix-store", "--store", nixtest.WritableTempDir(t), "-r", path,
 		"--option", "substituters", srv.URL,
 		"--option", "trusted-public-keys", other.Public().String(),
 		"--option", "require-sigs", "true")

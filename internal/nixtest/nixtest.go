@@ -5,6 +5,7 @@ package nixtest
 
 import (
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -105,4 +106,19 @@ func (r *Repo) LockFlake() string {
 		r.t.Fatalf("nix flake lock: %v\n%s", err, out)
 	}
 	return r.Commit("lock", nil)
+}
+
+// WritableTempDir is t.TempDir for trees Nix fills with read-only store paths: made writable
+// again before the test's cleanup removes it.
+func WritableTempDir(t testing.TB) string {
+	d := t.TempDir()
+	t.Cleanup(func() {
+		_ = filepath.WalkDir(d, func(p string, e fs.DirEntry, err error) error {
+			if err == nil && e.IsDir() {
+				_ = os.Chmod(p, 0o755)
+			}
+			return nil
+		})
+	})
+	return d
 }

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"html"
-	"io/fs"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -39,25 +38,11 @@ func nixCmd(t *testing.T, bin string, args ...string) (string, string, error) {
 	nixtest.RequireNix(t)
 	args = append([]string{"--option", "substituters", "", "--option", "build-users-group", ""}, args...)
 	cmd := exec.Command(bin, args...)
-	cmd.Env = append(os.Environ(), "XDG_CACHE_HOME="+writableDir(t), "NIX_REMOTE=")
+	cmd.Env = append(os.Environ(), "XDG_CACHE_HOME="+nixtest.WritableTempDir(t), "NIX_REMOTE=")
 	var o, e bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &o, &e
 	err := cmd.Run()
 	return strings.TrimSpace(o.String()), e.String(), err
-}
-
-// writableDir is t.TempDir for trees Nix fills with read-only store paths.
-func writableDir(t *testing.T) string {
-	d := t.TempDir()
-	t.Cleanup(func() {
-		_ = filepath.WalkDir(d, func(p string, e fs.DirEntry, err error) error {
-			if err == nil && e.IsDir() {
-				_ = os.Chmod(p, 0o755)
-			}
-			return nil
-		})
-	})
-	return d
 }
 
 // publishPath puts a store path into store as the signer does: a zstd NAR and a narinfo
@@ -206,7 +191,7 @@ VALUES ('c1', '{cache}', $1, gen_random_uuid(), 'active', now()) RETURNING 1`, c
 		{"without the netrc", filepath.Join(t.TempDir(), "none"), false},
 		{"with the snippet's netrc", netrcFile, true},
 	} {
-		chroot := writableDir(t)
+		chroot := nixtest.WritableTempDir(t)
 		args := append([]string{"--store", chroot, "-r", path, "--option", "require-sigs", "true"}, nixOptions(t, conf, c.netrc)...)
 		_, stderr, err := nixCmd(t, "nix-store", args...)
 		if !c.ok {
