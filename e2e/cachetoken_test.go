@@ -3,9 +3,7 @@ package e2e
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"html"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -30,32 +28,11 @@ var snippetRE = regexp.MustCompile(`(?s)<pre class="snippet" id="(nix-conf|netrc
 // require-sigs (and without the netrc does not); once Gitea takes the reader's access back,
 // the maintenance leader's next refresh stops the token.
 func TestUserCacheTokenForReal(t *testing.T) {
-	lb := &roundRobin{client: &http.Client{}}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{Handler: lb, ReadHeaderTimeout: 10 * time.Second}
-	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(func() { _ = srv.Close() })
-	public := "http://" + ln.Addr().String()
+	lb, public := startRoundRobin(t, 0)
 	ctx := context.Background()
 	c := newForgeCluster(t, forgeOptions{private: true, publicURL: public, frontendLines: "cache_token_refresh = \"1s\"\n",
 		prepare: func(g *giteatest.Server, owner giteatest.User) (string, []string) {
-			var app struct {
-				ClientID     string `json:"client_id"`
-				ClientSecret string `json:"client_secret"`
-			}
-			if err := g.Do(ctx, owner.Token, http.MethodPost, "/user/applications/oauth2", map[string]any{
-				"name": "harmonia-ci", "confidential_client": true,
-				"redirect_uris": []string{public + "/ci/oauth/gitea/callback"},
-			}, &app); err != nil {
-				t.Fatal(err)
-			}
-			return fmt.Sprintf("oauth_client_id = %q\n", app.ClientID), []string{
-				"HARMONIA_FORGE_GITEA_OAUTH_SECRET=" + app.ClientSecret,
-				"HARMONIA_AUTH_SECRET=" + strings.Repeat("e2e-cookie-secret-", 3),
-			}
+			return oauthLines(giteaOAuthApp(t, g, owner.Token, public))
 		}})
 	lb.set(c.endpoint("front-1"))
 	c.enable(nil)

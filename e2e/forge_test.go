@@ -476,6 +476,48 @@ type roundRobin struct {
 	client   *http.Client
 }
 
+// startRoundRobin serves a roundRobin (whose client has timeout, 0 for none: event streams
+// last as long as their page) on a loopback port until the test ends, and returns it with its
+// URL.
+func startRoundRobin(t *testing.T, timeout time.Duration) (*roundRobin, string) {
+	t.Helper()
+	lb := &roundRobin{client: &http.Client{Timeout: timeout}}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: lb, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	return lb, "http://" + ln.Addr().String()
+}
+
+// giteaOAuthApp registers an OAuth2 application on g, as the user with token, whose redirect
+// URI is public's callback, and returns its client id and secret.
+func giteaOAuthApp(t *testing.T, g *giteatest.Server, token, public string) (id, secret string) {
+	t.Helper()
+	var app struct {
+		ClientID     string `json:"client_id"`
+		ClientSecret string `json:"client_secret"`
+	}
+	if err := g.Do(context.Background(), token, http.MethodPost, "/user/applications/oauth2", map[string]any{
+		"name": giteatest.UniqueName("harmonia-ci"), "confidential_client": true,
+		"redirect_uris": []string{public + "/ci/oauth/gitea/callback"},
+	}, &app); err != nil {
+		t.Fatal(err)
+	}
+	return app.ClientID, app.ClientSecret
+}
+
+// oauthLines are the configuration lines and environment of a frontend logging in through
+// the Gitea OAuth application id with secret.
+func oauthLines(id, secret string) (string, []string) {
+	return fmt.Sprintf("oauth_client_id = %q\n", id), []string{
+		"HARMONIA_FORGE_GITEA_OAUTH_SECRET=" + secret,
+		"HARMONIA_AUTH_SECRET=" + strings.Repeat("e2e-cookie-secret-", 3),
+	}
+}
+
 func (p *roundRobin) set(backends ...string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -537,15 +579,7 @@ func (p *roundRobin) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // notifications: every status transition reaches Gitea exactly once, also when one of them
 // is killed with SIGKILL while builds finish.
 func TestGiteaStatusesOnceAcrossFrontends(t *testing.T) {
-	lb := &roundRobin{client: &http.Client{Timeout: 30 * time.Second}}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{Handler: lb, ReadHeaderTimeout: 10 * time.Second}
-	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(func() { _ = srv.Close() })
-	public := "http://" + ln.Addr().String()
+	lb, public := startRoundRobin(t, 30*time.Second)
 
 	c := newForgeCluster(t, forgeOptions{builders: 2, publicURL: public})
 	for _, id := range []string{"front-2", "front-3"} {

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"html"
 	"io"
-	"net"
 	"net/http"
 	"net/http/cookiejar"
 	"net/url"
@@ -33,25 +32,8 @@ type identityFrontend struct {
 
 func newIdentityFrontend(t *testing.T, g *giteatest.Server) *identityFrontend {
 	t.Helper()
-	lb := &roundRobin{client: &http.Client{}}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{Handler: lb, ReadHeaderTimeout: 10 * time.Second}
-	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(func() { _ = srv.Close() })
-	public := "http://" + ln.Addr().String()
-	var app struct {
-		ClientID     string `json:"client_id"`
-		ClientSecret string `json:"client_secret"`
-	}
-	if err := g.Do(context.Background(), g.AdminToken, http.MethodPost, "/user/applications/oauth2", map[string]any{
-		"name": giteatest.UniqueName("harmonia-ci"), "confidential_client": true,
-		"redirect_uris": []string{public + "/ci/oauth/gitea/callback"},
-	}, &app); err != nil {
-		t.Fatal(err)
-	}
+	lb, public := startRoundRobin(t, 0)
+	appID, appSecret := giteaOAuthApp(t, g, g.AdminToken, public)
 	files := fmt.Sprintf(`[frontend]
 public_url = %q
 [[forges]]
@@ -66,7 +48,7 @@ oauth_client_secret_file = %q
 admin_token_file = %q
 secret_file = %q
 `, public, g.URL, proctest.WriteFile(t, "gitea-token", g.AdminToken), proctest.WriteFile(t, "gitea-hook-secret", giteaWebhookSecret),
-		app.ClientID, proctest.WriteFile(t, "gitea-oauth-secret", app.ClientSecret),
+		appID, proctest.WriteFile(t, "gitea-oauth-secret", appSecret),
 		proctest.WriteFile(t, "admin-token", adminToken), proctest.WriteFile(t, "auth-secret", strings.Repeat("e2e-cookie-secret-", 3)))
 	return &identityFrontend{fixture: newFixture(t, ""), gitea: g, public: public, lb: lb, files: files}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/xml"
 	"fmt"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -31,14 +30,7 @@ func newUICluster(t *testing.T) *uiCluster {
 	t.Helper()
 	browsertest.Need(t)
 	// No client timeout: event streams last as long as their page; the browser ends them.
-	lb := &roundRobin{client: &http.Client{}}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{Handler: lb, ReadHeaderTimeout: 10 * time.Second}
-	go func() { _ = srv.Serve(ln) }()
-	public := "http://" + ln.Addr().String()
+	lb, public := startRoundRobin(t, 0)
 	u := &uiCluster{public: public}
 	u.forgeCluster = newForgeCluster(t, forgeOptions{builders: 1, publicURL: public,
 		prepare: func(g *giteatest.Server, owner giteatest.User) (string, []string) {
@@ -50,23 +42,8 @@ func newUICluster(t *testing.T) *uiCluster {
 			if _, err := g.Push(ctx, u.private, owner, "main", map[string]string{"README": "private\n"}, "init", false); err != nil {
 				t.Fatal(err)
 			}
-			var app struct {
-				ClientID     string `json:"client_id"`
-				ClientSecret string `json:"client_secret"`
-			}
-			if err := g.Do(ctx, owner.Token, http.MethodPost, "/user/applications/oauth2", map[string]any{
-				"name": "harmonia-ci", "confidential_client": true,
-				"redirect_uris": []string{public + "/ci/oauth/gitea/callback"},
-			}, &app); err != nil {
-				t.Fatal(err)
-			}
-			return fmt.Sprintf("oauth_client_id = %q\n", app.ClientID), []string{
-				"HARMONIA_FORGE_GITEA_OAUTH_SECRET=" + app.ClientSecret,
-				"HARMONIA_AUTH_SECRET=" + strings.Repeat("e2e-cookie-secret-", 3),
-			}
+			return oauthLines(giteaOAuthApp(t, g, owner.Token, public))
 		}})
-	// Closed after the browsers (registered later, so cleaned up earlier).
-	t.Cleanup(func() { _ = srv.Close() })
 	lb.set(u.endpoint("front-1"))
 	u.enable(nil)
 	var privateID int64

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/access"
+	"github.com/harmonia-ci/harmonia-ci/internal/blobtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/cache"
 	"github.com/harmonia-ci/harmonia-ci/internal/dbtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
@@ -57,7 +58,7 @@ func TestRealNixPrivatePath(t *testing.T) {
 		t.Fatal(err)
 	}
 	store := newLocal(t)
-	publish(t, store, key, path)
+	blobtest.PublishPath(t, store, key, path)
 	mux := http.NewServeMux()
 	cache.New(cache.Config{Store: store, NarinfoCacheBytes: cache.DefaultNarinfoCacheBytes,
 		Visibility: &cache.Visibility{DB: pool}}).Register(access.NewRoutes(mux, nil))

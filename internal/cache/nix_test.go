@@ -2,45 +2,25 @@ package cache_test
 
 import (
 	"bytes"
-	"context"
 	"io/fs"
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/access"
-	"github.com/harmonia-ci/harmonia-ci/internal/blob"
+	"github.com/harmonia-ci/harmonia-ci/internal/blobtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/cache"
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
 	"github.com/harmonia-ci/harmonia-ci/internal/nixtest"
 )
 
-// nixOpts keep every Nix invocation offline: no default substituter, no build-users group
-// (absent on a bare nix-bin install). A test's own --option substituters comes later and wins.
-var nixOpts = []string{"--option", "substituters", "", "--option", "build-users-group", ""}
-
-// tryNix runs a Nix command with a private narinfo disk cache; it fails (never skips) without
-// Nix, since the point is to check against the real client.
+// tryNix runs a Nix command offline (nixtest.Offline).
 func tryNix(t *testing.T, bin string, args ...string) (stdout, stderr string, err error) {
 	t.Helper()
-	if _, err := exec.LookPath(bin); err != nil {
-		t.Fatalf("%s not found on PATH: install the Debian package nix-bin", bin)
-	}
-	args = append(slices.Clone(nixOpts), args...)
-	if bin == "nix" {
-		args = append([]string{"--extra-experimental-features", "nix-command"}, args...)
-	}
-	cmd := exec.Command(bin, args...)
-	cmd.Env = append(os.Environ(), "XDG_CACHE_HOME="+nixtest.WritableTempDir(t), "NIX_REMOTE=")
-	var o, e bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &o, &e
-	err = cmd.Run()
-	return strings.TrimSpace(o.String()), e.String(), err
+	return nixtest.Offline(t, bin, args...)
 }
 
 func runNix(t *testing.T, bin string, args ...string) string {
@@ -65,42 +45,6 @@ func writeFile(t *testing.T, path, data string, perm fs.FileMode) {
 	}
 }
 
-// publish puts path into store the way harmonia-ci's builders will: a zstd NAR from
-// CompressNAR under nar/<filehash>.nar.zst and a narinfo signed with key. CA is left out so
-// that the signature is what Nix checks.
-func publish(t *testing.T, store blob.Store, key nix.SecretKey, path string) {
-	t.Helper()
-	ctx := context.Background()
-	sp, err := nix.ParseStorePath(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var nar bytes.Buffer
-	sizes, err := nix.CompressNAR(ctx, path, &nar)
-	if err != nil {
-		t.Fatal(err)
-	}
-	url := nix.NarURL(sizes.FileHash)
-	put(t, store, url, nar.Bytes())
-	var refs []string
-	for _, r := range strings.Fields(runNix(t, "nix-store", "-q", "--references", path)) {
-		rsp, err := nix.ParseStorePath(r)
-		if err != nil {
-			t.Fatal(err)
-		}
-		refs = append(refs, rsp.Base())
-	}
-	ni := nix.NewNarInfo(path, sizes, refs)
-	if err := ni.Sign(key); err != nil {
-		t.Fatal(err)
-	}
-	text, err := ni.MarshalText()
-	if err != nil {
-		t.Fatal(err)
-	}
-	put(t, store, sp.Hash+".narinfo", text)
-}
-
 func TestRealNixSubstitutes(t *testing.T) {
 	src := filepath.Join(t.TempDir(), "harmonia-cache-e2e")
 	writeFile(t, filepath.Join(src, "hello.txt"), "hello from the cache\n", 0o644)
@@ -119,7 +63,7 @@ func TestRealNixSubstitutes(t *testing.T) {
 		t.Fatal(err)
 	}
 	store := newLocal(t)
-	publish(t, store, key, path)
+	blobtest.PublishPath(t, store, key, path)
 	const buildLog = "configuring\nbuilding harmonia-cache-log\nhi\n"
 	put(t, store, "log/"+filepath.Base(drv), zstdCompress(t, []byte(buildLog)))
 

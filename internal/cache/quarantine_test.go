@@ -2,7 +2,6 @@ package cache_test
 
 import (
 	"context"
-	"io"
 	"maps"
 	"net/http"
 	"net/http/httptest"
@@ -118,17 +117,7 @@ func TestQuarantinedOutputsOfAPublicProject(t *testing.T) {
 		if token != "" {
 			req.SetBasicAuth("anyone", token)
 		}
-		resp, err := srv.Client().Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		body, err := io.ReadAll(resp.Body)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Header.Del("Date")
-		return resp.StatusCode, string(body), resp.Header
+		return send(t, srv, req)
 	}
 	get := func(srv *httptest.Server, path, token string) (int, string, http.Header) {
 		t.Helper()

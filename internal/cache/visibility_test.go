@@ -165,17 +165,7 @@ func TestPrivatePathsNeedAToken(t *testing.T) {
 			if zstd {
 				req.Header.Set("Accept-Encoding", "zstd")
 			}
-			resp, err := srv.Client().Do(req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer resp.Body.Close()
-			body, err := io.ReadAll(resp.Body)
-			if err != nil {
-				t.Fatal(err)
-			}
-			resp.Header.Del("Date")
-			return resp.StatusCode, string(body), resp.Header
+			return send(t, srv, req)
 		}
 		private := []struct{ path, missing string }{
 			{"/" + privOut + ".narinfo", "/" + miss32 + ".narinfo"},
@@ -425,4 +415,21 @@ func TestNodeTokensCheckedElsewhere(t *testing.T) {
 	if _, _, err := v.MayRead(ctx, with("hci1:builder-1:builder:new"), privOut); err != nil {
 		t.Errorf("a new token a second later: %v", err)
 	}
+}
+
+// send sends req to srv and returns the answer's status, body and headers (without Date, so
+// two answers compare equal).
+func send(t *testing.T, srv *httptest.Server, req *http.Request) (int, string, http.Header) {
+	t.Helper()
+	resp, err := srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Header.Del("Date")
+	return resp.StatusCode, string(body), resp.Header
 }

@@ -4,6 +4,7 @@
 package nixtest
 
 import (
+	"bytes"
 	"fmt"
 	"io/fs"
 	"os"
@@ -121,4 +122,23 @@ func WritableTempDir(t testing.TB) string {
 		})
 	})
 	return d
+}
+
+// Offline runs a Nix command (bin: nix-store, nix, …) with no default substituter and no
+// build-users group (absent on a bare nix-bin install), and a private narinfo disk cache. A
+// test's own --option substituters comes later and wins. Without Nix it fails in CI and skips
+// elsewhere, as RequireNix.
+func Offline(t testing.TB, bin string, args ...string) (stdout, stderr string, err error) {
+	t.Helper()
+	RequireNix(t)
+	args = append([]string{"--option", "substituters", "", "--option", "build-users-group", ""}, args...)
+	if bin == "nix" {
+		args = append([]string{"--extra-experimental-features", "nix-command"}, args...)
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), "XDG_CACHE_HOME="+WritableTempDir(t), "NIX_REMOTE=")
+	var o, e bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &o, &e
+	err = cmd.Run()
+	return strings.TrimSpace(o.String()), e.String(), err
 }

@@ -1,14 +1,11 @@
 package webui
 
 import (
-	"bytes"
-	"context"
 	"html"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -16,6 +13,7 @@ import (
 
 	"github.com/harmonia-ci/harmonia-ci/internal/access"
 	"github.com/harmonia-ci/harmonia-ci/internal/blob"
+	"github.com/harmonia-ci/harmonia-ci/internal/blobtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/cache"
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
 	"github.com/harmonia-ci/harmonia-ci/internal/nixtest"
@@ -29,51 +27,6 @@ func snippet(body, id string) string {
 		return ""
 	}
 	return html.UnescapeString(m[1])
-}
-
-// nixCmd runs a Nix command offline (no default substituter, no build users), with a private
-// narinfo disk cache.
-func nixCmd(t *testing.T, bin string, args ...string) (string, string, error) {
-	t.Helper()
-	nixtest.RequireNix(t)
-	args = append([]string{"--option", "substituters", "", "--option", "build-users-group", ""}, args...)
-	cmd := exec.Command(bin, args...)
-	cmd.Env = append(os.Environ(), "XDG_CACHE_HOME="+nixtest.WritableTempDir(t), "NIX_REMOTE=")
-	var o, e bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &o, &e
-	err := cmd.Run()
-	return strings.TrimSpace(o.String()), e.String(), err
-}
-
-// publishPath puts a store path into store as the signer does: a zstd NAR and a narinfo
-// signed with key.
-func publishPath(t *testing.T, store blob.Store, key nix.SecretKey, path string) {
-	t.Helper()
-	ctx := context.Background()
-	sp, err := nix.ParseStorePath(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var nar bytes.Buffer
-	sizes, err := nix.CompressNAR(ctx, path, &nar)
-	if err != nil {
-		t.Fatal(err)
-	}
-	put := func(key string, b []byte) {
-		if err := store.Put(ctx, key, bytes.NewReader(b), int64(len(b)), blob.PutOptions{}); err != nil {
-			t.Fatalf("put %s: %v", key, err)
-		}
-	}
-	put(nix.NarURL(sizes.FileHash), nar.Bytes())
-	ni := nix.NewNarInfo(path, sizes, nil)
-	if err := ni.Sign(key); err != nil {
-		t.Fatal(err)
-	}
-	text, err := ni.MarshalText()
-	if err != nil {
-		t.Fatal(err)
-	}
-	put(sp.Hash+".narinfo", text)
 }
 
 // nixOptions turns nix.conf lines ("name = value") into command-line options; the
@@ -116,7 +69,7 @@ func TestSubstituteSnippetWorksWithNix(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(src, "secret.txt"), []byte("a private project's output\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	path, stderr, err := nixCmd(t, "nix-store", "--add", src)
+	path, stderr, err := nixtest.Offline(t, "nix-store", "--add", src)
 	if err != nil {
 		t.Fatalf("nix-store --add: %v\n%s", err, stderr)
 	}
@@ -133,7 +86,7 @@ func TestSubstituteSnippetWorksWithNix(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = store.Close() })
-	publishPath(t, store, key, path)
+	blobtest.PublishPath(t, store, key, path)
 	mux := http.NewServeMux()
 	cache.New(cache.Config{Store: store, NarinfoCacheBytes: cache.DefaultNarinfoCacheBytes,
 		Visibility: &cache.Visibility{DB: fx.pool}}).Register(access.NewRoutes(mux, nil))
@@ -193,7 +146,7 @@ VALUES ('c1', '{cache}', $1, gen_random_uuid(), 'active', now()) RETURNING 1`, c
 	} {
 		chroot := nixtest.WritableTempDir(t)
 		args := append([]string{"--store", chroot, "-r", path, "--option", "require-sigs", "true"}, nixOptions(t, conf, c.netrc)...)
-		_, stderr, err := nixCmd(t, "nix-store", args...)
+		_, stderr, err := nixtest.Offline(t, "nix-store", args...)
 		if !c.ok {
 			if err == nil || !strings.Contains(stderr, "don't know how to build") {
 				t.Errorf("%s: nix-store -r of the private path: err %v, want no substitute\n%s", c.name, err, stderr)
