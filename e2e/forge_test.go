@@ -343,11 +343,12 @@ func TestGiteaPushToCommitStatuses(t *testing.T) {
 		t.Errorf("nix-build: %+v", b)
 	}
 
-	// A failing derivation: nix-build failure, linking to the failed build.
+	// A failing derivation: nix-build failure, linking to the failed build, and saying the
+	// attribute is new and failing against the commit before.
 	b := c.push(c.owner, c.repo, "main", map[string]string{"ci.nix": failNix(salt)}, false)
 	ss = c.waitStatuses(b, "success", "failure", 2*time.Minute)
 	checkOnce(t, ss)
-	if f := latest(ss, ctxBuild); f.Description != "1/2 builds failed" || !strings.Contains(f.TargetURL, "/ci/"+c.repo.Name+"/build/") {
+	if f := latest(ss, ctxBuild); f.Description != "1/2 builds failed (1 newly failing)" || !strings.Contains(f.TargetURL, "/ci/"+c.repo.Name+"/build/") {
 		t.Errorf("nix-build failure: %+v", f)
 	}
 
