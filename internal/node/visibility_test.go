@@ -94,6 +94,15 @@ var declared = map[string]access.ScopeKind{
 	"POST /api/eval-ticket/check":                  access.KindSigned,
 	"POST /api/node-token/check":                   access.KindSigned,
 	"POST /api/eval-credential":                    access.KindSigned,
+	"GET /api/v1/projects":                         access.KindFiltered,
+	"GET /api/v1/projects/{project}":               access.KindProject,
+	"GET /api/v1/projects/{project}/evaluations":   access.KindProject,
+	"GET /api/v1/evaluations/{id}":                 access.KindEval,
+	"GET /api/v1/evaluations/{id}/failures":        access.KindEval,
+	"GET /api/v1/builds/{id}":                      access.KindJob,
+	"GET /api/v1/nodes":                            access.KindFree,
+	"GET /api/v1/queue":                            access.KindFiltered,
+	"GET /api/v1/openapi.json":                     access.KindFree,
 }
 
 // visFixture is an in-process node with the frontend, signer and cache roles, its routes
@@ -340,7 +349,7 @@ func (fx *visFixture) probesOf(pattern, project, evalID, jobID string) []probe {
 	path = strings.TrimSuffix(path, "{$}")
 	var id string
 	switch {
-	case strings.Contains(path, "/api/evals/"), strings.Contains(path, "/api/events/eval/"):
+	case strings.Contains(path, "/api/evals/"), strings.Contains(path, "/api/events/eval/"), strings.Contains(path, "/api/v1/evaluations/"):
 		id = evalID
 	case strings.Contains(path, "/api/nodes/"):
 		id = "vis"
