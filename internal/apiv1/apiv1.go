@@ -69,7 +69,7 @@ func (a *API) Register(rt *access.Routes) {
 	a.rt = rt
 	for _, r := range a.routes() {
 		h := r.handler
-		rt.Handle("GET "+r.path, r.scope, httpapi.Handle(a.log, httpapi.WithDBTimeout(h)))
+		rt.Handle("GET "+Prefix+r.path, r.scope, httpapi.Handle(a.log, httpapi.WithDBTimeout(h)))
 	}
 }
 

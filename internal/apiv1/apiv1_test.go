@@ -99,7 +99,7 @@ func (fx *fixture) evalOf(p int64, branch string, pr int, status string) int64 {
 	fx.n++
 	return fx.id(`INSERT INTO evaluations (project_id, flake_url, commit_sha, branch, status, pr_number, pr_author,
     started_at, finished_at)
-VALUES ($1, 'x', lpad($2::text, 40, '0'), $3, $4, NULLIF($5, 0), CASE WHEN $5 > 0 THEN 'ann' END, now(),
+VALUES ($1, 'x', lpad($2::int::text, 40, '0'), $3, $4, NULLIF($5, 0), CASE WHEN $5 > 0 THEN 'ann' END, now(),
     CASE WHEN $4 IN ('succeeded', 'failed') THEN now() END) RETURNING id`, p, fx.n, branch, status, pr)
 }
 
@@ -385,7 +385,7 @@ func TestPrivateProject(t *testing.T) {
 	} {
 		code, body := fx.get(tc.hidden, false)
 		mcode, missing := fx.get(tc.missing, false)
-		mbody := strings.NewReplacer("nope", "hush", "999999", regexp.MustCompile(`\d+`).FindString(tc.hidden)).Replace(missing)
+		mbody := strings.NewReplacer("nope", "hush", "999999", lastNumber(tc.hidden)).Replace(missing)
 		if code != http.StatusNotFound || mcode != http.StatusNotFound || body != mbody {
 			t.Errorf("GET %s anonymously: %d %s; want the 404 of %s: %d %s", tc.hidden, code, body, tc.missing, mcode, mbody)
 		}
@@ -591,4 +591,10 @@ func TestOpenAPIMatchesRoutes(t *testing.T) {
 			t.Errorf("the build's schema lacks %s: %v", f, props)
 		}
 	}
+}
+
+// lastNumber is the last number in path: the id it asks for.
+func lastNumber(path string) string {
+	all := regexp.MustCompile(`\d+`).FindAllString(path, -1)
+	return all[len(all)-1]
 }

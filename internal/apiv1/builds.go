@@ -147,7 +147,7 @@ func StoreTail(pool *pgxpool.Pool, store blob.Store) TailFunc {
 			return "", fmt.Errorf("log of build %d: %w", jobID, err)
 		}
 		defer dec.Close()
-		tb := &tailBuffer{max: max}
+		tb := &tailBuffer{max: max + 1} // one more byte says whether the log was cut
 		if _, err := io.Copy(tb, dec); err != nil {
 			return "", fmt.Errorf("log of build %d: %w", jobID, err)
 		}
