@@ -175,15 +175,12 @@ func (a *API) evalsByID(ctx context.Context, sql string, args ...any) ([]Evaluat
 	if err != nil {
 		return nil, fmt.Errorf("list evaluations: %w", err)
 	}
-	out := make([]Evaluation, 0, len(ids))
-	for _, id := range ids {
-		e, err := evaluation.Get(ctx, a.cfg.Pool, id)
-		if errors.Is(err, evaluation.ErrNotFound) {
-			continue // deleted meanwhile
-		}
-		if err != nil {
-			return nil, err
-		}
+	es, err := evaluation.GetMany(ctx, a.cfg.Pool, ids)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Evaluation, 0, len(es))
+	for _, e := range es {
 		out = append(out, newEvaluation(e))
 	}
 	return out, nil
