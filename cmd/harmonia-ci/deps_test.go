@@ -19,7 +19,7 @@ func TestImportGraph(t *testing.T) {
 	}{
 		{[]string{"blob", "cache"}, []string{"forge", "project", "web", "cluster"}},
 		{[]string{"builder", "eval"}, []string{"signer", "gc"}},
-		{[]string{"commitstatus", "webhook", "webui"}, []string{"eval"}},
+		{[]string{"commitstatus", "webhook", "webui", "apiv1"}, []string{"eval"}},
 	}
 	for _, r := range rules {
 		for _, from := range r.from {

@@ -86,6 +86,33 @@ func List(ctx context.Context, q db.DBTX, project string, limit int) ([]Evaluati
 	return es, nil
 }
 
+// GetMany returns the evaluations of ids that exist, in the order of ids.
+func GetMany(ctx context.Context, q db.DBTX, ids []int64) ([]Evaluation, error) {
+	rows, err := q.Query(ctx, sqlEvalsByIDs, ids)
+	if err != nil {
+		return nil, fmt.Errorf("get evaluations: %w", err)
+	}
+	es, err := pgx.CollectRows(rows, scanEval)
+	if err != nil {
+		return nil, fmt.Errorf("get evaluations: %w", err)
+	}
+	return es, nil
+}
+
+// ListBefore returns a page of project projectID's evaluations, newest first: at most limit
+// of those before evaluation before (0: from the newest).
+func ListBefore(ctx context.Context, q db.DBTX, projectID, before int64, limit int) ([]Evaluation, error) {
+	rows, err := q.Query(ctx, sqlListEvalsBefore, projectID, before, limit)
+	if err != nil {
+		return nil, fmt.Errorf("list evaluations of project %d: %w", projectID, err)
+	}
+	es, err := pgx.CollectRows(rows, scanEval)
+	if err != nil {
+		return nil, fmt.Errorf("list evaluations of project %d: %w", projectID, err)
+	}
+	return es, nil
+}
+
 // AttrResult is one evaluated attribute with its build job, if any.
 type AttrResult struct {
 	Attr      string           `json:"attr"`

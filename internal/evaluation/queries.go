@@ -158,6 +158,25 @@ SELECT e.id, e.project_id, p.name, e.flake_url, e.commit_sha, e.branch, COALESCE
 FROM evaluations e JOIN projects p ON p.id = e.project_id
 WHERE ($1 = '' OR p.name = $1) ORDER BY e.id DESC LIMIT $2`
 
+	// Evaluations $1 (ids), in that order.
+	sqlEvalsByIDs = `
+SELECT e.id, e.project_id, p.name, e.flake_url, e.commit_sha, e.branch, COALESCE(e.tree_hash, ''),
+       e.status, COALESCE(e.skipped_reason, ''), e.reuses_eval_id, COALESCE(e.claimed_by, ''), e.attempt,
+       COALESCE(e.error, ''), e.created_at, e.started_at, e.finished_at, COALESCE(e.pr_number, 0),
+       COALESCE(e.pr_author, ''), e.nix_version, e.pr_base, e.base_commit, e.merge_commit
+FROM evaluations e JOIN projects p ON p.id = e.project_id
+WHERE e.id = ANY($1) ORDER BY array_position($1, e.id)`
+
+	// A page of project $1's evaluations, newest first, before evaluation $2 (0: from the
+	// newest). $3 limit.
+	sqlListEvalsBefore = `
+SELECT e.id, e.project_id, p.name, e.flake_url, e.commit_sha, e.branch, COALESCE(e.tree_hash, ''),
+       e.status, COALESCE(e.skipped_reason, ''), e.reuses_eval_id, COALESCE(e.claimed_by, ''), e.attempt,
+       COALESCE(e.error, ''), e.created_at, e.started_at, e.finished_at, COALESCE(e.pr_number, 0),
+       COALESCE(e.pr_author, ''), e.nix_version, e.pr_base, e.base_commit, e.merge_commit
+FROM evaluations e JOIN projects p ON p.id = e.project_id
+WHERE e.project_id = $1 AND ($2::bigint = 0 OR e.id < $2) ORDER BY e.id DESC LIMIT $3`
+
 	// The jobs an evaluation needs, by status: those of its attributes' closures.
 	sqlJobCountsOfEval = `
 WITH RECURSIVE closure AS (

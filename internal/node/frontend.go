@@ -2,9 +2,12 @@ package node
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"time"
 
+	"github.com/harmonia-ci/harmonia-ci/internal/apiv1"
+	"github.com/harmonia-ci/harmonia-ci/internal/blob"
 	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
 	"github.com/harmonia-ci/harmonia-ci/internal/commitstatus"
 	"github.com/harmonia-ci/harmonia-ci/internal/evalcred"
@@ -21,7 +24,7 @@ import (
 // forgeSide builds the frontend's side of the forges: the webhook receiver and the project
 // admin API on the HTTP server, the commit status reporter, and the maintenance leader's
 // repository discovery and polling tasks.
-func (n *node) forgeSide(httpServer *web.Server, notifier *notify.Notifier, endpoint string) (*commitstatus.Reporter, []cluster.Task, error) {
+func (n *node) forgeSide(httpServer *web.Server, notifier *notify.Notifier, endpoint string, store blob.Store) (*commitstatus.Reporter, []cluster.Task, error) {
 	cfg := n.cfg
 	forges, err := forge.FromConfig(cfg.Forges)
 	if err != nil {
@@ -42,6 +45,19 @@ func (n *node) forgeSide(httpServer *web.Server, notifier *notify.Notifier, endp
 		return nil, nil, err
 	}
 	ui.Register(httpServer.Routes())
+	// The API reads logs from the blob store where this node holds it, else as the build
+	// pages do (from a cache node).
+	tail := func(ctx context.Context, id int64, max int) (string, error) {
+		t, err := ui.LogTail(ctx, id, max)
+		if errors.Is(err, webui.ErrNoLog) {
+			return "", apiv1.ErrNoLog
+		}
+		return t.Text, err
+	}
+	if store != nil {
+		tail = apiv1.StoreTail(n.pool, store)
+	}
+	apiv1.New(apiv1.Config{Pool: n.pool, Tail: tail, Logger: n.logger}).Register(httpServer.Routes())
 	if len(forges) == 0 {
 		return nil, nil, nil
 	}

@@ -192,7 +192,7 @@ func (n *node) run(ctx context.Context, ln net.Listener, opts Options) error {
 	defer lockConn.Close()
 	var electors, frontend []startstop.Service
 	if cfg.HasRole(config.RoleFrontend) {
-		reporter, forgeTasks, err := n.forgeSide(httpServer, notifier, endpoint)
+		reporter, forgeTasks, err := n.forgeSide(httpServer, notifier, endpoint, store)
 		if err != nil {
 			return err
 		}

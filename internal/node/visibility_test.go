@@ -94,6 +94,15 @@ var declared = map[string]access.ScopeKind{
 	"POST /api/eval-ticket/check":                  access.KindSigned,
 	"POST /api/node-token/check":                   access.KindSigned,
 	"POST /api/eval-credential":                    access.KindSigned,
+	"GET /api/v1/projects":                         access.KindFiltered,
+	"GET /api/v1/projects/{project}":               access.KindProject,
+	"GET /api/v1/projects/{project}/evaluations":   access.KindProject,
+	"GET /api/v1/evaluations/{id}":                 access.KindEval,
+	"GET /api/v1/evaluations/{id}/failures":        access.KindEval,
+	"GET /api/v1/builds/{id}":                      access.KindJob,
+	"GET /api/v1/nodes":                            access.KindFree,
+	"GET /api/v1/queue":                            access.KindFiltered,
+	"GET /api/v1/openapi.json":                     access.KindFree,
 }
 
 // visFixture is an in-process node with the frontend, signer and cache roles, its routes
@@ -340,7 +349,7 @@ func (fx *visFixture) probesOf(pattern, project, evalID, jobID string) []probe {
 	path = strings.TrimSuffix(path, "{$}")
 	var id string
 	switch {
-	case strings.Contains(path, "/api/evals/"), strings.Contains(path, "/api/events/eval/"):
+	case strings.Contains(path, "/api/evals/"), strings.Contains(path, "/api/events/eval/"), strings.Contains(path, "/api/v1/evaluations/"):
 		id = evalID
 	case strings.Contains(path, "/api/nodes/"):
 		id = "vis"
@@ -449,6 +458,11 @@ func TestEveryRouteCarriesItsDeclaration(t *testing.T) {
 		fmt.Sprintf("/ci/%s/eval/%d", hushProject, fx.evalID),
 		fmt.Sprintf("/ci/%s/build/%d", hushProject, fx.jobID),
 		fmt.Sprintf("/api/events/eval/%d", fx.evalID),
+		"/api/v1/projects/" + hushProject,
+		"/api/v1/projects/" + hushProject + "/evaluations",
+		fmt.Sprintf("/api/v1/evaluations/%d", fx.evalID),
+		fmt.Sprintf("/api/v1/evaluations/%d/failures", fx.evalID),
+		fmt.Sprintf("/api/v1/builds/%d", fx.jobID),
 	} {
 		for name, c := range map[string]*client{"reader": friend, "admin token": admin} {
 			if code, body := c.get(path); code != http.StatusOK {
@@ -466,8 +480,10 @@ func TestEveryRouteCarriesItsDeclaration(t *testing.T) {
 			t.Errorf("live log as the %s: %d, want 200 with the log:\n%s", name, code, body)
 		}
 	}
-	if _, body := friend.get("/ci/"); !strings.Contains(body, hushProject) {
-		t.Errorf("the reader's dashboard does not list the private project")
+	for _, path := range []string{"/ci/", "/api/v1/projects", "/api/v1/queue"} {
+		if _, body := friend.get(path); !strings.Contains(body, hushProject) {
+			t.Errorf("the reader's %s does not list the private project", path)
+		}
 	}
 	// Reading is not acting: the reader may not rebuild (403, not 404: they know it exists).
 	if code, _ := friend.do(http.MethodPost, fmt.Sprintf("/api/builds/%d/rebuild", fx.jobID), nil); code != http.StatusForbidden && code != http.StatusUnauthorized {
@@ -511,6 +527,25 @@ func TestMetricsAndClusterRedacted(t *testing.T) {
 			t.Errorf("/api/cluster with the admin token lacks the endpoint or version: %v", n)
 		}
 	}
+	// The API's nodes show anonymous callers the same: those fields are there, and empty.
+	for _, tc := range []struct {
+		c      *client
+		fields []string // empty for anonymous callers, set for the admin
+		public bool
+	}{{anon, []string{"endpoint", "hostname", "version", "nix_version"}, true}, {admin, []string{"endpoint", "version"}, false}} {
+		code, body := tc.c.get("/api/v1/nodes")
+		var st struct{ Nodes []map[string]any }
+		if code != http.StatusOK || json.Unmarshal([]byte(body), &st) != nil || len(st.Nodes) == 0 {
+			t.Fatalf("/api/v1/nodes: %d %s", code, body)
+		}
+		for _, n := range st.Nodes {
+			for _, k := range tc.fields {
+				if empty := n[k] == ""; empty != tc.public {
+					t.Errorf("/api/v1/nodes (anonymous %v) shows %s = %v", tc.public, k, n[k])
+				}
+			}
+		}
+	}
 }
 
 // A clone URL with a credential recorded before they were refused is shown redacted on every
@@ -523,7 +558,7 @@ func TestCloneURLRedacted(t *testing.T) {
 	for _, tc := range []struct {
 		c    *client
 		path string
-	}{{anon, "/ci/"}, {anon, "/ci/byurl/"}, {admin, "/api/repositories"}} {
+	}{{anon, "/ci/"}, {anon, "/ci/byurl/"}, {admin, "/api/repositories"}, {anon, "/api/v1/projects"}, {anon, "/api/v1/projects/byurl"}} {
 		code, body := tc.c.get(tc.path)
 		if code != http.StatusOK || strings.Contains(body, urlToken) || !strings.Contains(body, "REDACTED@git.example") {
 			t.Errorf("GET %s: %d; want the URL redacted:\n%.2000s", tc.path, code, body)

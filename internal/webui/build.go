@@ -250,6 +250,11 @@ func (u *UI) logView(ctx context.Context, j BuildJob) LogView {
 	return v
 }
 
+// LogTail is the end of build jobID's log, at most max bytes, read as the build page reads it.
+func (u *UI) LogTail(ctx context.Context, jobID int64, max int) (LogTail, error) {
+	return u.logSource().Tail(ctx, jobID, max)
+}
+
 // logSource is where the build page reads logs from: the live tail in the database, the
 // archive from a cache node.
 func (u *UI) logSource() LogSource { return &cacheLogs{pool: u.cfg.Pool, client: logClient} }
