@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -48,4 +50,14 @@ func GetJob(ctx context.Context, q db.DBTX, id int64) (JobInfo, error) {
 		return j, fmt.Errorf("get job %d: %w", id, err)
 	}
 	return j, nil
+}
+
+// LogKey is the blob key of a derivation's latest log, what `nix log` and the cache's
+// /log/<drv> read.
+func LogKey(drvPath string) string { return "log/" + path.Base(drvPath) }
+
+// AttemptLogKey is the blob key of one attempt's own log, which later attempts do not
+// overwrite; the cache serves it as /log/<drv>.<attempt>.
+func AttemptLogKey(drvPath string, attempt int) string {
+	return LogKey(drvPath) + "." + strconv.Itoa(attempt)
 }

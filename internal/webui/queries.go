@@ -423,6 +423,12 @@ FROM derivation_outputs o WHERE o.drv_path = $1
 ORDER BY o.output_name`
 
 	// A build's log state: status, archived log key, live tail. $1 job id.
+	// The ended attempts of job $1, the first first.
+	sqlBuildAttempts = `
+SELECT attempt, COALESCE(node, ''), started_at, finished_at, status, exit_code, COALESCE(error, ''),
+       COALESCE(log_key, '')
+FROM build_attempts WHERE job_id = $1 ORDER BY attempt`
+
 	sqlBuildLogState = `
 SELECT j.status, COALESCE(j.log_url, ''), t.log_tail
 FROM build_jobs j
