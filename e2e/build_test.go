@@ -525,7 +525,7 @@ func TestBuildLogStream(t *testing.T) {
 		Status status.JobStatus `json:"status"`
 		LogURL string           `json:"log_url"`
 	}
-	wantLoc := "/log/" + filepath.Base(drv)
+	wantLoc := "/log/" + filepath.Base(drv) + ".1"
 	if err := json.Unmarshal([]byte(end.Data), &endData); err != nil || endData.Status != status.JobSucceeded || endData.LogURL != wantLoc {
 		t.Fatalf("end event %q (%v); want status succeeded, log_url %s", end.Data, err, wantLoc)
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
 	"github.com/harmonia-ci/harmonia-ci/internal/nixtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/proctest"
+	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 	"github.com/harmonia-ci/harmonia-ci/internal/status"
 	"github.com/harmonia-ci/harmonia-ci/internal/waittest"
 )
@@ -412,10 +413,11 @@ func (c *buildCluster) checkWrongKeyRefused(p string) {
 	}
 }
 
-// fetchLog GETs a finished job's log from the cache (log_url is "log/<drv basename>").
+// fetchLog GETs a finished job's log from the cache (log_url is its attempt's own log,
+// "log/<drv basename>.<attempt>").
 func (c *buildCluster) fetchLog(j jobRow) string {
 	c.t.Helper()
-	if want := "log/" + filepath.Base(j.DrvPath); j.LogURL != want {
+	if want := queue.AttemptLogKey(j.DrvPath, j.Attempt); j.LogURL != want {
 		c.t.Fatalf("%s: log_url %q, want %q", j, j.LogURL, want)
 	}
 	resp, err := http.Get(c.cacheURL + "/" + j.LogURL)
