@@ -363,6 +363,18 @@ func TestBuildPageShowsEachAttempt(t *testing.T) {
 		`<pre class="err">out of memory</pre>`, `<dd class="mono">137</dd>`,
 		">attempt one ran out of memory\n</pre>", `<a href="/log/` + name + `.1">raw log</a>`,
 	}, []string{"attempt two: boom"})
+	// A later evaluation that needs the derivation reuses the failure: its row links to the
+	// attempt that failed first; the evaluation the failure happened in does not call it cached.
+	var later int64
+	if err := fx.pool.QueryRow(fx.ctx, `INSERT INTO evaluations (project_id, flake_url, commit_sha, branch, status)
+		SELECT project_id, flake_url, 'later', branch, 'succeeded' FROM evaluations WHERE id = $1 RETURNING id`, s.eval).Scan(&later); err != nil {
+		t.Fatal(err)
+	}
+	fx.exec(`INSERT INTO eval_attrs (eval_id, attr, drv_path) VALUES ($1, 'waiting', $2)`, later, drv)
+	cached := fmt.Sprintf(`cached failure: <a href="/ci/proj/build/%d?attempt=1#attempts">failed first in attempt 1</a>`, id)
+	check("the later evaluation", fx.get(fmt.Sprintf("/ci/proj/eval/%d", later), http.StatusOK), []string{cached}, nil)
+	check("the evaluation it failed in", fx.get(fmt.Sprintf("/ci/proj/eval/%d", s.eval), http.StatusOK), nil, []string{"cached failure"})
+
 	// An attempt that does not exist shows the latest.
 	check("failed, attempt 9", page("?attempt=9"), []string{tab(2, true), "attempt two: boom"}, nil)
 
