@@ -113,6 +113,20 @@ func TestEveryAttemptIsRecorded(t *testing.T) {
 	if got := qt.Job(t, pool, "a"); got.Attempt != 4 {
 		t.Fatalf("job a: attempt %d, want 4", got.Attempt)
 	}
+	// As `job show` lists them.
+	info, err := queue.GetJob(ctx, pool, jobID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(info.Attempts) != len(want) {
+		t.Fatalf("GetJob: %d attempts, want %d", len(info.Attempts), len(want))
+	}
+	for i, a := range info.Attempts {
+		if w := want[i]; a.Attempt != w.Attempt || a.Node != w.Node || a.Status != w.Status || a.Error != w.Error ||
+			a.LogKey != w.LogKey || a.StartedAt == nil || a.FinishedAt.Before(*a.StartedAt) {
+			t.Errorf("GetJob: attempt %+v, want %+v", a, w)
+		}
+	}
 
 	// A lost node's claims go back (its re-registration), and a cancel ends a running attempt;
 	// an attempt that uploaded nothing does not take the previous attempt's log.
