@@ -253,6 +253,7 @@ func (u *UI) readAttempts(ctx context.Context, r *http.Request, p *BuildPage) er
 	if _, err := pgx.ForEachRow(rows, []any{&a.N, &a.Node, &a.StartedAt, &a.FinishedAt, &st, &a.ExitCode, &a.Error, &a.LogKey}, func() error {
 		a.Status = string(st)
 		p.Tries = append(p.Tries, a)
+		a = BuildAttempt{} // fresh pointers for the next row's scan
 		return nil
 	}); err != nil {
 		return fmt.Errorf("attempts of build %d: %w", j.ID, err)
