@@ -289,6 +289,57 @@ func TestLimits(t *testing.T) {
 	}
 }
 
+// TestFailedThenBuiltKeepsBothAttempts: a derivation that fails, then builds once rebuilt (it
+// reads a file outside the sandbox that the test changes), keeps both attempts with their
+// node, result and own log, each served by the cache; the latest log is the success's.
+func TestFailedThenBuiltKeepsBothAttempts(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	marker := filepath.Join(t.TempDir(), "marker")
+	if err := os.WriteFile(marker, []byte("fail\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	expr := fmt.Sprintf(`{ flaky = builtins.derivation {
+    name = "flaky";
+    system = builtins.currentSystem;
+    builder = "/bin/sh";
+    salt = "%s";
+    args = [ "-c" "read -r v < %s; echo \"this attempt says $v\"; [ \"$v\" = ok ] && echo ok > $out" ];
+  }; }`, h.salt, marker)
+	drv := h.instantiate(expr, "flaky")["flaky"]
+	h.enqueue(drv)
+	h.startBuilder("builder-1", builder.Config{Store: builder.Store{SandboxPaths: []string{marker}},
+		Limits: builder.BuildLimits{Timeout: time.Minute}})
+
+	failed := h.waitStatus(drv, status.JobFailed)
+	if err := os.WriteFile(marker, []byte("ok\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := queue.Rebuild(h.ctx(), h.pool, failed.ID, queue.PriorityNormal); err != nil || n != 1 {
+		t.Fatalf("Rebuild = %d, %v", n, err)
+	}
+	built := h.waitStatus(drv, status.JobSucceeded)
+	if built.Attempt != 2 {
+		t.Fatalf("%v: want built at attempt 2", built)
+	}
+	want := []string{
+		"1 builder-1 failed " + queue.AttemptLogKey(drv, 1),
+		"2 builder-1 succeeded " + queue.AttemptLogKey(drv, 2),
+	}
+	if got := h.attempts(built.ID); !slices.Equal(got, want) {
+		t.Fatalf("attempts %q, want %q", got, want)
+	}
+	for key, says := range map[string]string{
+		queue.AttemptLogKey(drv, 1): "this attempt says fail",
+		queue.AttemptLogKey(drv, 2): "this attempt says ok",
+		queue.LogKey(drv):           "this attempt says ok",
+	} {
+		if log := h.buildLogAt(key); !strings.Contains(log, says) {
+			t.Errorf("served log %s %q lacks %q", key, log, says)
+		}
+	}
+}
+
 // TestFrankenbuild: a builder whose store holds an input built differently from the cache's
 // copy (a non-reproducible build of its own) warns, replaces it with the canonical one, and
 // builds against that.
