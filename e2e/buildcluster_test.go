@@ -420,7 +420,13 @@ func (c *buildCluster) fetchLog(j jobRow) string {
 	if want := queue.AttemptLogKey(j.DrvPath, j.Attempt); j.LogURL != want {
 		c.t.Fatalf("%s: log_url %q, want %q", j, j.LogURL, want)
 	}
-	resp, err := http.Get(c.cacheURL + "/" + j.LogURL)
+	return c.fetchLogAt(j.LogURL)
+}
+
+// fetchLogAt GETs the log at blob key key ("log/…") from the cache.
+func (c *buildCluster) fetchLogAt(key string) string {
+	c.t.Helper()
+	resp, err := http.Get(c.cacheURL + "/" + key)
 	if err != nil {
 		c.t.Fatal(err)
 	}
@@ -430,7 +436,7 @@ func (c *buildCluster) fetchLog(j jobRow) string {
 		c.t.Fatal(err)
 	}
 	if resp.StatusCode != http.StatusOK {
-		c.t.Fatalf("GET %s/%s: %d %s", c.cacheURL, j.LogURL, resp.StatusCode, body)
+		c.t.Fatalf("GET %s/%s: %d %s", c.cacheURL, key, resp.StatusCode, body)
 	}
 	return string(body)
 }
