@@ -21,6 +21,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/nixtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/pgembed"
 	"github.com/harmonia-ci/harmonia-ci/internal/proctest"
+	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
@@ -211,7 +212,8 @@ let bad = fail "bad" [ ]; dep = mk "dep" [ bad ]; in { inherit bad dep; top = mk
 	id := strconv.FormatInt(j.ID, 10)
 	show := c.cli.ok("job", "show", id)
 	t.Logf("job show %s:\n%s", id, show)
-	for _, want := range []string{"failed", j.ErrorMessage[:strings.IndexByte(j.ErrorMessage+"\n", '\n')], "/" + j.LogURL} {
+	for _, want := range []string{"failed", j.ErrorMessage[:strings.IndexByte(j.ErrorMessage+"\n", '\n')], "/" + j.LogURL,
+		fmt.Sprintf("attempt %d ", j.Attempt), " failed on "} {
 		if !strings.Contains(show, want) {
 			t.Errorf("job show %s does not print %q:\n%s", id, want, show)
 		}
@@ -239,6 +241,10 @@ let bad = fail "bad" [ ]; dep = mk "dep" [ bad ]; in { inherit bad dep; top = mk
 	j2, deps2 := checkFailed("rebuild", 2, j.Attempt)
 	if j2.Priority != 100 {
 		t.Errorf("after the rebuild failed: %s; want priority 100", j2)
+	}
+	// The first round's failed attempt keeps its own log beside the rebuild's.
+	if log := c.fetchLogAt(queue.AttemptLogKey(bad, j.Attempt)); !strings.Contains(log, "failing bad") {
+		t.Errorf("the first round's log %s: %q", queue.AttemptLogKey(bad, j.Attempt), lastLines(log, 20))
 	}
 	for i, d := range deps2 {
 		if !d.FinishedAt.After(*deps[i].FinishedAt) {
@@ -525,7 +531,7 @@ func TestBuildLogStream(t *testing.T) {
 		Status status.JobStatus `json:"status"`
 		LogURL string           `json:"log_url"`
 	}
-	wantLoc := "/log/" + filepath.Base(drv)
+	wantLoc := "/log/" + filepath.Base(drv) + ".1"
 	if err := json.Unmarshal([]byte(end.Data), &endData); err != nil || endData.Status != status.JobSucceeded || endData.LogURL != wantLoc {
 		t.Fatalf("end event %q (%v); want status succeeded, log_url %s", end.Data, err, wantLoc)
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
 	"github.com/harmonia-ci/harmonia-ci/internal/nixtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/proctest"
+	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 	"github.com/harmonia-ci/harmonia-ci/internal/status"
 	"github.com/harmonia-ci/harmonia-ci/internal/waittest"
 )
@@ -412,13 +413,20 @@ func (c *buildCluster) checkWrongKeyRefused(p string) {
 	}
 }
 
-// fetchLog GETs a finished job's log from the cache (log_url is "log/<drv basename>").
+// fetchLog GETs a finished job's log from the cache (log_url is its attempt's own log,
+// "log/<drv basename>.<attempt>").
 func (c *buildCluster) fetchLog(j jobRow) string {
 	c.t.Helper()
-	if want := "log/" + filepath.Base(j.DrvPath); j.LogURL != want {
+	if want := queue.AttemptLogKey(j.DrvPath, j.Attempt); j.LogURL != want {
 		c.t.Fatalf("%s: log_url %q, want %q", j, j.LogURL, want)
 	}
-	resp, err := http.Get(c.cacheURL + "/" + j.LogURL)
+	return c.fetchLogAt(j.LogURL)
+}
+
+// fetchLogAt GETs the log at blob key key ("log/…") from the cache.
+func (c *buildCluster) fetchLogAt(key string) string {
+	c.t.Helper()
+	resp, err := http.Get(c.cacheURL + "/" + key)
 	if err != nil {
 		c.t.Fatal(err)
 	}
@@ -428,7 +436,7 @@ func (c *buildCluster) fetchLog(j jobRow) string {
 		c.t.Fatal(err)
 	}
 	if resp.StatusCode != http.StatusOK {
-		c.t.Fatalf("GET %s/%s: %d %s", c.cacheURL, j.LogURL, resp.StatusCode, body)
+		c.t.Fatalf("GET %s/%s: %d %s", c.cacheURL, key, resp.StatusCode, body)
 	}
 	return string(body)
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/nix"
 	"github.com/harmonia-ci/harmonia-ci/internal/node"
 	"github.com/harmonia-ci/harmonia-ci/internal/proctest"
+	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 	"github.com/harmonia-ci/harmonia-ci/internal/status"
 	"github.com/harmonia-ci/harmonia-ci/internal/waittest"
 )
@@ -224,8 +225,10 @@ func TestGCKeepsTheNewerEvaluation(t *testing.T) {
 					t.Errorf("the newer evaluation's %s: %d", narinfoKey(j.DrvPath), s)
 				}
 			}
-			// The older evaluation's own objects and the old junk are gone; the young junk stays.
-			for _, k := range append([]string{narinfoKey(oldOut), narinfoKey(oldDrv), "log/" + filepath.Base(oldDrv)}, oldJunk...) {
+			// The older evaluation's own objects (its build's logs, the latest and its attempt's)
+			// and the old junk are gone; the young junk stays.
+			for _, k := range append([]string{narinfoKey(oldOut), narinfoKey(oldDrv), "log/" + filepath.Base(oldDrv),
+				queue.AttemptLogKey(oldDrv, oldJob.Attempt)}, oldJunk...) {
 				if c.has(k) {
 					t.Errorf("%s is still in the cache", k)
 				}

@@ -9,6 +9,7 @@
 //	nar/<filehash>.nar.zst          <filehash>: 52 nix32 characters
 //	nar/<narhash>.nar               uncompressed (the .drv objects, see Derivations)
 //	log/<hash>-<name>.drv           <name>: [A-Za-z0-9+\-._?=], not starting with '.'
+//	log/<hash>-<name>.drv.<n>       one attempt's own log; <n>: 1 to 999999999, no leading zero
 //	realisations/<hash>!<out>.doi   <out>: an output name, same characters as <name>
 //
 // nix32 is Nix's base32 alphabet "0123456789abcdfghijklmnpqrsvwxyz" (no e, o, t, u).
@@ -155,6 +156,20 @@ func ValidKey(key string) error {
 	return nil
 }
 
+// isAttempt reports whether s is an attempt number as log keys spell it: a positive decimal
+// without leading zeros.
+func isAttempt(s string) bool {
+	if s == "" || len(s) > 9 || s[0] == '0' {
+		return false
+	}
+	for _, c := range s {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
+}
+
 func validKey(key string) error {
 	switch {
 	case key == "":
@@ -197,9 +212,13 @@ func validKey(key string) error {
 		}
 		return checkHash(h, 52, "nar file hash")
 	case "log":
+		// log/<drv>.<attempt> is one attempt's own log; log/<drv> the latest.
+		if i := strings.LastIndexByte(base, '.'); i >= 0 && isAttempt(base[i+1:]) {
+			base = base[:i]
+		}
 		rest, ok := strings.CutSuffix(base, ".drv")
 		if !ok {
-			return errors.New("log key must be log/<hash>-<name>.drv")
+			return errors.New("log key must be log/<hash>-<name>.drv or log/<hash>-<name>.drv.<attempt>")
 		}
 		h, name, ok := strings.Cut(rest, "-")
 		if !ok {

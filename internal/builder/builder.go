@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
-	"path"
 	"slices"
 	"strconv"
 	"sync"
@@ -421,7 +420,9 @@ func (b *Builder) handle(ctx context.Context, job queue.Job, logger *slog.Logger
 	t.Build = time.Since(buildStart)
 	tail.Stop()
 	finally := func(ctx context.Context) { b.deleteTail(ctx, job.ID, logger) }
-	logKey := "log/" + path.Base(job.DrvPath)
+	// The log goes to the derivation's latest key (for `nix log`) and to the attempt's own,
+	// which the job records and no later attempt overwrites.
+	logKey := queue.AttemptLogKey(job.DrvPath, job.Attempt)
 	if err != nil {
 		return b.failed(ctx, ss, job, err, log, logKey, outPaths, unrootOut, logger, finally), nil
 	}
@@ -449,6 +450,9 @@ func (b *Builder) handle(ctx context.Context, job queue.Job, logger *slog.Logger
 	logData := log.Bytes()
 	return queue.Result{}, func(ctx context.Context) queue.Result {
 		defer prepared.Close()
+		if err := pub.UploadLog(ctx, job.Claim(), upload.Log{Key: queue.LogKey(job.DrvPath), Data: logData}); err != nil {
+			logger.Warn("could not upload the build's latest log", "error", err)
+		}
 		_, err := pub.SendBuild(ctx, job.Claim(), prepared, &upload.Log{Key: logKey, Data: logData})
 		if err != nil {
 			var se *signerclient.StatusError
@@ -510,6 +514,9 @@ func (b *Builder) failed(ctx context.Context, ss *Session, job queue.Job, err er
 		res.ExitCode = &be.ExitCode
 	}
 	pub := upload.Publisher{Signer: b.cfg.Signer, StoreRoot: ss.store.Root}
+	if uerr := pub.UploadLog(ctx, job.Claim(), upload.Log{Key: queue.LogKey(job.DrvPath), Data: log.Bytes()}); uerr != nil {
+		logger.Warn("could not upload the failed build's latest log", "error", uerr)
+	}
 	if uerr := pub.UploadLog(ctx, job.Claim(), upload.Log{Key: logKey, Data: log.Bytes()}); uerr != nil {
 		logger.Warn("could not upload the failed build's log", "error", uerr)
 	} else {

@@ -8,7 +8,6 @@ import (
 	"maps"
 	"net/http"
 	"os"
-	"path"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -84,12 +83,14 @@ in { inherit d0 d1 d2 d3 d4 d5 d6 d7 d8 d9; }`
 		if j.Attempt != 1 || j.RetryCount != 0 {
 			t.Errorf("%s: %v, want built once (attempt 1, no retries)", name, j)
 		}
-		base := path.Base(drvs[name])
-		if j.LogURL == nil || *j.LogURL != "log/"+base {
-			t.Errorf("%s: %v, want log_url log/%s", name, j, base)
+		// The job records its attempt's own log; the latest is served for `nix log` too.
+		if want := queue.AttemptLogKey(drvs[name], 1); j.LogURL == nil || *j.LogURL != want {
+			t.Errorf("%s: %v, want log_url %s", name, j, want)
 		}
-		if log := h.buildLog(drvs[name]); !strings.Contains(log, "building "+name) {
-			t.Errorf("%s: served log %q lacks %q", name, log, "building "+name)
+		for _, key := range []string{queue.LogKey(drvs[name]), queue.AttemptLogKey(drvs[name], 1)} {
+			if log := h.buildLogAt(key); !strings.Contains(log, "building "+name) {
+				t.Errorf("%s: served log %s %q lacks %q", name, key, log, "building "+name)
+			}
 		}
 		jobs = append(jobs, j.ID)
 	}
@@ -170,11 +171,23 @@ func TestFailedBuild(t *testing.T) {
 		if bad.RetryCount != 0 {
 			t.Errorf("attempt %d: %v: a failed build is no transient failure", attempt, bad)
 		}
-		if want := "log/" + path.Base(drvs["bad"]); bad.LogURL == nil || *bad.LogURL != want {
+		if want := queue.AttemptLogKey(drvs["bad"], attempt); bad.LogURL == nil || *bad.LogURL != want {
 			t.Errorf("attempt %d: %v, want log_url %s", attempt, bad, want)
 		}
 		if log := h.buildLog(drvs["bad"]); !strings.Contains(log, "failing bad") {
 			t.Errorf("attempt %d: served log %q lacks the build's output", attempt, log)
+		}
+		// Every attempt so far is recorded, with its own log still served.
+		var rows []string
+		for n := 1; n <= attempt; n++ {
+			key := queue.AttemptLogKey(drvs["bad"], n)
+			if log := h.buildLogAt(key); !strings.Contains(log, "failing bad") {
+				t.Errorf("attempt %d: served log %s %q lacks the build's output", attempt, key, log)
+			}
+			rows = append(rows, fmt.Sprintf("%d builder-1 failed %s", n, key))
+		}
+		if got := h.attempts(bad.ID); !slices.Equal(got, rows) {
+			t.Errorf("attempt %d: attempts %q, want %q", attempt, got, rows)
 		}
 		h.waitStatus(drvs["user"], status.JobDepFailed)
 		if attempt == 1 {
@@ -273,6 +286,57 @@ func TestLimits(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestFailedThenBuiltKeepsBothAttempts: a derivation that fails, then builds once rebuilt (it
+// reads a file outside the sandbox that the test changes), keeps both attempts with their
+// node, result and own log, each served by the cache; the latest log is the success's.
+func TestFailedThenBuiltKeepsBothAttempts(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	marker := filepath.Join(t.TempDir(), "marker")
+	if err := os.WriteFile(marker, []byte("fail\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	expr := fmt.Sprintf(`{ flaky = builtins.derivation {
+    name = "flaky";
+    system = builtins.currentSystem;
+    builder = "/bin/sh";
+    salt = "%s";
+    args = [ "-c" "read -r v < %s; echo \"this attempt says $v\"; [ \"$v\" = ok ] && echo ok > $out" ];
+  }; }`, h.salt, marker)
+	drv := h.instantiate(expr, "flaky")["flaky"]
+	h.enqueue(drv)
+	h.startBuilder("builder-1", builder.Config{Store: builder.Store{SandboxPaths: []string{marker}},
+		Limits: builder.BuildLimits{Timeout: time.Minute}})
+
+	failed := h.waitStatus(drv, status.JobFailed)
+	if err := os.WriteFile(marker, []byte("ok\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := queue.Rebuild(h.ctx(), h.pool, failed.ID, queue.PriorityNormal); err != nil || n != 1 {
+		t.Fatalf("Rebuild = %d, %v", n, err)
+	}
+	built := h.waitStatus(drv, status.JobSucceeded)
+	if built.Attempt != 2 {
+		t.Fatalf("%v: want built at attempt 2", built)
+	}
+	want := []string{
+		"1 builder-1 failed " + queue.AttemptLogKey(drv, 1),
+		"2 builder-1 succeeded " + queue.AttemptLogKey(drv, 2),
+	}
+	if got := h.attempts(built.ID); !slices.Equal(got, want) {
+		t.Fatalf("attempts %q, want %q", got, want)
+	}
+	for key, says := range map[string]string{
+		queue.AttemptLogKey(drv, 1): "this attempt says fail",
+		queue.AttemptLogKey(drv, 2): "this attempt says ok",
+		queue.LogKey(drv):           "this attempt says ok",
+	} {
+		if log := h.buildLogAt(key); !strings.Contains(log, says) {
+			t.Errorf("served log %s %q lacks %q", key, log, says)
+		}
 	}
 }
 

@@ -402,11 +402,34 @@ func (h *harness) get(p string) (int, string) {
 // buildLog fetches drv's build log from the cache, failing the test unless it is served.
 func (h *harness) buildLog(drv string) string {
 	h.t.Helper()
-	code, body := h.get("log/" + path.Base(drv))
+	return h.buildLogAt("log/" + path.Base(drv))
+}
+
+// buildLogAt fetches the log at blob key key ("log/…") from the cache, failing the test
+// unless it is served.
+func (h *harness) buildLogAt(key string) string {
+	h.t.Helper()
+	code, body := h.get(key)
 	if code != http.StatusOK {
-		h.t.Fatalf("GET /log/%s: %d %s", path.Base(drv), code, body)
+		h.t.Fatalf("GET /%s: %d %s", key, code, body)
 	}
 	return body
+}
+
+// attempts lists job id's recorded attempts as "<attempt> <node> <status> <log key>".
+func (h *harness) attempts(id int64) []string {
+	h.t.Helper()
+	rows, err := h.pool.Query(context.Background(), `
+SELECT attempt || ' ' || COALESCE(node, '') || ' ' || status || ' ' || COALESCE(log_key, '')
+FROM build_attempts WHERE job_id = $1 ORDER BY attempt`, id)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return got
 }
 
 // narInfo fetches the narinfo of a store path: its status and body.

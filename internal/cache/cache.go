@@ -8,7 +8,8 @@
 //	/<hash>.ls          blob <hash>.ls
 //	/nar/<file>         blob nar/<file>       <file> must form a blob.ValidKey, else 400
 //	/log/<drv>          blob log/<drv>        stored zstd-compressed; decompressed unless the
-//	                                          client accepts zstd
+//	                                          client accepts zstd; the latest attempt's log
+//	/log/<drv>.<n>      blob log/<drv>.<n>    the same, attempt n's own log
 //
 // The .drv files evaluators publish are kept in PostgreSQL (blob.Derivations, when
 // Config.Derivations is set): a narinfo is looked up there first, then in the blob store, and

@@ -372,6 +372,20 @@ func TestLogDecompression(t *testing.T) {
 		}
 	}
 
+	// Each attempt's own log is served beside the latest, by the same rules.
+	put(t, store, kLog+".1", zstdCompress(t, []byte("the first attempt failed\n")))
+	if r := do(t, "GET", srv.URL+"/"+kLog+".1", nil); r.status != 200 || string(r.body) != "the first attempt failed\n" {
+		t.Errorf("attempt 1's log: status %d, body %q", r.status, trunc(r.body))
+	}
+	if r := do(t, "GET", srv.URL+"/"+kLog, nil); r.status != 200 || string(r.body) != logText {
+		t.Errorf("the latest log beside an attempt's: status %d, body %q", r.status, trunc(r.body))
+	}
+	for p, want := range map[string]int{kLog + ".2": http.StatusNotFound, kLog + ".0": http.StatusBadRequest, kLog + ".x": http.StatusBadRequest} {
+		if r := do(t, "GET", srv.URL+"/"+p, nil); r.status != want {
+			t.Errorf("GET /%s: status %d, want %d", p, r.status, want)
+		}
+	}
+
 	// A corrupt stored log is an error, not a 200 with garbage; the raw bytes are still
 	// served to a client that decompresses itself.
 	if r := do(t, "GET", srv.URL+"/log/"+corrupt, nil); r.status != http.StatusBadGateway {

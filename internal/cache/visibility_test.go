@@ -87,6 +87,7 @@ func TestPrivatePathsNeedAToken(t *testing.T) {
 		put(t, store, h+".narinfo", []byte("StorePath: /nix/store/"+h+"-p\n"))
 	}
 	put(t, store, "log/"+privDrv+"-p.drv", zstdCompress(t, []byte("private log\n")))
+	put(t, store, "log/"+privDrv+"-p.drv.1", zstdCompress(t, []byte("private first attempt's log\n")))
 
 	const adminToken = "admin-token-0123456789"
 	admin := httpapi.HashToken(adminToken)
@@ -171,6 +172,7 @@ func TestPrivatePathsNeedAToken(t *testing.T) {
 			{"/" + privOut + ".narinfo", "/" + miss32 + ".narinfo"},
 			{"/" + privDrv + ".narinfo", "/" + miss32 + ".narinfo"},
 			{"/log/" + privDrv + "-p.drv", "/log/" + miss32 + "-p.drv"},
+			{"/log/" + privDrv + "-p.drv.1", "/log/" + miss32 + "-p.drv.1"},
 		}
 		for _, c := range callers {
 			for _, p := range private {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -61,6 +62,22 @@ func newJobCmd(g *globalFlags) *cobra.Command {
 				row("error", j.ErrorMessage)
 				if j.LogURL != "" {
 					row("log", "/"+j.LogURL)
+				}
+				for _, a := range j.Attempts {
+					v := string(a.Status)
+					if a.Node != "" {
+						v += " on " + a.Node
+					}
+					if a.StartedAt != nil {
+						v += " in " + a.FinishedAt.Sub(*a.StartedAt).Round(time.Millisecond).String()
+					}
+					if a.Error != "" {
+						v += ": " + strings.SplitN(a.Error, "\n", 2)[0]
+					}
+					if a.LogKey != "" {
+						v += " (/" + a.LogKey + ")"
+					}
+					row("attempt "+strconv.Itoa(a.Attempt), v)
 				}
 				return tw.Flush()
 			})

@@ -49,7 +49,7 @@ REVOKE ALL ON FUNCTION claim_jobs(TEXT[], TEXT[], TEXT, INT, INT)
          harmonia_builder;
 
 REVOKE ALL ON schema_migrations, derivations, derivation_outputs, derivation_inputs, repositories,
-    projects, evaluations, eval_attrs, build_jobs, build_log_tails, nodes, leaders,
+    projects, evaluations, eval_attrs, build_jobs, build_attempts, build_log_tails, nodes, leaders,
     maintenance_runs, signing_keys, webhook_deliveries, gc_runs, gc_requests, drv_objects, node_grants, cache_tokens,
     repository_credentials
     FROM harmonia_node, harmonia_frontend, harmonia_evaluator, harmonia_signer, harmonia_cache,
@@ -69,7 +69,7 @@ $$;
 -- ===== Every node =====
 
 GRANT SELECT ON schema_migrations, derivations, derivation_outputs, derivation_inputs, repositories,
-    projects, evaluations, eval_attrs, build_jobs, build_log_tails, nodes, leaders,
+    projects, evaluations, eval_attrs, build_jobs, build_attempts, build_log_tails, nodes, leaders,
     maintenance_runs, signing_keys, webhook_deliveries, gc_runs, gc_requests, drv_objects, node_grants,
     cache_tokens -- sha256 of random tokens: reading them gives no token
     TO harmonia_node;
@@ -145,6 +145,8 @@ GRANT UPDATE (nar_hash, nar_size, quarantined, nonrepro_nar_hash) ON derivation_
 GRANT INSERT, UPDATE (last_seen) ON signing_keys TO harmonia_signer;
 GRANT DELETE ON evaluations, derivations, webhook_deliveries, gc_requests TO harmonia_signer;
 GRANT INSERT, UPDATE, DELETE ON gc_runs TO harmonia_signer;
+-- Attempts are written by the owner's trigger (migration 0026); the GC expires their logs.
+GRANT UPDATE (log_key) ON build_attempts TO harmonia_signer;
 -- The .drv objects of the cache: written by the signer's publish, deleted by the GC.
 GRANT INSERT, DELETE ON drv_objects TO harmonia_signer;
 GRANT INSERT ON maintenance_runs TO harmonia_signer;

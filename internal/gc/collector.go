@@ -212,6 +212,7 @@ func (c *Collector) databaseStep(ctx context.Context, tx pgx.Tx, rep *Report) er
 		}
 		return nil
 	}
+	var attemptLogs int64
 	steps := []struct {
 		what string
 		n    *int64
@@ -225,6 +226,7 @@ func (c *Collector) databaseStep(ctx context.Context, tx pgx.Tx, rep *Report) er
 		{"delete unneeded jobs", &rep.Jobs, sqlDeleteJobs, nil},
 		{"delete unneeded derivations", &rep.Derivations, sqlDeleteDerivations, nil},
 		{"expire logs", &rep.LogsExpired, sqlExpireLogs, []any{seconds(c.cfg.LogRetention)}},
+		{"expire attempt logs", &attemptLogs, sqlExpireAttemptLogs, []any{seconds(c.cfg.LogRetention)}},
 		{"delete webhook deliveries", &rep.Deliveries, sqlDeleteDeliveries, []any{seconds(c.cfg.LogRetention)}},
 	}
 	for _, s := range steps {
@@ -232,6 +234,7 @@ func (c *Collector) databaseStep(ctx context.Context, tx pgx.Tx, rep *Report) er
 			return err
 		}
 	}
+	rep.LogsExpired += attemptLogs
 	return nil
 }
 
@@ -388,14 +391,14 @@ func (c *Collector) round(ctx context.Context, rep *Report, live *liveSet, t0 ti
 			return fmt.Errorf("recheck unpublished paths: %w", err)
 		}
 	}
-	var logDrvs []string
+	var logBases []string
 	for _, ob := range cands {
 		if base, ok := strings.CutPrefix(ob.key, "log/"); ok {
-			logDrvs = append(logDrvs, "/nix/store/"+base)
+			logBases = append(logBases, base)
 		}
 	}
-	if len(logDrvs) > 0 {
-		kept, err := collectStrings(c.pool.Query(ctx, sqlLiveLogsOf, logDrvs, seconds(c.cfg.LogRetention)))
+	if len(logBases) > 0 {
+		kept, err := collectStrings(c.pool.Query(ctx, sqlLiveLogsOf, logBases, seconds(c.cfg.LogRetention)))
 		if err != nil {
 			return fmt.Errorf("recheck logs: %w", err)
 		}

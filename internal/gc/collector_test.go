@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -287,6 +288,19 @@ func (w *world) twoEvaluations() scenario {
 	w.publishDrv(expDrv)
 	w.publish(expOut, "")
 
+	// The new evaluation's build took two attempts, each with its own log: the first ended past
+	// log retention, the second within it. An attempt's log that no attempt names is garbage.
+	w.attempt(newDrv, 1, day(40))
+	w.attempt(newDrv, 2, day(1))
+	w.put(logKey(newDrv)+".3", []byte("a log of no attempt"))
+	// A build running its second attempt may upload that attempt's log before the attempt ends.
+	runDrv, _ := w.derivation("running", day(1), nil)
+	w.attempt(runDrv, 1, day(40))
+	_, err := w.pool.Exec(w.ctx, `UPDATE build_jobs SET status = 'building', claimed_by = 'b', attempt = 2, finished_at = NULL
+		WHERE drv_path = $1`, runDrv)
+	w.must(err)
+	w.put(logKey(runDrv)+".2", []byte("the running attempt's log"))
+
 	s.oldDrv, s.oldOut, s.sharedDrv = oldDrv, oldOut, sharedDrv
 	s.oldEval = w.evaluation("old", day(100), oldDrv, sharedDrv)
 	s.newEval = w.evaluation("new", day(1), newDrv, sharedDrv, expDrv)
@@ -299,14 +313,26 @@ func (w *world) twoEvaluations() scenario {
 	for _, p := range []string{src, sharedDrv, sharedOut, deep, runtime, newDrv, newOut, expDrv, expOut} {
 		s.kept = append(s.kept, w.objects(p)...)
 	}
-	s.kept = append(s.kept, hashOf(newOut)+".ls", logKey(newDrv), "nix-cache-info")
+	s.kept = append(s.kept, hashOf(newOut)+".ls", logKey(newDrv), logKey(newDrv)+".2", logKey(runDrv), logKey(runDrv)+".2",
+		"nix-cache-info")
 	for _, p := range []string{oldDrv, oldOut, junk} {
 		s.gone = append(s.gone, w.objects(p)...)
 	}
 	// The shared build is kept, but it was built 100 days ago: its log is past log retention.
 	s.gone = append(s.gone, hashOf(oldOut)+".ls", logKey(oldDrv), logKey(expDrv), logKey(sharedDrv),
-		"realisations/"+hashOf(oldDrv)+"!out.doi")
+		"realisations/"+hashOf(oldDrv)+"!out.doi", logKey(newDrv)+".1", logKey(newDrv)+".3", logKey(runDrv)+".1")
 	return s
+}
+
+// attempt records attempt n of drv's job, failed age ago with its own log.
+func (w *world) attempt(drv string, n int, age time.Duration) {
+	w.t.Helper()
+	key := logKey(drv) + "." + strconv.Itoa(n)
+	_, err := w.pool.Exec(w.ctx, `INSERT INTO build_attempts (job_id, attempt, node, started_at, finished_at, status, log_key)
+		SELECT id, $2, 'b', now() - $3 * interval '1 second', now() - $3 * interval '1 second', 'failed', $4
+		FROM build_jobs WHERE drv_path = $1`, drv, n, age.Seconds(), key)
+	w.must(err)
+	w.put(key, []byte(fmt.Sprintf("attempt %d of %s", n, drv)))
 }
 
 // addYoung writes unreferenced objects after the others are old: the grace period keeps them.
@@ -367,8 +393,9 @@ func TestCollectKeepsTheLiveAndDeletesTheRest(t *testing.T) {
 			if got := rep.Objects().Objects; got != int64(len(s.gone)) {
 				t.Errorf("reported %d objects deleted, want %d", got, len(s.gone))
 			}
-			if rep.Evaluations != 1 || rep.Jobs != 1 || rep.Derivations != 1 || rep.LogsExpired != 2 {
-				t.Errorf("database step: %+v; want 1 evaluation, 1 job, 1 derivation, 2 logs", rep)
+			// Logs: two jobs' and two attempts'.
+			if rep.Evaluations != 1 || rep.Jobs != 1 || rep.Derivations != 1 || rep.LogsExpired != 4 {
+				t.Errorf("database step: %+v; want 1 evaluation, 1 job, 1 derivation, 4 logs", rep)
 			}
 			var left []int64
 			rows, err := w.pool.Query(w.ctx, `SELECT id FROM evaluations ORDER BY id`)

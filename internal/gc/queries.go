@@ -75,6 +75,11 @@ WHERE NOT EXISTS (SELECT 1 FROM gc_live l WHERE l.drv_path = d.drv_path)
 UPDATE build_jobs SET log_url = NULL
 WHERE log_url IS NOT NULL AND finished_at < now() - $1 * interval '1 second'`
 
+	// Each attempt's own log expires with the log retention too, counted with the jobs' logs.
+	sqlExpireAttemptLogs = `
+UPDATE build_attempts SET log_key = NULL
+WHERE log_key IS NOT NULL AND finished_at < now() - $1 * interval '1 second'`
+
 	// Webhook deliveries are remembered only to make forge retries no-ops; forges retry for
 	// hours, not for the log retention.
 	sqlDeleteDeliveries = `DELETE FROM webhook_deliveries WHERE received_at < now() - $1 * interval '1 second'`
@@ -113,12 +118,29 @@ WHERE nar_hash IS NOT NULL AND substring(output_path FROM 12 FOR 32) = ANY($1)`
 	// within log retention $1.
 	sqlLiveLogs = `
 SELECT substring(drv_path FROM 12) FROM build_jobs
-WHERE finished_at IS NULL OR finished_at >= now() - $1 * interval '1 second'`
+WHERE finished_at IS NULL OR finished_at >= now() - $1 * interval '1 second'
+UNION ALL
+SELECT substring(drv_path FROM 12) || '.' || attempt FROM build_jobs
+WHERE status IN ('building', 'uploading')
+UNION ALL
+SELECT substring(log_key FROM 5) FROM build_attempts
+WHERE log_key IS NOT NULL AND finished_at >= now() - $1 * interval '1 second'`
 
-	// Which of the derivations $1 have a live log now (the recheck).
+	// Which of the logs $1 (basenames: <drv> for the latest, <drv>.<attempt> for an attempt's)
+	// are live now (the recheck): a job's latest log, the log of an attempt that is running,
+	// or of one that ended within the retention.
 	sqlLiveLogsOf = `
 SELECT substring(drv_path FROM 12) FROM build_jobs
-WHERE drv_path = ANY($1) AND (finished_at IS NULL OR finished_at >= now() - $2 * interval '1 second')`
+WHERE drv_path = ANY(ARRAY(SELECT '/nix/store/' || b FROM unnest($1::text[]) AS t(b)))
+  AND (finished_at IS NULL OR finished_at >= now() - $2 * interval '1 second')
+UNION ALL
+SELECT substring(drv_path FROM 12) || '.' || attempt FROM build_jobs
+WHERE status IN ('building', 'uploading')
+  AND substring(drv_path FROM 12) || '.' || attempt = ANY($1)
+UNION ALL
+SELECT substring(log_key FROM 5) FROM build_attempts
+WHERE log_key = ANY(ARRAY(SELECT 'log/' || b FROM unnest($1::text[]) AS t(b)))
+  AND finished_at >= now() - $2 * interval '1 second'`
 )
 
 // The record of runs and requests.

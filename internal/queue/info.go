@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -33,6 +35,19 @@ type JobInfo struct {
 	ErrorMessage string           `json:"error,omitempty"`
 	LogURL       string           `json:"log_url,omitempty"`
 	CreatedAt    time.Time        `json:"created_at"`
+	Attempts     []AttemptInfo    `json:"attempts"` // the ended ones, the first first
+}
+
+// AttemptInfo is one ended claim of a job (build_attempts).
+type AttemptInfo struct {
+	Attempt    int                  `json:"attempt"`
+	Node       string               `json:"node,omitempty"`
+	StartedAt  *time.Time           `json:"started_at,omitempty"`
+	FinishedAt time.Time            `json:"finished_at"`
+	Status     status.AttemptStatus `json:"status"`
+	ExitCode   *int                 `json:"exit_code,omitempty"`
+	Error      string               `json:"error,omitempty"`
+	LogKey     string               `json:"log_key,omitempty"`
 }
 
 // GetJob returns job id, or an error wrapping ErrNotFound.
@@ -47,5 +62,22 @@ func GetJob(ctx context.Context, q db.DBTX, id int64) (JobInfo, error) {
 	if err != nil {
 		return j, fmt.Errorf("get job %d: %w", id, err)
 	}
+	rows, err := q.Query(ctx, sqlJobAttempts, id)
+	if err == nil {
+		j.Attempts, err = pgx.CollectRows(rows, pgx.RowToStructByPos[AttemptInfo])
+	}
+	if err != nil {
+		return j, fmt.Errorf("get the attempts of job %d: %w", id, err)
+	}
 	return j, nil
+}
+
+// LogKey is the blob key of a derivation's latest log, what `nix log` and the cache's
+// /log/<drv> read.
+func LogKey(drvPath string) string { return "log/" + path.Base(drvPath) }
+
+// AttemptLogKey is the blob key of one attempt's own log, which later attempts do not
+// overwrite; the cache serves it as /log/<drv>.<attempt>.
+func AttemptLogKey(drvPath string, attempt int) string {
+	return LogKey(drvPath) + "." + strconv.Itoa(attempt)
 }

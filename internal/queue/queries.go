@@ -344,3 +344,9 @@ SELECT bj.id, bj.drv_path, COALESCE(p.name, ''), bj.system, bj.status, bj.priori
        COALESCE(bj.log_url, ''), bj.created_at
 FROM build_jobs bj LEFT JOIN projects p ON p.id = bj.project_id
 WHERE bj.id = $1`
+
+// The ended attempts of job $1, the first first.
+const sqlJobAttempts = `
+SELECT attempt, COALESCE(node, ''), started_at, finished_at, status, exit_code, COALESCE(error, ''),
+       COALESCE(log_key, '')
+FROM build_attempts WHERE job_id = $1 ORDER BY attempt`

@@ -46,8 +46,14 @@ type jobFacts struct {
 
 func (f jobFacts) drvBase() string { return path.Base(f.drvPath) }
 
-// logKey is the one log key the job's claim may write.
-func (f jobFacts) logKey() string { return "log/" + f.drvBase() }
+// logKey is the job's latest log, which every claim of it may write; attemptLogKey is the
+// claim's own, the only other log key it may write.
+func (f jobFacts) logKey() string { return queue.LogKey(f.drvPath) }
+
+func (f jobFacts) attemptLogKey() string { return queue.AttemptLogKey(f.drvPath, f.claim.Attempt) }
+
+// mayWriteLog reports whether key is one of the logs the job's claim may write.
+func (f jobFacts) mayWriteLog(key string) bool { return key == f.logKey() || key == f.attemptLogKey() }
 
 func staleClaim(c queue.Claim) error {
 	return httpapi.Errorf(http.StatusConflict, "job %d is not in building/uploading for node %s attempt %d", c.JobID, c.NodeID, c.Attempt)
@@ -247,8 +253,8 @@ func (s *Server) handleUploadSlots(ctx context.Context, id nodetoken.Identity, b
 
 // logSlot presigns the upload of the job's log, at the one key its claim may write.
 func (s *Server) logSlot(ctx context.Context, f jobFacts, l signerapi.LogUpload) (*signerapi.Upload, error) {
-	if l.Key != f.logKey() {
-		return nil, badRequest("log.key: %q, but the job's log is %s", l.Key, f.logKey())
+	if !f.mayWriteLog(l.Key) {
+		return nil, badRequest("log.key: %q, but the job's logs are %s and %s", l.Key, f.logKey(), f.attemptLogKey())
 	}
 	if l.Size < 0 {
 		return nil, badRequest("log.size: must not be negative, got %d", l.Size)
@@ -301,8 +307,8 @@ func (s *Server) handleBuildComplete(ctx context.Context, id nodetoken.Identity,
 	if err := checkJobOutputs(f, outs, true); err != nil {
 		return nil, err
 	}
-	if req.LogKey != "" && req.LogKey != f.logKey() {
-		return nil, badRequest("log_key: %q, but the job's log is %s", req.LogKey, f.logKey())
+	if req.LogKey != "" && !f.mayWriteLog(req.LogKey) {
+		return nil, badRequest("log_key: %q, but the job's logs are %s and %s", req.LogKey, f.logKey(), f.attemptLogKey())
 	}
 	ref, err := s.unservedReference(ctx, blob.NewDerivations(pub.Conn()), outs, f.inputs)
 	if err != nil {

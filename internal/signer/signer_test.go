@@ -697,12 +697,16 @@ func happyPath(t *testing.T, e *env) {
 	hj := e.claim(t, "builder-1", "hello")
 	hello := built(t, outPath("hello"), "#!/bin/sh\necho hello\n",
 		dep.path(), runtime.path(), outPath("hello"))
+	// As a builder sends it: the log at the derivation's latest key alone, then at the
+	// attempt's own key with the outputs, which build-complete records.
 	logBody := []byte("building hello\ndone\n")
-	slots := e.upload(t, tok, signerapi.UploadSlotsRequest{Job: jobClaim(hj), Log: logUpload(logKey("hello"), logBody)}, logBody, hello)
+	helloAttempt := queue.AttemptLogKey(hj.DrvPath, hj.Attempt)
+	e.upload(t, tok, signerapi.UploadSlotsRequest{Job: jobClaim(hj), Log: logUpload(logKey("hello"), logBody)}, logBody)
+	slots := e.upload(t, tok, signerapi.UploadSlotsRequest{Job: jobClaim(hj), Log: logUpload(helloAttempt, logBody)}, logBody, hello)
 	if slots.Outputs[0].Skipped {
 		t.Fatal("the first upload-slots skipped the output")
 	}
-	e.mustPost(t, "/api/build-complete", tok, complete(hj, logKey("hello"), hello), &resp)
+	e.mustPost(t, "/api/build-complete", tok, complete(hj, helloAttempt, hello), &resp)
 	if resp != (signerapi.BuildCompleteResponse{Written: 1}) {
 		t.Fatalf("build-complete of hello answered %+v", resp)
 	}
@@ -713,20 +717,32 @@ func happyPath(t *testing.T, e *env) {
 		obj  object
 		refs []string
 		log  []byte
+		key  string // the log build-complete recorded
 	}{
-		{"dep", dj, dep, []string{runtime.path()}, []byte("dep log")},
-		{"hello", hj, hello, []string{dep.path(), runtime.path(), hello.path()}, logBody},
+		{"dep", dj, dep, []string{runtime.path()}, []byte("dep log"), logKey("dep")},
+		{"hello", hj, hello, []string{dep.path(), runtime.path(), hello.path()}, logBody, helloAttempt},
 	} {
 		if s := jobStatus(t, e.pool, c.name); s != status.JobSucceeded {
 			t.Fatalf("%s is %s, want succeeded", c.name, s)
 		}
 		// The signer names the job's derivation as deriver: the request left it empty.
 		e.checkNarInfo(t, c.obj, c.refs, drvBase(c.name), "")
-		if got := e.logURL(t, c.job); got != logKey(c.name) {
-			t.Fatalf("%s: log_url = %q, want %s", c.name, got, logKey(c.name))
+		if got := e.logURL(t, c.job); got != c.key {
+			t.Fatalf("%s: log_url = %q, want %s", c.name, got, c.key)
 		}
-		if got, ok := e.read(t, logKey(c.name)); !ok || !bytes.Equal(got, c.log) {
-			t.Fatalf("%s: the stored log is %q, want %q", c.name, got, c.log)
+		for _, k := range []string{logKey(c.name), c.key} {
+			if got, ok := e.read(t, k); !ok || !bytes.Equal(got, c.log) {
+				t.Fatalf("%s: the stored log %s is %q, want %q", c.name, k, got, c.log)
+			}
+		}
+		// The attempt is recorded with its own log, when it sent one.
+		var attemptLog *string
+		if err := e.pool.QueryRow(ctx(t), `SELECT log_key FROM build_attempts WHERE job_id = $1 AND attempt = $2`,
+			c.job.ID, c.job.Attempt).Scan(&attemptLog); err != nil {
+			t.Fatalf("%s: its attempt: %v", c.name, err)
+		}
+		if want := c.key != logKey(c.name); (attemptLog != nil) != want || (want && *attemptLog != c.key) {
+			t.Fatalf("%s: the attempt's log_key = %v, want %q", c.name, attemptLog, c.key)
 		}
 		if h := e.outputHash(t, c.name); h == nil || *h != c.obj.out.NarHash {
 			t.Fatalf("%s: derivation_outputs.nar_hash = %v, want %s", c.name, h, c.obj.out.NarHash)
@@ -992,6 +1008,18 @@ func TestLogOnlySlots(t *testing.T) {
 	}
 	if got, ok := e.read(t, logKey("failed")); !ok || !bytes.Equal(got, body) {
 		t.Fatalf("the log is %q in the store, want %q", got, body)
+	}
+	// The claim's own attempt key is granted too, not another attempt's.
+	own := queue.AttemptLogKey(j.DrvPath, j.Attempt)
+	e.upload(t, e.builder(t, "builder-1"), signerapi.UploadSlotsRequest{Job: jobClaim(j), Log: logUpload(own, body)}, body)
+	if got, ok := e.read(t, own); !ok || !bytes.Equal(got, body) {
+		t.Fatalf("the attempt's log is %q in the store, want %q", got, body)
+	}
+	for _, key := range []string{queue.AttemptLogKey(j.DrvPath, j.Attempt+1), queue.AttemptLogKey(j.DrvPath, j.Attempt-1), logKey("failed") + ".x"} {
+		code, resp := e.post(t, "/api/upload-slots", e.builder(t, "builder-1"), signerapi.UploadSlotsRequest{Job: jobClaim(j), Log: logUpload(key, body)}, nil)
+		if code != http.StatusBadRequest || !strings.Contains(resp, "log.key") {
+			t.Fatalf("upload-slots of log %s: %d %s, want 400 naming log.key", key, code, resp)
+		}
 	}
 	// Uploading a log writes no narinfo and finishes nothing: the worker records the failure.
 	if s := jobStatus(t, e.pool, "failed"); s != status.JobBuilding {

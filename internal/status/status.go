@@ -1,5 +1,5 @@
 // Package status owns the words the database stores for the state of a build job, an
-// evaluation, a node and a garbage collection run: one typed constant per word, and the sets
+// evaluation, a node, a garbage collection run and a build attempt: one typed constant per word, and the sets
 // of them (unfinished, terminal) that code tests against, so that no package spells a status or
 // a set by hand. The schema's CHECK constraints allow exactly these words; the package's test
 // holds the two equal.
@@ -115,3 +115,23 @@ const (
 
 // AllGCRuns returns every garbage collection run status.
 func AllGCRuns() []GCRunStatus { return []GCRunStatus{GCRunning, GCSucceeded, GCFailed} }
+
+// AttemptStatus is how one claim of a job ended (build_attempts.status).
+type AttemptStatus string
+
+// Attempt statuses. An attempt is recorded when it ends; a running one has no row yet.
+const (
+	AttemptSucceeded   AttemptStatus = "succeeded"   // its outputs were published
+	AttemptFailed      AttemptStatus = "failed"      // its build failed for good
+	AttemptCancelled   AttemptStatus = "cancelled"   // the job was cancelled while it ran
+	AttemptRetried     AttemptStatus = "retried"     // it failed transiently; the job went back to the queue
+	AttemptInterrupted AttemptStatus = "interrupted" // its claim was given back or its node lost, with no result
+)
+
+// AllAttempts returns every attempt status.
+func AllAttempts() []AttemptStatus {
+	return []AttemptStatus{AttemptSucceeded, AttemptFailed, AttemptCancelled, AttemptRetried, AttemptInterrupted}
+}
+
+// Failed reports whether the attempt's build failed, for good or transiently.
+func (s AttemptStatus) Failed() bool { return s == AttemptFailed || s == AttemptRetried }

@@ -54,6 +54,7 @@ func TestAllListsEveryConstant(t *testing.T) {
 		{"EvalStatus", strs(status.AllEvals())},
 		{"NodeStatus", strs(status.AllNodes())},
 		{"GCRunStatus", strs(status.AllGCRuns())},
+		{"AttemptStatus", strs(status.AllAttempts())},
 	}
 	if len(declared) != len(tests) {
 		t.Errorf("status.go declares constants of %d types, the test knows %d", len(declared), len(tests))
@@ -96,6 +97,7 @@ func TestSetsMatchSchema(t *testing.T) {
 		{"evaluations", "evaluations", regexp.MustCompile(`\(status = ANY \(ARRAY\[([^\]]*)\]\)\)`), strs(status.AllEvals())},
 		{"nodes", "nodes", regexp.MustCompile(`\(status = ANY \(ARRAY\[([^\]]*)\]\)\)`), strs(status.AllNodes())},
 		{"gc runs", "gc_runs", regexp.MustCompile(`\(status = ANY \(ARRAY\[([^\]]*)\]\)\)`), strs(status.AllGCRuns())},
+		{"attempts", "build_attempts", regexp.MustCompile(`\(status = ANY \(ARRAY\[([^\]]*)\]\)\)`), strs(status.AllAttempts())},
 	}
 	word := regexp.MustCompile(`'([^']*)'::text`)
 	for _, tt := range tests {

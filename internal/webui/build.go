@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/url"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -47,6 +48,23 @@ type BuildJob struct {
 	CreatedAt                        time.Time
 	Project                          string // the project the job was queued for; "" if none
 }
+
+// BuildAttempt is one claim of a build: a tab of its page.
+type BuildAttempt struct {
+	N                     int
+	Node                  string
+	StartedAt, FinishedAt *time.Time
+	// Status is how the attempt ended (a status.AttemptStatus word), or the job's status for
+	// the attempt under way or queued, which has no record yet.
+	Status   string
+	ExitCode *int
+	Error    string
+	LogKey   string // its own log's blob key; "" when it has none (or it expired)
+	Current  bool   // the job's latest attempt: its log is the build's log
+}
+
+// Href is the tab's link.
+func (a BuildAttempt) Href() string { return fmt.Sprintf("?attempt=%d#attempts", a.N) }
 
 // BuildEval is an evaluation that has the build's derivation as an attribute.
 type BuildEval struct {
@@ -104,6 +122,12 @@ type BuildPage struct {
 	Dependents  []BuildDependent
 	Outputs     []BuildOutput
 	Log         LogView
+	// Tries are the build's attempts, the first first, and Shown the one whose log Log is.
+	// FirstFailed is the attempt whose failure the failed build still stands on (later
+	// evaluations reuse the failure without building again); nil unless the build failed.
+	Tries       []BuildAttempt
+	Shown       int
+	FirstFailed *BuildAttempt
 }
 
 // Attempts is the job's "n/3", or just "n" past the retry limit (manual rebuilds keep counting).
@@ -202,10 +226,98 @@ func (u *UI) buildPage(r *http.Request, logCtx context.Context) (string, Page, e
 		return "", Page{}, fmt.Errorf("outputs of build %d: %w", id, err)
 	}
 
+	if err := u.readAttempts(ctx, r, &p); err != nil {
+		return "", Page{}, err
+	}
+
 	lctx, cancel := context.WithTimeout(logCtx, logFetchTimeout)
 	defer cancel()
-	p.Log = u.logView(lctx, *j)
+	if shown := p.ShownAttempt(); shown != nil && !shown.Current {
+		p.Log = u.attemptLogView(lctx, *j, *shown)
+	} else {
+		p.Log = u.logView(lctx, *j)
+	}
 	return "build", Page{Title: fmt.Sprintf("%s · build %d", j.Name, j.ID), Data: p}, nil
+}
+
+// readAttempts reads the build's attempts into p, with the attempt the page shows (?attempt=N,
+// else the latest) and, for a failed build, the attempt that failed first.
+func (u *UI) readAttempts(ctx context.Context, r *http.Request, p *BuildPage) error {
+	j := &p.Job
+	rows, err := u.cfg.Pool.Query(ctx, sqlBuildAttempts, j.ID)
+	if err != nil {
+		return fmt.Errorf("attempts of build %d: %w", j.ID, err)
+	}
+	var a BuildAttempt
+	var st status.AttemptStatus
+	if _, err := pgx.ForEachRow(rows, []any{&a.N, &a.Node, &a.StartedAt, &a.FinishedAt, &st, &a.ExitCode, &a.Error, &a.LogKey}, func() error {
+		a.Status = string(st)
+		p.Tries = append(p.Tries, a)
+		a = BuildAttempt{} // fresh pointers for the next row's scan
+		return nil
+	}); err != nil {
+		return fmt.Errorf("attempts of build %d: %w", j.ID, err)
+	}
+	switch {
+	case j.Status.Claimed():
+		// The running attempt is recorded when it ends.
+		p.Tries = append(p.Tries, BuildAttempt{N: j.Attempt, Node: j.ClaimedBy, StartedAt: j.StartedAt, Status: string(j.Status)})
+	case j.Status == status.JobPending && len(p.Tries) > 0:
+		p.Tries = append(p.Tries, BuildAttempt{N: j.Attempt + 1, Status: string(j.Status)})
+	}
+	if len(p.Tries) == 0 {
+		return nil
+	}
+	p.Tries[len(p.Tries)-1].Current = true
+	p.Shown = p.Tries[len(p.Tries)-1].N
+	if n, err := strconv.Atoi(r.URL.Query().Get("attempt")); err == nil && p.attempt(n) != nil {
+		p.Shown = n
+	}
+	if j.Status == status.JobFailed {
+		// The run of failures the build ends with: a retry that failed again does not
+		// change where the failure started.
+		for i := len(p.Tries) - 1; i >= 0 && status.AttemptStatus(p.Tries[i].Status).Failed(); i-- {
+			p.FirstFailed = &p.Tries[i]
+		}
+	}
+	return nil
+}
+
+// attempt is attempt n of the page's build, or nil.
+func (p BuildPage) attempt(n int) *BuildAttempt {
+	for i := range p.Tries {
+		if p.Tries[i].N == n {
+			return &p.Tries[i]
+		}
+	}
+	return nil
+}
+
+// ShownAttempt is the attempt whose log the page shows, or nil for a build without any.
+func (p BuildPage) ShownAttempt() *BuildAttempt { return p.attempt(p.Shown) }
+
+// attemptLogView reads the end of an earlier attempt's own log.
+func (u *UI) attemptLogView(ctx context.Context, j BuildJob, a BuildAttempt) LogView {
+	v := LogView{Raw: logLocation(a.LogKey)}
+	if v.Raw == "" {
+		v.Missing = "This attempt's log was not kept: it uploaded none, or it is past retention.log_retention."
+		return v
+	}
+	tail, err := u.logSource().Archived(ctx, v.Raw, buildLogMax)
+	switch {
+	case errors.Is(err, ErrNoLog):
+		v.Raw = ""
+		v.Missing = "This attempt's log was deleted: logs are kept for retention.log_retention (30 days by default)."
+	case err != nil:
+		u.log.Warn("attempt log unavailable", "build_id", j.ID, "attempt", a.N, "error", err)
+		v.Missing = "The log could not be read from the cache right now."
+	default:
+		v.Text = tail.Text
+		if tail.Truncated {
+			v.Note = fmt.Sprintf("showing the last %s of %s", byteSize(buildLogMax), byteSize(tail.Size))
+		}
+	}
+	return v
 }
 
 // logView reads the end of job's log for its page; a log that cannot be read is a note on the
@@ -268,6 +380,9 @@ type LogSource interface {
 	// still run, the archived log once it finished. It returns an error wrapping ErrNoLog when
 	// the job or its log does not exist.
 	Tail(ctx context.Context, jobID int64, max int) (LogTail, error)
+	// Archived returns at most the last max bytes of the archived log a cache serves at loc
+	// ("/log/…"), an error wrapping ErrNoLog when it does not exist.
+	Archived(ctx context.Context, loc string, max int) (LogTail, error)
 }
 
 // LogTail is the end of a log.
@@ -311,6 +426,10 @@ func (c *cacheLogs) Tail(ctx context.Context, jobID int64, max int) (LogTail, er
 	if loc == "" {
 		return LogTail{}, fmt.Errorf("build %d: %w", jobID, ErrNoLog)
 	}
+	return c.Archived(ctx, loc, max)
+}
+
+func (c *cacheLogs) Archived(ctx context.Context, loc string, max int) (LogTail, error) {
 	rows, err := c.pool.Query(ctx, sqlCacheEndpoints)
 	if err != nil {
 		return LogTail{}, fmt.Errorf("find cache nodes: %w", err)

@@ -285,3 +285,111 @@ ON CONFLICT (drv_path, output_name) DO UPDATE SET nar_hash = 'sha256:pr', nar_si
 		t.Errorf("the page of a non-reproducible build does not say so:\n%s", body)
 	}
 }
+
+// TestBuildPageShowsEachAttempt: a build that failed transiently, then for good, then built
+// after a rebuild shows its attempts as tabs, each with its node, result and own log; while it
+// is failed it names the attempt its failure started in.
+func TestBuildPageShowsEachAttempt(t *testing.T) {
+	t.Parallel()
+	fx := newEvalFixture(t)
+	s := fx.newScenario()
+	id := s.jobs["waiting"]
+	var drv string
+	if err := fx.pool.QueryRow(fx.ctx, `SELECT drv_path FROM build_jobs WHERE id = $1`, id).Scan(&drv); err != nil {
+		t.Fatal(err)
+	}
+	name := path.Base(drv)
+	logs := map[string]string{
+		name + ".1": "attempt one ran out of memory\n",
+		name + ".2": "attempt two: boom\n",
+		name + ".3": "attempt three built it\n",
+	}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, ok := logs[strings.TrimPrefix(r.URL.Path, "/log/")]
+		if !ok {
+			http.NotFound(w, r)
+			return
+		}
+		_, _ = w.Write([]byte(body))
+	}))
+	t.Cleanup(srv.Close)
+	fx.exec(`INSERT INTO nodes (id, roles, endpoint, incarnation, status) VALUES ('c', '{cache}', $1, gen_random_uuid(), 'active')`, srv.URL)
+
+	claim := func(node string) {
+		t.Helper()
+		fx.exec(`UPDATE build_jobs SET status = 'building', claimed_by = $2, claimed_at = now(), started_at = now(),
+			attempt = attempt + 1 WHERE id = $1`, id, node)
+	}
+	// 1: a transient failure (the job goes back to the queue, keeping the attempt's start).
+	claim("node-a")
+	fx.exec(`UPDATE build_jobs SET status = 'pending', claimed_by = NULL, claimed_at = NULL, retry_count = 1,
+		exit_code = 137, error_message = 'out of memory', log_url = $2 WHERE id = $1`, id, "log/"+name+".1")
+	// 2: a permanent failure.
+	claim("node-b")
+	fx.exec(`UPDATE build_jobs SET status = 'failed', finished_at = now(), exit_code = 1, error_message = 'boom',
+		log_url = $2 WHERE id = $1`, id, "log/"+name+".2")
+
+	page := func(query string) string { return fx.get(fmt.Sprintf("/ci/proj/build/%d%s", id, query), http.StatusOK) }
+	tab := func(n int, current bool) string {
+		cur := ""
+		if current {
+			cur = ` aria-current="page"`
+		}
+		return fmt.Sprintf(`<a href="?attempt=%d#attempts"%s>Attempt %d`, n, cur, n)
+	}
+	check := func(what, body string, want, notWant []string) {
+		t.Helper()
+		for _, w := range want {
+			if !strings.Contains(body, w) {
+				t.Errorf("%s: page lacks %s", what, w)
+			}
+		}
+		for _, w := range notWant {
+			if strings.Contains(body, w) {
+				t.Errorf("%s: page has %s", what, w)
+			}
+		}
+	}
+	check("failed", page(""), []string{
+		`<nav class="tabs" id="attempts">`,
+		tab(1, false) + ` <span class="badge bad">retried</span>`,
+		tab(2, true) + ` <span class="badge bad">failed</span>`,
+		"node-a", "node-b",
+		`<dt>Failed first</dt><dd><a href="?attempt=1#attempts">attempt 1</a> on node-a`,
+		">attempt two: boom\n</pre>", `<a href="/log/` + name + `.2">raw log</a>`,
+	}, []string{"attempt one ran out of memory"})
+	check("failed, attempt 1", page("?attempt=1"), []string{
+		tab(1, true), tab(2, false),
+		`<pre class="err">out of memory</pre>`, `<dd class="mono">137</dd>`,
+		">attempt one ran out of memory\n</pre>", `<a href="/log/` + name + `.1">raw log</a>`,
+	}, []string{"attempt two: boom"})
+	// A later evaluation that needs the derivation reuses the failure: its row links to the
+	// attempt that failed first; the evaluation the failure happened in does not call it cached.
+	var later int64
+	if err := fx.pool.QueryRow(fx.ctx, `INSERT INTO evaluations (project_id, flake_url, commit_sha, branch, status)
+		SELECT project_id, flake_url, 'later', branch, 'succeeded' FROM evaluations WHERE id = $1 RETURNING id`, s.eval).Scan(&later); err != nil {
+		t.Fatal(err)
+	}
+	fx.exec(`INSERT INTO eval_attrs (eval_id, attr, drv_path) VALUES ($1, 'waiting', $2)`, later, drv)
+	cached := fmt.Sprintf(`cached failure: <a href="/ci/proj/build/%d?attempt=1#attempts">failed first in attempt 1</a>`, id)
+	check("the later evaluation", fx.get(fmt.Sprintf("/ci/proj/eval/%d", later), http.StatusOK), []string{cached}, nil)
+	check("the evaluation it failed in", fx.get(fmt.Sprintf("/ci/proj/eval/%d", s.eval), http.StatusOK), nil, []string{"cached failure"})
+
+	// An attempt that does not exist shows the latest.
+	check("failed, attempt 9", page("?attempt=9"), []string{tab(2, true), "attempt two: boom"}, nil)
+
+	// Rebuilt: queued for a third attempt, then built.
+	fx.exec(`UPDATE build_jobs SET status = 'pending', retry_count = 0, claimed_by = NULL, claimed_at = NULL,
+		started_at = NULL, finished_at = NULL, exit_code = NULL, error_message = NULL WHERE id = $1`, id)
+	check("queued again", page(""), []string{tab(2, false), tab(3, true) + ` <span class="badge wait">pending</span>`, "No output yet."},
+		[]string{"Failed first"})
+	claim("node-a")
+	check("building", page(""), []string{tab(3, true) + ` <span class="badge busy">building</span>`}, nil)
+	fx.exec(`UPDATE build_jobs SET status = 'succeeded', finished_at = now(), exit_code = 0, error_message = NULL,
+		log_url = $2 WHERE id = $1`, id, "log/"+name+".3")
+	check("succeeded", page(""), []string{
+		tab(1, false), tab(2, false), tab(3, true) + ` <span class="badge ok">succeeded</span>`,
+		">attempt three built it\n</pre>",
+	}, []string{"Failed first"})
+	check("succeeded, attempt 2", page("?attempt=2"), []string{tab(2, true), ">attempt two: boom\n</pre>"}, nil)
+}

@@ -156,6 +156,9 @@ type AttrRow struct {
 	// For a dep-failed job: the nearest failed (or cancelled) build below it, which caused it.
 	CauseID   int64
 	CauseName string
+	// For a failure that predates the evaluation (a cached failure): the attempt that failed
+	// first; 0 otherwise.
+	FirstFailed int
 }
 
 // Class is the row's badge class.

@@ -126,9 +126,9 @@ func statusClass(word string) string {
 	switch word {
 	case string(status.JobSucceeded), string(forge.StateSuccess):
 		return "ok"
-	case string(status.JobFailed), string(status.JobDepFailed), string(forge.StateFailure):
+	case string(status.JobFailed), string(status.JobDepFailed), string(forge.StateFailure), string(status.AttemptRetried):
 		return "bad"
-	case string(status.JobCancelled), string(status.EvalSkipped), string(forge.StateError):
+	case string(status.JobCancelled), string(status.EvalSkipped), string(forge.StateError), string(status.AttemptInterrupted):
 		return "off"
 	case string(status.JobBuilding), string(status.JobUploading), string(status.EvalRunning), "evaluating":
 		return "busy"

@@ -311,6 +311,9 @@ WHERE ea.eval_id = $1`
 	// (as sqlEvalTabCounts), $3 only attributes after this name (NULL: from the first), $4 only
 	// attributes of these derivations (NULL: any), $5 at most this many (NULL: all).
 	//
+	// A job that had failed before the evaluation was created is a cached failure: the row
+	// names the attempt whose failure it rests on, the first of the failures the job ends with.
+	//
 	// A dep-failed job's cause is the nearest failed (or cancelled) job below it: failure
 	// propagates up through pending jobs only, so the walk follows dep-failed jobs down. Rows
 	// are (derivation, depth) pairs, so a diamond of dependencies costs depth × jobs at most.
@@ -319,7 +322,7 @@ SELECT ea.id, p.name, ea.attr, COALESCE(ea.drv_path, ''), COALESCE(ea.error, '')
        CASE WHEN ea.drv_path IS NULL THEN 'eval error' WHEN ea.detached_at IS NOT NULL THEN 'cancelled'
             WHEN j.id IS NULL THEN 'cached' ELSE j.status END,
        COALESCE(j.claimed_by, ''), j.started_at, j.finished_at,
-       COALESCE(cause.id, 0), COALESCE(cause.name, '')
+       COALESCE(cause.id, 0), COALESCE(cause.name, ''), COALESCE(ff.attempt, 0)
 FROM eval_attrs ea
 JOIN evaluations e ON e.id = ea.eval_id
 JOIN projects p ON p.id = e.project_id
@@ -344,6 +347,14 @@ LEFT JOIN LATERAL (
     ORDER BY down.depth, down.status <> 'failed', down.id
     LIMIT 1
 ) cause ON true
+LEFT JOIN LATERAL (
+    SELECT min(a.attempt) AS attempt
+    FROM build_attempts a
+    WHERE j.status = 'failed' AND j.finished_at < e.created_at AND a.job_id = j.id
+      AND a.status IN ('failed', 'retried')
+      AND NOT EXISTS (SELECT 1 FROM build_attempts b
+                      WHERE b.job_id = a.job_id AND b.attempt > a.attempt AND b.status NOT IN ('failed', 'retried'))
+) ff ON true
 WHERE ea.eval_id = $1
   AND CASE $2::text
       WHEN 'failed' THEN ea.drv_path IS NULL OR (ea.detached_at IS NULL AND j.status IN ('failed', 'dep-failed'))
@@ -423,6 +434,12 @@ FROM derivation_outputs o WHERE o.drv_path = $1
 ORDER BY o.output_name`
 
 	// A build's log state: status, archived log key, live tail. $1 job id.
+	// The ended attempts of job $1, the first first.
+	sqlBuildAttempts = `
+SELECT attempt, COALESCE(node, ''), started_at, finished_at, status, exit_code, COALESCE(error, ''),
+       COALESCE(log_key, '')
+FROM build_attempts WHERE job_id = $1 ORDER BY attempt`
+
 	sqlBuildLogState = `
 SELECT j.status, COALESCE(j.log_url, ''), t.log_tail
 FROM build_jobs j
