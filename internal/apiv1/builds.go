@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/url"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -66,7 +65,7 @@ func (a *API) build(w http.ResponseWriter, r *http.Request) error {
 	b := Build{ID: j.ID, DrvPath: j.DrvPath, System: j.System, Status: j.Status, Priority: j.Priority,
 		Attempt: j.Attempt, RetryCount: j.RetryCount, Builder: j.ClaimedBy, CreatedAt: utc(j.CreatedAt),
 		StartedAt: utcp(j.StartedAt), FinishedAt: utcp(j.FinishedAt), ExitCode: j.ExitCode, Error: j.ErrorMessage,
-		LogURL: logLocation(j.LogURL)}
+		LogURL: blob.LogPath(j.LogURL)}
 	if err := a.cfg.Pool.QueryRow(ctx, sqlJobName, id).Scan(&b.Name); err != nil {
 		return fmt.Errorf("name of build %d: %w", id, err)
 	}
@@ -94,23 +93,6 @@ func (a *API) build(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// logLocation is where a cache node serves a finished build's log ("/" + its blob key), or ""
-// for a key that is not a plain "log/…" one.
-func logLocation(key string) string {
-	rest, ok := strings.CutPrefix(key, "log/")
-	if !ok || rest == "" {
-		return ""
-	}
-	segs := strings.Split(rest, "/")
-	for i, seg := range segs {
-		if seg == "" || seg == "." || seg == ".." || strings.ContainsAny(seg, "\\\x00\r\n") {
-			return ""
-		}
-		segs[i] = url.PathEscape(seg)
-	}
-	return "/log/" + strings.Join(segs, "/")
-}
-
 // StoreTail is the TailFunc of a node that holds the blob store: a running build's live tail
 // from the database, a finished one's log from the store (stored zstd-compressed).
 func StoreTail(pool *pgxpool.Pool, store blob.Store) TailFunc {
@@ -131,7 +113,7 @@ func StoreTail(pool *pgxpool.Pool, store blob.Store) TailFunc {
 			}
 			return tailText(live, max), nil
 		}
-		if logLocation(key) == "" {
+		if blob.LogPath(key) == "" {
 			return "", ErrNoLog
 		}
 		rc, _, err := store.Get(ctx, key)

@@ -22,6 +22,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"strings"
 	"time"
 
@@ -307,4 +308,22 @@ func narKeySum(key string) []byte {
 		return nil
 	}
 	return b
+}
+
+// LogPath is the path a cache node serves a log of blob key key under ("/" + the key, each
+// segment escaped: a store name may contain '?'), or "" for a key that is not a plain "log/…"
+// one.
+func LogPath(key string) string {
+	rest, ok := strings.CutPrefix(key, "log/")
+	if !ok || rest == "" {
+		return ""
+	}
+	segs := strings.Split(rest, "/")
+	for i, seg := range segs {
+		if seg == "" || seg == "." || seg == ".." || strings.ContainsAny(seg, "\\\x00\r\n") {
+			return ""
+		}
+		segs[i] = url.PathEscape(seg)
+	}
+	return "/log/" + strings.Join(segs, "/")
 }

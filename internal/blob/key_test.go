@@ -95,3 +95,24 @@ func TestIsNAR(t *testing.T) {
 		}
 	}
 }
+
+// A log's blob key is served by the cache under /log/: each segment escaped, anything that
+// is not a plain log key refused.
+func TestLogPath(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct{ key, want string }{
+		{"log/abc-hello.drv", "/log/abc-hello.drv"},
+		{"log/abc-hello.drv.2", "/log/abc-hello.drv.2"},
+		{"log/abc-what?.drv", "/log/abc-what%3F.drv"},
+		{"log/", ""},
+		{"nar/abc.nar.zst", ""},
+		{"log/../abc.narinfo", ""},
+		{"log/a//b", ""},
+		{"log/a\\b", ""},
+		{"", ""},
+	} {
+		if got := blob.LogPath(tt.key); got != tt.want {
+			t.Errorf("LogPath(%q) = %q, want %q", tt.key, got, tt.want)
+		}
+	}
+}

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -17,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/access"
+	"github.com/harmonia-ci/harmonia-ci/internal/blob"
 	"github.com/harmonia-ci/harmonia-ci/internal/httpapi"
 	"github.com/harmonia-ci/harmonia-ci/internal/notify"
 	"github.com/harmonia-ci/harmonia-ci/internal/status"
@@ -330,26 +330,6 @@ func (s *Server) readBuildLog(ctx context.Context, id int64) (buildLogState, err
 	return st, nil
 }
 
-// logLocation is the path the cache serves a finished build's log under ("/" + log_url), or
-// "" when log_url is missing or not a plain "log/…" blob key.
-func logLocation(logURL *string) string {
-	if logURL == nil {
-		return ""
-	}
-	rest, ok := strings.CutPrefix(*logURL, "log/")
-	if !ok || rest == "" {
-		return ""
-	}
-	segs := strings.Split(rest, "/")
-	for i, seg := range segs {
-		if seg == "" || seg == "." || seg == ".." || strings.ContainsAny(seg, "\\\x00\r\n") {
-			return ""
-		}
-		segs[i] = url.PathEscape(seg) // a store name may contain '?'
-	}
-	return "/log/" + strings.Join(segs, "/")
-}
-
 // parseDigits parses a non-negative decimal int64 made of ASCII digits only (no sign, no
 // underscores).
 func parseDigits(s string) (int64, bool) {
@@ -396,7 +376,7 @@ func (s *Server) handleBuildLog(w http.ResponseWriter, r *http.Request) error {
 			_, _ = w.Write(b.Bytes())
 			return nil
 		}
-		if loc := logLocation(st.logURL); loc != "" {
+		if loc := blob.LogPath(deref(st.logURL)); loc != "" {
 			http.Redirect(w, r, loc, http.StatusFound)
 			return nil
 		}
@@ -571,7 +551,7 @@ type endEvent struct {
 }
 
 func writeEndEvent(b *bytes.Buffer, st buildLogState) {
-	ev := endEvent{Status: st.status, LogURL: logLocation(st.logURL)}
+	ev := endEvent{Status: st.status, LogURL: blob.LogPath(deref(st.logURL))}
 	if st.errorMessage != nil {
 		ev.Error = *st.errorMessage
 	}
@@ -579,4 +559,12 @@ func writeEndEvent(b *bytes.Buffer, st buildLogState) {
 	b.WriteString("event: end\ndata: ")
 	b.Write(data)
 	b.WriteString("\n\n")
+}
+
+// deref is *s, or "" for nil.
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
 }

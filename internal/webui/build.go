@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/klauspost/compress/zstd"
 
+	"github.com/harmonia-ci/harmonia-ci/internal/blob"
 	"github.com/harmonia-ci/harmonia-ci/internal/forge"
 	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
@@ -298,7 +299,7 @@ func (p BuildPage) ShownAttempt() *BuildAttempt { return p.attempt(p.Shown) }
 
 // attemptLogView reads the end of an earlier attempt's own log.
 func (u *UI) attemptLogView(ctx context.Context, j BuildJob, a BuildAttempt) LogView {
-	v := LogView{Raw: logLocation(a.LogKey)}
+	v := LogView{Raw: blob.LogPath(a.LogKey)}
 	if v.Raw == "" {
 		v.Missing = "This attempt's log was not kept: it uploaded none, or it is past retention.log_retention."
 		return v
@@ -323,7 +324,7 @@ func (u *UI) attemptLogView(ctx context.Context, j BuildJob, a BuildAttempt) Log
 // logView reads the end of job's log for its page; a log that cannot be read is a note on the
 // page, not a failed page.
 func (u *UI) logView(ctx context.Context, j BuildJob) LogView {
-	v := LogView{Raw: logLocation(j.LogURL)}
+	v := LogView{Raw: blob.LogPath(j.LogURL)}
 	tail, err := u.logSource().Tail(ctx, j.ID, buildLogMax)
 	switch {
 	case errors.Is(err, ErrNoLog):
@@ -422,7 +423,7 @@ func (c *cacheLogs) Tail(ctx context.Context, jobID int64, max int) (LogTail, er
 		t.Live = true
 		return t, nil
 	}
-	loc := logLocation(logURL)
+	loc := blob.LogPath(logURL)
 	if loc == "" {
 		return LogTail{}, fmt.Errorf("build %d: %w", jobID, ErrNoLog)
 	}
@@ -545,23 +546,6 @@ func cleanLog(b []byte) string {
 		lines[i] = l
 	}
 	return strings.Join(lines, "\n")
-}
-
-// logLocation is the path a cache serves a finished build's log under ("/" + log_url, each
-// segment escaped), or "" when log_url is not a plain "log/…" key.
-func logLocation(logURL string) string {
-	rest, ok := strings.CutPrefix(logURL, "log/")
-	if !ok || rest == "" {
-		return ""
-	}
-	segs := strings.Split(rest, "/")
-	for i, seg := range segs {
-		if seg == "" || seg == "." || seg == ".." || strings.ContainsAny(seg, "\\\x00\r\n") {
-			return ""
-		}
-		segs[i] = url.PathEscape(seg)
-	}
-	return "/log/" + strings.Join(segs, "/")
 }
 
 // byteSize formats a size for people: "512 B", "256 KiB", "12.3 MiB".
