@@ -119,17 +119,38 @@ func nonZero(id int64) *int64 {
 	return &id
 }
 
-// evaluation is GET /api/v1/evaluations/{id}.
-func (a *API) evaluation(w http.ResponseWriter, r *http.Request) error {
-	after, err := attrCursor(r)
-	if err != nil {
-		return err
+// attrPage is a page of an evaluation's attributes: whose (a skipped evaluation reuses
+// another's, as its page shows), after which name, how many.
+type attrPage struct {
+	of    int64
+	after *string
+	limit int
+}
+
+// readEvalPage reads the evaluation of r and the page of its attributes r asks for.
+func (a *API) readEvalPage(r *http.Request) (evaluation.Evaluation, attrPage, error) {
+	var p attrPage
+	var err error
+	if p.after, err = attrCursor(r); err != nil {
+		return evaluation.Evaluation{}, p, err
 	}
-	limit, err := limitOf(r)
-	if err != nil {
-		return err
+	if p.limit, err = limitOf(r); err != nil {
+		return evaluation.Evaluation{}, p, err
 	}
 	e, err := a.readEval(r)
+	if err != nil {
+		return e, p, err
+	}
+	p.of = e.ID
+	if e.ReusesEvalID != nil {
+		p.of = *e.ReusesEvalID
+	}
+	return e, p, nil
+}
+
+// evaluation is GET /api/v1/evaluations/{id}.
+func (a *API) evaluation(w http.ResponseWriter, r *http.Request) error {
+	e, page, err := a.readEvalPage(r)
 	if err != nil {
 		return err
 	}
@@ -137,12 +158,7 @@ func (a *API) evaluation(w http.ResponseWriter, r *http.Request) error {
 	if out.Builds, err = evaluation.JobCounts(r.Context(), a.cfg.Pool, e.ID); err != nil {
 		return err
 	}
-	// A skipped evaluation reuses another's attributes, as its page shows.
-	of := e.ID
-	if e.ReusesEvalID != nil {
-		of = *e.ReusesEvalID
-	}
-	if out.Attributes, out.Next, err = a.attributes(r.Context(), of, after, false, limit); err != nil {
+	if out.Attributes, out.Next, err = a.attributes(r.Context(), page.of, page.after, false, page.limit); err != nil {
 		return err
 	}
 	httpapi.WriteJSON(w, http.StatusOK, out)
@@ -151,23 +167,11 @@ func (a *API) evaluation(w http.ResponseWriter, r *http.Request) error {
 
 // failures is GET /api/v1/evaluations/{id}/failures.
 func (a *API) failures(w http.ResponseWriter, r *http.Request) error {
-	after, err := attrCursor(r)
+	e, page, err := a.readEvalPage(r)
 	if err != nil {
 		return err
 	}
-	limit, err := limitOf(r)
-	if err != nil {
-		return err
-	}
-	e, err := a.readEval(r)
-	if err != nil {
-		return err
-	}
-	of := e.ID
-	if e.ReusesEvalID != nil {
-		of = *e.ReusesEvalID
-	}
-	as, next, err := a.attributes(r.Context(), of, after, true, limit)
+	as, next, err := a.attributes(r.Context(), page.of, page.after, true, page.limit)
 	if err != nil {
 		return err
 	}
