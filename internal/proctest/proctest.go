@@ -5,6 +5,7 @@ package proctest
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"net"
@@ -114,6 +115,12 @@ func start(t testing.TB, name string, cmd *exec.Cmd) *Proc {
 	p := &Proc{Name: name, cmd: cmd, logs: &logtest.Buffer{}, done: make(chan struct{})}
 	cmd.Stdout = p.logs
 	cmd.Stderr = p.logs
+	// A group of its own, so the cleanup also kills what it started (a git fetch outlives a
+	// killed node and would write into the test's temporary directory while it is removed).
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
+	}
+	cmd.SysProcAttr.Setpgid = true
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start %s: %v", name, err)
 	}
@@ -129,6 +136,7 @@ func start(t testing.TB, name string, cmd *exec.Cmd) *Proc {
 			_ = cmd.Process.Kill()
 			<-p.done
 		}
+		killGroup(cmd.Process.Pid)
 		if t.Failed() {
 			t.Logf("--- logs of %s ---\n%s", name, p.Logs())
 		}
@@ -235,4 +243,38 @@ func FreePort(t testing.TB) int {
 	}
 	defer ln.Close()
 	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// killGroup kills every process left in group pgid and waits (up to ten seconds) until none
+// is running. Zombies count as gone: whether they are reaped depends on the machine's init.
+func killGroup(pgid int) {
+	_ = syscall.Kill(-pgid, syscall.SIGKILL)
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) && groupRunning(pgid) {
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// groupRunning reports whether a process of group pgid is alive and not a zombie.
+func groupRunning(pgid int) bool {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return false
+	}
+	for _, e := range entries {
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid pgrp ...: comm may hold spaces, so split after its ')'.
+		i := bytes.LastIndexByte(b, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(string(b[i+1:]))
+		if len(f) >= 3 && f[2] == strconv.Itoa(pgid) && f[0] != "Z" && f[0] != "X" {
+			return true
+		}
+	}
+	return false
 }
