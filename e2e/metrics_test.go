@@ -46,6 +46,7 @@ var exposedBy = map[string][]string{
 		"harmonia_ci_leader_is_leader", "harmonia_ci_leader_elections_total", "harmonia_ci_leader_tenure_seconds",
 		"harmonia_ci_build_failures_total",
 		"harmonia_ci_signer_requests_total", "harmonia_ci_signer_narinfos_total", "harmonia_ci_signer_upload_bytes_total",
+		"harmonia_ci_builds_flaky_total",
 		"harmonia_ci_cache_requests_total", "harmonia_ci_cache_response_bytes_total",
 		"harmonia_ci_webhook_deliveries_total", "harmonia_ci_commit_status_calls_total",
 		"harmonia_ci_commit_status_call_duration_seconds",

@@ -46,6 +46,14 @@ type Build struct {
 	// event stream of a running build's log.
 	LogURL     string `json:"log_url"`
 	LiveLogURL string `json:"live_log_url"`
+	// Flaky: it succeeded after a build failure of the same derivation; Failures counts its
+	// build failures, retried or not.
+	Flaky    bool `json:"flaky"`
+	Failures int  `json:"failures"`
+	// RetryLimit is how many build failures its retry policy retries; RetryAt, while a retry
+	// waits for its backoff, when it may be claimed.
+	RetryLimit int        `json:"retry_limit"`
+	RetryAt    *time.Time `json:"retry_at"`
 }
 
 // build is GET /api/v1/builds/{id}.
@@ -65,7 +73,10 @@ func (a *API) build(w http.ResponseWriter, r *http.Request) error {
 	b := Build{ID: j.ID, DrvPath: j.DrvPath, System: j.System, Status: j.Status, Priority: j.Priority,
 		Attempt: j.Attempt, RetryCount: j.RetryCount, Builder: j.ClaimedBy, CreatedAt: utc(j.CreatedAt),
 		StartedAt: utcp(j.StartedAt), FinishedAt: utcp(j.FinishedAt), ExitCode: j.ExitCode, Error: j.ErrorMessage,
-		LogURL: blob.LogPath(j.LogURL)}
+		LogURL: blob.LogPath(j.LogURL), Flaky: j.Flaky(), Failures: j.Failures, RetryLimit: j.RetryLimit}
+	if j.Status == status.JobPending {
+		b.RetryAt = utcp(j.RetryAt)
+	}
 	if err := a.cfg.Pool.QueryRow(ctx, sqlJobName, id).Scan(&b.Name); err != nil {
 		return fmt.Errorf("name of build %d: %w", id, err)
 	}

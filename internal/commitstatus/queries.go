@@ -12,7 +12,9 @@ WHERE e.id = $1
 FOR UPDATE OF e`
 
 	// The evaluation's attributes and their build jobs (an attribute whose outputs were
-	// already cached has none: it counts as succeeded). $1 id.
+	// already cached has none: it counts as succeeded), and the flaky ones among the succeeded
+	// (a build failure of the same derivation before). A job whose build failure waits for a
+	// retry is pending: the status is not red before the retry's result. $1 id.
 	sqlAggregate = `
 WITH attrs AS (
     SELECT count(*)::int AS attrs, count(*) FILTER (WHERE error IS NOT NULL)::int AS errors
@@ -29,7 +31,8 @@ SELECT attrs.attrs, attrs.errors, count(d.drv_path)::int,
        count(*) FILTER (WHERE d.detached OR j.status = 'cancelled')::int,
        count(*) FILTER (WHERE NOT d.detached AND j.status IN ('pending', 'building', 'uploading'))::int,
        COALESCE(min(j.id) FILTER (WHERE NOT d.detached AND j.status = 'failed'),
-                min(j.id) FILTER (WHERE NOT d.detached AND j.status = 'dep-failed'), 0)
+                min(j.id) FILTER (WHERE NOT d.detached AND j.status = 'dep-failed'), 0),
+       count(*) FILTER (WHERE NOT d.detached AND j.status = 'succeeded' AND j.failures > 0)::int
 FROM attrs LEFT JOIN drvs d ON true LEFT JOIN build_jobs j ON j.drv_path = d.drv_path
 GROUP BY attrs.attrs, attrs.errors`
 

@@ -86,6 +86,8 @@ type evalState struct {
 	Total, Succeeded, Failed, Cancelled int
 	Pending                             int
 	FirstFailedJob                      int64 // 0 if none
+	// Flaky counts the succeeded builds that failed before without a change.
+	Flaky int
 	// Against the evaluation before it, once its builds are done (evaluation.Diff): attributes
 	// newly failing (new ones that fail included) and fixed.
 	NewlyFailing, NewlyFixed               int
@@ -185,8 +187,8 @@ func buildLine(s evalState, links Links, evalURL string) Line {
 	}
 }
 
-// changes is what changed against the evaluation before s, for a final description: "" or
-// " (2 newly failing, 1 fixed)".
+// changes is what changed against the evaluation before s, and its flaky builds, for a final
+// description: "" or " (2 newly failing, 1 fixed, 1 flaky)".
 func changes(s evalState) string {
 	var parts []string
 	if s.NewlyFailing > 0 {
@@ -194,6 +196,9 @@ func changes(s evalState) string {
 	}
 	if s.NewlyFixed > 0 {
 		parts = append(parts, fmt.Sprintf("%d fixed", s.NewlyFixed))
+	}
+	if s.Flaky > 0 {
+		parts = append(parts, fmt.Sprintf("%d flaky", s.Flaky))
 	}
 	if len(parts) == 0 {
 		return ""

@@ -183,6 +183,23 @@ func TestCompute(t *testing.T) {
 			wantFinal: true,
 		},
 		{
+			name: "builds complete: names the flaky ones",
+			s:    evalState{Status: status.EvalSucceeded, Attrs: 3, Total: 3, Succeeded: 3, NewlyFixed: 1, Flaky: 1},
+			want: Report{
+				Eval:  Line{forge.StateSuccess, "evaluated 3 attributes", evalURL},
+				Build: Line{forge.StateSuccess, "3/3 builds complete (1 fixed, 1 flaky)", evalURL},
+			},
+			wantFinal: true,
+		},
+		{
+			name: "a build failure waiting for its retry is pending, not red",
+			s:    evalState{Status: status.EvalSucceeded, Attrs: 2, Total: 2, Succeeded: 1, Pending: 1},
+			want: Report{
+				Eval:  Line{forge.StateSuccess, "evaluated 2 attributes", evalURL},
+				Build: Line{forge.StatePending, "1/2 builds complete", evalURL},
+			},
+		},
+		{
 			name: "builds failed without a known job: links the evaluation",
 			s:    evalState{Status: status.EvalSucceeded, Attrs: 1, Total: 1, Failed: 1},
 			want: Report{

@@ -415,7 +415,7 @@ func (r *Reporter) Transition(ctx context.Context, id int64) error {
 		}
 		// A statement of its own, so its snapshot is taken after the lock was granted.
 		err = tx.QueryRow(ctx, sqlAggregate, id).Scan(&s.Attrs, &s.AttrErrors, &s.Total, &s.Succeeded,
-			&s.Failed, &s.Cancelled, &s.Pending, &s.FirstFailedJob)
+			&s.Failed, &s.Cancelled, &s.Pending, &s.FirstFailedJob, &s.Flaky)
 		if err != nil {
 			return fmt.Errorf("aggregate builds: %w", err)
 		}

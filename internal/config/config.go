@@ -148,6 +148,12 @@ type BuildConfig struct {
 	// Cgroup is a cgroup directory (with the cpu controller) for the Nix daemons the builder
 	// starts and their builds, given a low CPU weight; "" for none.
 	Cgroup string `toml:"cgroup"`
+
+	// MaxRetries and MaxRetryBackoff cap what a project's .harmonia-ci.toml [retry] may ask
+	// for: build failures retried and the wait before each retry. Applied by evaluator nodes,
+	// which record a job's policy when an evaluation needs it. MaxRetries 0: no retries.
+	MaxRetries      int      `toml:"max_retries"`
+	MaxRetryBackoff Duration `toml:"max_retry_backoff"`
 }
 
 // ClusterConfig tunes how nodes find each other and agree on a leader.
@@ -325,6 +331,8 @@ func defaults(getenv func(string) string) *Config {
 			MinFree:           2 * sizeGiB,
 			MaxFree:           10 * sizeGiB,
 			Nice:              10,
+			MaxRetries:        3,
+			MaxRetryBackoff:   Duration{time.Hour},
 		},
 		Cluster: ClusterConfig{
 			Heartbeat: HeartbeatConfig{

@@ -170,6 +170,8 @@ max_log_size = 1048576
 nix_store = "/srv/ci/store"
 extra_sandbox_paths = ["/bin/sleep"]
 nice = 5
+max_retries = 5
+max_retry_backoff = "10m"
 
 [cluster.heartbeat]
 interval = "10s"
@@ -265,6 +267,8 @@ private_key_file = "app.pem"
 			MinFree:           2 << 30,
 			MaxFree:           10 << 30,
 			Nice:              5,
+			MaxRetries:        5,
+			MaxRetryBackoff:   d("10m"),
 		},
 		Cluster: ClusterConfig{
 			Heartbeat:      HeartbeatConfig{d("10s"), d("1m"), d("168h")},
@@ -683,6 +687,12 @@ func TestValidate(t *testing.T) {
 			[]string{"config: build.max_output_size must be positive, got 0B"}},
 		{"log size", func(c *Config) { c.Build.MaxLogSize = -5 },
 			[]string{"config: build.max_log_size must be positive, got -5B"}},
+		{"negative retries", func(c *Config) { c.Build.MaxRetries = -1 },
+			[]string{"config: build.max_retries must be between 0 and 10, got -1"}},
+		{"too many retries", func(c *Config) { c.Build.MaxRetries = 11 },
+			[]string{"config: build.max_retries must be between 0 and 10, got 11"}},
+		{"negative retry backoff", func(c *Config) { c.Build.MaxRetryBackoff = Duration{-time.Second} },
+			[]string{"config: build.max_retry_backoff must not be negative, got -1s"}},
 		{"heartbeat interval", func(c *Config) { c.Cluster.Heartbeat.Interval = d("0s") },
 			[]string{"config: cluster.heartbeat.interval must be positive, got 0s"}},
 		{"dead retention", func(c *Config) { c.Cluster.Heartbeat.DeadRetention = d("-1d") },

@@ -26,6 +26,10 @@ var (
 // MaxURLExpiry is the longest a presigned upload URL may stay valid.
 const MaxURLExpiry = time.Hour
 
+// MaxRetries is the most build.max_retries may allow: a build that fails eleven times is not
+// flaky, and each retry holds a builder.
+const MaxRetries = 10
+
 // nodeTokenProblems checks that the node token names this node and covers the roles that use it.
 func (c *Config) nodeTokenProblems(add func(key, format string, args ...any)) {
 	id, err := nodetoken.Parse(c.Auth.NodeToken)
@@ -216,6 +220,12 @@ func (c *Config) problems(from origins) []error {
 	positive("signer.url_expiry", c.Signer.URLExpiry)
 	if c.Signer.URLExpiry.Duration > MaxURLExpiry {
 		add("signer.url_expiry", "signer.url_expiry (%s) must be at most %s: a leaked upload URL is good until it expires", c.Signer.URLExpiry, Duration{MaxURLExpiry})
+	}
+	if c.Build.MaxRetries < 0 || c.Build.MaxRetries > MaxRetries {
+		add("build.max_retries", "build.max_retries must be between 0 and %d, got %d", MaxRetries, c.Build.MaxRetries)
+	}
+	if c.Build.MaxRetryBackoff.Duration < 0 {
+		add("build.max_retry_backoff", "build.max_retry_backoff must not be negative, got %s", c.Build.MaxRetryBackoff)
 	}
 	if c.Build.NixStore != "" && !filepath.IsAbs(c.Build.NixStore) {
 		add("build.nix_store", "build.nix_store: want an absolute directory, got %q", c.Build.NixStore)

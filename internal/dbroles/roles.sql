@@ -112,7 +112,7 @@ GRANT INSERT, DELETE ON maintenance_runs TO harmonia_frontend;
 -- Rebuild, cancel, the reaper, unsupported builds; blocked_inputs and ready for the readiness
 -- audit.
 GRANT UPDATE (status, priority, claimed_by, claimed_at, started_at, finished_at, exit_code,
-              retry_count, error_message, blocked_inputs, ready)
+              retry_count, error_message, blocked_inputs, ready, failure_retries, retry_at)
     ON build_jobs TO harmonia_frontend;
 -- Drain requests, dead nodes and their cleanup.
 GRANT UPDATE (status, draining), DELETE ON nodes TO harmonia_frontend;
@@ -129,11 +129,15 @@ GRANT INSERT, DELETE ON eval_attrs TO harmonia_evaluator;
 GRANT INSERT ON derivations, derivation_inputs TO harmonia_evaluator;
 -- Never nar_hash or nar_size: the canonical NAR hash is the signer's to record.
 GRANT INSERT (drv_path, output_name, output_path) ON derivation_outputs TO harmonia_evaluator;
-GRANT INSERT (drv_path, project_id, system, required_features, dependent_chain, trusted) ON build_jobs TO harmonia_evaluator;
+GRANT INSERT (drv_path, project_id, system, required_features, dependent_chain, trusted, retry_limit,
+              retry_backoff_secs) ON build_jobs TO harmonia_evaluator;
 -- Reviving cancelled jobs a new evaluation needs, cancelling those a failed one no longer does;
 -- the critical-path order of the pending jobs its new jobs wait for; a trusted evaluation's
--- trust in the jobs it needs, and the rebuild of quarantined outputs it does not promote.
-GRANT UPDATE (status, finished_at, claimed_by, claimed_at, started_at, dependent_chain, trusted) ON build_jobs TO harmonia_evaluator;
+-- trust in the jobs it needs, and the rebuild of quarantined outputs it does not promote; its
+-- retry policy on the queued jobs it needs, and the retry of failures past its failure expiry.
+GRANT UPDATE (status, finished_at, claimed_by, claimed_at, started_at, dependent_chain, trusted,
+              retry_limit, retry_backoff_secs, retry_count, failure_retries, retry_at, exit_code,
+              error_message) ON build_jobs TO harmonia_evaluator;
 -- A trusted evaluation promotes the quarantined outputs it needs (when its project promotes).
 GRANT UPDATE (quarantined) ON derivation_outputs TO harmonia_evaluator;
 
@@ -160,7 +164,7 @@ GRANT INSERT, UPDATE ON leaders TO harmonia_signer;
 -- features within its free slots; then its own claims on (the attempt is the claim's to count).
 GRANT EXECUTE ON FUNCTION claim_jobs(TEXT[], TEXT[], TEXT, INT, INT) TO harmonia_builder;
 GRANT UPDATE (status, claimed_by, claimed_at, started_at, finished_at, retry_count,
-              exit_code, error_message, log_url)
+              exit_code, error_message, log_url, failures, failure_retries, retry_at)
     ON build_jobs TO harmonia_builder;
 GRANT INSERT, UPDATE (log_tail, log_seq), DELETE ON build_log_tails TO harmonia_builder;
 -- Builder time charged to projects (fair shares).
@@ -257,6 +261,12 @@ CREATE POLICY harmonia_evaluator_insert ON build_jobs FOR INSERT TO harmonia_eva
 CREATE POLICY harmonia_evaluator_update ON build_jobs FOR UPDATE TO harmonia_evaluator
     USING (status IN ('pending', 'cancelled'))
     WITH CHECK (status IN ('pending', 'cancelled') AND claimed_by IS NULL);
+-- An evaluation builds again the failed jobs it needs past its failure expiry (migration 0028):
+-- a failed job and its dep-failed dependents go back to pending, and a dependent that still has
+-- a failed input is dep-failed again.
+CREATE POLICY harmonia_evaluator_expire ON build_jobs FOR UPDATE TO harmonia_evaluator
+    USING (status IN ('failed', 'dep-failed') AND ingest_project() IS NOT NULL)
+    WITH CHECK (status IN ('pending', 'dep-failed') AND claimed_by IS NULL AND ingest_project() IS NOT NULL);
 -- A trusted evaluation's ingest (migration 0022) marks the jobs it needs trusted, whatever their
 -- status, and resets a succeeded one whose outputs are quarantined when its project does not
 -- promote them.
@@ -271,6 +281,8 @@ CREATE POLICY harmonia_evaluator_bounds ON build_jobs AS RESTRICTIVE FOR UPDATE 
     WITH CHECK ((SELECT (o.trusted = build_jobs.trusted OR (build_jobs.trusted AND ingest_trusted_project() IS NOT NULL))
                         AND (o.status IN ('pending', 'cancelled')
                              OR (o.status = build_jobs.status AND o.claimed_by IS NOT DISTINCT FROM build_jobs.claimed_by)
+                             OR (o.status IN ('failed', 'dep-failed') AND build_jobs.status = 'pending'
+                                 AND build_jobs.claimed_by IS NULL AND ingest_project() IS NOT NULL)
                              OR (o.status = 'succeeded' AND build_jobs.status = 'pending' AND build_jobs.claimed_by IS NULL
                                  AND ingest_trusted_project() IS NOT NULL AND NOT ingest_promotes()))
                  FROM build_jobs o WHERE o.id = build_jobs.id));

@@ -49,6 +49,10 @@ type Config struct {
 	// MaxRetention is the longest retention a project's .harmonia-ci.toml may ask for; a
 	// longer one is cut to it. 0: no ceiling.
 	MaxRetention time.Duration
+	// MaxRetries and MaxRetryBackoff cap a project's [retry] policy ([build] max_retries and
+	// max_retry_backoff); 0 retries: none.
+	MaxRetries      int
+	MaxRetryBackoff time.Duration
 	// BatchAttrs and BatchWait bound a batch: it is prepared (closure read, published) at 50
 	// attributes or 2 s.
 	BatchAttrs int
@@ -396,6 +400,7 @@ func (e *Evaluator) run(ctx context.Context, c claim, log *slog.Logger) (ingestS
 		upstream: e.cfg.Upstream, publisher: e.cfg.Publisher,
 		evalID: c.id, node: c.node, attempt: c.attempt, projectID: projectID, order: e.cfg.Order,
 		trusted: prNumber == 0, promote: promote,
+		retry:          settings.Retry.Cap(e.cfg.MaxRetries, e.cfg.MaxRetryBackoff), failureExpiry: settings.FailureExpiry,
 		maxDerivations: e.cfg.MaxDerivations,
 		known:          map[string]bool{}, prepared: map[string]bool{}, published: map[string]bool{},
 		checked: map[string]drvCheck{}}

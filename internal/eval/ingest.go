@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -58,6 +59,10 @@ type ingester struct {
 	// pull request's jobs are untrusted and their outputs quarantined. promote is the project's
 	// setting: a trusted evaluation takes a quarantined output as built, or else rebuilds it.
 	trusted, promote bool
+	// retry is the project's retry policy, capped, recorded on the jobs the evaluation needs;
+	// failureExpiry (0: none) is how old a failure it needs may be before it is built again.
+	retry         RetryPolicy
+	failureExpiry time.Duration
 	// maxDerivations is the most new derivations the evaluation may add; 0: unlimited.
 	maxDerivations int
 	added          int // new derivations of this evaluation's prepared batches
@@ -187,7 +192,8 @@ func (in *ingester) commit(ctx context.Context, batches []batch) error {
 		pid := in.projectID
 		var err error
 		res, err = queue.EnqueueTx(ctx, tx, queue.EnqueueParams{ProjectID: &pid, Derivations: derivs, Build: build,
-			Order: in.order, DeferRaise: true, Untrusted: !in.trusted})
+			Order: in.order, DeferRaise: true, Untrusted: !in.trusted,
+			RetryLimit: in.retry.Retries, RetryBackoff: in.retry.Backoff})
 		if err != nil {
 			return err
 		}
@@ -235,16 +241,44 @@ func (in *ingester) need(ctx context.Context, tx pgx.Tx, preexisting, promote []
 	if len(preexisting) == 0 {
 		return 0, nil
 	}
+	expired, dependents, err := in.applyRetryPolicy(ctx, tx, preexisting)
+	if err != nil {
+		return 0, err
+	}
 	var revived, reset []string
 	if err := tx.QueryRow(ctx, sqlNeedJobs, preexisting, in.trusted, in.promote).Scan(&revived, &reset); err != nil {
 		return 0, fmt.Errorf("revive and trust the jobs it needs: %w", err)
 	}
-	for _, s := range uniq(append(revived, reset...)) {
+	// Once cancelled inputs are revived: a dependent reset with an expired failure that still
+	// has another failed input can never build, and is dep-failed again.
+	if len(dependents) > 0 {
+		if _, err := tx.Exec(ctx, sqlRefailDependents, dependents); err != nil {
+			return 0, fmt.Errorf("mark dependents of failures dep-failed again: %w", err)
+		}
+	}
+	for _, s := range uniq(slices.Concat(expired, revived, reset)) {
 		if err := queue.NotifyJobs(ctx, tx, map[string]string{"system": s}); err != nil {
 			return 0, err
 		}
 	}
 	return len(revived) + len(reset), nil
+}
+
+// applyRetryPolicy records the evaluation's retry policy on the jobs it needs in the closure
+// of preexisting that retry less, and sends the failed ones older than its failure expiry back
+// to the queue with their dep-failed dependents. It returns the systems of the jobs reset and
+// the ids of the dependents among them. Without a policy or an expiry it does nothing: the
+// walk of the closure is the cost of asking for one.
+func (in *ingester) applyRetryPolicy(ctx context.Context, tx pgx.Tx, preexisting []string) (systems []string, dependents []int64, err error) {
+	if in.retry.Retries == 0 && in.failureExpiry == 0 {
+		return nil, nil, nil
+	}
+	err = tx.QueryRow(ctx, sqlApplyRetryPolicy, preexisting, in.retry.Retries, int64(in.retry.Backoff.Seconds()),
+		int64(in.failureExpiry.Seconds())).Scan(&systems, &dependents)
+	if err != nil {
+		return nil, nil, fmt.Errorf("apply the retry policy and failure expiry: %w", err)
+	}
+	return systems, dependents, nil
 }
 
 // holdClaim locks the evaluation's row for tx (FOR SHARE), errStale unless this attempt still

@@ -123,6 +123,64 @@ WITH RECURSIVE clo(drv_path) AS (
 )
 SELECT ARRAY(SELECT system FROM revived), ARRAY(SELECT system FROM reset)`
 
+	// The retry policy and failure expiry of an evaluation, on the jobs it needs that exist
+	// already, in the closure of the known derivations $1 it met. A failed job whose failure is
+	// older than $4 seconds (0: none is) goes back to pending, as a rebuild sends it (fresh
+	// retries, its dep-failed dependents pending too), and its next claim is a new attempt. A
+	// pending or cancelled job whose policy retries fewer build failures than $2 takes this
+	// evaluation's: $2 retries, $3 seconds apart; so does an expired one. (A running job keeps
+	// its policy: the evaluator's login writes only queued jobs.) Returns the systems of the
+	// jobs reset and the ids of the dependents reset.
+	sqlApplyRetryPolicy = `
+WITH RECURSIVE clo(drv_path) AS (
+    SELECT unnest($1::text[])
+  UNION
+    SELECT di.input_drv FROM derivation_inputs di JOIN clo c ON di.referrer = c.drv_path
+), expired AS (
+    UPDATE build_jobs bj SET status = 'pending', retry_count = 0, failure_retries = 0, retry_at = NULL,
+        retry_limit = GREATEST(bj.retry_limit, $2::int),
+        retry_backoff_secs = CASE WHEN bj.retry_limit < $2::int THEN $3::int ELSE bj.retry_backoff_secs END,
+        claimed_by = NULL, claimed_at = NULL, started_at = NULL, finished_at = NULL, exit_code = NULL,
+        error_message = NULL
+    WHERE $4::bigint > 0 AND bj.status = 'failed' AND bj.finished_at < now() - make_interval(secs => $4::bigint)
+      AND bj.drv_path IN (SELECT drv_path FROM clo)
+    RETURNING bj.drv_path, bj.system
+), to_reset(drv_path) AS (
+    SELECT drv_path FROM expired
+  UNION
+    SELECT di.referrer FROM derivation_inputs di
+    JOIN to_reset tr ON tr.drv_path = di.input_drv
+    JOIN build_jobs bj ON bj.drv_path = di.referrer
+    WHERE bj.status = 'dep-failed'
+), dependents AS (
+    UPDATE build_jobs SET status = 'pending', finished_at = NULL
+    WHERE drv_path IN (SELECT drv_path FROM to_reset) AND status = 'dep-failed'
+    RETURNING id, system
+), raised AS (
+    UPDATE build_jobs bj SET retry_limit = $2::int, retry_backoff_secs = $3::int
+    WHERE $2::int > 0 AND bj.status IN ('pending', 'cancelled') AND bj.retry_limit < $2::int
+      AND bj.drv_path IN (SELECT drv_path FROM clo)
+)
+SELECT ARRAY(SELECT system FROM expired UNION SELECT system FROM dependents), ARRAY(SELECT id FROM dependents)`
+
+	// Dependents $1, just reset with an expired failure below them, that have an input failed,
+	// dep-failed or cancelled still: they can never build, so they and the pending jobs above
+	// them are dep-failed (again), as a failure's propagation marks them.
+	sqlRefailDependents = `
+WITH RECURSIVE to_fail(drv_path) AS (
+    SELECT bj.drv_path FROM build_jobs bj
+    WHERE bj.id = ANY($1) AND bj.status = 'pending'
+      AND EXISTS (SELECT 1 FROM derivation_inputs di JOIN build_jobs i ON i.drv_path = di.input_drv
+                  WHERE di.referrer = bj.drv_path AND i.status IN ('failed', 'dep-failed', 'cancelled'))
+  UNION
+    SELECT di.referrer FROM derivation_inputs di
+    JOIN to_fail tf ON tf.drv_path = di.input_drv
+    JOIN build_jobs bj ON bj.drv_path = di.referrer
+    WHERE bj.status = 'pending'
+)
+UPDATE build_jobs SET status = 'dep-failed', finished_at = now()
+WHERE drv_path IN (SELECT drv_path FROM to_fail) AND status = 'pending'`
+
 	// $1 eval, $2 attr[], $3 drv_path[] ('' = NULL), $4 error[] ('' = NULL)
 	sqlInsertAttrs = `
 INSERT INTO eval_attrs (eval_id, attr, drv_path, error)

@@ -22,7 +22,37 @@ type Settings struct {
 	Retention   time.Duration // how long the garbage collector keeps the evaluation; 0: the server's default
 	// PullRequests is what a pull request's evaluation evaluates: PRMerged or PRHead.
 	PullRequests string
+	// Retry is what a build failure of a job the evaluation needs gets ([retry]); the zero
+	// policy retries nothing. The evaluator caps it (RetryPolicy.Cap).
+	Retry RetryPolicy
+	// FailureExpiry: a failed build the evaluation needs whose failure is older than this is
+	// built again instead of taken as failed (failure-expiry); 0: a failure stays until rebuilt.
+	FailureExpiry time.Duration
 }
+
+// RetryPolicy is how a build failure is retried: Retries more times, each after Backoff.
+type RetryPolicy struct {
+	Retries int
+	Backoff time.Duration
+}
+
+// Cap cuts p to a node's ceilings ([build] max_retries and max_retry_backoff).
+func (p RetryPolicy) Cap(maxRetries int, maxBackoff time.Duration) RetryPolicy {
+	p.Retries = max(0, min(p.Retries, maxRetries))
+	p.Backoff = max(0, min(p.Backoff, maxBackoff))
+	if p.Retries == 0 {
+		p.Backoff = 0
+	}
+	return p
+}
+
+// The bounds of .harmonia-ci.toml's retry settings: attempts beyond maxAttempts are refused
+// outright (the node's max_retries cuts sooner), and a failure expiry under minFailureExpiry
+// would build every failure again at each evaluation.
+const (
+	maxAttempts      = 100
+	minFailureExpiry = time.Minute
+)
 
 // What a pull request's evaluation evaluates (pull-requests in .harmonia-ci.toml).
 const (
@@ -38,11 +68,16 @@ type settingsFile struct {
 	AllowIFD     *bool     `toml:"allow-ifd"`
 	Retention    *string   `toml:"retention"`
 	PullRequests *string   `toml:"pull-requests"`
+	Retry        *struct {
+		Attempts *int    `toml:"attempts"`
+		Backoff  *string `toml:"backoff"`
+	} `toml:"retry"`
+	FailureExpiry *string `toml:"failure-expiry"`
 }
 
 // ParseSettings reads .harmonia-ci.toml. Defaults: attrs ["checks"] for flakes, the whole
 // attribute set otherwise (flake false: nil Attrs); allow-ifd true; eval-timeout the server's;
-// pull-requests "merged".
+// pull-requests "merged"; no retry (retry.attempts 1) and no failure expiry.
 func ParseSettings(b []byte, flake bool, defaultTimeout time.Duration) (Settings, error) {
 	s := Settings{EvalTimeout: defaultTimeout, AllowIFD: true, PullRequests: PRMerged}
 	if flake {
@@ -58,7 +93,7 @@ func ParseSettings(b []byte, flake bool, defaultTimeout time.Duration) (Settings
 		for i, k := range un {
 			keys[i] = k.String()
 		}
-		return s, fmt.Errorf("%s: unknown keys %s (known: attrs, eval-timeout, allow-ifd, retention, pull-requests)", SettingsFile, strings.Join(keys, ", "))
+		return s, fmt.Errorf("%s: unknown keys %s (known: attrs, eval-timeout, allow-ifd, retention, pull-requests, failure-expiry, retry.attempts, retry.backoff)", SettingsFile, strings.Join(keys, ", "))
 	}
 	if f.Attrs != nil {
 		if len(*f.Attrs) == 0 {
@@ -97,6 +132,31 @@ func ParseSettings(b []byte, flake bool, defaultTimeout time.Duration) (Settings
 				SettingsFile, PRMerged, PRHead, *f.PullRequests)
 		}
 		s.PullRequests = *f.PullRequests
+	}
+	if f.Retry != nil {
+		if a := f.Retry.Attempts; a != nil {
+			if *a < 1 || *a > maxAttempts {
+				return s, fmt.Errorf("%s: retry.attempts: want 1 (no retry) to %d, got %d", SettingsFile, maxAttempts, *a)
+			}
+			s.Retry.Retries = *a - 1
+		}
+		if b := f.Retry.Backoff; b != nil {
+			d, err := config.ParseDuration(*b)
+			if err != nil || d < 0 {
+				return s, fmt.Errorf("%s: retry.backoff: want a duration such as \"30s\" or \"0s\", got %q", SettingsFile, *b)
+			}
+			s.Retry.Backoff = d
+		}
+	}
+	if f.FailureExpiry != nil {
+		d, err := config.ParseDuration(*f.FailureExpiry)
+		if err != nil || d <= 0 {
+			return s, fmt.Errorf("%s: failure-expiry: want a positive duration such as \"24h\" or \"7d\", got %q", SettingsFile, *f.FailureExpiry)
+		}
+		if d < minFailureExpiry {
+			return s, fmt.Errorf("%s: failure-expiry: %s is under the minimum of %s", SettingsFile, *f.FailureExpiry, minFailureExpiry)
+		}
+		s.FailureExpiry = d
 	}
 	return s, nil
 }

@@ -20,7 +20,9 @@ const (
 	// Transient failures (OOM, disk full, substitution timeout) go back to the queue with
 	// retry_count + 1, and fail for good after 3 retries.
 	Transient FailKind = iota
-	// Permanent failures (the build itself failed) fail the job until a manual rebuild.
+	// Permanent failures (the build itself failed) fail the job until a manual rebuild, or
+	// an evaluation that needs it past its failure expiry; unless the job's retry policy has
+	// retries left: then it goes back to the queue after its backoff.
 	Permanent
 )
 
@@ -31,6 +33,8 @@ type Outcome struct {
 	Seconds   float64          // builder time the attempt took
 	DrvPath   string           // the job's derivation
 	DepFailed int              // dependents marked dep-failed because of it
+	// Flaky: a success after an earlier build failure of the job (see JobInfo.Flaky).
+	Flaky bool
 }
 
 // Succeed marks a claimed job succeeded. The caller announces it (wakes workers, whose
@@ -44,7 +48,7 @@ func Succeed(ctx context.Context, q db.DBTX, c Claim) (Outcome, error) {
 		var found bool
 		for rows.Next() {
 			found = true
-			err = rows.Scan(&out.ProjectID, &out.Seconds, &out.DrvPath)
+			err = rows.Scan(&out.ProjectID, &out.Seconds, &out.DrvPath, &out.Flaky)
 		}
 		rows.Close()
 		if err == nil {
@@ -71,7 +75,7 @@ func QueueSucceed(b *pgx.Batch, c Claim, logKey string, out *Outcome) {
 	}
 	b.Queue(sqlJobSucceed, c.JobID, c.NodeID, c.Attempt, key, db.LockClass, db.LockEnqueue).QueryRow(func(row pgx.Row) error {
 		*out = Outcome{Status: status.JobSucceeded}
-		err := row.Scan(&out.ProjectID, &out.Seconds, &out.DrvPath)
+		err := row.Scan(&out.ProjectID, &out.Seconds, &out.DrvPath, &out.Flaky)
 		if errors.Is(err, pgx.ErrNoRows) {
 			err = ErrStale
 		}

@@ -35,8 +35,19 @@ type JobInfo struct {
 	ErrorMessage string           `json:"error,omitempty"`
 	LogURL       string           `json:"log_url,omitempty"`
 	CreatedAt    time.Time        `json:"created_at"`
-	Attempts     []AttemptInfo    `json:"attempts"` // the ended ones, the first first
+	// Failures counts the job's build failures, retried or not; a job that succeeded after
+	// one is flaky (see Flaky).
+	Failures int `json:"failures"`
+	// RetryLimit is how many build failures its retry policy retries; RetryAt, when a retry
+	// waits for its backoff, when it may be claimed.
+	RetryLimit int           `json:"retry_limit"`
+	RetryAt    *time.Time    `json:"retry_at,omitempty"`
+	Attempts   []AttemptInfo `json:"attempts"` // the ended ones, the first first
 }
+
+// Flaky says the job succeeded after a build of the same derivation failed: nothing the
+// build depends on changed, so the failure was the build's own chance.
+func (j JobInfo) Flaky() bool { return j.Status == status.JobSucceeded && j.Failures > 0 }
 
 // AttemptInfo is one ended claim of a job (build_attempts).
 type AttemptInfo struct {
@@ -55,7 +66,7 @@ func GetJob(ctx context.Context, q db.DBTX, id int64) (JobInfo, error) {
 	var j JobInfo
 	err := q.QueryRow(ctx, sqlJobInfo, id).Scan(&j.ID, &j.DrvPath, &j.Project, &j.System, &j.Status, &j.Priority,
 		&j.Attempt, &j.RetryCount, &j.ClaimedBy, &j.StartedAt, &j.FinishedAt, &j.ExitCode, &j.ErrorMessage,
-		&j.LogURL, &j.CreatedAt)
+		&j.LogURL, &j.CreatedAt, &j.Failures, &j.RetryLimit, &j.RetryAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return j, fmt.Errorf("job %d: %w", id, ErrNotFound)
 	}

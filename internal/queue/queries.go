@@ -32,11 +32,12 @@ INSERT INTO derivation_inputs (referrer, input_drv, outputs)
 SELECT r, i, string_to_array(o, ',') FROM unnest($1::text[], $2::text[], $3::text[]) AS t(r, i, o)
 ON CONFLICT (referrer, input_drv) DO NOTHING`
 
-	// $1 drv_path[], $2 project_id (NULL for none), $3 dependent_chain[], $4 trusted. Returns the
-	// derivations and systems of the jobs created.
+	// $1 drv_path[], $2 project_id (NULL for none), $3 dependent_chain[], $4 trusted, $5 retry
+	// limit, $6 retry backoff seconds. Returns the derivations and systems of the jobs created.
 	sqlJobsInsert = `
-INSERT INTO build_jobs (drv_path, project_id, system, required_features, dependent_chain, trusted)
-SELECT d.drv_path, $2, d.system, d.required_features, t.chain, $4
+INSERT INTO build_jobs (drv_path, project_id, system, required_features, dependent_chain, trusted,
+                        retry_limit, retry_backoff_secs)
+SELECT d.drv_path, $2, d.system, d.required_features, t.chain, $4, $5, $6
 FROM unnest($1::text[], $3::int[]) AS t(drv, chain) JOIN derivations d ON d.drv_path = t.drv
 ON CONFLICT (drv_path) DO NOTHING
 RETURNING drv_path, system`
@@ -127,7 +128,7 @@ UPDATE build_jobs SET status = 'succeeded', finished_at = now(), exit_code = 0, 
     log_url = COALESCE($4, log_url)
 WHERE id = $1 AND claimed_by = $2 AND attempt = $3 AND status IN ('building', 'uploading')
   AND EXISTS (SELECT FROM pg_advisory_xact_lock_shared($5, $6))
-RETURNING project_id, EXTRACT(EPOCH FROM now() - started_at)::float8, drv_path`
+RETURNING project_id, EXTRACT(EPOCH FROM now() - started_at)::float8, drv_path, failures > 0`
 
 	sqlJobUploading = `
 UPDATE build_jobs SET status = 'uploading'
@@ -147,9 +148,20 @@ UPDATE build_jobs SET
 WHERE id = $1 AND claimed_by = $2 AND attempt = $3 AND status IN ('building', 'uploading')
 RETURNING status, project_id, EXTRACT(EPOCH FROM now() - started_at)::float8, drv_path, system`
 
+	// A build failure: failed, or back to the queue after the job's backoff while its retry
+	// policy (retry_limit, recorded by the evaluations that need it) has retries left. Either
+	// way it counts in failures, which makes a later success flaky.
 	sqlJobFailPermanent = `
-UPDATE build_jobs SET status = 'failed', finished_at = now(), exit_code = $4, error_message = $5,
-    log_url = COALESCE($6, log_url)
+UPDATE build_jobs SET
+    status          = CASE WHEN failure_retries < retry_limit THEN 'pending' ELSE 'failed' END,
+    failure_retries = failure_retries + CASE WHEN failure_retries < retry_limit THEN 1 ELSE 0 END,
+    failures        = failures + 1,
+    retry_at        = CASE WHEN failure_retries < retry_limit
+                           THEN now() + make_interval(secs => retry_backoff_secs) END,
+    claimed_by      = CASE WHEN failure_retries < retry_limit THEN NULL ELSE claimed_by END,
+    claimed_at      = CASE WHEN failure_retries < retry_limit THEN NULL ELSE claimed_at END,
+    finished_at     = CASE WHEN failure_retries < retry_limit THEN NULL ELSE now() END,
+    exit_code = $4, error_message = $5, log_url = COALESCE($6, log_url)
 WHERE id = $1 AND claimed_by = $2 AND attempt = $3 AND status IN ('building', 'uploading')
 RETURNING status, project_id, EXTRACT(EPOCH FROM now() - started_at)::float8, drv_path, system`
 
@@ -235,7 +247,7 @@ FROM marked`
 	// $1 job id. Returns the number of jobs reset (0: the job was not failed).
 	sqlRebuild = `
 WITH RECURSIVE root AS (
-    UPDATE build_jobs SET status = 'pending', priority = $2, retry_count = 0,
+    UPDATE build_jobs SET status = 'pending', priority = $2, retry_count = 0, failure_retries = 0, retry_at = NULL,
         claimed_by = NULL, claimed_at = NULL, started_at = NULL, finished_at = NULL, exit_code = NULL,
         error_message = NULL
     WHERE id = $1 AND status IN ('failed', 'dep-failed', 'cancelled')
@@ -341,7 +353,7 @@ SELECT count(*) FROM (SELECT recount_blocked(ARRAY(SELECT id FROM wrong))) r, wr
 const sqlJobInfo = `
 SELECT bj.id, bj.drv_path, COALESCE(p.name, ''), bj.system, bj.status, bj.priority, bj.attempt, bj.retry_count,
        COALESCE(bj.claimed_by, ''), bj.started_at, bj.finished_at, bj.exit_code, COALESCE(bj.error_message, ''),
-       COALESCE(bj.log_url, ''), bj.created_at
+       COALESCE(bj.log_url, ''), bj.created_at, bj.failures, bj.retry_limit, bj.retry_at
 FROM build_jobs bj LEFT JOIN projects p ON p.id = bj.project_id
 WHERE bj.id = $1`
 

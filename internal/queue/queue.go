@@ -69,6 +69,10 @@ type EnqueueParams struct {
 	DeferRaise bool
 	// Untrusted creates the jobs untrusted (for a pull request): what they build is quarantined.
 	Untrusted bool
+	// RetryLimit build failures of the new jobs go back to the queue, each after RetryBackoff
+	// (whole seconds); 0: a build failure fails the job.
+	RetryLimit   int
+	RetryBackoff time.Duration
 }
 
 // Order is how a project's ready jobs of equal priority are ranked.
@@ -151,7 +155,8 @@ func EnqueueTx(ctx context.Context, tx pgx.Tx, p EnqueueParams) (EnqueueResult, 
 			for i, drv := range chunk {
 				chunkChains[i] = int32(chains.of(drv))
 			}
-			rows, err := tx.Query(ctx, sqlJobsInsert, chunk, p.ProjectID, chunkChains, !p.Untrusted)
+			rows, err := tx.Query(ctx, sqlJobsInsert, chunk, p.ProjectID, chunkChains, !p.Untrusted,
+				p.RetryLimit, int64(p.RetryBackoff.Seconds()))
 			if err != nil {
 				return fmt.Errorf("insert build jobs: %w", err)
 			}

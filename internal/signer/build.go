@@ -355,22 +355,26 @@ func (s *Server) handleBuildComplete(ctx context.Context, id nodetoken.Identity,
 	if err != nil {
 		return nil, err
 	}
-	if err := succeed(ctx, pub.Conn(), f, req.LogKey, canon); err != nil {
+	flaky, err := succeed(ctx, pub.Conn(), f, req.LogKey, canon)
+	if err != nil {
 		return nil, err
+	}
+	if flaky {
+		s.metrics.flakySucceeded()
 	}
 	if s.cfg.Announcer != nil {
 		s.cfg.Announcer.Finished(f.drvPath, status.JobSucceeded)
 	}
 	s.logger.Info("build succeeded", "job", f.claim.JobID, "node", f.claim.NodeID, "attempt", f.claim.Attempt,
-		"drv", f.drvPath, "written", resp.Written, "skipped", resp.Skipped, "conflicts", resp.Conflicts)
+		"drv", f.drvPath, "written", resp.Written, "skipped", resp.Skipped, "conflicts", resp.Conflicts, "flaky", flaky)
 	return resp, nil
 }
 
 // succeed records the outputs' canonical hashes on the job's derivation's rows, marks the job
 // succeeded and records its log, in one round trip (a batch is one implicit transaction). A
 // stale claim records nothing of the job; the hashes are those of narinfos already written, so
-// they stand either way.
-func succeed(ctx context.Context, conn *pgx.Conn, f jobFacts, logKey string, canon []canonical) error {
+// they stand either way. It returns whether the job is flaky (it failed before).
+func succeed(ctx context.Context, conn *pgx.Conn, f jobFacts, logKey string, canon []canonical) (bool, error) {
 	c := f.claim
 	b := &pgx.Batch{}
 	queueRecordHashes(b, f.drvPath, canon, f.trusted)
@@ -378,12 +382,12 @@ func succeed(ctx context.Context, conn *pgx.Conn, f jobFacts, logKey string, can
 	queue.QueueSucceed(b, c, logKey, &out)
 	err := conn.SendBatch(ctx, b).Close()
 	if errors.Is(err, queue.ErrStale) {
-		return staleClaim(c)
+		return false, staleClaim(c)
 	}
 	if err != nil {
-		return internal("marking the job succeeded failed", err)
+		return false, internal("marking the job succeeded failed", err)
 	}
-	return nil
+	return out.Flaky, nil
 }
 
 // checkEvalClaim answers 409 unless node id holds claim on a running evaluation.

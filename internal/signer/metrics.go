@@ -30,6 +30,7 @@ type signerMetrics struct {
 	uploadNAR prometheus.Counter
 	uploadLog prometheus.Counter
 	uploadDrv prometheus.Counter
+	flaky     prometheus.Counter
 }
 
 func newSignerMetrics(reg prometheus.Registerer) *signerMetrics {
@@ -48,7 +49,11 @@ func newSignerMetrics(reg prometheus.Registerer) *signerMetrics {
 		Name: "harmonia_ci_signer_upload_bytes_total",
 		Help: "Bytes written to the cache through this node's signer, by kind: nar and log are the declared sizes of the uploads it presigned (the store enforces them), drv the .drv NARs it wrote itself.",
 	}, []string{"kind"})
-	reg.MustRegister(requests, narinfos, uploads)
+	flaky := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "harmonia_ci_builds_flaky_total",
+		Help: "Builds this node's signer recorded as succeeded after an earlier attempt at the same derivation failed (flaky builds).",
+	})
+	reg.MustRegister(requests, narinfos, uploads, flaky)
 	m := &signerMetrics{
 		requests: map[string]*[len(codeNames)]prometheus.Counter{},
 		narinfos: map[publishResult]prometheus.Counter{
@@ -56,7 +61,7 @@ func newSignerMetrics(reg prometheus.Registerer) *signerMetrics {
 			conflict: narinfos.WithLabelValues("conflict"), rewritten: narinfos.WithLabelValues("rewritten"),
 		},
 		uploadNAR: uploads.WithLabelValues("nar"), uploadLog: uploads.WithLabelValues("log"),
-		uploadDrv: uploads.WithLabelValues("drv"),
+		uploadDrv: uploads.WithLabelValues("drv"), flaky: flaky,
 	}
 	for _, e := range endpoints {
 		var byCode [len(codeNames)]prometheus.Counter
@@ -102,6 +107,13 @@ func (m *signerMetrics) narGranted(n int64) {
 func (m *signerMetrics) logGranted(n int64) {
 	if m != nil {
 		m.uploadLog.Add(float64(n))
+	}
+}
+
+// flakySucceeded counts a success of a job that failed before.
+func (m *signerMetrics) flakySucceeded() {
+	if m != nil {
+		m.flaky.Inc()
 	}
 }
 

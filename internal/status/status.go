@@ -122,7 +122,7 @@ type AttemptStatus string
 // Attempt statuses. An attempt is recorded when it ends; a running one has no row yet.
 const (
 	AttemptSucceeded   AttemptStatus = "succeeded"   // its outputs were published
-	AttemptFailed      AttemptStatus = "failed"      // its build failed for good
+	AttemptFailed      AttemptStatus = "failed"      // its build failed (for good, or retried by its policy)
 	AttemptCancelled   AttemptStatus = "cancelled"   // the job was cancelled while it ran
 	AttemptRetried     AttemptStatus = "retried"     // it failed transiently; the job went back to the queue
 	AttemptInterrupted AttemptStatus = "interrupted" // its claim was given back or its node lost, with no result

@@ -48,7 +48,15 @@ type BuildJob struct {
 	Error, LogURL                    string
 	CreatedAt                        time.Time
 	Project                          string // the project the job was queued for; "" if none
+	// Failures counts its build failures; RetryLimit and RetriesUsed are its retry policy's
+	// retries and those spent since it was last reset; RetryAt, while a retry waits for its
+	// backoff, is when it may be claimed.
+	Failures, RetryLimit, RetriesUsed int
+	RetryAt                           *time.Time
 }
+
+// Flaky says the build succeeded after a build failure of the same derivation.
+func (j BuildJob) Flaky() bool { return j.Status == status.JobSucceeded && j.Failures > 0 }
 
 // BuildAttempt is one claim of a build: a tab of its page.
 type BuildAttempt struct {
@@ -161,7 +169,7 @@ func (u *UI) buildPage(r *http.Request, logCtx context.Context) (string, Page, e
 	var projectExists bool
 	err = u.cfg.Pool.QueryRow(ctx, sqlBuildJob, id, p.Project).Scan(&j.ID, &j.DrvPath, &j.Name, &j.System, &j.Status,
 		&j.Priority, &j.Attempt, &j.RetryCount, &j.ClaimedBy, &j.ClaimedAt, &j.StartedAt, &j.FinishedAt, &j.ExitCode,
-		&j.Error, &j.LogURL, &j.CreatedAt, &j.Project, &projectExists)
+		&j.Error, &j.LogURL, &j.CreatedAt, &j.Project, &projectExists, &j.Failures, &j.RetryLimit, &j.RetriesUsed, &j.RetryAt)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return "", Page{}, notFound("no build %d", id)
@@ -292,6 +300,22 @@ func (p BuildPage) attempt(n int) *BuildAttempt {
 		}
 	}
 	return nil
+}
+
+// FlakyNote is "failed 1 of 2 attempts" for a flaky build, "" otherwise. The attempts are those
+// that built (succeeded or failed), at least the failures and the success.
+func (p BuildPage) FlakyNote() string {
+	if !p.Job.Flaky() {
+		return ""
+	}
+	built := 0
+	for _, a := range p.Tries {
+		if st := status.AttemptStatus(a.Status); st == status.AttemptSucceeded || st == status.AttemptFailed {
+			built++
+		}
+	}
+	built = max(built, p.Job.Failures+1)
+	return fmt.Sprintf("failed %d of %d attempts", p.Job.Failures, built)
 }
 
 // ShownAttempt is the attempt whose log the page shows, or nil for a build without any.

@@ -159,6 +159,8 @@ type AttrRow struct {
 	// For a failure that predates the evaluation (a cached failure): the attempt that failed
 	// first; 0 otherwise.
 	FirstFailed int
+	// Flaky: its build succeeded after a build failure of the same derivation.
+	Flaky bool
 }
 
 // Class is the row's badge class.
@@ -190,7 +192,9 @@ type EvalPage struct {
 	Tabs []Tab
 	Tab  string
 	// Jobs counts the builds of the attributes' closures (dependencies included) by status.
-	Jobs  map[string]int
+	Jobs map[string]int
+	// Flaky counts the attributes whose build is flaky.
+	Flaky int
 	Rows  []AttrRow
 	After string // the "after" cursor of this page; "" on the first
 	First string // the link to the first page; "" on the first
@@ -282,7 +286,7 @@ func (u *UI) evalPage(w http.ResponseWriter, r *http.Request) (string, Page, err
 		p.More = "?" + v.Encode()
 	}
 	var counts [5]int
-	if err := u.cfg.Pool.QueryRow(ctx, sqlEvalTabCounts, id).Scan(&counts[0], &counts[1], &counts[2], &counts[3], &counts[4]); err != nil {
+	if err := u.cfg.Pool.QueryRow(ctx, sqlEvalTabCounts, id).Scan(&counts[0], &counts[1], &counts[2], &counts[3], &counts[4], &p.Flaky); err != nil {
 		return "", Page{}, fmt.Errorf("count attributes of evaluation %d: %w", id, err)
 	}
 	for i, t := range evalTabs {

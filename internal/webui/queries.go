@@ -295,14 +295,16 @@ JOIN repositories r ON r.id = p.repo_id
 WHERE e.id = $1 AND p.name = $2`
 
 	// An evaluation's attributes per tab: all, failed (to evaluate or to build), building,
-	// pending, succeeded (built or cached). A detached attribute (a user cancelled its job for
+	// pending, succeeded (built or cached); and the flaky ones (succeeded after a build
+	// failure of the same derivation). A detached attribute (a user cancelled its job for
 	// this evaluation while others still need it) is cancelled, in no tab but all. $1 evaluation id.
 	sqlEvalTabCounts = `
 SELECT count(*)::int,
        count(*) FILTER (WHERE ea.drv_path IS NULL OR (ea.detached_at IS NULL AND j.status IN ('failed', 'dep-failed')))::int,
        count(*) FILTER (WHERE ea.detached_at IS NULL AND j.status IN ('building', 'uploading'))::int,
        count(*) FILTER (WHERE ea.detached_at IS NULL AND j.status = 'pending')::int,
-       count(*) FILTER (WHERE ea.drv_path IS NOT NULL AND ea.detached_at IS NULL AND (j.id IS NULL OR j.status = 'succeeded'))::int
+       count(*) FILTER (WHERE ea.drv_path IS NOT NULL AND ea.detached_at IS NULL AND (j.id IS NULL OR j.status = 'succeeded'))::int,
+       count(*) FILTER (WHERE ea.detached_at IS NULL AND j.status = 'succeeded' AND j.failures > 0)::int
 FROM eval_attrs ea
 LEFT JOIN build_jobs j ON j.drv_path = ea.drv_path
 WHERE ea.eval_id = $1`
@@ -322,7 +324,8 @@ SELECT ea.id, p.name, ea.attr, COALESCE(ea.drv_path, ''), COALESCE(ea.error, '')
        CASE WHEN ea.drv_path IS NULL THEN 'eval error' WHEN ea.detached_at IS NOT NULL THEN 'cancelled'
             WHEN j.id IS NULL THEN 'cached' ELSE j.status END,
        COALESCE(j.claimed_by, ''), j.started_at, j.finished_at,
-       COALESCE(cause.id, 0), COALESCE(cause.name, ''), COALESCE(ff.attempt, 0)
+       COALESCE(cause.id, 0), COALESCE(cause.name, ''), COALESCE(ff.attempt, 0),
+       ea.detached_at IS NULL AND j.status = 'succeeded' AND j.failures > 0
 FROM eval_attrs ea
 JOIN evaluations e ON e.id = ea.eval_id
 JOIN projects p ON p.id = e.project_id
@@ -393,7 +396,7 @@ LIMIT $2`
 SELECT j.id, j.drv_path, d.name, j.system, j.status, j.priority, j.attempt, j.retry_count,
        COALESCE(j.claimed_by, ''), j.claimed_at, j.started_at, j.finished_at, j.exit_code,
        COALESCE(j.error_message, ''), COALESCE(j.log_url, ''), j.created_at, COALESCE(jp.name, ''),
-       EXISTS (SELECT 1 FROM projects WHERE name = $2)
+       EXISTS (SELECT 1 FROM projects WHERE name = $2), j.failures, j.retry_limit, j.failure_retries, j.retry_at
 FROM build_jobs j
 JOIN derivations d ON d.drv_path = j.drv_path
 LEFT JOIN projects jp ON jp.id = j.project_id
