@@ -400,10 +400,10 @@ func (e *Evaluator) run(ctx context.Context, c claim, log *slog.Logger) (ingestS
 		upstream: e.cfg.Upstream, publisher: e.cfg.Publisher,
 		evalID: c.id, node: c.node, attempt: c.attempt, projectID: projectID, order: e.cfg.Order,
 		trusted: prNumber == 0, promote: promote,
-		retry:          settings.Retry.Cap(e.cfg.MaxRetries, e.cfg.MaxRetryBackoff), failureExpiry: settings.FailureExpiry,
 		maxDerivations: e.cfg.MaxDerivations,
 		known:          map[string]bool{}, prepared: map[string]bool{}, published: map[string]bool{},
-		checked: map[string]drvCheck{}}
+		checked: map[string]drvCheck{},
+		retry:   settings.Retry.Cap(e.cfg.MaxRetries, e.cfg.MaxRetryBackoff), failureExpiry: settings.FailureExpiry}
 
 	wctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)

@@ -224,7 +224,6 @@ func (n *node) roleWorkers(notifier *notify.Notifier, announcer *queue.Announcer
 			PollInterval: cfg.Eval.PollInterval.Duration, Timeout: cfg.Eval.Timeout.Duration,
 			MaxAttrs: cfg.Eval.MaxAttrs, MaxDerivations: cfg.Eval.MaxDerivations,
 			MaxRetention: cfg.Retention.Max.Duration,
-			MaxRetries:   cfg.Build.MaxRetries, MaxRetryBackoff: cfg.Build.MaxRetryBackoff.Duration,
 			Gate:         &n.inFlight, Notifier: notifier, Upstream: up, Registerer: n.reg,
 			Confinement: eval.Confinement{
 				User: cfg.Eval.User, MaxMemory: cfg.Eval.TotalMemory(),
@@ -232,6 +231,7 @@ func (n *node) roleWorkers(notifier *notify.Notifier, announcer *queue.Announcer
 				Unsandboxed:        !cfg.Build.Sandbox, BuildUsersGroup: cfg.Build.BuildUsersGroup,
 				SandboxPaths: cfg.Build.ExtraSandboxPaths,
 			},
+			MaxRetries: cfg.Build.MaxRetries, MaxRetryBackoff: cfg.Build.MaxRetryBackoff.Duration,
 		}
 		if ecfg.Order, err = queue.ParseOrder(cfg.Queue.Order); err != nil {
 			return nil, err
