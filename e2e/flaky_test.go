@@ -35,14 +35,7 @@ func flakyDrv(name, salt, dir string) string {
 // failure older than the project's failure-expiry is built again by the next evaluation that
 // needs it, and a younger one is not.
 func TestFlakyBuildRetried(t *testing.T) {
-	dir, err := os.MkdirTemp("", "harmonia-flaky-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	if err := os.Chmod(dir, 0o777); err != nil { // the build users write their markers here
-		t.Fatal(err)
-	}
+	dir := markerDir(t)
 	c := newBuildCluster(t, buildClusterOptions{builders: 1, sandboxPaths: []string{dir}})
 	salt := uniqueSalt(t)
 	ciNix := func(round int, attrs string) string {
@@ -115,6 +108,54 @@ func TestFlakyBuildRetried(t *testing.T) {
 	}
 	if b := c.apiBuild(c.job(off).ID); b.Flaky || b.Failures != 1 {
 		t.Errorf("without a retry policy: %+v; want 1 failure, not flaky", b)
+	}
+}
+
+// markerDir is a directory for flakyDrv's markers that the builds (as build users) may write.
+func markerDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "harmonia-flaky-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// TestGiteaFlakyBuildStatus: the nix-build commit status of a commit whose build fails once
+// and then succeeds is green, saying the build was flaky, when the project retries build
+// failures, and never red on the way; without the policy the same kind of failure is red.
+func TestGiteaFlakyBuildStatus(t *testing.T) {
+	dir := markerDir(t)
+	c := newForgeCluster(t, forgeOptions{sandboxPaths: []string{dir}})
+	salt := uniqueSalt(t)
+	c.enable(nil)
+
+	on := c.push(c.owner, c.repo, "main", map[string]string{
+		".harmonia-ci.toml": "[retry]\nattempts = 2\nbackoff = \"1s\"\n",
+		"ci.nix":            "{ flaky = " + flakyDrv("flaky-on", salt, dir) + "; }",
+	}, false)
+	ss := c.waitStatuses(on, "success", "success", 2*time.Minute)
+	checkOnce(t, ss)
+	if b := latest(ss, ctxBuild); b.Description != "1/1 builds complete (1 flaky)" {
+		t.Errorf("nix-build with the retry policy: %+v; want it to name the flaky build", b)
+	}
+	for _, s := range ss {
+		if s.Context == ctxBuild && s.State == "failure" {
+			t.Errorf("nix-build went red while the retry waited: %+v", s)
+		}
+	}
+
+	off := c.push(c.owner, c.repo, "main", map[string]string{
+		".harmonia-ci.toml": "# no retry\n",
+		"ci.nix":            "{ flaky = " + flakyDrv("flaky-off", salt, dir) + "; }",
+	}, false)
+	ss = c.waitStatuses(off, "success", "failure", 2*time.Minute)
+	if b := latest(ss, ctxBuild); !strings.HasPrefix(b.Description, "1/1 builds failed") {
+		t.Errorf("nix-build without the retry policy: %+v", b)
 	}
 }
 

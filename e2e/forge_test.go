@@ -54,6 +54,8 @@ type forgeOptions struct {
 	frontendLines string
 	// repoSync is [frontend] repo_sync_interval; "" is 1s.
 	repoSync string
+	// sandboxPaths are more [build] extra_sandbox_paths than /bin/sleep.
+	sandboxPaths []string
 	// prepare runs once the Gitea user exists, before the cluster starts: it may create more
 	// repositories and return lines for the [[forges]] entry and the frontends' environment.
 	prepare func(g *giteatest.Server, owner giteatest.User) (forgeLines string, env []string)
@@ -95,7 +97,7 @@ func newForgeCluster(t *testing.T, o forgeOptions) *forgeCluster {
 	}
 	c := &forgeCluster{
 		buildCluster: newBuildCluster(t, buildClusterOptions{builders: max(o.builders, 1), extraConfig: extra, frontendEnv: env,
-			sandboxPaths: []string{"/bin/sleep"}}),
+			sandboxPaths: append([]string{"/bin/sleep"}, o.sandboxPaths...)}),
 		gitea: g, owner: owner, repo: repo,
 	}
 	proctest.WaitFor(t, 30*time.Second, "repository "+repo.FullName()+" discovered", func() bool {

@@ -327,7 +327,7 @@ func TestBuildPageShowsEachAttempt(t *testing.T) {
 	// 2: a permanent failure.
 	claim("node-b")
 	fx.exec(`UPDATE build_jobs SET status = 'failed', finished_at = now(), exit_code = 1, error_message = 'boom',
-		log_url = $2 WHERE id = $1`, id, "log/"+name+".2")
+		log_url = $2, failures = failures + 1 WHERE id = $1`, id, "log/"+name+".2")
 
 	page := func(query string) string { return fx.get(fmt.Sprintf("/ci/proj/build/%d%s", id, query), http.StatusOK) }
 	tab := func(n int, current bool) string {
@@ -378,18 +378,24 @@ func TestBuildPageShowsEachAttempt(t *testing.T) {
 	// An attempt that does not exist shows the latest.
 	check("failed, attempt 9", page("?attempt=9"), []string{tab(2, true), "attempt two: boom"}, nil)
 
-	// Rebuilt: queued for a third attempt, then built.
+	// Retried by its policy: queued for a third attempt after a backoff, then built, flaky.
 	fx.exec(`UPDATE build_jobs SET status = 'pending', retry_count = 0, claimed_by = NULL, claimed_at = NULL,
-		started_at = NULL, finished_at = NULL, exit_code = NULL, error_message = NULL WHERE id = $1`, id)
-	check("queued again", page(""), []string{tab(2, false), tab(3, true) + ` <span class="badge wait">pending</span>`, "No output yet."},
-		[]string{"Failed first"})
+		started_at = NULL, finished_at = NULL, exit_code = NULL, error_message = NULL, retry_limit = 1,
+		failure_retries = 1, retry_at = now() + interval '1 minute' WHERE id = $1`, id)
+	check("queued again", page(""), []string{tab(2, false), tab(3, true) + ` <span class="badge wait">pending</span>`, "No output yet.",
+		"<dt>Retry</dt><dd>build failure retried (1 of 1), not before"},
+		[]string{"Failed first", "flaky"})
 	claim("node-a")
 	check("building", page(""), []string{tab(3, true) + ` <span class="badge busy">building</span>`}, nil)
 	fx.exec(`UPDATE build_jobs SET status = 'succeeded', finished_at = now(), exit_code = 0, error_message = NULL,
 		log_url = $2 WHERE id = $1`, id, "log/"+name+".3")
 	check("succeeded", page(""), []string{
 		tab(1, false), tab(2, false), tab(3, true) + ` <span class="badge ok">succeeded</span>`,
-		">attempt three built it\n</pre>",
-	}, []string{"Failed first"})
+		">attempt three built it\n</pre>", `<span class="badge wait flaky">flaky</span>`,
+		"flaky: failed 1 of 2 attempts", // the transient failure is not the build's
+	}, []string{"Failed first", "<dt>Retry</dt>"})
+	check("the evaluation of a flaky build", fx.get(fmt.Sprintf("/ci/proj/eval/%d", s.eval), http.StatusOK),
+		[]string{`title="attributes whose build succeeded after failing without a change">1 flaky</span>`,
+			`<span class="badge ok">succeeded</span> <span class="badge wait flaky" title="succeeded after failing without a change">flaky</span>`}, nil)
 	check("succeeded, attempt 2", page("?attempt=2"), []string{tab(2, true), ">attempt two: boom\n</pre>"}, nil)
 }

@@ -325,7 +325,7 @@ SELECT ea.id, p.name, ea.attr, COALESCE(ea.drv_path, ''), COALESCE(ea.error, '')
             WHEN j.id IS NULL THEN 'cached' ELSE j.status END,
        COALESCE(j.claimed_by, ''), j.started_at, j.finished_at,
        COALESCE(cause.id, 0), COALESCE(cause.name, ''), COALESCE(ff.attempt, 0),
-       ea.detached_at IS NULL AND j.status = 'succeeded' AND j.failures > 0
+       COALESCE(ea.detached_at IS NULL AND j.status = 'succeeded' AND j.failures > 0, false)
 FROM eval_attrs ea
 JOIN evaluations e ON e.id = ea.eval_id
 JOIN projects p ON p.id = e.project_id
