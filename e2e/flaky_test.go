@@ -63,6 +63,9 @@ func TestFlakyBuildRetried(t *testing.T) {
 	if !build.Flaky || build.Failures != 1 || build.Status != status.JobSucceeded {
 		t.Errorf("GET /api/v1/builds/%d: %+v; want succeeded, flaky, 1 failure", fj.ID, build)
 	}
+	if show := c.cli.ok("job", "show", strconv.FormatInt(fj.ID, 10)); !strings.Contains(show, "succeeded after 1 build failure(s)") {
+		t.Errorf("job show %d does not say it is flaky:\n%s", fj.ID, show)
+	}
 	page := c.get200(fmt.Sprintf("/ci/%s/build/%d", c.project, fj.ID))
 	if !strings.Contains(page, "flaky: failed 1 of 2 attempts") {
 		t.Errorf("the build page does not say it is flaky:\n%s", page)

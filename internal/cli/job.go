@@ -14,6 +14,7 @@ import (
 
 	"github.com/harmonia-ci/harmonia-ci/internal/config"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 func newJobCmd(g *globalFlags) *cobra.Command {
@@ -60,6 +61,12 @@ func newJobCmd(g *globalFlags) *cobra.Command {
 					row("exit code", strconv.Itoa(*j.ExitCode))
 				}
 				row("error", j.ErrorMessage)
+				if j.Flaky() {
+					row("flaky", fmt.Sprintf("succeeded after %d build failure(s) of the same derivation", j.Failures))
+				}
+				if j.Status == status.JobPending && j.RetryAt != nil {
+					row("retry", "not before "+j.RetryAt.UTC().Format(time.RFC3339)+" (a build failure, retried by the project's policy)")
+				}
 				if j.LogURL != "" {
 					row("log", "/"+j.LogURL)
 				}
