@@ -6,12 +6,11 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"text/tabwriter"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
+	"github.com/harmonia-ci/harmonia-ci/internal/apiclient"
 	"github.com/harmonia-ci/harmonia-ci/internal/config"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 )
@@ -31,6 +30,13 @@ func newJobCmd(g *globalFlags) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			c, err := g.remote()
+			if err != nil {
+				return err
+			}
+			if c != nil {
+				return remoteJobShow(cmd, c, id, asJSON)
+			}
 			return withDB(cmd, g, func(ctx context.Context, _ *config.Config, pool *pgxpool.Pool) error {
 				j, err := queue.GetJob(ctx, pool, id)
 				if err != nil {
@@ -39,29 +45,24 @@ func newJobCmd(g *globalFlags) *cobra.Command {
 				if asJSON {
 					return printJSON(cmd.OutOrStdout(), j)
 				}
-				tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-				row := func(k, v string) {
-					if v != "" {
-						fmt.Fprintf(tw, "%s\t%s\n", k, v)
-					}
-				}
-				row("job", strconv.FormatInt(j.ID, 10))
-				row("derivation", j.DrvPath)
-				row("project", j.Project)
-				row("status", string(j.Status))
-				row("attempt", strconv.Itoa(j.Attempt))
-				row("retries", strconv.Itoa(j.RetryCount))
-				row("priority", strconv.Itoa(j.Priority))
-				row("builder", j.ClaimedBy)
+				f := newFieldWriter(cmd.OutOrStdout())
+				f.row("job", strconv.FormatInt(j.ID, 10))
+				f.row("derivation", j.DrvPath)
+				f.row("project", j.Project)
+				f.row("status", string(j.Status))
+				f.row("attempt", strconv.Itoa(j.Attempt))
+				f.row("retries", strconv.Itoa(j.RetryCount))
+				f.row("priority", strconv.Itoa(j.Priority))
+				f.row("builder", j.ClaimedBy)
 				if j.StartedAt != nil && j.FinishedAt != nil {
-					row("duration", j.FinishedAt.Sub(*j.StartedAt).Round(time.Millisecond).String())
+					f.row("duration", duration(j.FinishedAt.Sub(*j.StartedAt)))
 				}
 				if j.ExitCode != nil {
-					row("exit code", strconv.Itoa(*j.ExitCode))
+					f.row("exit code", strconv.Itoa(*j.ExitCode))
 				}
-				row("error", j.ErrorMessage)
+				f.row("error", j.ErrorMessage)
 				if j.LogURL != "" {
-					row("log", "/"+j.LogURL)
+					f.row("log", "/"+j.LogURL)
 				}
 				for _, a := range j.Attempts {
 					v := string(a.Status)
@@ -69,7 +70,7 @@ func newJobCmd(g *globalFlags) *cobra.Command {
 						v += " on " + a.Node
 					}
 					if a.StartedAt != nil {
-						v += " in " + a.FinishedAt.Sub(*a.StartedAt).Round(time.Millisecond).String()
+						v += " in " + duration(a.FinishedAt.Sub(*a.StartedAt))
 					}
 					if a.Error != "" {
 						v += ": " + strings.SplitN(a.Error, "\n", 2)[0]
@@ -77,9 +78,9 @@ func newJobCmd(g *globalFlags) *cobra.Command {
 					if a.LogKey != "" {
 						v += " (/" + a.LogKey + ")"
 					}
-					row("attempt "+strconv.Itoa(a.Attempt), v)
+					f.row("attempt "+strconv.Itoa(a.Attempt), v)
 				}
-				return tw.Flush()
+				return f.flush()
 			})
 		},
 	}
@@ -95,7 +96,7 @@ func newJobCmd(g *globalFlags) *cobra.Command {
 				return "", fmt.Errorf("job %d is not failed, dep-failed or cancelled: nothing to rebuild", id)
 			}
 			return fmt.Sprintf("queued job %d again (%d jobs reset)", id, n), nil
-		})
+		}, (*apiclient.Client).RebuildBuild)
 	cancel := jobAction(g, "cancel ID",
 		"Cancel a pending or running job (a running build is killed within a heartbeat)",
 		func(ctx context.Context, pool *pgxpool.Pool, id int64) (string, error) {
@@ -105,14 +106,17 @@ func newJobCmd(g *globalFlags) *cobra.Command {
 				return "", err
 			}
 			return fmt.Sprintf("cancelled job %d", id), nil
-		})
+		}, (*apiclient.Client).CancelBuild)
 	cmd.AddCommand(show, rebuild, cancel)
 	return cmd
 }
 
-// jobAction is a command that does one thing to an existing job and prints what it did.
-func jobAction(g *globalFlags, use, short string, do func(ctx context.Context, pool *pgxpool.Pool, id int64) (string, error)) *cobra.Command {
-	return &cobra.Command{
+// jobAction is a command that does one thing to an existing job and prints what it did: with
+// the database, do; over HTTP, the server's action remote.
+func jobAction(g *globalFlags, use, short string, do func(ctx context.Context, pool *pgxpool.Pool, id int64) (string, error),
+	remote func(c *apiclient.Client, ctx context.Context, id int64) (apiclient.ActionResult, error)) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
 		Use:   use,
 		Short: short,
 		Args:  cobra.ExactArgs(1),
@@ -120,6 +124,15 @@ func jobAction(g *globalFlags, use, short string, do func(ctx context.Context, p
 			id, err := parseJobID(args[0])
 			if err != nil {
 				return err
+			}
+			c, err := g.remote()
+			if err != nil {
+				return err
+			}
+			if c != nil {
+				return remoteAction(cmd, asJSON, func(ctx context.Context) (apiclient.ActionResult, error) {
+					return remote(c, ctx, id)
+				})
 			}
 			return withDB(cmd, g, func(ctx context.Context, _ *config.Config, pool *pgxpool.Pool) error {
 				if _, err := queue.GetJob(ctx, pool, id); err != nil {
@@ -129,17 +142,18 @@ func jobAction(g *globalFlags, use, short string, do func(ctx context.Context, p
 				if err != nil {
 					return err
 				}
-				fmt.Fprintln(cmd.OutOrStdout(), msg)
-				return nil
+				return printAction(cmd, msg, asJSON)
 			})
 		},
 	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
 }
 
 func parseJobID(s string) (int64, error) {
 	id, err := strconv.ParseInt(s, 10, 64)
 	if err != nil || id <= 0 {
-		return 0, fmt.Errorf("job id: want a positive number, got %q", s)
+		return 0, usageError{fmt.Errorf("job id: want a positive number, got %q", s)}
 	}
 	return id, nil
 }
