@@ -117,6 +117,7 @@ func sleep(ctx context.Context, d time.Duration) error {
 // Error is a failed call: the server's answer (Status, and its message), or no answer at all
 // (Status 0, Err the network's error). It never holds the token.
 type Error struct {
+	Server       string // the base URL
 	Method, Path string
 	Status       int
 	Msg          string        // the server's {"error": …}, or its status text
@@ -128,7 +129,7 @@ func (e *Error) Error() string {
 	where := e.Method + " " + e.Path
 	switch {
 	case e.Status == 0:
-		return fmt.Sprintf("%s: server unreachable: %v", where, e.Err)
+		return fmt.Sprintf("%s: server %s unreachable: %v", where, e.Server, e.Err)
 	case e.Status == http.StatusUnauthorized:
 		return fmt.Sprintf("%s: the server refused the token (401 %s): it is invalid, revoked or expired; run `harmonia-ci login --server URL` or pass another --token", where, e.Msg)
 	case e.Status == http.StatusForbidden:
@@ -202,13 +203,15 @@ func (c *Client) send(ctx context.Context, r request) (*http.Response, error) {
 			return nil, fmt.Errorf("%s %s: %w", r.method, r.path, context.Cause(ctx))
 		}
 		// url.Error names the URL, never the request's headers.
-		return nil, &Error{Method: r.method, Path: r.path, Err: unwrapURLError(err)}
+		return nil, &Error{Server: c.base.String(), Method: r.method, Path: r.path, Err: unwrapURLError(err)}
 	}
 	if resp.StatusCode >= 200 && resp.StatusCode < 300 {
 		return resp, nil
 	}
 	defer resp.Body.Close()
-	return nil, errorOf(r, resp)
+	e := errorOf(r, resp)
+	e.Server = c.base.String()
+	return nil, e
 }
 
 // unwrapURLError drops url.Error's "Get "URL":" prefix, which Error's own prefix repeats.
