@@ -139,7 +139,7 @@ Later commands with the same --server use it.`,
 			defer cancel()
 			o := apiclient.LoginOptions{Server: u.String(), Name: name, Out: cmd.ErrOrStderr(), Timeout: timeout}
 			if !noBrowser {
-				o.OpenFunc = openBrowser
+				o.OpenFunc = browserOpener
 			}
 			token, err := apiclient.Login(ctx, o)
 			if err != nil {
@@ -157,6 +157,9 @@ Later commands with the same --server use it.`,
 	cmd.Flags().DurationVar(&timeout, "timeout", apiclient.DefaultLoginTimeout, "how long to wait for the browser")
 	return cmd
 }
+
+// browserOpener opens the login page; tests replace it.
+var browserOpener = openBrowser
 
 // openBrowser opens url with xdg-open, else open.
 func openBrowser(url string) error {
