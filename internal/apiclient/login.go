@@ -26,7 +26,7 @@ const maxTokenLen = 4096
 // LoginOptions configure Login.
 type LoginOptions struct {
 	Server string
-	// Name names the token on the server; "" is "cli@<hostname>".
+	// Name names the token on the server; "" is DefaultTokenName.
 	Name string
 	// OpenFunc opens the URL in a browser; nil, or an error, and the URL is only printed.
 	OpenFunc func(url string) error
@@ -45,11 +45,7 @@ func Login(ctx context.Context, o LoginOptions) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	name := o.Name
-	if name == "" {
-		host, _ := os.Hostname()
-		name = "cli@" + cmp.Or(host, "unknown")
-	}
+	name := cmp.Or(o.Name, DefaultTokenName())
 	state, err := newState()
 	if err != nil {
 		return "", err
@@ -117,6 +113,12 @@ func Login(ctx context.Context, o LoginOptions) (string, error) {
 	case <-ctx.Done():
 		return "", context.Cause(ctx)
 	}
+}
+
+// DefaultTokenName is "cli@<hostname>".
+func DefaultTokenName() string {
+	host, _ := os.Hostname()
+	return "cli@" + cmp.Or(host, "unknown")
 }
 
 // newState is 32 random URL-safe characters.

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/harmonia-ci/harmonia-ci/internal/apiclient"
 	"github.com/harmonia-ci/harmonia-ci/internal/apiv1"
+	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
 // The remote command line: with --server (or HARMONIA_CI_SERVER), the commands that have an
@@ -137,7 +139,7 @@ Later commands with the same --server use it.`,
 			}
 			ctx, cancel := remoteContext(cmd, 0)
 			defer cancel()
-			o := apiclient.LoginOptions{Server: u.String(), Name: name, Out: cmd.ErrOrStderr(), Timeout: timeout}
+			o := apiclient.LoginOptions{Server: u.String(), Name: cmp.Or(name, apiclient.DefaultTokenName()), Out: cmd.ErrOrStderr(), Timeout: timeout}
 			if !noBrowser {
 				o.OpenFunc = browserOpener
 			}
@@ -207,25 +209,29 @@ func remoteEvalShow(cmd *cobra.Command, c *apiclient.Client, id int64, wait, asJ
 	}
 	ctx, cancel := remoteContext(cmd, limit)
 	defer cancel()
-	for {
-		e, err := c.Evaluation(ctx, id, true)
+	for wait {
+		e, err := c.Evaluation(ctx, id, false)
 		if err != nil {
 			return err
 		}
-		if wait && e.Status.Unfinished() {
-			if err := pause(ctx, watchInterval); err != nil {
-				return err
-			}
-			continue
+		if !e.Status.Unfinished() {
+			break
 		}
-		if err := showAPIEval(cmd, e, asJSON); err != nil {
+		if err := pause(ctx, watchInterval); err != nil {
 			return err
 		}
-		if wait && (e.Status == "failed" || e.Status == "cancelled") {
-			return failedError{fmt.Sprintf("evaluation %d %s", e.ID, e.Status)}
-		}
-		return nil
 	}
+	e, err := c.Evaluation(ctx, id, true)
+	if err != nil {
+		return err
+	}
+	if err := showAPIEval(cmd, e, asJSON); err != nil {
+		return err
+	}
+	if wait && (e.Status == status.EvalFailed || e.Status == status.EvalCancelled) {
+		return failedError{fmt.Sprintf("evaluation %d %s", e.ID, e.Status)}
+	}
+	return nil
 }
 
 func showAPIEval(cmd *cobra.Command, e apiv1.EvaluationDetail, asJSON bool) error {
