@@ -72,7 +72,7 @@ func New(o Options) (*Client, error) {
 		c.http = &http.Client{}
 	}
 	if c.sleep == nil {
-		c.sleep = sleep
+		c.sleep = Sleep
 	}
 	return c, nil
 }
@@ -103,7 +103,8 @@ func ParseServer(raw string) (*url.URL, error) {
 // Server is the server's base URL, without a trailing slash.
 func (c *Client) Server() string { return c.base.String() }
 
-func sleep(ctx context.Context, d time.Duration) error {
+// Sleep waits d, or until ctx ends.
+func Sleep(ctx context.Context, d time.Duration) error {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {

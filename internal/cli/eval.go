@@ -263,14 +263,7 @@ func newEvalList(g *globalFlags) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				if asJSON {
-					return printJSON(cmd.OutOrStdout(), es)
-				}
-				rows := make([]evalRow, len(es))
-				for i, e := range es {
-					rows[i] = dbEvalRow(e)
-				}
-				return writeEvalList(cmd.OutOrStdout(), rows)
+				return printEvalList(cmd.OutOrStdout(), es, asJSON, dbEvalRow)
 			})
 		},
 	}

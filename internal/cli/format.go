@@ -3,6 +3,7 @@ package cli
 import (
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -16,6 +17,18 @@ type evalRow struct {
 	id                              int64
 	project, branch, commit, status string
 	created                         time.Time
+}
+
+// printEvalList prints evaluations as JSON, as they are, or as the table of rows row makes.
+func printEvalList[E any](w io.Writer, es []E, asJSON bool, row func(E) evalRow) error {
+	if asJSON {
+		return printJSON(w, es)
+	}
+	rows := make([]evalRow, len(es))
+	for i, e := range es {
+		rows[i] = row(e)
+	}
+	return writeEvalList(w, rows)
 }
 
 func writeEvalList(w io.Writer, rows []evalRow) error {
@@ -76,6 +89,35 @@ func (f fieldWriter) row(k, v string) {
 }
 
 func (f fieldWriter) flush() error { return f.tw.Flush() }
+
+// jobFields is what `job show` says of a build.
+type jobFields struct {
+	id                            int64
+	drv, project, status, builder string
+	attempt, retries, priority    int
+	duration                      *time.Duration
+	exitCode                      *int
+	err, log                      string
+}
+
+func (j jobFields) write(f fieldWriter) {
+	f.row("job", strconv.FormatInt(j.id, 10))
+	f.row("derivation", j.drv)
+	f.row("project", j.project)
+	f.row("status", j.status)
+	f.row("attempt", strconv.Itoa(j.attempt))
+	f.row("retries", strconv.Itoa(j.retries))
+	f.row("priority", strconv.Itoa(j.priority))
+	f.row("builder", j.builder)
+	if j.duration != nil {
+		f.row("duration", duration(*j.duration))
+	}
+	if j.exitCode != nil {
+		f.row("exit code", strconv.Itoa(*j.exitCode))
+	}
+	f.row("error", j.err)
+	f.row("log", j.log)
+}
 
 // duration is d rounded for people.
 func duration(d time.Duration) string { return d.Round(time.Millisecond).String() }

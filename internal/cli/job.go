@@ -46,24 +46,16 @@ func newJobCmd(g *globalFlags) *cobra.Command {
 					return printJSON(cmd.OutOrStdout(), j)
 				}
 				f := newFieldWriter(cmd.OutOrStdout())
-				f.row("job", strconv.FormatInt(j.ID, 10))
-				f.row("derivation", j.DrvPath)
-				f.row("project", j.Project)
-				f.row("status", string(j.Status))
-				f.row("attempt", strconv.Itoa(j.Attempt))
-				f.row("retries", strconv.Itoa(j.RetryCount))
-				f.row("priority", strconv.Itoa(j.Priority))
-				f.row("builder", j.ClaimedBy)
+				jf := jobFields{id: j.ID, drv: j.DrvPath, project: j.Project, status: string(j.Status), attempt: j.Attempt,
+					retries: j.RetryCount, priority: j.Priority, builder: j.ClaimedBy, exitCode: j.ExitCode, err: j.ErrorMessage}
 				if j.StartedAt != nil && j.FinishedAt != nil {
-					f.row("duration", duration(j.FinishedAt.Sub(*j.StartedAt)))
+					d := j.FinishedAt.Sub(*j.StartedAt)
+					jf.duration = &d
 				}
-				if j.ExitCode != nil {
-					f.row("exit code", strconv.Itoa(*j.ExitCode))
-				}
-				f.row("error", j.ErrorMessage)
 				if j.LogURL != "" {
-					f.row("log", "/"+j.LogURL)
+					jf.log = "/" + j.LogURL
 				}
+				jf.write(f)
 				for _, a := range j.Attempts {
 					v := string(a.Status)
 					if a.Node != "" {

@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -191,14 +190,7 @@ func remoteEvalList(cmd *cobra.Command, c *apiclient.Client, project string, lim
 	if err != nil {
 		return err
 	}
-	if asJSON {
-		return printJSON(cmd.OutOrStdout(), es)
-	}
-	rows := make([]evalRow, len(es))
-	for i, e := range es {
-		rows[i] = apiEvalRow(e)
-	}
-	return writeEvalList(cmd.OutOrStdout(), rows)
+	return printEvalList(cmd.OutOrStdout(), es, asJSON, apiEvalRow)
 }
 
 // remoteEvalShow is `eval show` over HTTP; with wait, once the evaluation has finished.
@@ -217,7 +209,7 @@ func remoteEvalShow(cmd *cobra.Command, c *apiclient.Client, id int64, wait, asJ
 		if !e.Status.Unfinished() {
 			break
 		}
-		if err := pause(ctx, watchInterval); err != nil {
+		if err := apiclient.Sleep(ctx, watchInterval); err != nil {
 			return err
 		}
 	}
@@ -279,33 +271,12 @@ func remoteJobShow(cmd *cobra.Command, c *apiclient.Client, id int64, asJSON boo
 		return printJSON(cmd.OutOrStdout(), b)
 	}
 	f := newFieldWriter(cmd.OutOrStdout())
-	f.row("job", strconv.FormatInt(b.ID, 10))
-	f.row("derivation", b.DrvPath)
-	f.row("project", b.Project)
-	f.row("status", string(b.Status))
-	f.row("attempt", strconv.Itoa(b.Attempt))
-	f.row("retries", strconv.Itoa(b.RetryCount))
-	f.row("priority", strconv.Itoa(b.Priority))
-	f.row("builder", b.Builder)
+	j := jobFields{id: b.ID, drv: b.DrvPath, project: b.Project, status: string(b.Status), attempt: b.Attempt,
+		retries: b.RetryCount, priority: b.Priority, builder: b.Builder, exitCode: b.ExitCode, err: b.Error, log: b.LogURL}
 	if b.DurationSeconds != nil {
-		f.row("duration", duration(time.Duration(*b.DurationSeconds*float64(time.Second))))
+		d := time.Duration(*b.DurationSeconds * float64(time.Second))
+		j.duration = &d
 	}
-	if b.ExitCode != nil {
-		f.row("exit code", strconv.Itoa(*b.ExitCode))
-	}
-	f.row("error", b.Error)
-	f.row("log", b.LogURL)
+	j.write(f)
 	return f.flush()
-}
-
-// pause waits d or until ctx ends.
-func pause(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return context.Cause(ctx)
-	}
 }

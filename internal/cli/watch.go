@@ -27,41 +27,30 @@ finished: on a terminal one line of counts by status, redrawn in place; otherwis
 time the counts change. It exits 0 only when the evaluation and every attribute succeeded, 1
 when anything failed (the failed attributes are named; ` + "`failures EVAL`" + ` shows their logs).
 With --json, progress goes to stderr and the finished evaluation, as the API gives it, to stdout.`,
-		Args: cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			id, err := parseID(args[0])
-			if err != nil {
-				return err
-			}
-			c, err := g.requireRemote(cmd)
-			if err != nil {
-				return err
-			}
-			ctx, cancel := remoteContext(cmd, 0)
-			defer cancel()
-			progress := cmd.OutOrStdout()
-			if asJSON {
-				progress = cmd.ErrOrStderr()
-			}
-			e, err := watchEval(ctx, c, id, progress, isTerminal(progress))
-			if err != nil {
-				return err
-			}
-			failed, err := c.Failures(ctx, id)
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				if e, err = c.Evaluation(ctx, id, true); err != nil {
-					return err
-				}
-				if err := printJSON(cmd.OutOrStdout(), e); err != nil {
-					return err
-				}
-			}
-			return watchResult(e, failed)
-		},
 	}
+	remoteOnly(g, cmd, parseID, 0, func(ctx context.Context, c *apiclient.Client, id int64) error {
+		progress := cmd.OutOrStdout()
+		if asJSON {
+			progress = cmd.ErrOrStderr()
+		}
+		e, err := watchEval(ctx, c, id, progress, isTerminal(progress))
+		if err != nil {
+			return err
+		}
+		failed, err := c.Failures(ctx, id)
+		if err != nil {
+			return err
+		}
+		if asJSON {
+			if e, err = c.Evaluation(ctx, id, true); err != nil {
+				return err
+			}
+			if err := printJSON(cmd.OutOrStdout(), e); err != nil {
+				return err
+			}
+		}
+		return watchResult(e, failed)
+	})
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the finished evaluation as JSON")
 	return cmd
 }
@@ -84,7 +73,7 @@ func watchEval(ctx context.Context, c *apiclient.Client, id int64, progress io.W
 			if watchDone(e) {
 				break
 			}
-			err = pause(ctx, watchInterval)
+			err = apiclient.Sleep(ctx, watchInterval)
 		}
 		if err != nil {
 			if tty && last != "" {
@@ -160,28 +149,17 @@ func newFailures(g *globalFlags) *cobra.Command {
 		Long: `failures lists, over HTTP (--server), the attributes of an evaluation that did not evaluate
 or whose build failed or dep-failed, each with the last 4 KiB of the failed build's log (for a
 dep-failed one, its failed dependency's). --json prints the API's failures object.`,
-		Args: cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			id, err := parseID(args[0])
-			if err != nil {
-				return err
-			}
-			c, err := g.requireRemote(cmd)
-			if err != nil {
-				return err
-			}
-			ctx, cancel := remoteContext(cmd, 2*time.Minute)
-			defer cancel()
-			fl, err := c.Failures(ctx, id)
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				return printJSON(cmd.OutOrStdout(), fl)
-			}
-			return writeFailures(cmd.OutOrStdout(), fl)
-		},
 	}
+	remoteOnly(g, cmd, parseID, 2*time.Minute, func(ctx context.Context, c *apiclient.Client, id int64) error {
+		fl, err := c.Failures(ctx, id)
+		if err != nil {
+			return err
+		}
+		if asJSON {
+			return printJSON(cmd.OutOrStdout(), fl)
+		}
+		return writeFailures(cmd.OutOrStdout(), fl)
+	})
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
 }
@@ -200,7 +178,7 @@ func writeFailures(w io.Writer, fl apiv1.FailureList) error {
 		fmt.Fprintln(w, head)
 		for _, e := range []string{f.EvalError, f.BuildError} {
 			if e != "" {
-				fmt.Fprintf(w, "error: %s\n", strings.TrimPrefix(e, "error: "))
+				fmt.Fprintf(w, "error: %s\n", strings.TrimPrefix(firstLine(e), "error: "))
 			}
 		}
 		if f.LogTail != "" {
@@ -220,35 +198,45 @@ func writeFailures(w io.Writer, fl apiv1.FailureList) error {
 }
 
 func newLog(g *globalFlags) *cobra.Command {
-	return &cobra.Command{
+	cmd := &cobra.Command{
 		Use:   "log JOB",
 		Short: "Print a build's log, following a running build's until it finishes",
 		Long: `log prints, over HTTP (--server), a finished build's log, or follows a running one's as it
 is written until the build ends. It exits 0 when the build succeeded, 1 when it did not.`,
-		Args: cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			id, err := parseJobID(args[0])
-			if err != nil {
-				return err
-			}
-			c, err := g.requireRemote(cmd)
-			if err != nil {
-				return err
-			}
-			ctx, cancel := remoteContext(cmd, 0)
-			defer cancel()
-			end, err := c.Log(ctx, id, cmd.OutOrStdout())
-			if err != nil {
-				return err
-			}
-			if end.Status != status.JobSucceeded {
-				msg := fmt.Sprintf("build %d %s", id, end.Status)
-				if end.Error != "" {
-					msg += ": " + firstLine(end.Error)
-				}
-				return failedError{msg}
-			}
-			return nil
-		},
 	}
+	return remoteOnly(g, cmd, parseJobID, 0, func(ctx context.Context, c *apiclient.Client, id int64) error {
+		end, err := c.Log(ctx, id, cmd.OutOrStdout())
+		if err != nil {
+			return err
+		}
+		if end.Status != status.JobSucceeded {
+			msg := fmt.Sprintf("build %d %s", id, end.Status)
+			if end.Error != "" {
+				msg += ": " + firstLine(end.Error)
+			}
+			return failedError{msg}
+		}
+		return nil
+	})
+}
+
+// remoteOnly makes cmd a command that works over HTTP only, on one id (checked by parse): run
+// gets the client and a context that ends at a signal or after limit (0: none).
+func remoteOnly(g *globalFlags, cmd *cobra.Command, parse func(string) (int64, error), limit time.Duration,
+	run func(ctx context.Context, c *apiclient.Client, id int64) error) *cobra.Command {
+	cmd.Args = cobra.ExactArgs(1)
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		id, err := parse(args[0])
+		if err != nil {
+			return err
+		}
+		c, err := g.requireRemote(cmd)
+		if err != nil {
+			return err
+		}
+		ctx, cancel := remoteContext(cmd, limit)
+		defer cancel()
+		return run(ctx, c, id)
+	}
+	return cmd
 }
