@@ -3,6 +3,7 @@ package apiclient
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -22,6 +23,9 @@ const (
 	// anchorBytes is how much of what was printed last is looked for in the next text, to
 	// print only what follows it.
 	anchorBytes = 1 << 10
+	// keepBytes is how much of what was printed is kept: a log up to this size is matched
+	// whole, which a log of repeated lines needs.
+	keepBytes = 128 << 10
 	// maxStreamFailures is how many live log streams in a row may end without a word before
 	// Log gives up.
 	maxStreamFailures = 5
@@ -31,6 +35,7 @@ const (
 type LogEnd struct {
 	Status status.JobStatus `json:"status"`
 	Error  string           `json:"error"`
+	LogURL string           `json:"log_url"` // "": the build left no log
 }
 
 // Log writes build id's log to w: a finished build's whole log, or a running one's as it grows
@@ -47,7 +52,7 @@ func (c *Client) Log(ctx context.Context, id int64, w io.Writer) (LogEnd, error)
 			return LogEnd{}, p.err
 		}
 		if end != nil {
-			return *end, c.archivedLog(ctx, path, p)
+			return *end, c.archivedLog(ctx, path, end.LogURL != "", p)
 		}
 		var ae *Error
 		if ctx.Err() != nil || (errors.As(err, &ae) && ae.Status != 0 && ae.Status < 500) {
@@ -116,12 +121,19 @@ func (c *Client) streamLog(ctx context.Context, path string, lastID *string, p *
 
 // archivedLog shows the finished build's log (the log route redirects to it), or, when it has
 // none, what the live tail held back.
-func (c *Client) archivedLog(ctx context.Context, path string, p *logPrinter) error {
+func (c *Client) archivedLog(ctx context.Context, path string, hasLog bool, p *logPrinter) error {
+	if !hasLog {
+		p.flush()
+		return p.err
+	}
 	resp, err := c.do(ctx, request{method: http.MethodGet, path: path, accept: "text/plain"})
 	var ae *Error
 	if errors.As(err, &ae) && ae.Status == http.StatusNotFound {
 		p.flush()
-		return p.err
+		if p.err == nil {
+			ae.Msg = "the build's archived log is gone, or its cache refused it: " + ae.Msg
+		}
+		return cmp.Or(p.err, err)
 	}
 	if err != nil {
 		return err
@@ -163,6 +175,7 @@ func terminalText(b []byte) string {
 type logPrinter struct {
 	w       io.Writer
 	printed []byte // the end of what was printed, whole lines
+	cut     bool   // printed lacks its beginning
 	pending string // a live tail's last line, not printed yet
 	err     error
 }
@@ -187,6 +200,9 @@ func (p *logPrinter) show(text string, final bool) {
 func (p *logPrinter) resume(text []byte) int {
 	if len(p.printed) == 0 || len(text) == 0 {
 		return 0
+	}
+	if !p.cut && bytes.HasPrefix(text, p.printed) { // the view starts where the log does
+		return len(p.printed)
 	}
 	anchor := p.printed[max(0, len(p.printed)-anchorBytes):]
 	if i := bytes.LastIndex(text, anchor); i >= 0 {
@@ -215,7 +231,7 @@ func (p *logPrinter) write(b []byte) {
 	}
 	_, p.err = p.w.Write(b)
 	p.printed = append(p.printed, b...)
-	if len(p.printed) > 2*anchorBytes {
-		p.printed = append(p.printed[:0], p.printed[len(p.printed)-anchorBytes:]...)
+	if len(p.printed) > 2*keepBytes {
+		p.printed, p.cut = append(p.printed[:0], p.printed[len(p.printed)-keepBytes:]...), true
 	}
 }
