@@ -19,8 +19,8 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
-// remoteToken is the API token the remote command line uses: the cluster's admin token.
-func remoteToken(t *testing.T) string { t.Helper(); return adminToken }
+// remoteToken is the API token the remote command line uses on cluster c: its admin token.
+func remoteToken(t *testing.T, c *buildCluster) string { t.Helper(); return adminToken }
 
 // remoteCLI runs harmonia-ci as on a laptop: a HOME and config directory of its own, no
 // database URL or other harmonia-ci setting in its environment, a server and a token.
@@ -76,7 +76,7 @@ func (r *remoteCLI) expect(code int, args ...string) string {
 // with nothing changed.
 func TestRemoteCLI(t *testing.T) {
 	c := newBuildCluster(t, buildClusterOptions{builders: 1, frontendEnv: []string{"HARMONIA_ADMIN_TOKEN=" + adminToken}})
-	r := &remoteCLI{t: t, server: c.endpoint("front-1"), token: remoteToken(t), home: t.TempDir()}
+	r := &remoteCLI{t: t, server: c.endpoint("front-1"), token: remoteToken(t, c), home: t.TempDir()}
 	salt := uniqueSalt(t)
 
 	c.repo.Commit("one fails", map[string]string{"ci.nix": nixtest.Lib(salt) + `

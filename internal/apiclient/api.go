@@ -40,7 +40,7 @@ func (c *Client) Evaluations(ctx context.Context, project string, limit int) ([]
 			names = append(names, p.Name)
 		}
 	}
-	var all []apiv1.Evaluation
+	all := []apiv1.Evaluation{}
 	for _, name := range names {
 		var out apiv1.EvaluationList
 		q := url.Values{"limit": {strconv.Itoa(limit)}}
