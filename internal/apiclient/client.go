@@ -123,6 +123,7 @@ type Error struct {
 	Status       int
 	Msg          string        // the server's {"error": …}, or its status text
 	RetryAfter   time.Duration // of a 429
+	Anonymous    bool          // the request carried no token
 	Err          error
 }
 
@@ -131,6 +132,8 @@ func (e *Error) Error() string {
 	switch {
 	case e.Status == 0:
 		return fmt.Sprintf("%s: server %s unreachable: %v", where, e.Server, e.Err)
+	case e.Status == http.StatusUnauthorized && e.Anonymous:
+		return fmt.Sprintf("%s: the server wants a token (401 %s): run `harmonia-ci login --server URL` or pass --token", where, e.Msg)
 	case e.Status == http.StatusUnauthorized:
 		return fmt.Sprintf("%s: the server refused the token (401 %s): it is invalid, revoked or expired; run `harmonia-ci login --server URL` or pass another --token", where, e.Msg)
 	case e.Status == http.StatusForbidden:
@@ -172,9 +175,12 @@ func (c *Client) do(ctx context.Context, r request) (*http.Response, error) {
 }
 
 func (c *Client) send(ctx context.Context, r request) (*http.Response, error) {
+	ref, err := url.Parse(c.base.EscapedPath() + r.path) // r.path is escaped
+	if err != nil {
+		return nil, fmt.Errorf("%s %s: %w", r.method, r.path, err)
+	}
 	u := *c.base
-	u.Path = c.base.Path + r.path
-	u.RawQuery = r.query.Encode()
+	u.Path, u.RawPath, u.RawQuery = ref.Path, ref.RawPath, r.query.Encode()
 	var body io.Reader
 	if r.body != nil {
 		b, err := json.Marshal(r.body)
@@ -211,7 +217,7 @@ func (c *Client) send(ctx context.Context, r request) (*http.Response, error) {
 	}
 	defer resp.Body.Close()
 	e := errorOf(r, resp)
-	e.Server = c.base.String()
+	e.Server, e.Anonymous = c.base.String(), c.token == ""
 	return nil, e
 }
 

@@ -225,6 +225,9 @@ func TestClientReadsAndActs(t *testing.T) {
 		{"no such project", func() error { _, err := c.Evaluations(ctx, "nope", 5); return err }, http.StatusNotFound, "not found"},
 		{"bad token", func() error { _, err := fx.clientWith("wrong-token").RebuildBuild(ctx, fx.failJob); return err },
 			http.StatusUnauthorized, "refused the token"},
+		{"no token", func() error { _, err := fx.clientWith("").CancelBuild(ctx, fx.failJob); return err },
+			http.StatusUnauthorized, "wants a token"},
+		{"a name to escape", func() error { _, err := c.Evaluations(ctx, "a b/c?d", 5); return err }, http.StatusNotFound, "a b/c?d"},
 		{"nothing to rebuild", func() error { _, err := c.RebuildBuild(ctx, fx.okJob); return err }, http.StatusConflict, "nothing to rebuild"},
 	} {
 		err := tc.call()
