@@ -184,6 +184,9 @@ func apiEvalRow(e apiv1.Evaluation) evalRow {
 
 // remoteEvalList is `eval list` over HTTP.
 func remoteEvalList(cmd *cobra.Command, c *apiclient.Client, project string, limit int, asJSON bool) error {
+	if limit < 1 || limit > apiv1.MaxLimit {
+		return usageError{fmt.Errorf("--limit %d: the server lists 1 to %d", limit, apiv1.MaxLimit)}
+	}
 	ctx, cancel := remoteContext(cmd, 2*time.Minute)
 	defer cancel()
 	es, err := c.Evaluations(ctx, project, limit)
