@@ -77,7 +77,7 @@ func newRoot() *cobra.Command {
 	pf.StringVar(&g.stateDir, "state-dir", "", "state directory (embedded database, generated tokens)")
 	pf.StringVar(&g.nixStore, "nix-store", "", "chroot Nix store directory builds run in (env HARMONIA_NIX_STORE; default: the system store)")
 	pf.StringVar(&g.server, "server", "", "a frontend's URL: commands go over its HTTP API instead of the database (env "+envServer+")")
-	pf.StringVar(&g.token, "token", "", "the API token for --server (env "+envToken+"; default: the one `login` stored)")
+	pf.StringVar(&g.token, "token", "", "the API token for --server (env "+envToken+"; default: the one harmonia-ci login stored)")
 	pf.StringVar(&g.tokenFile, "token-file", "", "a file holding the API token for --server")
 
 	root.AddCommand(newRun(&g), newServe(&g), newUp(&g), newProjectCmd(&g), newEvalCmd(&g), newJobCmd(&g), newNodes(&g), newClusterCmd(&g), newDrain(&g),
