@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"runtime"
 	"strings"
 	"syscall"
 	"time"
@@ -117,8 +118,8 @@ func newLogin(g *globalFlags) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "login --server URL [--name NAME] [--no-browser]",
 		Short: "Get an API token through the browser and store it for --server",
-		Long: `login opens the server's token page in a browser (xdg-open or open; with --no-browser, or
-when neither works, it prints the URL), where a logged-in user confirms a token named NAME
+		Long: `login opens the server's token page in a browser (open on macOS, xdg-open where there is a
+display; with --no-browser, or when that fails, it prints the URL), where a logged-in user confirms a token named NAME
 (default cli@<hostname>); the page hands the token back to this command on a loopback port, and
 it is stored in $XDG_CONFIG_HOME/harmonia-ci/credentials.json (0600), keyed by the server's URL.
 Later commands with the same --server use it.`,
@@ -162,19 +163,19 @@ Later commands with the same --server use it.`,
 // browserOpener opens the login page; tests replace it.
 var browserOpener = openBrowser
 
-// openBrowser opens url with xdg-open, else open.
+// openBrowser opens url with open on macOS, with xdg-open elsewhere when there is a display
+// (without one, xdg-open may start a text browser in this terminal).
 func openBrowser(url string) error {
-	var errs []error
-	for _, opener := range []string{"xdg-open", "open"} {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		err := exec.CommandContext(ctx, opener, url).Run()
-		cancel()
-		if err == nil {
-			return nil
+	opener := "open"
+	if runtime.GOOS != "darwin" {
+		if os.Getenv("DISPLAY") == "" && os.Getenv("WAYLAND_DISPLAY") == "" {
+			return errors.New("no display")
 		}
-		errs = append(errs, err)
+		opener = "xdg-open"
 	}
-	return errors.Join(errs...)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return exec.CommandContext(ctx, opener, url).Run()
 }
 
 // apiEvalRow is an API evaluation as `eval list` prints it.
