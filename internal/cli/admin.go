@@ -31,6 +31,9 @@ func withDB(cmd *cobra.Command, g *globalFlags, fn func(ctx context.Context, cfg
 
 // withDBFor is withDB with a time limit for the whole command; 0 means none (until a signal).
 func withDBFor(cmd *cobra.Command, g *globalFlags, limit time.Duration, fn func(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool) error) error {
+	if err := g.dbOnly(cmd); err != nil {
+		return err
+	}
 	cfg, err := g.load(cmd)
 	if err != nil {
 		return err

@@ -7,13 +7,13 @@ import (
 	"io"
 	"slices"
 	"strconv"
-	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
+	"github.com/harmonia-ci/harmonia-ci/internal/apiclient"
 	"github.com/harmonia-ci/harmonia-ci/internal/config"
 	"github.com/harmonia-ci/harmonia-ci/internal/eval"
 	"github.com/harmonia-ci/harmonia-ci/internal/evaluation"
@@ -114,7 +114,8 @@ func wasNote(prev evaluation.Evaluation) string {
 }
 
 func newEvalCancel(g *globalFlags) *cobra.Command {
-	return &cobra.Command{
+	var asJSON bool
+	cmd := &cobra.Command{
 		Use:   "cancel ID",
 		Short: "Cancel a queued or running evaluation",
 		Args:  cobra.ExactArgs(1),
@@ -123,15 +124,25 @@ func newEvalCancel(g *globalFlags) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			c, err := g.remote()
+			if err != nil {
+				return err
+			}
+			if c != nil {
+				return remoteAction(cmd, asJSON, func(ctx context.Context) (apiclient.ActionResult, error) {
+					return c.CancelEvaluation(ctx, id)
+				})
+			}
 			return withDB(cmd, g, func(ctx context.Context, _ *config.Config, pool *pgxpool.Pool) error {
 				if err := evaluation.Cancel(ctx, pool, id, "cancelled by a user"); err != nil {
 					return err
 				}
-				fmt.Fprintf(cmd.OutOrStdout(), "cancelled evaluation %d\n", id)
-				return nil
+				return printAction(cmd, fmt.Sprintf("cancelled evaluation %d", id), asJSON)
 			})
 		},
 	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
 }
 
 func newEvalShow(g *globalFlags) *cobra.Command {
@@ -144,6 +155,16 @@ func newEvalShow(g *globalFlags) *cobra.Command {
 			id, err := parseID(args[0])
 			if err != nil {
 				return err
+			}
+			c, err := g.remote()
+			if err != nil {
+				return err
+			}
+			if c != nil {
+				if diff {
+					return usageError{errors.New("--diff reads the database: run it without --server")}
+				}
+				return remoteEvalShow(cmd, c, id, wait, asJSON)
 			}
 			var limit time.Duration
 			if !wait {
@@ -230,21 +251,19 @@ func newEvalList(g *globalFlags) *cobra.Command {
 			if len(args) == 1 {
 				name = args[0]
 			}
+			c, err := g.remote()
+			if err != nil {
+				return err
+			}
+			if c != nil {
+				return remoteEvalList(cmd, c, name, limit, asJSON)
+			}
 			return withDB(cmd, g, func(ctx context.Context, _ *config.Config, pool *pgxpool.Pool) error {
 				es, err := evaluation.List(ctx, pool, name, limit)
 				if err != nil {
 					return err
 				}
-				if asJSON {
-					return printJSON(cmd.OutOrStdout(), es)
-				}
-				tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-				fmt.Fprintln(tw, "ID\tPROJECT\tBRANCH\tCOMMIT\tSTATUS\tCREATED")
-				for _, e := range es {
-					fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\n", e.ID, e.Project, e.Branch, short(e.Commit), e.Status,
-						e.CreatedAt.Local().Format(time.DateTime))
-				}
-				return tw.Flush()
+				return printEvalList(cmd.OutOrStdout(), es, asJSON, dbEvalRow)
 			})
 		},
 	}
@@ -288,30 +307,24 @@ func showEval(ctx context.Context, w io.Writer, pool *pgxpool.Pool, e evaluation
 		}
 		return printJSON(w, evalView{Evaluation: e, Attrs: attrs})
 	}
-	fmt.Fprintf(w, "evaluation %d of %s at %s on %s: %s\n", e.ID, e.Project, short(e.Commit), e.Branch, e.Status)
-	if e.NixVersion != "" {
-		fmt.Fprintf(w, "evaluated by Nix %s on %s\n", e.NixVersion, e.ClaimedBy)
-	}
-	if e.Error != "" {
-		fmt.Fprintf(w, "error: %s\n", e.Error)
-	}
+	writeEvalHead(w, evalHead{evalRow: dbEvalRow(e), nixVersion: e.NixVersion, evaluator: e.ClaimedBy, err: e.Error})
 	if !withAttrs {
 		return nil
 	}
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ATTRIBUTE\tDERIVATION\tJOB")
-	for _, a := range attrs {
-		job := a.JobStatus
+	rows := make([]attrRow, len(attrs))
+	for i, a := range attrs {
+		job := string(a.JobStatus)
 		if job == "" && a.DrvPath != "" {
 			job = "cached"
 		}
-		drv := a.DrvPath
-		if a.Error != "" {
-			drv, job = "error: "+strings.TrimPrefix(firstLine(a.Error), "error: "), "-"
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\n", a.Attr, drv, job)
+		rows[i] = attrRow{attr: a.Attr, drv: a.DrvPath, evalErr: a.Error, job: job}
 	}
-	return tw.Flush()
+	return writeAttrs(w, rows)
+}
+
+// dbEvalRow is an evaluation as `eval list` prints it.
+func dbEvalRow(e evaluation.Evaluation) evalRow {
+	return evalRow{id: e.ID, project: e.Project, branch: e.Branch, commit: e.Commit, status: string(e.Status), created: e.CreatedAt}
 }
 
 // waitResult is the exit status of a command that waited: failing when the evaluation did.
@@ -325,7 +338,7 @@ func waitResult(e evaluation.Evaluation) error {
 func parseID(s string) (int64, error) {
 	id, err := strconv.ParseInt(s, 10, 64)
 	if err != nil || id <= 0 {
-		return 0, fmt.Errorf("evaluation id: want a positive number, got %q", s)
+		return 0, usageError{fmt.Errorf("evaluation id: want a positive number, got %q", s)}
 	}
 	return id, nil
 }

@@ -6,12 +6,11 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"text/tabwriter"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
+	"github.com/harmonia-ci/harmonia-ci/internal/apiclient"
 	"github.com/harmonia-ci/harmonia-ci/internal/config"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 	"github.com/harmonia-ci/harmonia-ci/internal/status"
@@ -32,6 +31,13 @@ func newJobCmd(g *globalFlags) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			c, err := g.remote()
+			if err != nil {
+				return err
+			}
+			if c != nil {
+				return remoteJobShow(cmd, c, id, asJSON)
+			}
 			return withDB(cmd, g, func(ctx context.Context, _ *config.Config, pool *pgxpool.Pool) error {
 				j, err := queue.GetJob(ctx, pool, id)
 				if err != nil {
@@ -40,43 +46,31 @@ func newJobCmd(g *globalFlags) *cobra.Command {
 				if asJSON {
 					return printJSON(cmd.OutOrStdout(), j)
 				}
-				tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-				row := func(k, v string) {
-					if v != "" {
-						fmt.Fprintf(tw, "%s\t%s\n", k, v)
-					}
-				}
-				row("job", strconv.FormatInt(j.ID, 10))
-				row("derivation", j.DrvPath)
-				row("project", j.Project)
-				row("status", string(j.Status))
-				row("attempt", strconv.Itoa(j.Attempt))
-				row("retries", strconv.Itoa(j.RetryCount))
-				row("priority", strconv.Itoa(j.Priority))
-				row("builder", j.ClaimedBy)
+				f := newFieldWriter(cmd.OutOrStdout())
+				jf := jobFields{id: j.ID, drv: j.DrvPath, project: j.Project, status: string(j.Status), attempt: j.Attempt,
+					retries: j.RetryCount, priority: j.Priority, builder: j.ClaimedBy, exitCode: j.ExitCode, err: j.ErrorMessage}
 				if j.StartedAt != nil && j.FinishedAt != nil {
-					row("duration", j.FinishedAt.Sub(*j.StartedAt).Round(time.Millisecond).String())
+					d := j.FinishedAt.Sub(*j.StartedAt)
+					jf.duration = &d
 				}
-				if j.ExitCode != nil {
-					row("exit code", strconv.Itoa(*j.ExitCode))
+				jf.failures, jf.retryAt = j.Failures, j.RetryAt
+				if !j.Flaky() {
+					jf.failures = 0
 				}
-				row("error", j.ErrorMessage)
-				if j.Flaky() {
-					row("flaky", fmt.Sprintf("succeeded after %d build failure(s) of the same derivation", j.Failures))
-				}
-				if j.Status == status.JobPending && j.RetryAt != nil {
-					row("retry", "not before "+j.RetryAt.UTC().Format(time.RFC3339)+" (a build failure, retried by the project's policy)")
+				if j.Status != status.JobPending {
+					jf.retryAt = nil
 				}
 				if j.LogURL != "" {
-					row("log", "/"+j.LogURL)
+					jf.log = "/" + j.LogURL
 				}
+				jf.write(f)
 				for _, a := range j.Attempts {
 					v := string(a.Status)
 					if a.Node != "" {
 						v += " on " + a.Node
 					}
 					if a.StartedAt != nil {
-						v += " in " + a.FinishedAt.Sub(*a.StartedAt).Round(time.Millisecond).String()
+						v += " in " + duration(a.FinishedAt.Sub(*a.StartedAt))
 					}
 					if a.Error != "" {
 						v += ": " + strings.SplitN(a.Error, "\n", 2)[0]
@@ -84,9 +78,9 @@ func newJobCmd(g *globalFlags) *cobra.Command {
 					if a.LogKey != "" {
 						v += " (/" + a.LogKey + ")"
 					}
-					row("attempt "+strconv.Itoa(a.Attempt), v)
+					f.row("attempt "+strconv.Itoa(a.Attempt), v)
 				}
-				return tw.Flush()
+				return f.flush()
 			})
 		},
 	}
@@ -102,7 +96,7 @@ func newJobCmd(g *globalFlags) *cobra.Command {
 				return "", fmt.Errorf("job %d is not failed, dep-failed or cancelled: nothing to rebuild", id)
 			}
 			return fmt.Sprintf("queued job %d again (%d jobs reset)", id, n), nil
-		})
+		}, (*apiclient.Client).RebuildBuild)
 	cancel := jobAction(g, "cancel ID",
 		"Cancel a pending or running job (a running build is killed within a heartbeat)",
 		func(ctx context.Context, pool *pgxpool.Pool, id int64) (string, error) {
@@ -112,14 +106,17 @@ func newJobCmd(g *globalFlags) *cobra.Command {
 				return "", err
 			}
 			return fmt.Sprintf("cancelled job %d", id), nil
-		})
+		}, (*apiclient.Client).CancelBuild)
 	cmd.AddCommand(show, rebuild, cancel)
 	return cmd
 }
 
-// jobAction is a command that does one thing to an existing job and prints what it did.
-func jobAction(g *globalFlags, use, short string, do func(ctx context.Context, pool *pgxpool.Pool, id int64) (string, error)) *cobra.Command {
-	return &cobra.Command{
+// jobAction is a command that does one thing to an existing job and prints what it did: with
+// the database, do; over HTTP, the server's action remote.
+func jobAction(g *globalFlags, use, short string, do func(ctx context.Context, pool *pgxpool.Pool, id int64) (string, error),
+	remote func(c *apiclient.Client, ctx context.Context, id int64) (apiclient.ActionResult, error)) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
 		Use:   use,
 		Short: short,
 		Args:  cobra.ExactArgs(1),
@@ -127,6 +124,15 @@ func jobAction(g *globalFlags, use, short string, do func(ctx context.Context, p
 			id, err := parseJobID(args[0])
 			if err != nil {
 				return err
+			}
+			c, err := g.remote()
+			if err != nil {
+				return err
+			}
+			if c != nil {
+				return remoteAction(cmd, asJSON, func(ctx context.Context) (apiclient.ActionResult, error) {
+					return remote(c, ctx, id)
+				})
 			}
 			return withDB(cmd, g, func(ctx context.Context, _ *config.Config, pool *pgxpool.Pool) error {
 				if _, err := queue.GetJob(ctx, pool, id); err != nil {
@@ -136,17 +142,18 @@ func jobAction(g *globalFlags, use, short string, do func(ctx context.Context, p
 				if err != nil {
 					return err
 				}
-				fmt.Fprintln(cmd.OutOrStdout(), msg)
-				return nil
+				return printAction(cmd, msg, asJSON)
 			})
 		},
 	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
 }
 
 func parseJobID(s string) (int64, error) {
 	id, err := strconv.ParseInt(s, 10, 64)
 	if err != nil || id <= 0 {
-		return 0, fmt.Errorf("job id: want a positive number, got %q", s)
+		return 0, usageError{fmt.Errorf("job id: want a positive number, got %q", s)}
 	}
 	return id, nil
 }

@@ -45,16 +45,18 @@ type globalFlags struct {
 	configFile                                   string
 	databaseURL, nodeID, roles, listen, stateDir string
 	nixStore                                     string
+	// The remote command line (remote.go): a frontend's URL and a token.
+	server, token, tokenFile string
 }
 
 // Execute runs the command line and returns the process exit code.
 func Execute() int {
 	root := newRoot()
-	if err := root.Execute(); err != nil {
+	err := root.Execute()
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "harmonia-ci:", err)
-		return 1
 	}
-	return 0
+	return exitCode(err)
 }
 
 func newRoot() *cobra.Command {
@@ -74,12 +76,17 @@ func newRoot() *cobra.Command {
 	pf.StringVar(&g.listen, "listen", "", "HTTP listen address (default 127.0.0.1:7777)")
 	pf.StringVar(&g.stateDir, "state-dir", "", "state directory (embedded database, generated tokens)")
 	pf.StringVar(&g.nixStore, "nix-store", "", "chroot Nix store directory builds run in (env HARMONIA_NIX_STORE; default: the system store)")
+	pf.StringVar(&g.server, "server", "", "a frontend's URL: commands go over its HTTP API instead of the database (env "+envServer+")")
+	pf.StringVar(&g.token, "token", "", "the API token for --server (env "+envToken+"; default: the one harmonia-ci login stored)")
+	pf.StringVar(&g.tokenFile, "token-file", "", "a file holding the API token for --server")
 
 	root.AddCommand(newRun(&g), newServe(&g), newUp(&g), newProjectCmd(&g), newEvalCmd(&g), newJobCmd(&g), newNodes(&g), newClusterCmd(&g), newDrain(&g),
 		newMigrate(&g), newBench(&g), newKeygen(), newNodeToken(&g), newGC(&g))
 	root.AddCommand(newStatus(&g))
 	root.AddCommand(newDBCmd(&g))
 	root.AddCommand(newCacheToken(&g))
+	root.AddCommand(newLogin(&g), newLog(&g), newWatch(&g), newFailures(&g))
+	markUsageErrors(root)
 	return root
 }
 

@@ -28,6 +28,21 @@ func TestParseSettings(t *testing.T) {
 		{name: "empty attrs", file: "attrs = []\n", wantErr: "attrs is empty"},
 		{name: "bad retention", file: "retention = \"forever\"\n", wantErr: `retention: want a positive duration such as "90d" or "720h", got "forever"`},
 		{name: "short retention", file: "retention = \"5m\"\n", wantErr: "retention: 5m is under the minimum of 1h"},
+		{name: "retry policy and failure expiry", file: "failure-expiry = \"24h\"\n[retry]\nattempts = 3\nbackoff = \"30s\"\n",
+			want: Settings{EvalTimeout: time.Hour, AllowIFD: true, PullRequests: PRMerged,
+				Retry: RetryPolicy{Retries: 2, Backoff: 30 * time.Second}, FailureExpiry: 24 * time.Hour}},
+		{name: "one attempt is no retry", file: "[retry]\nattempts = 1\n",
+			want: Settings{EvalTimeout: time.Hour, AllowIFD: true, PullRequests: PRMerged}},
+		{name: "failure expiry in days", file: "failure-expiry = \"7d\"\n",
+			want: Settings{EvalTimeout: time.Hour, AllowIFD: true, PullRequests: PRMerged, FailureExpiry: 7 * 24 * time.Hour}},
+		{name: "no attempt", file: "[retry]\nattempts = 0\n", wantErr: "retry.attempts: want 1 (no retry) to 100, got 0"},
+		{name: "too many attempts", file: "[retry]\nattempts = 1000\n", wantErr: "retry.attempts: want 1 (no retry) to 100, got 1000"},
+		{name: "attempts as a string", file: "[retry]\nattempts = \"2\"\n", wantErr: "retry.attempts"},
+		{name: "bad backoff", file: "[retry]\nbackoff = \"soon\"\n", wantErr: `retry.backoff: want a duration such as "30s" or "0s", got "soon"`},
+		{name: "negative backoff", file: "[retry]\nbackoff = \"-1s\"\n", wantErr: "retry.backoff"},
+		{name: "unknown retry key", file: "[retry]\ntries = 2\n", wantErr: "unknown keys retry.tries"},
+		{name: "bad failure expiry", file: "failure-expiry = \"never\"\n", wantErr: `failure-expiry: want a positive duration such as "24h" or "7d", got "never"`},
+		{name: "short failure expiry", file: "failure-expiry = \"10s\"\n", wantErr: "failure-expiry: 10s is under the minimum of 1m0s"},
 		{name: "bad attr path", file: "attrs = [\"a..b\"]\n", wantErr: "empty component"},
 		{name: "wrong type", file: "allow-ifd = \"no\"\n", wantErr: SettingsFile},
 		{name: "not toml", file: "attrs = [\n", wantErr: SettingsFile},
@@ -45,10 +60,34 @@ func TestParseSettings(t *testing.T) {
 				t.Fatal(err)
 			}
 			if !slices.Equal(got.Attrs, tt.want.Attrs) || got.EvalTimeout != tt.want.EvalTimeout ||
-				got.AllowIFD != tt.want.AllowIFD || got.Retention != tt.want.Retention || got.PullRequests != tt.want.PullRequests {
+				got.AllowIFD != tt.want.AllowIFD || got.Retention != tt.want.Retention || got.PullRequests != tt.want.PullRequests ||
+				got.Retry != tt.want.Retry || got.FailureExpiry != tt.want.FailureExpiry {
 				t.Errorf("got %+v, want %+v", got, tt.want)
 			}
 		})
+	}
+}
+
+// The node's ceilings cut a project's retry policy: fewer retries, a shorter backoff; no
+// retries at all mean no backoff either.
+func TestRetryPolicyCap(t *testing.T) {
+	tests := []struct {
+		name       string
+		p          RetryPolicy
+		maxRetries int
+		maxBackoff time.Duration
+		want       RetryPolicy
+	}{
+		{"within", RetryPolicy{2, 30 * time.Second}, 3, time.Hour, RetryPolicy{2, 30 * time.Second}},
+		{"retries cut", RetryPolicy{9, 30 * time.Second}, 3, time.Hour, RetryPolicy{3, 30 * time.Second}},
+		{"backoff cut", RetryPolicy{2, 2 * time.Hour}, 3, time.Hour, RetryPolicy{2, time.Hour}},
+		{"retries off", RetryPolicy{2, time.Minute}, 0, time.Hour, RetryPolicy{}},
+		{"none asked", RetryPolicy{}, 3, time.Hour, RetryPolicy{}},
+	}
+	for _, tt := range tests {
+		if got := tt.p.Cap(tt.maxRetries, tt.maxBackoff); got != tt.want {
+			t.Errorf("%s: %+v.Cap(%d, %s) = %+v, want %+v", tt.name, tt.p, tt.maxRetries, tt.maxBackoff, got, tt.want)
+		}
 	}
 }
 
@@ -99,7 +138,8 @@ func TestReadmeShowsSettings(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the README's example: %v", err)
 	}
-	if len(s.Attrs) == 0 || s.EvalTimeout == time.Hour || s.AllowIFD || s.Retention == 0 || s.PullRequests != PRHead {
+	if len(s.Attrs) == 0 || s.EvalTimeout == time.Hour || s.AllowIFD || s.Retention == 0 || s.PullRequests != PRHead ||
+		s.Retry.Retries == 0 || s.Retry.Backoff == 0 || s.FailureExpiry == 0 {
 		t.Errorf("the README's example does not set every key: %+v", s)
 	}
 }
