@@ -105,13 +105,7 @@ func printCacheTokens(w io.Writer, tokens []cache.TokenInfo, now time.Time) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tWHOSE\tPROJECTS\tEXPIRES\tSTATE\tNOTE")
 	for _, t := range tokens {
-		state := "live"
-		switch {
-		case t.RevokedAt != nil:
-			state = "revoked"
-		case !t.ExpiresAt.After(now):
-			state = "expired"
-		}
+		state := tokenState(t.RevokedAt, t.ExpiresAt, now)
 		owner := t.Owner
 		if owner == "" {
 			owner = "admin"

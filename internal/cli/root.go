@@ -80,6 +80,7 @@ func newRoot() *cobra.Command {
 	root.AddCommand(newStatus(&g))
 	root.AddCommand(newDBCmd(&g))
 	root.AddCommand(newCacheToken(&g))
+	root.AddCommand(newAPIToken(&g))
 	return root
 }
 
