@@ -24,9 +24,10 @@ import (
 //     resolves once and puts in the request's context: Caller and authenticate read it there. Any
 //     other bearer token (wrong, revoked, expired; a cache token) is refused with a 401 at once,
 //     never taken for anonymous: a script learns its token is bad.
-//   - The API's routes (/api/) are rate-limited: a token bucket per token (or logged-in user, or
-//     the admin token), and a stricter one per anonymous client's address. A refusal is a 429
-//     with Retry-After. The pages are not limited: a script cannot starve the UI of its users.
+//   - The API's routes (/api/, but for the pages' event streams) are rate-limited: a token
+//     bucket per token (or logged-in user, or the admin token), and a stricter one per anonymous
+//     client's address. A refusal is a 429 with Retry-After. The pages are not limited: a script
+//     cannot starve the UI of its users.
 //
 // A user mints, lists and revokes their personal tokens on /ci/tokens, next to their cache
 // tokens:
@@ -100,7 +101,8 @@ func (u *UI) front(w http.ResponseWriter, r *http.Request, route access.Route, n
 		next.ServeHTTP(w, r)
 		return
 	}
-	api := strings.HasPrefix(route.Path(), "/api/")
+	// The pages' own event streams are the UI's: not limited with the API.
+	api := strings.HasPrefix(route.Path(), "/api/") && !strings.HasPrefix(route.Path(), "/api/events/")
 	key := ""
 	if tok, ok := httpapi.BearerToken(r); ok {
 		switch {
