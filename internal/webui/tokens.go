@@ -99,8 +99,8 @@ func (u *UI) registerTokens(rt *access.Routes) {
 	rt.Handle("POST /ci/tokens", access.Filtered, http.HandlerFunc(u.mintToken))
 	rt.Handle("POST /ci/tokens/{id}/revoke", access.Filtered, http.HandlerFunc(u.revokeToken))
 	// Personal API tokens (apitokens.go) and the command line's login (clilogin.go).
-	rt.Handle("POST /ci/tokens/api", access.Free, http.HandlerFunc(u.mintAPIToken))
-	rt.Handle("POST /ci/tokens/api/{id}/revoke", access.Free, http.HandlerFunc(u.revokeAPIToken))
+	rt.Handle("POST /ci/tokens/api", access.Filtered, http.HandlerFunc(u.mintAPIToken))
+	rt.Handle("POST /ci/tokens/api/{id}/revoke", access.Filtered, http.HandlerFunc(u.revokeAPIToken))
 	rt.Handle("GET /ci/tokens/cli", access.Free, u.page(u.cliLoginPage))
 	rt.Handle("POST /ci/tokens/cli", access.Free, http.HandlerFunc(u.cliLoginMint))
 }
