@@ -67,48 +67,17 @@ printed once; only its hash is stored. Users mint their own personal tokens in t
 const maxTokensListed = 1000
 
 func newAPITokenList(g *globalFlags) *cobra.Command {
-	var asJSON bool
-	cmd := &cobra.Command{
-		Use:   "list",
-		Short: "List the HTTP API's tokens, users' and machines' (never the tokens themselves)",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return withDB(cmd, g, func(ctx context.Context, _ *config.Config, pool *pgxpool.Pool) error {
-				tokens, err := apitoken.List(ctx, pool, "", 0, maxTokensListed)
-				if err != nil {
-					return err
-				}
-				if asJSON {
-					return printJSON(cmd.OutOrStdout(), tokens)
-				}
-				printAPITokens(cmd.OutOrStdout(), tokens, time.Now())
-				return nil
-			})
-		},
-	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
-	return cmd
+	return newTokenList(g, "List the HTTP API's tokens, users' and machines' (never the tokens themselves)",
+		func(ctx context.Context, pool *pgxpool.Pool) ([]apitoken.Info, error) {
+			return apitoken.List(ctx, pool, "", 0, maxTokensListed)
+		}, printAPITokens)
 }
 
 func newAPITokenRevoke(g *globalFlags) *cobra.Command {
-	return &cobra.Command{
-		Use:   "revoke ID",
-		Short: "Revoke an API token (a user's or a machine's); refused from its next request",
-		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			id, err := parseID(args[0])
-			if err != nil {
-				return err
-			}
-			return withDB(cmd, g, func(ctx context.Context, _ *config.Config, pool *pgxpool.Pool) error {
-				if err := apitoken.Revoke(ctx, pool, id, "", 0); err != nil {
-					return err
-				}
-				fmt.Fprintf(cmd.OutOrStdout(), "revoked API token %d\n", id)
-				return nil
-			})
-		},
-	}
+	return newTokenRevoke(g, "Revoke an API token (a user's or a machine's); refused from its next request", "API token",
+		func(ctx context.Context, pool *pgxpool.Pool, id int64) error {
+			return apitoken.Revoke(ctx, pool, id, "", 0)
+		})
 }
 
 func printAPITokens(w io.Writer, tokens []apitoken.Info, now time.Time) {

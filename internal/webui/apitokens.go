@@ -250,14 +250,7 @@ func (u *UI) mintAPIToken(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteJSON(w, http.StatusOK, map[string]any{"id": m.ID, "token": m.Token, "name": name, "expires_at": m.ExpiresAt})
 		return
 	}
-	d, err := u.tokensData(r, who)
-	if err != nil {
-		u.fail(w, r, err, "/ci/tokens")
-		return
-	}
-	d.MintedAPI = &m
-	p := Page{Title: "Tokens", Nav: "tokens", Data: d, Scripts: u.scripts, Viewer: u.viewer(r)}
-	u.render(w, http.StatusOK, "tokens", p)
+	u.mintedPage(w, r, who, func(d *TokensPage) { d.MintedAPI = &m })
 }
 
 // checkName is apitoken.CheckName as a 400.
@@ -284,33 +277,11 @@ func (u *UI) mintFor(ctx context.Context, who actor, name string, days int) (Min
 // revokeAPIToken is POST /ci/tokens/api/{id}/revoke: one of the user's API tokens (an admin:
 // anyone's) revoked; it is refused from its next request.
 func (u *UI) revokeAPIToken(w http.ResponseWriter, r *http.Request) {
-	r, who, cancel, err := u.tokenPost(w, r)
-	defer cancel()
-	if err != nil {
-		u.fail(w, r, err, "/ci/tokens")
-		return
-	}
-	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
-	if err != nil || id <= 0 {
-		u.fail(w, r, notFound("no API token %.40q", r.PathValue("id")), "/ci/tokens")
-		return
-	}
-	forgeName := who.forge
-	if who.admin {
-		forgeName = ""
-	}
-	err = apitoken.Revoke(r.Context(), u.cfg.Pool, id, forgeName, who.userID)
-	if errors.Is(err, apitoken.ErrNoToken) {
-		err = notFound("no live API token %d of yours", id)
-	}
-	if err != nil {
-		u.fail(w, r, err, "/ci/tokens")
-		return
-	}
-	u.log.Info("api token revoked", "id", id, "by", who.String())
-	if !browserForm(r) {
-		httpapi.WriteJSON(w, http.StatusOK, map[string]any{"message": "revoked", "id": id})
-		return
-	}
-	http.Redirect(w, r, "/ci/tokens?notice=api-revoked", http.StatusSeeOther)
+	u.revoke(w, r, "API token", "api-revoked", func(ctx context.Context, id int64, forgeName string, userID int64) (bool, error) {
+		err := apitoken.Revoke(ctx, u.cfg.Pool, id, forgeName, userID)
+		if errors.Is(err, apitoken.ErrNoToken) {
+			return false, nil
+		}
+		return err == nil, err
+	})
 }

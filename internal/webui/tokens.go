@@ -293,22 +293,27 @@ func (u *UI) mintToken(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteJSON(w, http.StatusOK, map[string]any{"id": m.ID, "token": token, "expires_at": m.ExpiresAt, "projects": m.Projects})
 		return
 	}
-	d, err := u.tokensData(r, who)
-	if err != nil {
-		u.fail(w, r, err, "/ci/tokens")
-		return
-	}
-	for _, host := range d.Sources.Hosts() {
-		m.Netrc = append(m.Netrc, netrcLine(host, token))
-	}
-	d.Minted = &m
-	p := Page{Title: "Tokens", Nav: "tokens", Data: d, Scripts: u.scripts, Viewer: u.viewer(r)}
-	u.render(w, http.StatusOK, "tokens", p)
+	u.mintedPage(w, r, who, func(d *TokensPage) {
+		for _, host := range d.Sources.Hosts() {
+			m.Netrc = append(m.Netrc, netrcLine(host, token))
+		}
+		d.Minted = &m
+	})
 }
 
-// revokeToken is POST /ci/tokens/{id}/revoke: one of the user's tokens (an admin: anyone's)
-// revoked. Someone else's token answers as one that does not exist.
+// revokeToken is POST /ci/tokens/{id}/revoke: one of the user's cache tokens (an admin:
+// anyone's) revoked. Someone else's token answers as one that does not exist.
 func (u *UI) revokeToken(w http.ResponseWriter, r *http.Request) {
+	u.revoke(w, r, "cache token", "revoked", func(ctx context.Context, id int64, forgeName string, userID int64) (bool, error) {
+		tag, err := u.cfg.Pool.Exec(ctx, sqlUserTokenRevoke, id, forgeName, userID)
+		return tag.RowsAffected() > 0, err
+	})
+}
+
+// revoke revokes token {id} of the kind what, if it is the viewer's (an admin: anyone's), with
+// do, and answers: back to the tokens page with notice, or JSON.
+func (u *UI) revoke(w http.ResponseWriter, r *http.Request, what, notice string,
+	do func(ctx context.Context, id int64, forgeName string, userID int64) (bool, error)) {
 	r, who, cancel, err := u.tokenPost(w, r)
 	defer cancel()
 	if err != nil {
@@ -317,28 +322,40 @@ func (u *UI) revokeToken(w http.ResponseWriter, r *http.Request) {
 	}
 	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
 	if err != nil || id <= 0 {
-		u.fail(w, r, notFound("no cache token %.40q", r.PathValue("id")), "/ci/tokens")
+		u.fail(w, r, notFound("no %s %.40q", what, r.PathValue("id")), "/ci/tokens")
 		return
 	}
 	forgeName := who.forge
 	if who.admin {
 		forgeName = ""
 	}
-	tag, err := u.cfg.Pool.Exec(r.Context(), sqlUserTokenRevoke, id, forgeName, who.userID)
-	if err != nil {
-		u.fail(w, r, fmt.Errorf("revoke cache token %d: %w", id, err), "/ci/tokens")
+	ok, err := do(r.Context(), id, forgeName, who.userID)
+	switch {
+	case err != nil:
+		u.fail(w, r, fmt.Errorf("revoke %s %d: %w", what, id, err), "/ci/tokens")
+		return
+	case !ok:
+		u.fail(w, r, notFound("no live %s %d of yours", what, id), "/ci/tokens")
 		return
 	}
-	if tag.RowsAffected() == 0 {
-		u.fail(w, r, notFound("no live cache token %d of yours", id), "/ci/tokens")
-		return
-	}
-	u.log.Info("cache token revoked", "id", id, "by", who.String())
+	u.log.Info(what+" revoked", "id", id, "by", who.String())
 	if !browserForm(r) {
 		httpapi.WriteJSON(w, http.StatusOK, map[string]any{"message": "revoked", "id": id})
 		return
 	}
-	http.Redirect(w, r, "/ci/tokens?notice=revoked", http.StatusSeeOther)
+	http.Redirect(w, r, "/ci/tokens?notice="+notice, http.StatusSeeOther)
+}
+
+// mintedPage answers a mint from a browser: the tokens page, with what set shows once.
+func (u *UI) mintedPage(w http.ResponseWriter, r *http.Request, who actor, set func(*TokensPage)) {
+	d, err := u.tokensData(r, who)
+	if err != nil {
+		u.fail(w, r, err, "/ci/tokens")
+		return
+	}
+	set(&d)
+	p := Page{Title: "Tokens", Nav: "tokens", Data: d, Scripts: u.scripts, Viewer: u.viewer(r)}
+	u.render(w, http.StatusOK, "tokens", p)
 }
 
 // formDays is a mint form's "days": one of tokenDays, defaultTokenDays when absent.
