@@ -69,7 +69,7 @@ func (u *UI) action(kind string, run actionFunc) http.Handler {
 			return
 		}
 		u.log.Info("action", "action", r.URL.Path, "by", who.String(), "result", msg)
-		u.record(ctx, kind, r.URL.Path, id, who, msg)
+		u.record(ctx, kind, lastSegment(r.URL.Path), id, who, msg)
 		switch {
 		case r.Header.Get("HX-Request") == "true":
 			w.Header().Set("Content-Type", "text/html; charset=utf-8")

@@ -10,8 +10,9 @@ import (
 )
 
 // Every write of the actions (rebuild, cancel, rebuild-failed, re-evaluate, cancel an
-// evaluation), by a session or a token, is recorded in action_log: who, what, when (the
-// database's clock). The build and evaluation pages list the entries of what they show.
+// evaluation) and of the admins' project settings, by a session or a token, is recorded in
+// action_log: who, what, when (the database's clock). The build and evaluation pages list the
+// entries of what they show.
 
 // auditShown bounds the entries a page lists.
 const auditShown = 20
@@ -41,25 +42,23 @@ func (e AuditEntry) Verb() string {
 		"re-evaluate": "re-evaluated"}[e.Action]
 }
 
-// record writes who's action (the last segment of the path: rebuild, cancel, ...) on a build
-// ("build") or an evaluation ("eval") id. A failure is logged: the action is done.
-func (u *UI) record(ctx context.Context, kind, path string, id int64, who actor, msg string) {
-	action := path[strings.LastIndexByte(path, '/')+1:]
-	var job, eval *int64
-	if kind == "build" {
-		job = &id
-	} else {
-		eval = &id
-	}
+// record writes who's action on a build ("build"), an evaluation ("eval") or a repository's
+// project ("repo") id. A failure is logged: the action is done.
+func (u *UI) record(ctx context.Context, kind, action string, id int64, who actor, msg string) {
+	ids := map[string]*int64{kind: &id}
 	var tokenID *int64
 	var tokenName *string
 	if who.tokenID != 0 {
 		tokenID, tokenName = &who.tokenID, &who.tokenName
 	}
-	if _, err := u.cfg.Pool.Exec(ctx, sqlAuditInsert, action, job, eval, who.String(), tokenID, tokenName, msg); err != nil {
+	if _, err := u.cfg.Pool.Exec(ctx, sqlAuditInsert, action, ids["build"], ids["eval"], who.String(), tokenID, tokenName, msg,
+		ids["repo"]); err != nil {
 		u.log.Error("action not recorded", "action", action, kind, id, "by", who.String(), "error", err)
 	}
 }
+
+// lastSegment is the last segment of a path: an action's name (rebuild, cancel, ...).
+func lastSegment(path string) string { return path[strings.LastIndexByte(path, '/')+1:] }
 
 // audit is the recorded actions on build job (kind "build") or evaluation id, newest first.
 func (u *UI) audit(ctx context.Context, kind string, id int64) ([]AuditEntry, error) {

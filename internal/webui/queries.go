@@ -721,11 +721,11 @@ SELECT
 
 // The record of actions (audit.go).
 const (
-	// $1 action, $2 build job or $3 evaluation, $4 who, $5 token id and $6 name (NULL: no
-	// token), $7 the answer.
+	// $1 action, $2 build job, $3 evaluation or $8 repository (the others NULL), $4 who, $5
+	// token id and $6 name (NULL: no token), $7 the answer.
 	sqlAuditInsert = `
-INSERT INTO action_log (action, job_id, eval_id, actor, token_id, token_name, message)
-VALUES ($1, $2, $3, $4, $5, $6, $7)`
+INSERT INTO action_log (action, job_id, eval_id, actor, token_id, token_name, message, repo_id)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8)`
 
 	// The actions on build job $1, newest first, at most $2.
 	sqlAuditJob = `

@@ -24,21 +24,23 @@ CREATE TABLE api_tokens (
 
 CREATE INDEX api_tokens_user_idx ON api_tokens (forge, user_id) WHERE user_id IS NOT NULL;
 
--- The writes users and tokens make through the HTTP API and the UI (rebuild, cancel, ...): who
--- (a session's or a token's user, or a machine token; token_id and token_name when through a
--- token, kept if the token goes), what (the action and the build job or evaluation it touched),
--- when (the database's clock). The build and evaluation pages show them.
+-- The writes users and tokens make through the HTTP API and the UI (rebuild, cancel, ...; the
+-- admins' project settings): who (a session's or a token's user, or a machine token; token_id
+-- and token_name when through a token, kept if the token goes), what (the action and the build
+-- job, evaluation or repository it touched), when (the database's clock). The build and
+-- evaluation pages show theirs.
 CREATE TABLE action_log (
     id         BIGINT PRIMARY KEY GENERATED ALWAYS AS IDENTITY,
     action     TEXT NOT NULL,
     job_id     BIGINT,
     eval_id    BIGINT,
+    repo_id    BIGINT,
     actor      TEXT NOT NULL,
     token_id   BIGINT,
     token_name TEXT,
     message    TEXT NOT NULL DEFAULT '',
     at         TIMESTAMPTZ NOT NULL DEFAULT now(),
-    CHECK (job_id IS NOT NULL OR eval_id IS NOT NULL)
+    CHECK (num_nonnulls(job_id, eval_id, repo_id) = 1)
 );
 
 CREATE INDEX action_log_job_idx ON action_log (job_id, id) WHERE job_id IS NOT NULL;
