@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
+	"net/url"
 	"regexp"
 	"strings"
 	"testing"
@@ -46,7 +48,8 @@ func withToken(t *testing.T, method, url, token string) (int, string) {
 // A user logs in through Gitea in Chromium, mints an API token on /ci/tokens and uses it from
 // a script: it lists their private project, rebuilds their project's failed build (recorded and
 // shown on the build's page), and another user's token is refused on it (403, nothing
-// changed). Revoked in the browser, the token is refused at its next request.
+// changed). Revoked in the browser, the token is refused at its next request. harmonia-ci
+// login's page hands a new token to a loopback listener.
 func TestAPITokenFromBrowser(t *testing.T) {
 	u := newUICluster(t)
 	ctx := context.Background()
@@ -121,6 +124,37 @@ WHERE a.eval_id = $1 AND a.attr = 'broken'`, evalID).Scan(&brokenID, &s)
 	if code, body := withToken(t, http.MethodGet, u.public+"/api/v1/projects", token); code != http.StatusUnauthorized || !strings.Contains(body, `"error"`) {
 		t.Errorf("a revoked token: %d %s, want a JSON 401", code, body)
 	}
+
+	// harmonia-ci login's page: confirmed in the browser, the token reaches the command line's
+	// loopback listener in a form POST (submitted by the page's own script), with the state.
+	got := make(chan url.Values, 1)
+	listener := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost && r.ParseForm() == nil {
+			select {
+			case got <- r.PostForm:
+			default:
+			}
+		}
+		fmt.Fprintln(w, "logged in")
+	}))
+	defer listener.Close()
+	const state = "0123456789abcdef-state"
+	owner.Navigate(u.public + "/ci/tokens/cli?" + url.Values{"callback": {listener.URL + "/callback"}, "state": {state},
+		"name": {"cli on laptop"}}.Encode())
+	owner.WaitText("#cli-confirm", `Create a token named “cli on laptop” for the command line?`, 10*time.Second)
+	owner.Click("#cli-create")
+	select {
+	case form := <-got:
+		if form.Get("state") != state || !apiTokenRE.MatchString(form.Get("token")) {
+			t.Fatalf("the callback got state %q and token %q", form.Get("state"), form.Get("token"))
+		}
+		if code, _ := withToken(t, http.MethodGet, u.public+"/api/v1/projects", form.Get("token")); code != http.StatusOK {
+			t.Errorf("the command line's token: %d", code)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the callback got no token; the browser is at %s:\n%s", owner.Location(), owner.Text("body"))
+	}
+
 	for _, b := range []*browsertest.Browser{owner, stranger} {
 		for _, e := range b.ConsoleErrors() {
 			if !strings.Contains(e, u.gitea.URL) && !(strings.HasPrefix(e, "console.error: Event (") && strings.Contains(e, "htmx")) {
