@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/jackc/pgx/v5"
 
@@ -28,6 +29,9 @@ const (
 	AdminToken
 	// Node is a cluster node with its node token.
 	Node
+	// MachineToken is a script with a machine API token that reads a set of projects (a
+	// machine token minted admin is an AdminToken).
+	MachineToken
 )
 
 // Caller is who asks.
@@ -41,6 +45,12 @@ type Caller struct {
 	UserID       int64
 	// NodeID is a Node's id.
 	NodeID string
+	// TokenID and TokenName are the API token the caller authenticated with (0: none): a
+	// User's personal token, a machine token.
+	TokenID   int64
+	TokenName string
+	// Repos are what a MachineToken reads: "forge/full name" of each repository.
+	Repos []string
 }
 
 // String names the caller for logs.
@@ -52,6 +62,8 @@ func (c Caller) String() string {
 		return "the admin token"
 	case Node:
 		return "node " + c.NodeID
+	case MachineToken:
+		return fmt.Sprintf("machine token %d", c.TokenID)
 	default:
 		return "anonymous"
 	}
@@ -92,6 +104,9 @@ type Rule struct {
 func (r *Rule) MayRead(ctx context.Context, c Caller, repo Repo) (bool, error) {
 	if !repo.Private || c.Admin || c.Kind == Node {
 		return true, nil
+	}
+	if c.Kind == MachineToken {
+		return slices.Contains(c.Repos, repo.Forge+"/"+repo.FullName), nil
 	}
 	if c.Kind != User || c.Forge != repo.Forge || repo.Forge == forgeGit || r == nil || r.Read == nil {
 		return false, nil

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -44,6 +45,10 @@ func TestMayRead(t *testing.T) {
 		{"private, no forge here", user, private, nil, false, nil, false},
 		{"private, user of another forge", access.Caller{Kind: access.User, Forge: "github", Login: "ann"}, private,
 			func() (bool, error) { return true, nil }, false, nil, false},
+		{"private, machine token of its project", access.Caller{Kind: access.MachineToken, TokenID: 3, Repos: []string{"gitea/o/secret"}},
+			private, nil, true, nil, false},
+		{"private, machine token of other projects", access.Caller{Kind: access.MachineToken, TokenID: 3, Repos: []string{"gitea/o/q"}},
+			private, nil, false, nil, false},
 		{"private project added by URL", access.Caller{Kind: access.User, Forge: "git", Login: "ann"},
 			access.Repo{Private: true, Forge: "git", FullName: "https://x/y.git"}, func() (bool, error) { return true, nil }, false, nil, false},
 	} {
@@ -54,7 +59,7 @@ func TestMayRead(t *testing.T) {
 			if tt.forge != nil {
 				rule.Read = func(_ context.Context, c access.Caller, repo access.Repo) (bool, error) {
 					asked = true
-					if c != tt.caller || repo != tt.repo {
+					if !reflect.DeepEqual(c, tt.caller) || repo != tt.repo {
 						t.Errorf("forge asked about %v on %v", c, repo)
 					}
 					return tt.forge()

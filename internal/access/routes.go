@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -91,6 +92,11 @@ type Route struct {
 // CallerFunc tells who makes a request.
 type CallerFunc func(*http.Request) Caller
 
+// FrontFunc runs before every route's handler (and before its check): it may answer the
+// request itself, or pass it on to next, with a request of its own (one whose context says who
+// the caller is, say). route is the route the request matched.
+type FrontFunc func(w http.ResponseWriter, r *http.Request, route Route, next http.Handler)
+
 // gate is the rule and the caller function the checked routes use.
 type gate struct {
 	rule   *Rule
@@ -103,6 +109,7 @@ type Routes struct {
 	mux    *http.ServeMux
 	logger *slog.Logger
 	gate   atomic.Pointer[gate]
+	front  atomic.Pointer[FrontFunc]
 	// recheckEvery is Revoked's period in nanoseconds; 0: RecheckInterval.
 	recheckEvery atomic.Int64
 
@@ -127,6 +134,15 @@ func (rt *Routes) Use(rule *Rule, caller CallerFunc) {
 	rt.gate.Store(&gate{rule: rule, caller: caller})
 }
 
+// SetFront makes f run before every route (nil: none). Safe while serving.
+func (rt *Routes) SetFront(f FrontFunc) {
+	if f == nil {
+		rt.front.Store(nil)
+		return
+	}
+	rt.front.Store(&f)
+}
+
 // Rule is the rule in use.
 func (rt *Routes) Rule() *Rule { return rt.gate.Load().rule }
 
@@ -145,10 +161,34 @@ func (rt *Routes) Handle(pattern string, scope Scope, h http.Handler) {
 	default:
 		panic(fmt.Sprintf("access: route %s: no scope", pattern))
 	}
+	route := Route{Pattern: pattern, Scope: scope}
 	rt.mu.Lock()
-	rt.routes = append(rt.routes, Route{Pattern: pattern, Scope: scope})
+	rt.routes = append(rt.routes, route)
 	rt.mu.Unlock()
-	rt.mux.Handle(pattern, h)
+	rt.mux.Handle(pattern, rt.withFront(route, h))
+}
+
+// withFront runs the FrontFunc in use, if any, before h.
+func (rt *Routes) withFront(route Route, h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if f := rt.front.Load(); f != nil {
+			(*f)(w, r, route, h)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// Path is the path of the route's pattern, without its method and host.
+func (r Route) Path() string {
+	p := r.Pattern
+	if _, rest, ok := strings.Cut(p, " "); ok {
+		p = rest
+	}
+	if i := strings.Index(p, "/"); i > 0 {
+		p = p[i:]
+	}
+	return p
 }
 
 // List is every route registered, in order.

@@ -54,7 +54,24 @@ type Build struct {
 	// waits for its backoff, when it may be claimed.
 	RetryLimit int        `json:"retry_limit"`
 	RetryAt    *time.Time `json:"retry_at"`
+	// Actions are the rebuilds and cancels of the build, newest first (at most MaxActions).
+	Actions []Action `json:"actions"`
 }
+
+// Action is a recorded write on a build: who did what, when.
+type Action struct {
+	Action string `json:"action"` // rebuild, cancel
+	// Actor is who: "forge:login" (a user, through a session or their token), "machine
+	// token N", or "the admin token".
+	Actor     string    `json:"actor"`
+	TokenID   *int64    `json:"token_id"`   // the API token it was done with; null: none
+	TokenName *string   `json:"token_name"` // that token's name
+	Message   string    `json:"message"`    // what the action answered
+	At        time.Time `json:"at"`
+}
+
+// MaxActions bounds a build's actions listed.
+const MaxActions = 50
 
 // build is GET /api/v1/builds/{id}.
 func (a *API) build(w http.ResponseWriter, r *http.Request) error {
@@ -99,6 +116,16 @@ func (a *API) build(w http.ResponseWriter, r *http.Request) error {
 	}
 	if j.Status.Unfinished() {
 		b.LiveLogURL = fmt.Sprintf("/api/builds/%d/log", id)
+	}
+	rows, err := a.cfg.Pool.Query(ctx, sqlJobActions, id, MaxActions)
+	if err != nil {
+		return fmt.Errorf("actions on build %d: %w", id, err)
+	}
+	if b.Actions, err = pgx.CollectRows(rows, pgx.RowToStructByPos[Action]); err != nil {
+		return fmt.Errorf("actions on build %d: %w", id, err)
+	}
+	for i := range b.Actions {
+		b.Actions[i].At = utc(b.Actions[i].At)
 	}
 	httpapi.WriteJSON(w, http.StatusOK, b)
 	return nil

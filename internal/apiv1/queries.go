@@ -117,4 +117,9 @@ LEFT JOIN repositories r ON r.id = p.repo_id
 WHERE j.status IN ('pending', 'building', 'uploading') AND j.id > $1
 ORDER BY j.id
 LIMIT $2`
+
+	// The recorded actions on build job $1, newest first, at most $2.
+	sqlJobActions = `
+SELECT action, actor, token_id, token_name, message, at FROM action_log
+WHERE job_id = $1 ORDER BY id DESC LIMIT $2`
 )

@@ -2,9 +2,7 @@ package cache
 
 import (
 	"context"
-	"crypto/rand"
 	"crypto/sha256"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"net/http"
@@ -243,13 +241,10 @@ func credential(r *http.Request) (string, bool) {
 }
 
 // NewToken returns a fresh random cache token.
-func NewToken() (string, error) {
-	b := make([]byte, 32)
-	if _, err := rand.Read(b); err != nil {
-		return "", fmt.Errorf("cache token: %w", err)
-	}
-	return "hcc1_" + base64.RawURLEncoding.EncodeToString(b), nil
-}
+func NewToken() (string, error) { return httpapi.NewToken(TokenPrefix) }
+
+// TokenPrefix begins every cache token.
+const TokenPrefix = "hcc1_"
 
 // privateWriter marks a private path's answer private: no shared cache keeps it for others.
 type privateWriter struct{ http.ResponseWriter }

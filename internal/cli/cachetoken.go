@@ -57,21 +57,37 @@ stored. "cache-token list" lists the tokens, "cache-token revoke ID" revokes one
 }
 
 func newCacheTokenList(g *globalFlags) *cobra.Command {
+	return newTokenList(g, "List the binary cache's tokens (never the tokens themselves)",
+		func(ctx context.Context, pool *pgxpool.Pool) ([]cache.TokenInfo, error) {
+			return cache.ListTokens(ctx, pool)
+		},
+		printCacheTokens)
+}
+
+func newCacheTokenRevoke(g *globalFlags) *cobra.Command {
+	return newTokenRevoke(g, "Revoke a binary cache token", "cache token", func(ctx context.Context, pool *pgxpool.Pool, id int64) error {
+		return cache.RevokeToken(ctx, pool, id)
+	})
+}
+
+// newTokenList is a tokens' "list" command: list reads them, print prints them as a table.
+func newTokenList[T any](g *globalFlags, short string, list func(context.Context, *pgxpool.Pool) ([]T, error),
+	print func(io.Writer, []T, time.Time)) *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "list",
-		Short: "List the binary cache's tokens (never the tokens themselves)",
+		Short: short,
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return withDB(cmd, g, func(ctx context.Context, _ *config.Config, pool *pgxpool.Pool) error {
-				tokens, err := cache.ListTokens(ctx, pool)
+				tokens, err := list(ctx, pool)
 				if err != nil {
 					return err
 				}
 				if asJSON {
 					return printJSON(cmd.OutOrStdout(), tokens)
 				}
-				printCacheTokens(cmd.OutOrStdout(), tokens, time.Now())
+				print(cmd.OutOrStdout(), tokens, time.Now())
 				return nil
 			})
 		},
@@ -80,10 +96,11 @@ func newCacheTokenList(g *globalFlags) *cobra.Command {
 	return cmd
 }
 
-func newCacheTokenRevoke(g *globalFlags) *cobra.Command {
+// newTokenRevoke is a tokens' "revoke ID" command.
+func newTokenRevoke(g *globalFlags, short, what string, revoke func(context.Context, *pgxpool.Pool, int64) error) *cobra.Command {
 	return &cobra.Command{
 		Use:   "revoke ID",
-		Short: "Revoke a binary cache token",
+		Short: short,
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			id, err := parseID(args[0])
@@ -91,10 +108,10 @@ func newCacheTokenRevoke(g *globalFlags) *cobra.Command {
 				return err
 			}
 			return withDB(cmd, g, func(ctx context.Context, _ *config.Config, pool *pgxpool.Pool) error {
-				if err := cache.RevokeToken(ctx, pool, id); err != nil {
+				if err := revoke(ctx, pool, id); err != nil {
 					return err
 				}
-				fmt.Fprintf(cmd.OutOrStdout(), "revoked cache token %d\n", id)
+				fmt.Fprintf(cmd.OutOrStdout(), "revoked %s %d\n", what, id)
 				return nil
 			})
 		},
@@ -105,13 +122,7 @@ func printCacheTokens(w io.Writer, tokens []cache.TokenInfo, now time.Time) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tWHOSE\tPROJECTS\tEXPIRES\tSTATE\tNOTE")
 	for _, t := range tokens {
-		state := "live"
-		switch {
-		case t.RevokedAt != nil:
-			state = "revoked"
-		case !t.ExpiresAt.After(now):
-			state = "expired"
-		}
+		state := tokenState(t.RevokedAt, t.ExpiresAt, now)
 		owner := t.Owner
 		if owner == "" {
 			owner = "admin"

@@ -85,6 +85,7 @@ func newRoot() *cobra.Command {
 	root.AddCommand(newStatus(&g))
 	root.AddCommand(newDBCmd(&g))
 	root.AddCommand(newCacheToken(&g))
+	root.AddCommand(newAPIToken(&g))
 	root.AddCommand(newLogin(&g), newLog(&g), newWatch(&g), newFailures(&g))
 	markUsageErrors(root)
 	return root

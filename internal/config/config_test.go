@@ -285,7 +285,8 @@ private_key_file = "app.pem"
 			TrustedPublicKeys: []string{"cache.example.org-1:6NCHdD59X431o0gWypbMrAURkbJ16ZPMQFGspcDShjY="},
 		},
 		Frontend: FrontendConfig{PublicURL: "https://ci.example.org", StatusDebounce: d("1s"),
-			RepoSyncInterval: d("15m"), PollCheckInterval: d("1m"), CacheTokenRefresh: d("5m"), MaxWebhooksInFlight: 32},
+			RepoSyncInterval: d("15m"), PollCheckInterval: d("1m"), CacheTokenRefresh: d("5m"), MaxWebhooksInFlight: 32,
+			APIRate: 20, APIBurst: 100, APIAnonymousRate: 5, APIAnonymousBurst: 50},
 		Retention: RetentionConfig{Default: d("90d"), Max: d("365d"), LogRetention: d("30d"), GCInterval: d("24h"), Grace: d("24h")},
 		Forges: []ForgeConfig{
 			{Name: "gitea", Type: "gitea", URL: "https://gitea.example.org", TokenFile: "gitea.token",
@@ -621,6 +622,9 @@ func TestValidate(t *testing.T) {
 		{"webhook body", func(c *Config) {
 			c.Forges = []ForgeConfig{{Name: "g", Type: "gitea", URL: "https://gitea.example", Token: "t", WebhookSecret: "s", MaxWebhookBody: 10}}
 		}, []string{"config: forges[0].max_webhook_body must be between 1 KB and 100 MB, got 10B"}},
+		{"api rate", func(c *Config) { c.Frontend.APIRate, c.Frontend.APIAnonymousBurst = -1, 0 },
+			[]string{"config: frontend.api_rate must be between 0 (no limit) and 1000000 requests a second, got -1",
+				"config: frontend.api_anonymous_burst must be between 1 and 1000000, got 0"}},
 		{"cache token refresh", func(c *Config) { c.Frontend.CacheTokenRefresh = Duration{time.Hour} },
 			[]string{"config: frontend.cache_token_refresh must be at most 30m (a user's cache token not refreshed for an hour reads nothing), got 1h"}},
 		{"webhooks in flight", func(c *Config) { c.Frontend.MaxWebhooksInFlight = 0 },

@@ -81,6 +81,14 @@ type FrontendConfig struct {
 	// MaxWebhooksInFlight bounds the webhook deliveries this frontend handles at a time;
 	// past it they get 503 with Retry-After (the forge delivers again).
 	MaxWebhooksInFlight int `toml:"max_webhooks_in_flight"`
+	// APIRate and APIBurst limit the requests to /api/ of each API token (and logged-in user):
+	// a token bucket of APIRate a second, APIBurst deep; past it 429 with Retry-After.
+	// APIAnonymousRate and APIAnonymousBurst do so per anonymous client address. A rate of 0
+	// turns that limit off.
+	APIRate           int `toml:"api_rate"`
+	APIBurst          int `toml:"api_burst"`
+	APIAnonymousRate  int `toml:"api_anonymous_rate"`
+	APIAnonymousBurst int `toml:"api_anonymous_burst"`
 }
 
 var forgeNameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,31}$`)
@@ -92,6 +100,10 @@ func frontendDefaults() FrontendConfig {
 		PollCheckInterval:   Duration{time.Minute},
 		CacheTokenRefresh:   Duration{5 * time.Minute},
 		MaxWebhooksInFlight: 32,
+		APIRate:             20,
+		APIBurst:            100,
+		APIAnonymousRate:    5,
+		APIAnonymousBurst:   50,
 	}
 }
 
@@ -131,6 +143,18 @@ func (c *Config) forgeProblems(add func(key, format string, args ...any)) {
 	}
 	if fe.MaxWebhooksInFlight < 1 || fe.MaxWebhooksInFlight > 10000 {
 		add("frontend.max_webhooks_in_flight", "frontend.max_webhooks_in_flight must be between 1 and 10000, got %d", fe.MaxWebhooksInFlight)
+	}
+	for _, k := range []struct {
+		key   string
+		rate  int
+		burst int
+	}{{"frontend.api_rate", fe.APIRate, fe.APIBurst}, {"frontend.api_anonymous_rate", fe.APIAnonymousRate, fe.APIAnonymousBurst}} {
+		if k.rate < 0 || k.rate > 1e6 {
+			add(k.key, "%s must be between 0 (no limit) and 1000000 requests a second, got %d", k.key, k.rate)
+		}
+		if burstKey := strings.Replace(k.key, "_rate", "_burst", 1); k.burst < 1 || k.burst > 1e6 {
+			add(burstKey, "%s must be between 1 and 1000000, got %d", burstKey, k.burst)
+		}
 	}
 	var names []string
 	for i, f := range c.Forges {

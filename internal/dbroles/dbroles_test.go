@@ -15,8 +15,8 @@ import (
 
 // frontendOnly are the tables only frontends may read: the web UI's sessions (a row is half a
 // login), the admins' bindings, and the credentials of old repository URLs (handed only to the
-// evaluator holding an evaluation).
-var frontendOnly = []string{"admin_logins", "web_sessions", "repository_credentials"}
+// evaluator holding an evaluation), and the API tokens' users and lifetimes.
+var frontendOnly = []string{"admin_logins", "web_sessions", "repository_credentials", "api_tokens"}
 
 // TestEveryTableCovered fails when a migration adds a table roles.sql does not know: nodes
 // could not even read it. The frontend-only tables are readable by frontends and no one else.

@@ -51,7 +51,7 @@ REVOKE ALL ON FUNCTION claim_jobs(TEXT[], TEXT[], TEXT, INT, INT)
 REVOKE ALL ON schema_migrations, derivations, derivation_outputs, derivation_inputs, repositories,
     projects, evaluations, eval_attrs, build_jobs, build_attempts, build_log_tails, nodes, leaders,
     maintenance_runs, signing_keys, webhook_deliveries, gc_runs, gc_requests, drv_objects, node_grants, cache_tokens,
-    repository_credentials
+    repository_credentials, api_tokens, action_log
     FROM harmonia_node, harmonia_frontend, harmonia_evaluator, harmonia_signer, harmonia_cache,
          harmonia_builder;
 
@@ -71,7 +71,8 @@ $$;
 GRANT SELECT ON schema_migrations, derivations, derivation_outputs, derivation_inputs, repositories,
     projects, evaluations, eval_attrs, build_jobs, build_attempts, build_log_tails, nodes, leaders,
     maintenance_runs, signing_keys, webhook_deliveries, gc_runs, gc_requests, drv_objects, node_grants,
-    cache_tokens -- sha256 of random tokens: reading them gives no token
+    cache_tokens, -- sha256 of random tokens: reading them gives no token
+    action_log
     TO harmonia_node;
 
 -- Its own row: registration, heartbeats, draining, deregistration. The roles it advertises
@@ -108,6 +109,11 @@ GRANT SELECT ON repository_credentials TO harmonia_frontend;
 GRANT SELECT, INSERT, DELETE ON admin_logins TO harmonia_frontend;
 -- Users' own cache tokens: minted and revoked in the UI, their projects refreshed from the forge.
 GRANT INSERT, UPDATE (project_ids, login, refreshed_at, revoked_at) ON cache_tokens TO harmonia_frontend;
+-- API tokens: only frontends authenticate with them (a node's reading one's user and lifetime
+-- would serve no purpose); users mint and revoke theirs in the UI. Every write through the API
+-- or the UI is recorded.
+GRANT SELECT, INSERT, UPDATE (last_used_at, revoked_at) ON api_tokens TO harmonia_frontend;
+GRANT INSERT ON action_log TO harmonia_frontend;
 GRANT INSERT, DELETE ON maintenance_runs TO harmonia_frontend;
 -- Rebuild, cancel, the reaper, unsupported builds; blocked_inputs and ready for the readiness
 -- audit.

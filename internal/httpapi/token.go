@@ -1,8 +1,11 @@
 package httpapi
 
 import (
+	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
+	"encoding/base64"
+	"fmt"
 	"net/http"
 	"strings"
 )
@@ -28,4 +31,14 @@ func HashToken(token string) TokenHash { return sha256.Sum256([]byte(token)) }
 func (h TokenHash) Matches(token string) bool {
 	got := sha256.Sum256([]byte(token))
 	return subtle.ConstantTimeCompare(got[:], h[:]) == 1
+}
+
+// NewToken is a fresh random secret: prefix (which names its kind, for secret scanners and for
+// people) and 32 random bytes in URL-safe base64.
+func NewToken(prefix string) (string, error) {
+	b := make([]byte, 32)
+	if _, err := rand.Read(b); err != nil {
+		return "", fmt.Errorf("new token: %w", err)
+	}
+	return prefix + base64.RawURLEncoding.EncodeToString(b), nil
 }

@@ -40,7 +40,9 @@ func (n *node) forgeSide(httpServer *web.Server, notifier *notify.Notifier, endp
 	ui, err := webui.New(webui.Config{Pool: n.pool, Forges: forges, Notifier: notifier, Logger: n.logger,
 		Secret: []byte(cfg.Auth.Secret), Admins: cfg.Auth.Admins, AdminToken: cfg.Auth.AdminToken,
 		PublicURL: cfg.Frontend.PublicURL, OAuth: oauth,
-		CacheURL: cfg.Cache.PublicURL, DeadThreshold: cfg.Cluster.Heartbeat.DeadThreshold.Duration})
+		CacheURL: cfg.Cache.PublicURL, DeadThreshold: cfg.Cluster.Heartbeat.DeadThreshold.Duration,
+		RateLimits: webui.RateLimits{Rate: offIfZero(cfg.Frontend.APIRate), Burst: cfg.Frontend.APIBurst,
+			AnonymousRate: offIfZero(cfg.Frontend.APIAnonymousRate), AnonymousBurst: cfg.Frontend.APIAnonymousBurst}})
 	if err != nil {
 		return nil, nil, err
 	}
@@ -112,6 +114,14 @@ func (n *node) forgeSide(httpServer *web.Server, notifier *notify.Notifier, endp
 	tasks = append(tasks, ui.TokenRefreshTask(cfg.Frontend.CacheTokenRefresh.Duration))
 	n.logger.Info("forges connected", "forges", strings.Join(forges.Names(), ","), "public_url", publicURL)
 	return reporter, tasks, nil
+}
+
+// offIfZero is a configured rate as webui.RateLimits takes it: 0 (no limit) is negative there.
+func offIfZero(rate int) float64 {
+	if rate == 0 {
+		return -1
+	}
+	return float64(rate)
 }
 
 func cmpOr(a, b string) string {

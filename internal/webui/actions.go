@@ -69,6 +69,7 @@ func (u *UI) action(kind string, run actionFunc) http.Handler {
 			return
 		}
 		u.log.Info("action", "action", r.URL.Path, "by", who.String(), "result", msg)
+		u.record(ctx, kind, lastSegment(r.URL.Path), id, who, msg)
 		switch {
 		case r.Header.Get("HX-Request") == "true":
 			w.Header().Set("Content-Type", "text/html; charset=utf-8")
@@ -106,23 +107,26 @@ func (u *UI) act(r *http.Request, kind string, id int64, run actionFunc) (actor,
 	return who, msg, err
 }
 
-// authenticate is the admin token (Authorization: Bearer), or the session with a valid CSRF
+// authenticate is an API token or the admin token (Authorization: Bearer), or the session with a valid CSRF
 // token; otherwise a 401 (no credentials) or 403 (a bad CSRF token).
 func (u *UI) authenticate(r *http.Request) (actor, error) {
+	if id, ok := tokenOf(r); ok {
+		return u.tokenActor(r.Context(), id), nil // a bearer token is not ambient: no CSRF
+	}
 	if tok, ok := httpapi.BearerToken(r); ok {
 		if !u.auth.hasAdmin || !u.auth.admin.Matches(tok) {
 			return actor{}, httpapi.Errorf(http.StatusUnauthorized, "invalid admin token")
 		}
 		return actor{token: true, admin: true}, nil
 	}
-	s, ok := u.session(r)
-	if !ok {
-		return actor{}, httpapi.Errorf(http.StatusUnauthorized, "log in first")
+	who, err := u.sessionActor(r)
+	if err != nil {
+		return who, err
 	}
 	if err := u.auth.sessions.CheckCSRF(r); err != nil {
 		return actor{}, &httpapi.Error{Code: http.StatusForbidden, Msg: "cross-site request refused: reload the page and try again", Err: err}
 	}
-	return actor{admin: u.isAdmin(r.Context(), s.Forge, s.UserID), forge: s.Forge, login: s.Login, userID: s.UserID}, nil
+	return who, nil
 }
 
 // fail answers an action's error: the HTML error page for a browser's form post (or the login

@@ -85,9 +85,14 @@ func (u *UI) registerAuth(rt *access.Routes) {
 	u.registerActions(rt)
 }
 
-// Caller is who makes r, for the visibility rule: the admin token (Authorization: Bearer), a
-// logged-in user (an admin if among [auth] admins), or anonymous. A wrong token is anonymous.
+// Caller is who makes r, for the visibility rule: an API token (front resolved it: its user, or
+// a machine), the admin token (Authorization: Bearer), a logged-in user (an admin if among
+// [auth] admins), or anonymous. A wrong token is anonymous here (front refuses it first on the
+// routes of people).
 func (u *UI) Caller(r *http.Request) access.Caller {
+	if id, ok := tokenOf(r); ok {
+		return u.tokenCaller(r.Context(), id)
+	}
 	if tok, ok := httpapi.BearerToken(r); ok {
 		if u.auth.hasAdmin && u.auth.admin.Matches(tok) {
 			return access.Caller{Kind: access.AdminToken, Admin: true}

@@ -43,7 +43,7 @@ type authFixture struct {
 	drvs int
 }
 
-func newAuthFixture(t *testing.T) *authFixture {
+func newAuthFixture(t *testing.T, opts ...func(*Config)) *authFixture {
 	t.Helper()
 	pool := dbtest.NewPool(t)
 	gh := githubtest.New(t)
@@ -62,9 +62,13 @@ func newAuthFixture(t *testing.T) *authFixture {
 		t.Fatal(err)
 	}
 	logger := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
-	u, err := New(Config{Pool: pool, Forges: forge.Set{"github": ghf}, Logger: logger,
+	cfg := Config{Pool: pool, Forges: forge.Set{"github": ghf}, Logger: logger,
 		Secret: []byte(authTestSecret), Admins: []string{"github:boss"}, AdminToken: authTestToken,
-		OAuth: map[string]forge.OAuth{"github": o}})
+		OAuth: map[string]forge.OAuth{"github": o}}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	u, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -137,6 +137,8 @@ type BuildPage struct {
 	Tries       []BuildAttempt
 	Shown       int
 	FirstFailed *BuildAttempt
+	// Actions are who rebuilt or cancelled the build, newest first.
+	Actions []AuditEntry
 }
 
 // Attempts is the job's "n/3", or just "n" past the retry limit (manual rebuilds keep counting).
@@ -236,6 +238,9 @@ func (u *UI) buildPage(r *http.Request, logCtx context.Context) (string, Page, e
 	}
 
 	if err := u.readAttempts(ctx, r, &p); err != nil {
+		return "", Page{}, err
+	}
+	if p.Actions, err = u.audit(ctx, "build", id); err != nil {
 		return "", Page{}, err
 	}
 

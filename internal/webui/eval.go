@@ -203,6 +203,8 @@ type EvalPage struct {
 	Timeline *Timeline
 	// Diff is what changed against the evaluation before it; nil when there is none.
 	Diff *DiffView
+	// Actions are who re-evaluated, cancelled or rebuilt the evaluation, newest first.
+	Actions []AuditEntry
 }
 
 // DiffView is an evaluation diff as its page shows it: each group names its first
@@ -312,6 +314,9 @@ func (u *UI) evalPage(w http.ResponseWriter, r *http.Request) (string, Page, err
 		return "", Page{}, err
 	}
 	p.Diff = newDiffView(d)
+	if p.Actions, err = u.audit(ctx, "eval", id); err != nil {
+		return "", Page{}, err
+	}
 	title := fmt.Sprintf("%s · evaluation #%d", e.Project, e.ID)
 	return "eval", Page{Title: title, Data: p}, nil
 }

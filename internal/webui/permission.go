@@ -47,11 +47,20 @@ type actor struct {
 	// userID is the forge's numeric id of the user: who they are. login is only for the
 	// forge's permission API and logs.
 	userID int64
+	// tokenID and tokenName are the API token the actor authenticated with (0: none); with
+	// token true, a machine token minted admin.
+	tokenID   int64
+	tokenName string
 }
 
 func (a actor) String() string {
-	if a.token {
+	switch {
+	case a.token && a.tokenID != 0:
+		return fmt.Sprintf("machine token %d", a.tokenID)
+	case a.token:
 		return "the admin token"
+	case a.login == "" && a.tokenID != 0:
+		return fmt.Sprintf("machine token %d", a.tokenID)
 	}
 	return a.forge + ":" + a.login
 }

@@ -721,3 +721,22 @@ SELECT
           ORDER BY id),
     ARRAY(SELECT public_key FROM signing_keys ORDER BY first_seen, public_key)`
 )
+
+// The record of actions (audit.go).
+const (
+	// $1 action, $2 build job, $3 evaluation or $8 repository (the others NULL), $4 who, $5
+	// token id and $6 name (NULL: no token), $7 the answer.
+	sqlAuditInsert = `
+INSERT INTO action_log (action, job_id, eval_id, actor, token_id, token_name, message, repo_id)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8)`
+
+	// The actions on build job $1, newest first, at most $2.
+	sqlAuditJob = `
+SELECT action, actor, token_id, token_name, message, at FROM action_log
+WHERE job_id = $1 ORDER BY id DESC LIMIT $2`
+
+	// The actions on evaluation $1, newest first, at most $2.
+	sqlAuditEval = `
+SELECT action, actor, token_id, token_name, message, at FROM action_log
+WHERE eval_id = $1 ORDER BY id DESC LIMIT $2`
+)

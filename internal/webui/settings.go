@@ -326,6 +326,11 @@ func (u *UI) settingsPost(run postFunc) http.Handler {
 			return
 		}
 		u.log.Info("project settings", "path", r.URL.Path, "by", who.String(), "notice", notice)
+		action := lastSegment(r.URL.Path)
+		if action != "enable" && action != "disable" {
+			action = "settings"
+		}
+		u.record(ctx, "repo", action, id, who, notices[notice])
 		if !browserForm(r) && r.Header.Get("HX-Request") != "true" {
 			httpapi.WriteJSON(w, http.StatusOK, map[string]any{"message": notices[notice], "repo_id": id})
 			return

@@ -411,6 +411,9 @@ FROM repositories r LEFT JOIN projects p ON p.repo_id = r.id WHERE r.id = $1`, r
 	if got := state(fx.lib); got != "lib true hook-lib" {
 		t.Errorf("after enable: %q, want lib true hook-lib", got)
 	}
+	if got := fx.str(`SELECT actor || ' ' || action FROM action_log WHERE repo_id = $1`, fx.lib); got != "github:boss enable" {
+		t.Errorf("the enable recorded as %q, want github:boss enable", got)
+	}
 	if reg, _ := fx.fake.calls(); !slices.Equal(reg, []string{"octo/lib " + hook}) {
 		t.Errorf("registered hooks %q, want octo/lib at %s", reg, hook)
 	}

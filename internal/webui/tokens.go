@@ -3,8 +3,6 @@ package webui
 import (
 	"cmp"
 	"context"
-	"crypto/rand"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"net/http"
@@ -17,6 +15,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/access"
+	"github.com/harmonia-ci/harmonia-ci/internal/apitoken"
+	"github.com/harmonia-ci/harmonia-ci/internal/cache"
 	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
 	"github.com/harmonia-ci/harmonia-ci/internal/forge"
 	"github.com/harmonia-ci/harmonia-ci/internal/httpapi"
@@ -83,16 +83,26 @@ type TokensPage struct {
 	Notice   string
 	Sources  CacheSources
 	Projects int // how many projects a new token would read now
+	// APITokens are the viewer's API tokens (an admin's: everyone's, machine tokens included);
+	// MintedAPI the one just minted.
+	APITokens []APITokenRow
+	MintedAPI *MintedAPIToken
 }
 
 // tokenNotices are the tokens page's messages after a redirect.
-var tokenNotices = map[string]string{"revoked": "Token revoked: caches refuse it from its next request."}
+var tokenNotices = map[string]string{"revoked": "Token revoked: caches refuse it from its next request.",
+	"api-revoked": "API token revoked: the API refuses it from its next request."}
 
 func (u *UI) registerTokens(rt *access.Routes) {
 	// The pages list projects' names: each passes through the visibility rule (tokenRows).
 	rt.Handle("GET /ci/tokens", access.Filtered, u.page(u.tokensPage))
 	rt.Handle("POST /ci/tokens", access.Filtered, http.HandlerFunc(u.mintToken))
 	rt.Handle("POST /ci/tokens/{id}/revoke", access.Filtered, http.HandlerFunc(u.revokeToken))
+	// Personal API tokens (apitokens.go) and the command line's login (clilogin.go).
+	rt.Handle("POST /ci/tokens/api", access.Filtered, http.HandlerFunc(u.mintAPIToken))
+	rt.Handle("POST /ci/tokens/api/{id}/revoke", access.Filtered, http.HandlerFunc(u.revokeAPIToken))
+	rt.Handle("GET /ci/tokens/cli", access.Free, u.page(u.cliLoginPage))
+	rt.Handle("POST /ci/tokens/cli", access.Free, http.HandlerFunc(u.cliLoginMint))
 }
 
 // tokensPage is GET /ci/tokens[?notice=…]: a logged-out browser is sent to the login.
@@ -103,7 +113,7 @@ func (u *UI) tokensPage(w http.ResponseWriter, r *http.Request) (string, Page, e
 			http.Redirect(w, r, "/ci/login?"+url.Values{"next": {"/ci/tokens"}}.Encode(), http.StatusFound)
 			return "", Page{}, nil
 		}
-		return "", Page{}, httpapi.Errorf(http.StatusUnauthorized, "log in first: cache tokens are minted by logged-in users")
+		return "", Page{}, httpapi.Errorf(http.StatusUnauthorized, "log in first: tokens are minted by logged-in users")
 	}
 	who := actor{admin: u.isAdmin(r.Context(), s.Forge, s.UserID), forge: s.Forge, login: s.Login, userID: s.UserID}
 	d, err := u.tokensData(r, who)
@@ -111,7 +121,7 @@ func (u *UI) tokensPage(w http.ResponseWriter, r *http.Request) (string, Page, e
 		return "", Page{}, err
 	}
 	d.Notice = tokenNotices[r.URL.Query().Get("notice")]
-	return "tokens", Page{Title: "Cache tokens", Nav: "tokens", Data: d}, nil
+	return "tokens", Page{Title: "Tokens", Nav: "tokens", Data: d}, nil
 }
 
 // tokensData is the page's data for who: their tokens (an admin's: all) and the cache.
@@ -164,7 +174,8 @@ func (u *UI) tokensData(r *http.Request, who actor) (TokensPage, error) {
 	if d.Sources, err = u.cacheSources(ctx, false); err != nil {
 		return d, err
 	}
-	return d, nil
+	d.APITokens, err = apitoken.List(ctx, u.cfg.Pool, forgeName, who.userID, maxTokensListed)
+	return d, err
 }
 
 // caller is the actor as the visibility rule sees them.
@@ -217,15 +228,6 @@ func readable(ctx context.Context, rule *access.Rule, c access.Caller, projects 
 	return ids, nil
 }
 
-// newCacheToken is a fresh random cache token, in the form of harmonia-ci cache-token's.
-func newCacheToken() (string, error) {
-	b := make([]byte, 32)
-	if _, err := rand.Read(b); err != nil {
-		return "", fmt.Errorf("cache token: %w", err)
-	}
-	return "hcc1_" + base64.RawURLEncoding.EncodeToString(b), nil
-}
-
 // tokenPost bounds a tokens POST and authenticates it (the session and its CSRF token, or the
 // admin token).
 func (u *UI) tokenPost(w http.ResponseWriter, r *http.Request) (*http.Request, actor, context.CancelFunc, error) {
@@ -239,24 +241,18 @@ func (u *UI) tokenPost(w http.ResponseWriter, r *http.Request) (*http.Request, a
 // mintToken is POST /ci/tokens (note, days): a token for the session's user, reading the
 // projects they may read now. The answer shows it once: a page (200, never cached), or JSON.
 func (u *UI) mintToken(w http.ResponseWriter, r *http.Request) {
-	r, who, cancel, err := u.tokenPost(w, r)
+	r, who, cancel, err := u.userPost(w, r)
 	defer cancel()
-	if err == nil && who.token {
-		err = httpapi.Errorf(http.StatusBadRequest, "a cache token of the web UI is a user's: log in, or mint a machine's with harmonia-ci cache-token")
-	}
 	if err != nil {
 		u.fail(w, r, err, "/ci/tokens")
 		return
 	}
 	ctx := r.Context()
 	note := strings.TrimSpace(r.PostFormValue("note"))
-	days := defaultTokenDays
-	if s := r.PostFormValue("days"); s != "" {
-		days, err = strconv.Atoi(s)
-		if err != nil || !slices.Contains(tokenDays, days) {
-			u.fail(w, r, badRequest("days must be one of %s", joinInts(tokenDays)), "/ci/tokens")
-			return
-		}
+	days, err := formDays(r)
+	if err != nil {
+		u.fail(w, r, err, "/ci/tokens")
+		return
 	}
 	if len(note) > maxTokenNote || strings.ContainsFunc(note, func(c rune) bool { return c < ' ' }) {
 		u.fail(w, r, badRequest("the note must be one line of at most %d bytes", maxTokenNote), "/ci/tokens")
@@ -272,7 +268,7 @@ func (u *UI) mintToken(w http.ResponseWriter, r *http.Request) {
 		u.fail(w, r, err, "/ci/tokens")
 		return
 	}
-	token, err := newCacheToken()
+	token, err := cache.NewToken()
 	if err != nil {
 		u.fail(w, r, err, "/ci/tokens")
 		return
@@ -297,22 +293,27 @@ func (u *UI) mintToken(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteJSON(w, http.StatusOK, map[string]any{"id": m.ID, "token": token, "expires_at": m.ExpiresAt, "projects": m.Projects})
 		return
 	}
-	d, err := u.tokensData(r, who)
-	if err != nil {
-		u.fail(w, r, err, "/ci/tokens")
-		return
-	}
-	for _, host := range d.Sources.Hosts() {
-		m.Netrc = append(m.Netrc, netrcLine(host, token))
-	}
-	d.Minted = &m
-	p := Page{Title: "Cache tokens", Nav: "tokens", Data: d, Scripts: u.scripts, Viewer: u.viewer(r)}
-	u.render(w, http.StatusOK, "tokens", p)
+	u.mintedPage(w, r, who, func(d *TokensPage) {
+		for _, host := range d.Sources.Hosts() {
+			m.Netrc = append(m.Netrc, netrcLine(host, token))
+		}
+		d.Minted = &m
+	})
 }
 
-// revokeToken is POST /ci/tokens/{id}/revoke: one of the user's tokens (an admin: anyone's)
-// revoked. Someone else's token answers as one that does not exist.
+// revokeToken is POST /ci/tokens/{id}/revoke: one of the user's cache tokens (an admin:
+// anyone's) revoked. Someone else's token answers as one that does not exist.
 func (u *UI) revokeToken(w http.ResponseWriter, r *http.Request) {
+	u.revoke(w, r, "cache token", "revoked", func(ctx context.Context, id int64, forgeName string, userID int64) (bool, error) {
+		tag, err := u.cfg.Pool.Exec(ctx, sqlUserTokenRevoke, id, forgeName, userID)
+		return tag.RowsAffected() > 0, err
+	})
+}
+
+// revoke revokes token {id} of the kind what, if it is the viewer's (an admin: anyone's), with
+// do, and answers: back to the tokens page with notice, or JSON.
+func (u *UI) revoke(w http.ResponseWriter, r *http.Request, what, notice string,
+	do func(ctx context.Context, id int64, forgeName string, userID int64) (bool, error)) {
 	r, who, cancel, err := u.tokenPost(w, r)
 	defer cancel()
 	if err != nil {
@@ -321,28 +322,53 @@ func (u *UI) revokeToken(w http.ResponseWriter, r *http.Request) {
 	}
 	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
 	if err != nil || id <= 0 {
-		u.fail(w, r, notFound("no cache token %.40q", r.PathValue("id")), "/ci/tokens")
+		u.fail(w, r, notFound("no %s %.40q", what, r.PathValue("id")), "/ci/tokens")
 		return
 	}
 	forgeName := who.forge
 	if who.admin {
 		forgeName = ""
 	}
-	tag, err := u.cfg.Pool.Exec(r.Context(), sqlUserTokenRevoke, id, forgeName, who.userID)
-	if err != nil {
-		u.fail(w, r, fmt.Errorf("revoke cache token %d: %w", id, err), "/ci/tokens")
+	ok, err := do(r.Context(), id, forgeName, who.userID)
+	switch {
+	case err != nil:
+		u.fail(w, r, fmt.Errorf("revoke %s %d: %w", what, id, err), "/ci/tokens")
+		return
+	case !ok:
+		u.fail(w, r, notFound("no live %s %d of yours", what, id), "/ci/tokens")
 		return
 	}
-	if tag.RowsAffected() == 0 {
-		u.fail(w, r, notFound("no live cache token %d of yours", id), "/ci/tokens")
-		return
-	}
-	u.log.Info("cache token revoked", "id", id, "by", who.String())
+	u.log.Info(what+" revoked", "id", id, "by", who.String())
 	if !browserForm(r) {
 		httpapi.WriteJSON(w, http.StatusOK, map[string]any{"message": "revoked", "id": id})
 		return
 	}
-	http.Redirect(w, r, "/ci/tokens?notice=revoked", http.StatusSeeOther)
+	http.Redirect(w, r, "/ci/tokens?notice="+notice, http.StatusSeeOther)
+}
+
+// mintedPage answers a mint from a browser: the tokens page, with what set shows once.
+func (u *UI) mintedPage(w http.ResponseWriter, r *http.Request, who actor, set func(*TokensPage)) {
+	d, err := u.tokensData(r, who)
+	if err != nil {
+		u.fail(w, r, err, "/ci/tokens")
+		return
+	}
+	set(&d)
+	p := Page{Title: "Tokens", Nav: "tokens", Data: d, Scripts: u.scripts, Viewer: u.viewer(r)}
+	u.render(w, http.StatusOK, "tokens", p)
+}
+
+// formDays is a mint form's "days": one of tokenDays, defaultTokenDays when absent.
+func formDays(r *http.Request) (int, error) {
+	s := r.PostFormValue("days")
+	if s == "" {
+		return defaultTokenDays, nil
+	}
+	days, err := strconv.Atoi(s)
+	if err != nil || !slices.Contains(tokenDays, days) {
+		return 0, badRequest("days must be one of %s", joinInts(tokenDays))
+	}
+	return days, nil
 }
 
 func joinInts(v []int) string {

@@ -70,6 +70,9 @@ type Config struct {
 	// from within DeadThreshold (default cluster.DefaultDeadThreshold).
 	CacheURL      string
 	DeadThreshold time.Duration
+
+	// RateLimits are the API's (apitokens.go).
+	RateLimits RateLimits
 }
 
 // UI serves the pages.
@@ -85,6 +88,8 @@ type UI struct {
 	// rule is the visibility rule, with the forges' answers through the permission cache
 	// (permission.go): every page and stream asks it.
 	rule *access.Rule
+	// limits are the API's token buckets.
+	limits limiters
 }
 
 // New parses the templates.
@@ -99,6 +104,7 @@ func New(cfg Config) (*UI, error) {
 		return nil, err
 	}
 	u.rule = &access.Rule{DB: cfg.Pool, Read: u.readAccess}
+	u.limits = newLimiters(cfg.RateLimits)
 	_, errH := fs.Stat(static, htmxScript)
 	_, errS := fs.Stat(static, sseScript)
 	u.scripts = errH == nil && errS == nil
@@ -132,6 +138,7 @@ func New(cfg Config) (*UI, error) {
 // cluster API see the same users as the pages.
 func (u *UI) Register(rt *access.Routes) {
 	rt.Use(u.rule, u.Caller)
+	rt.SetFront(u.front) // bearer tokens and the API's rate limits (apitokens.go)
 	rt.Handle("GET /ci/static/", access.Free, http.StripPrefix("/ci/static/", u.staticHandler()))
 	rt.Handle("GET /{$}", access.Free, http.RedirectHandler("/ci/", http.StatusFound))
 	rt.Handle("GET /ci/{$}", access.Filtered, u.page(u.dashboard))
