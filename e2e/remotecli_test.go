@@ -19,8 +19,18 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/status"
 )
 
-// remoteToken is the API token the remote command line uses on cluster c: its admin token.
-func remoteToken(t *testing.T, c *buildCluster) string { t.Helper(); return adminToken }
+// remoteToken mints the API token the remote command line uses on cluster c: a machine token
+// with the admin's rights (harmonia-ci api-token --admin), as a deploy script would hold.
+func remoteToken(t *testing.T, c *buildCluster) string {
+	t.Helper()
+	for _, line := range strings.Split(c.cli.ok("api-token", "--name", "remote-cli", "--admin"), "\n") {
+		if tok := strings.TrimSpace(line); apiTokenRE.MatchString(tok) {
+			return tok
+		}
+	}
+	t.Fatal("harmonia-ci api-token printed no token")
+	return ""
+}
 
 // remoteCLI runs harmonia-ci as on a laptop: a HOME and config directory of its own, no
 // database URL or other harmonia-ci setting in its environment, a server and a token.

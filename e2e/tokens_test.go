@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -46,9 +47,11 @@ func withToken(t *testing.T, method, url, token string) (int, string) {
 }
 
 // A user logs in through Gitea in Chromium, mints an API token on /ci/tokens and uses it from
-// a script: it lists their private project, rebuilds their project's failed build (recorded and
-// shown on the build's page), and another user's token is refused on it (403, nothing
-// changed). Revoked in the browser, the token is refused at its next request. harmonia-ci
+// a script and from the command line on a machine without the database: it lists their private
+// project, watch follows the evaluation to its end (exit 1: an attribute failed), failures
+// prints the failed build's log tail, job rebuild rebuilds it (recorded and shown on the
+// build's page), and another user's token is refused on it (403, exit 4, nothing changed).
+// Revoked in the browser, the token is refused at its next request (401, exit 3). harmonia-ci
 // login's page hands a new token to a loopback listener.
 func TestAPITokenFromBrowser(t *testing.T) {
 	u := newUICluster(t)
@@ -99,6 +102,10 @@ WHERE a.eval_id = $1 AND a.attr = 'broken'`, evalID).Scan(&brokenID, &s)
 	if code, body := withToken(t, http.MethodPost, rebuild, carolToken); code != http.StatusForbidden {
 		t.Errorf("another user's token rebuilds the owner's build: %d %s, want 403", code, body)
 	}
+	carolCLI := &remoteCLI{t: t, server: u.public, token: carolToken, home: t.TempDir()}
+	if code, _, stderr := carolCLI.run("job", "rebuild", strconv.FormatInt(brokenID, 10)); code != 4 || !strings.Contains(stderr, "forbidden (403") {
+		t.Errorf("job rebuild with another user's token: exit %d, want 4 saying it is forbidden:\n%s", code, stderr)
+	}
 	var s status.JobStatus
 	var after int
 	if err := u.pool.QueryRow(ctx, `SELECT status, attempt FROM build_jobs WHERE id = $1`, brokenID).Scan(&s, &after); err != nil ||
@@ -106,10 +113,18 @@ WHERE a.eval_id = $1 AND a.attr = 'broken'`, evalID).Scan(&brokenID, &s)
 		t.Errorf("a refused rebuild changed the build: %s, attempt %d → %d (%v)", s, attempt, after, err)
 	}
 
-	// The owner's token rebuilds it, no CSRF token needed; the build page says who.
-	if code, body := withToken(t, http.MethodPost, rebuild, token); code != http.StatusOK {
-		t.Fatalf("the owner's token rebuilds their build: %d %s", code, body)
+	// The owner's command line, on a machine without the database, follows the evaluation to
+	// its end (exit 1: an attribute failed), prints the failure's log tail and rebuilds it, no
+	// CSRF token needed; the build page says who.
+	cli := &remoteCLI{t: t, server: u.public, token: token, home: t.TempDir()}
+	evalArg := strconv.FormatInt(evalID, 10)
+	if code, _, stderr := cli.run("watch", evalArg); code != 1 || !strings.Contains(stderr, "broken (failed)") {
+		t.Errorf("watch of the evaluation with a failed attribute: exit %d, want 1 naming it:\n%s", code, stderr)
 	}
+	if out := cli.expect(0, "failures", evalArg); !strings.Contains(out, "failing on purpose") {
+		t.Errorf("failures lacks the failed build's log tail:\n%s", out)
+	}
+	cli.expect(0, "job", "rebuild", strconv.FormatInt(brokenID, 10))
 	proctest.WaitFor(t, 2*time.Minute, "the rebuilt build failed again", func() bool {
 		_ = u.pool.QueryRow(ctx, `SELECT status, attempt FROM build_jobs WHERE id = $1`, brokenID).Scan(&s, &after)
 		return after > attempt && s == status.JobFailed
@@ -123,6 +138,9 @@ WHERE a.eval_id = $1 AND a.attr = 'broken'`, evalID).Scan(&brokenID, &s)
 	owner.WaitText("body", "API token revoked", 10*time.Second)
 	if code, body := withToken(t, http.MethodGet, u.public+"/api/v1/projects", token); code != http.StatusUnauthorized || !strings.Contains(body, `"error"`) {
 		t.Errorf("a revoked token: %d %s, want a JSON 401", code, body)
+	}
+	if code, _, stderr := cli.run("eval", "show", evalArg); code != 3 || !strings.Contains(stderr, "refused the token") {
+		t.Errorf("the command line with a revoked token: exit %d, want 3 saying the token was refused:\n%s", code, stderr)
 	}
 
 	// harmonia-ci login's page: confirmed in the browser, the token reaches the command line's

@@ -58,6 +58,7 @@ func (n *node) forgeSide(httpServer *web.Server, notifier *notify.Notifier, endp
 	}
 	if store != nil {
 		tail = apiv1.StoreTail(n.pool, store)
+		httpServer.ServeLogsFrom(store)
 	}
 	apiv1.New(apiv1.Config{Pool: n.pool, Tail: tail, Logger: n.logger}).Register(httpServer.Routes())
 	if len(forges) == 0 {

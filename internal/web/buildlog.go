@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"strconv"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/klauspost/compress/zstd"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/access"
 	"github.com/harmonia-ci/harmonia-ci/internal/blob"
@@ -340,8 +342,9 @@ func parseDigits(s string) (int64, bool) {
 	return n, err == nil
 }
 
-// handleBuildLog is GET /api/builds/{id}/log: a finished build's log by redirect (or, to an
-// EventSource, just the "end" event), a running one's live tail as Server-Sent Events.
+// handleBuildLog is GET /api/builds/{id}/log: a finished build's log (from this node's store,
+// else by redirect to the cache; to an EventSource, just the "end" event), a running one's
+// live tail as Server-Sent Events.
 //
 // Events: "tail" carries the whole current tail (the last 64 KiB of the log), one data line per
 // log line, with the tail's log_seq as event id; the client replaces its view with it. "end"
@@ -377,6 +380,9 @@ func (s *Server) handleBuildLog(w http.ResponseWriter, r *http.Request) error {
 			return nil
 		}
 		if loc := blob.LogPath(deref(st.logURL)); loc != "" {
+			if s.logStore != nil {
+				return s.serveArchivedLog(w, r, id, deref(st.logURL))
+			}
 			http.Redirect(w, r, loc, http.StatusFound)
 			return nil
 		}
@@ -403,6 +409,53 @@ func (s *Server) handleBuildLog(w http.ResponseWriter, r *http.Request) error {
 	defer s.logs.unwatch(stream)
 	s.streamBuildLog(w, r, stream)
 	return nil
+}
+
+// ServeLogsFrom makes GET /api/builds/{id}/log serve a finished build's log from store itself
+// rather than redirect to the cache's /log/ path. The route has checked that the caller may
+// read the build; the cache answers a private project's log only to cache and node tokens, so
+// a user's session or API token would get its 404. Call before Start.
+func (s *Server) ServeLogsFrom(store blob.Store) { s.logStore = store }
+
+// serveArchivedLog answers the archived log at key as text, still compressed to a client that
+// accepts zstd (the store keeps logs so).
+func (s *Server) serveArchivedLog(w http.ResponseWriter, r *http.Request, id int64, key string) error {
+	rc, _, err := s.logStore.Get(r.Context(), key)
+	if errors.Is(err, blob.ErrNotFound) {
+		return &httpapi.Error{Code: http.StatusNotFound, Msg: fmt.Sprintf("build %d has no log", id)}
+	}
+	if err != nil {
+		return fmt.Errorf("read the log of build %d: %w", id, err)
+	}
+	defer rc.Close()
+	h := w.Header()
+	h.Set("Content-Type", "text/plain; charset=utf-8")
+	h.Set("Vary", "Accept-Encoding")
+	if acceptsZstd(r) {
+		h.Set("Content-Encoding", "zstd")
+		_, _ = io.Copy(w, rc)
+		return nil
+	}
+	dec, err := zstd.NewReader(rc, zstd.WithDecoderConcurrency(1), zstd.WithDecoderMaxMemory(1<<30))
+	if err != nil {
+		return fmt.Errorf("read the log of build %d: %w", id, err)
+	}
+	defer dec.Close()
+	_, _ = io.Copy(w, dec) // past the first byte the status is sent: a broken copy just ends the body
+	return nil
+}
+
+// acceptsZstd reports whether the request's Accept-Encoding lists zstd.
+func acceptsZstd(r *http.Request) bool {
+	for _, v := range r.Header.Values("Accept-Encoding") {
+		for _, enc := range strings.Split(v, ",") {
+			name, _, _ := strings.Cut(enc, ";")
+			if strings.EqualFold(strings.TrimSpace(name), "zstd") {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // acceptsEventStream reports whether the request asks for an event stream (an EventSource's

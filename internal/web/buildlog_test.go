@@ -16,8 +16,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/klauspost/compress/zstd"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/harmonia-ci/harmonia-ci/internal/blob"
 	"github.com/harmonia-ci/harmonia-ci/internal/dbtest"
 	"github.com/harmonia-ci/harmonia-ci/internal/notify"
 	"github.com/harmonia-ci/harmonia-ci/internal/queuetest"
@@ -837,6 +839,64 @@ func TestBuildLogFinishedToEventSource(t *testing.T) {
 			want := `event: end` + "\n" + `data: {"status":"failed","log_url":"/` + logKey("ended") + `","error":"boom"}` + "\n\n"
 			if resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Type") != "text/event-stream" || string(body) != want {
 				t.Fatalf("%d %q %q, want 200 text/event-stream %q", resp.StatusCode, resp.Header.Get("Content-Type"), body, want)
+			}
+		})
+	}
+}
+
+// A node that holds the blob store serves a finished build's log itself, as text or, to a
+// client that takes it, still compressed; the route's own check decides who may read it, not
+// the cache's (which answers a private project's log only to cache and node tokens).
+func TestBuildLogServedFromStore(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.NewPool(t)
+	store, err := blob.NewLocal(t.TempDir(), "", []byte("a secret of sixteen bytes or more"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const text = "building\nfailing on purpose\n"
+	enc, err := zstd.NewWriter(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	compressed := enc.EncodeAll([]byte(text), nil)
+	if err := store.Put(context.Background(), logKey("kept"), bytes.NewReader(compressed), int64(len(compressed)), blob.PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	srv := startLogServer(t, pool, false, func(s *Server) { s.ServeLogsFrom(store) })
+	kept, gone := newJob(t, pool, "kept"), newJob(t, pool, "gone")
+	for id, key := range map[int64]string{kept: logKey("kept"), gone: logKey("gone")} {
+		queuetest.Exec(t, pool, `UPDATE build_jobs SET status = 'failed', log_url = $2 WHERE id = $1`, id, key)
+	}
+	for _, tc := range []struct {
+		name, encoding string
+		id             int64
+		code           int
+		body           string
+	}{
+		{"text", "", kept, http.StatusOK, text},
+		{"compressed", "gzip, zstd", kept, http.StatusOK, string(compressed)},
+		{"gone from the store", "", gone, http.StatusNotFound, fmt.Sprintf(`"build %d has no log"`, gone)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			req, err := http.NewRequest(http.MethodGet, fmt.Sprintf("%s/api/builds/%d/log", srv.url, tc.id), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.encoding != "" {
+				req.Header.Set("Accept-Encoding", tc.encoding)
+			}
+			resp, err := noRedirects.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != tc.code || !strings.Contains(string(body), tc.body) {
+				t.Errorf("%s: %q, want %d with %q", resp.Status, body, tc.code, tc.body)
+			}
+			if got, want := resp.Header.Get("Content-Encoding"), map[bool]string{true: "zstd"}[tc.encoding != "" && tc.code == http.StatusOK]; got != want {
+				t.Errorf("Content-Encoding %q, want %q", got, want)
 			}
 		})
 	}

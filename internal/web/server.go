@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/access"
+	"github.com/harmonia-ci/harmonia-ci/internal/blob"
 	"github.com/harmonia-ci/harmonia-ci/internal/cluster"
 	"github.com/harmonia-ci/harmonia-ci/internal/httpapi"
 	"github.com/harmonia-ci/harmonia-ci/internal/notify"
@@ -57,6 +58,9 @@ type Server struct {
 	srv    *http.Server
 	ln     net.Listener
 	logs   *logHub // nil without a Notifier
+	// logStore serves finished builds' logs (ServeLogsFrom); nil: they are redirected to the
+	// cache's /log/ path.
+	logStore blob.Store
 
 	adminHash httpapi.TokenHash
 }
