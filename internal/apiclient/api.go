@@ -124,6 +124,13 @@ func (c *Client) Build(ctx context.Context, id int64) (apiv1.Build, error) {
 	return b, err
 }
 
+// Diff is GET /api/v1/evaluations/{id}/diff: what changed against the evaluation before it.
+func (c *Client) Diff(ctx context.Context, id int64) (apiv1.EvaluationDiff, error) {
+	var d apiv1.EvaluationDiff
+	err := c.getJSON(ctx, "/api/v1/evaluations/"+strconv.FormatInt(id, 10)+"/diff", nil, &d)
+	return d, err
+}
+
 // RebuildBuild is POST /api/builds/{id}/rebuild.
 func (c *Client) RebuildBuild(ctx context.Context, id int64) (ActionResult, error) {
 	return c.post(ctx, "/api/builds/"+strconv.FormatInt(id, 10)+"/rebuild")

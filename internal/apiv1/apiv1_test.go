@@ -278,6 +278,13 @@ func TestRoutesJSON(t *testing.T) {
 				t.Errorf("evaluation: %v", e)
 			}
 		}},
+		{fmt.Sprintf("/api/v1/evaluations/%d/diff", fx.eval), func(t *testing.T, v obj) {
+			for _, k := range []string{"newly_failing", "newly_fixed", "still_failing", "added", "added_failing", "removed"} {
+				if _, ok := field(t, v, k).([]any); !ok {
+					t.Errorf("diff: %s is %v, want a list", k, v[k])
+				}
+			}
+		}},
 		{fmt.Sprintf("/api/v1/evaluations/%d", fx.eval), func(t *testing.T, v obj) {
 			if field(t, v, "id") != num(fx.eval) || field(t, v, "builds.failed") != 1.0 || field(t, v, "builds.dep-failed") != 1.0 {
 				t.Errorf("evaluation: %v", v)
@@ -381,6 +388,7 @@ func TestPrivateProject(t *testing.T) {
 		{"/api/v1/projects/hush/evaluations", "/api/v1/projects/nope/evaluations"},
 		{fmt.Sprintf("/api/v1/evaluations/%d", fx.hushEval), "/api/v1/evaluations/999999"},
 		{fmt.Sprintf("/api/v1/evaluations/%d/failures", fx.hushEval), "/api/v1/evaluations/999999/failures"},
+		{fmt.Sprintf("/api/v1/evaluations/%d/diff", fx.hushEval), "/api/v1/evaluations/999999/diff"},
 		{fmt.Sprintf("/api/v1/builds/%d", fx.hushJob), "/api/v1/builds/999999"},
 	} {
 		code, body := fx.get(tc.hidden, false)

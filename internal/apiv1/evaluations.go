@@ -84,6 +84,34 @@ func (a *API) readEval(r *http.Request) (evaluation.Evaluation, error) {
 	return e, err
 }
 
+// EvaluationDiff is an evaluation's diff against the one before it.
+type EvaluationDiff struct {
+	EvaluationID int64  `json:"evaluation_id"`
+	Project      string `json:"project"`
+	evaluation.Diff
+}
+
+// diff is GET /api/v1/evaluations/{id}/diff.
+func (a *API) diff(w http.ResponseWriter, r *http.Request) error {
+	e, err := a.readEval(r)
+	if err != nil {
+		return err
+	}
+	diff, err := evaluation.DiffOf(r.Context(), a.cfg.Pool, e.ID)
+	if err != nil {
+		return err
+	}
+	d := EvaluationDiff{EvaluationID: e.ID, Project: e.Project, Diff: diff}
+	// Empty lists are [], not null: a script iterates them without a check.
+	for _, l := range []*[]string{&d.NewlyFailing, &d.NewlyFixed, &d.StillFailing, &d.Added, &d.AddedFailing, &d.Removed} {
+		if *l == nil {
+			*l = []string{}
+		}
+	}
+	httpapi.WriteJSON(w, http.StatusOK, d)
+	return nil
+}
+
 // attributes reads a page of evaluation id's attributes (only the failed ones if failed) and
 // the next page's cursor.
 func (a *API) attributes(ctx context.Context, id int64, after *string, failed bool, limit int) ([]Attribute, *string, error) {

@@ -161,10 +161,7 @@ func newEvalShow(g *globalFlags) *cobra.Command {
 				return err
 			}
 			if c != nil {
-				if diff {
-					return usageError{errors.New("--diff reads the database: run it without --server")}
-				}
-				return remoteEvalShow(cmd, c, id, wait, asJSON)
+				return remoteEvalShow(cmd, c, id, wait, diff, asJSON)
 			}
 			var limit time.Duration
 			if !wait {
@@ -211,6 +208,12 @@ func showDiff(ctx context.Context, w io.Writer, pool *pgxpool.Pool, e evaluation
 	if err := showEval(ctx, w, pool, e, false, false); err != nil {
 		return err
 	}
+	return printDiff(w, d)
+}
+
+// printDiff prints a diff under its evaluation's heading: a summary line and a table of the
+// changed attributes.
+func printDiff(w io.Writer, d evaluation.Diff) error {
 	if d.Against == 0 {
 		fmt.Fprintln(w, "no earlier finished evaluation to compare with")
 		return nil

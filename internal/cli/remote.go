@@ -198,7 +198,7 @@ func remoteEvalList(cmd *cobra.Command, c *apiclient.Client, project string, lim
 }
 
 // remoteEvalShow is `eval show` over HTTP; with wait, once the evaluation has finished.
-func remoteEvalShow(cmd *cobra.Command, c *apiclient.Client, id int64, wait, asJSON bool) error {
+func remoteEvalShow(cmd *cobra.Command, c *apiclient.Client, id int64, wait, diff, asJSON bool) error {
 	var limit time.Duration
 	if !wait {
 		limit = 2 * time.Minute
@@ -217,11 +217,23 @@ func remoteEvalShow(cmd *cobra.Command, c *apiclient.Client, id int64, wait, asJ
 			return err
 		}
 	}
-	e, err := c.Evaluation(ctx, id, true)
+	e, err := c.Evaluation(ctx, id, !diff)
 	if err != nil {
 		return err
 	}
-	if err := showAPIEval(cmd, e, asJSON); err != nil {
+	if diff {
+		d, err := c.Diff(ctx, id)
+		if err != nil {
+			return err
+		}
+		if asJSON {
+			return printJSON(cmd.OutOrStdout(), d.Diff)
+		}
+		writeEvalHead(cmd.OutOrStdout(), evalHead{evalRow: apiEvalRow(e.Evaluation), nixVersion: e.NixVersion, evaluator: e.Evaluator, err: e.Error})
+		if err := printDiff(cmd.OutOrStdout(), d.Diff); err != nil {
+			return err
+		}
+	} else if err := showAPIEval(cmd, e, asJSON); err != nil {
 		return err
 	}
 	if wait && (e.Status == status.EvalFailed || e.Status == status.EvalCancelled) {
