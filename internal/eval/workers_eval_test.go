@@ -182,3 +182,141 @@ let a = mk "a" [ ]; in {
 		}
 	}
 }
+
+// liveEvaluators registers ids as live evaluator nodes, as their heartbeats would: a claimant
+// shares its units only when another evaluator is there to take them.
+func (h *harness) liveEvaluators(ids ...string) {
+	h.t.Helper()
+	for _, id := range ids {
+		h.exec(`INSERT INTO nodes (id, roles, endpoint, incarnation, last_seen)
+VALUES ($1, '{evaluator}', 'http://127.0.0.1:1', gen_random_uuid(), now() + interval '1 hour')`, id)
+	}
+}
+
+// Two evaluator nodes on one evaluation: the units the claimant's walk splits off are walked
+// by both, and the evaluation records the same attributes, derivations, jobs and errors as one
+// node with one worker, each attribute once.
+func TestTwoNodesIdenticalResults(t *testing.T) {
+	t.Parallel()
+	salt := salt(t)
+	single := newHarness(t)
+	single.salt = salt
+	single.startEvaluator("ev-1", func(c *eval.Config) { c.Workers = 1 })
+	_, commit := single.newProject("many", map[string]string{"ci.nix": eval.WorkersProject(salt)})
+	e, _ := single.trigger("many", "", commit)
+	single.waitSucceeded(e.ID)
+	want := single.evaluated(e.ID)
+
+	h := newHarness(t)
+	h.salt = salt
+	h.liveEvaluators("ev-1", "ev-2")
+	for _, id := range []string{"ev-1", "ev-2"} {
+		h.startEvaluator(id, func(c *eval.Config) {
+			c.Workers = 1
+			c.HelpOthers = true
+			c.Runner = &eval.NixRunner{SplitAbove: 2}
+		})
+	}
+	_, commit = h.newProject("many", map[string]string{"ci.nix": eval.WorkersProject(salt)})
+	e, _ = h.trigger("many", "", commit)
+	h.waitSucceeded(e.ID)
+	got := h.evaluated(e.ID)
+	for _, n := range slices.Sorted(maps.Keys(want.attrs)) {
+		if got.attrs[n] != want.attrs[n] {
+			t.Errorf("%s: two nodes %s, one %s", n, got.attrs[n], want.attrs[n])
+		}
+	}
+	if len(got.attrs) != len(want.attrs) {
+		t.Errorf("two nodes: %d attributes, one %d", len(got.attrs), len(want.attrs))
+	}
+	if !slices.Equal(got.derivations, want.derivations) {
+		t.Errorf("two nodes: derivations %v, one %v", got.derivations, want.derivations)
+	}
+	if !slices.Equal(got.jobs, want.jobs) {
+		t.Errorf("two nodes: jobs %v, one %v", got.jobs, want.jobs)
+	}
+	units := h.queryStrings(`SELECT claimed_by || ' ' || status FROM eval_units WHERE eval_id = $1`, e.ID)
+	walkedBy := map[string]bool{}
+	for _, u := range units {
+		node, st, _ := strings.Cut(u, " ")
+		walkedBy[node] = true
+		if st != string(status.UnitDone) {
+			t.Errorf("unit of %s left %s", node, st)
+		}
+	}
+	if !walkedBy["ev-1"] || !walkedBy["ev-2"] {
+		t.Errorf("units walked by %v, want both nodes: %q", slices.Sorted(maps.Keys(walkedBy)), units)
+	}
+	if n := h.queryInt(`SELECT count(*) FROM eval_attrs WHERE eval_id = $1 AND unit_id IS NOT NULL`, e.ID); n == 0 {
+		t.Errorf("no attribute came from a unit")
+	}
+}
+
+// An evaluation cancelled while both nodes walk its units: every walker of both stops and
+// nothing more is ingested.
+func TestCancelStopsEveryNode(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	h.liveEvaluators("ev-1", "ev-2")
+	var children [2]pids
+	var evs []*eval.Evaluator
+	for i, id := range []string{"ev-1", "ev-2"} {
+		evs = append(evs, h.startEvaluator(id, func(c *eval.Config) {
+			c.Workers = 2
+			c.HelpOthers = true
+			c.Runner = &eval.NixRunner{SplitAbove: 2, OnStart: children[i].onStart}
+		}))
+	}
+	g := newGate(t)
+	gated := make([]string, 8)
+	for i := range gated {
+		gated[i] = fmt.Sprintf("g%d = %s;", i, g.drv(fmt.Sprintf("gated-%d", i), h.salt))
+	}
+	_, commit := h.newProject("gated", map[string]string{"ci.nix": h.lib() + `
+let a = mk "a" [ ]; in {
+  inherit a;
+  b = mk "b" [ a ];
+  gated = { recurseForDerivations = true; ` + strings.Join(gated, "\n") + ` };
+}`})
+	e, _ := h.trigger("gated", "", commit)
+	h.waitAttrs(e.ID, 2)
+	// Both nodes' walkers stuck on the gated members their units start with.
+	alive := func(p *pids) []int {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		var out []int
+		for _, pid := range p.list {
+			if nixAlive(pid) {
+				out = append(out, pid)
+			}
+		}
+		return out
+	}
+	waittest.For(t, finishTimeout, func() bool {
+		return len(alive(&children[0])) > 0 && len(alive(&children[1])) > 0
+	}, "walkers to run on both nodes")
+	walking := append(alive(&children[0]), alive(&children[1])...)
+	if err := evaluation.Cancel(h.ctx(), h.pool, e.ID, "cancelled by the test"); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range walking {
+		waitNixGone(t, p)
+	}
+	for _, ev := range evs {
+		waittest.For(t, 10*time.Second, func() bool { return ev.Running() == 0 }, "the evaluators to let go of the evaluation")
+	}
+	if got := h.get(e.ID); got.Status != status.EvalCancelled {
+		t.Errorf("status %s, want cancelled", got.Status)
+	}
+	if n := h.queryInt(`SELECT count(*) FROM eval_attrs WHERE eval_id = $1`, e.ID); n != 0 {
+		t.Errorf("%d attributes left", n)
+	}
+	if n := h.queryInt(`SELECT count(*) FROM derivations WHERE name LIKE 'gated-%'`); n != 0 {
+		t.Errorf("%d gated derivations ingested", n)
+	}
+	for i := range children {
+		for _, p := range alive(&children[i]) {
+			t.Errorf("walker %d of ev-%d still runs", p, i+1)
+		}
+	}
+}
