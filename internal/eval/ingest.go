@@ -197,7 +197,7 @@ func (in *ingester) commit(ctx context.Context, batches []batch) error {
 		if err := in.holdClaim(ctx, tx); err != nil {
 			return err
 		}
-		done, err := in.holdUnits(ctx, tx, units)
+		done, err := in.holdUnits(ctx, tx, units, false)
 		if err != nil {
 			return err
 		}
@@ -227,7 +227,12 @@ func (in *ingester) commit(ctx context.Context, batches []batch) error {
 			}
 			raised = true
 		}
-		return nil
+		if done {
+			// Last: under per-role logins, what a helper writes is let through only while it
+			// walks a unit of the evaluation.
+			_, err = in.holdUnits(ctx, tx, units, true)
+		}
+		return err
 	})
 	if err != nil {
 		return fmt.Errorf("ingest %d attributes: %w", len(names), err)
@@ -294,9 +299,9 @@ func (in *ingester) holdClaim(ctx context.Context, tx pgx.Tx) error {
 }
 
 // holdUnits proves, in tx, that this node still holds the claims of the table units whose
-// attributes tx commits (errStale if one was reaped and claimed again), and marks done those
-// walked to the end. It reports whether any was.
-func (in *ingester) holdUnits(ctx context.Context, tx pgx.Tx, units []Attr) (bool, error) {
+// attributes tx commits (errStale if one was reaped and claimed again), and with markDone marks
+// done those walked to the end. It reports whether any was walked to the end.
+func (in *ingester) holdUnits(ctx context.Context, tx pgx.Tx, units []Attr, markDone bool) (bool, error) {
 	if len(units) == 0 {
 		return false, nil
 	}
@@ -313,7 +318,7 @@ func (in *ingester) holdUnits(ctx context.Context, tx pgx.Tx, units []Attr) (boo
 	var done []bool
 	anyDone := false
 	for id, u := range byID {
-		ids, attempts, done = append(ids, id), append(attempts, u.unitAttempt), append(done, u.unitDone)
+		ids, attempts, done = append(ids, id), append(attempts, u.unitAttempt), append(done, u.unitDone && markDone)
 		anyDone = anyDone || u.unitDone
 	}
 	rows, err := tx.Query(ctx, sqlHoldUnits, in.node, ids, attempts, done)

@@ -61,7 +61,7 @@ VALUES ($1, 'git+file:///demo', 'c', 'main', 'running', 'owner', 1) RETURNING id
 			if err := in.holdClaim(ctx, tx); err != nil {
 				return err
 			}
-			if _, err := in.holdUnits(ctx, tx, []Attr{a}); err != nil {
+			if _, err := in.holdUnits(ctx, tx, []Attr{a}, true); err != nil {
 				return err
 			}
 			if a.Name == "" {
