@@ -600,8 +600,8 @@ func (e *Evaluator) help(ctx context.Context, c claim) {
 	}
 	var stats ingestStats
 	if err == nil {
-		shared := &sharedUnits{pool: e.pool, node: c.node, evalID: c.id, evalAttempt: c.attempt, first: c.unit,
-			poll: unitPollInterval}
+		shared := &sharedUnits{pool: e.pool, node: c.node, evalID: c.id, evalAttempt: c.attempt, poll: unitPollInterval}
+		shared.first.Store(c.unit)
 		v.spec.Roots = nil // the claimant's
 		stats, err = e.walkIngest(ctx, c, v, shared, func(ctx context.Context, cancel context.CancelCauseFunc) {
 			e.watchStatus(ctx, sqlEvalStatusAt, []any{c.id, c.attempt}, cancel)

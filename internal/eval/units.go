@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -22,8 +23,9 @@ type sharedUnits struct {
 	// owner: the evaluation's claimant, whose walk ends only once no other node walks a unit of
 	// it (it finishes the evaluation). A helper's walk ends when it finds nothing to claim.
 	owner bool
-	// first is the unit a helper's claim took before its view was ready.
-	first *unit
+	// first is the unit a helper's claim took before its view was ready; the first worker to
+	// claim takes it.
+	first atomic.Pointer[unit]
 	// poll is how often an idle worker looks for units again.
 	poll time.Duration
 }
@@ -61,10 +63,8 @@ func (s *sharedUnits) insert(ctx context.Context, parent *unit, handed string, r
 
 // claim takes the next queued unit of the evaluation; false when none is queued.
 func (s *sharedUnits) claim(ctx context.Context) (unit, bool, error) {
-	if s.first != nil {
-		u := *s.first
-		s.first = nil
-		return u, true, nil
+	if u := s.first.Swap(nil); u != nil {
+		return *u, true, nil
 	}
 	u, err := scanUnit(s.pool.QueryRow(ctx, sqlClaimUnitOf, s.node, s.evalID, s.evalAttempt))
 	if errors.Is(err, pgx.ErrNoRows) {
