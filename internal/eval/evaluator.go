@@ -625,19 +625,7 @@ func (e *Evaluator) help(ctx context.Context, c claim) {
 		e.releaseUnits(c.id)
 		log.Info("not helping with the evaluation", "error", err)
 	default:
-		rerr := pgx.BeginFunc(fctx, e.pool, func(tx pgx.Tx) error {
-			tag, ferr := tx.Exec(fctx, sqlFailEvalHelped, c.id, c.node, c.attempt, err.Error())
-			if ferr != nil {
-				return ferr
-			}
-			if tag.RowsAffected() == 0 {
-				return errStale
-			}
-			if err := evaluation.Rollback(fctx, tx, []int64{c.id}); err != nil {
-				return err
-			}
-			return evaluation.Notify(fctx, tx, c.id, status.EvalFailed)
-		})
+		rerr := e.end(fctx, c, sqlFailEvalHelped, status.EvalFailed, err.Error())
 		if rerr != nil {
 			log.Warn("could not record the failure of a unit", "error", rerr, "failure", err)
 			return
@@ -993,7 +981,8 @@ func (e *Evaluator) fail(ctx context.Context, c claim, msg string) error {
 }
 
 // end rolls back an evaluation the claim c holds and records it as st with msg (query, one
-// of sqlFailEval and sqlConflictEval, guarded by the claim), in one transaction.
+// of sqlFailEval and sqlConflictEval, guarded by the claim, or sqlFailEvalHelped, guarded by a
+// unit it walks), in one transaction.
 func (e *Evaluator) end(ctx context.Context, c claim, query string, st status.EvalStatus, msg string) error {
 	return pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
 		tag, err := tx.Exec(ctx, query, c.id, c.node, c.attempt, msg)

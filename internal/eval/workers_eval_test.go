@@ -122,17 +122,10 @@ let a = mk "a" [ ]; in {
 	}
 }
 
-// An evaluation cancelled while several workers walk: every walker process stops and nothing
-// more is ingested.
-func TestCancelStopsEveryWorker(t *testing.T) {
-	t.Parallel()
-	h := newHarness(t)
-	var children pids
-	ev := h.startEvaluator("ev-1", func(c *eval.Config) {
-		c.Workers = 4
-		c.Runner = &eval.NixRunner{SplitAbove: 2, OnStart: children.onStart}
-	})
-	g := newGate(t)
+// triggerGated triggers an evaluation of a project whose attributes a and b evaluate at once and
+// whose set gated has eight members, each blocked on g; it returns once a and b are ingested.
+func (h *harness) triggerGated(g *gate) evaluation.Evaluation {
+	h.t.Helper()
 	gated := make([]string, 8)
 	for i := range gated {
 		gated[i] = fmt.Sprintf("g%d = %s;", i, g.drv(fmt.Sprintf("gated-%d", i), h.salt))
@@ -145,39 +138,54 @@ let a = mk "a" [ ]; in {
 }`})
 	e, _ := h.trigger("gated", "", commit)
 	h.waitAttrs(e.ID, 2)
+	return e
+}
+
+// An evaluation cancelled while several workers walk: every walker process stops and nothing
+// more is ingested.
+func TestCancelStopsEveryWorker(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	var children pids
+	ev := h.startEvaluator("ev-1", func(c *eval.Config) {
+		c.Workers = 4
+		c.Runner = &eval.NixRunner{SplitAbove: 2, OnStart: children.onStart}
+	})
+	e := h.triggerGated(newGate(t))
 	// Four walkers, each stuck on the gated member its unit starts with.
-	var alive []int
+	var walking []int
 	waittest.For(t, finishTimeout, func() bool {
-		alive = alive[:0]
-		children.mu.Lock()
-		for _, p := range children.list {
-			if nixAlive(p) {
-				alive = append(alive, p)
-			}
-		}
-		children.mu.Unlock()
-		return len(alive) == 4
+		walking = children.alive()
+		return len(walking) == 4
 	}, "four walkers to run")
-	if err := evaluation.Cancel(h.ctx(), h.pool, e.ID, "cancelled by the test"); err != nil {
+	h.cancelStopsAll(e.ID, walking, []*eval.Evaluator{ev}, &children)
+}
+
+// cancelStopsAll cancels evaluation id while walking (the walker processes of evs) walk it, and
+// checks that they stop, every evaluator lets go, and nothing is left ingested.
+func (h *harness) cancelStopsAll(id int64, walking []int, evs []*eval.Evaluator, children ...*pids) {
+	t := h.t
+	t.Helper()
+	if err := evaluation.Cancel(h.ctx(), h.pool, id, "cancelled by the test"); err != nil {
 		t.Fatal(err)
 	}
-	for _, p := range alive {
+	for _, p := range walking {
 		waitNixGone(t, p)
 	}
-	waittest.For(t, 10*time.Second, func() bool { return ev.Running() == 0 }, "the evaluator to let go of the evaluation")
-	if got := h.get(e.ID); got.Status != status.EvalCancelled {
+	for _, ev := range evs {
+		waittest.For(t, 10*time.Second, func() bool { return ev.Running() == 0 }, "the evaluators to let go of the evaluation")
+	}
+	if got := h.get(id); got.Status != status.EvalCancelled {
 		t.Errorf("status %s, want cancelled", got.Status)
 	}
-	if n := h.queryInt(`SELECT count(*) FROM eval_attrs WHERE eval_id = $1`, e.ID); n != 0 {
+	if n := h.queryInt(`SELECT count(*) FROM eval_attrs WHERE eval_id = $1`, id); n != 0 {
 		t.Errorf("%d attributes left", n)
 	}
 	if n := h.queryInt(`SELECT count(*) FROM derivations WHERE name LIKE 'gated-%'`); n != 0 {
 		t.Errorf("%d gated derivations ingested", n)
 	}
-	children.mu.Lock()
-	defer children.mu.Unlock()
-	for _, p := range children.list {
-		if nixAlive(p) {
+	for _, c := range children {
+		for _, p := range c.alive() {
 			t.Errorf("walker %d still runs", p)
 		}
 	}
@@ -267,56 +275,10 @@ func TestCancelStopsEveryNode(t *testing.T) {
 			c.Runner = &eval.NixRunner{SplitAbove: 2, OnStart: children[i].onStart}
 		}))
 	}
-	g := newGate(t)
-	gated := make([]string, 8)
-	for i := range gated {
-		gated[i] = fmt.Sprintf("g%d = %s;", i, g.drv(fmt.Sprintf("gated-%d", i), h.salt))
-	}
-	_, commit := h.newProject("gated", map[string]string{"ci.nix": h.lib() + `
-let a = mk "a" [ ]; in {
-  inherit a;
-  b = mk "b" [ a ];
-  gated = { recurseForDerivations = true; ` + strings.Join(gated, "\n") + ` };
-}`})
-	e, _ := h.trigger("gated", "", commit)
-	h.waitAttrs(e.ID, 2)
+	e := h.triggerGated(newGate(t))
 	// Both nodes' walkers stuck on the gated members their units start with.
-	alive := func(p *pids) []int {
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		var out []int
-		for _, pid := range p.list {
-			if nixAlive(pid) {
-				out = append(out, pid)
-			}
-		}
-		return out
-	}
 	waittest.For(t, finishTimeout, func() bool {
-		return len(alive(&children[0])) > 0 && len(alive(&children[1])) > 0
+		return len(children[0].alive()) > 0 && len(children[1].alive()) > 0
 	}, "walkers to run on both nodes")
-	walking := append(alive(&children[0]), alive(&children[1])...)
-	if err := evaluation.Cancel(h.ctx(), h.pool, e.ID, "cancelled by the test"); err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range walking {
-		waitNixGone(t, p)
-	}
-	for _, ev := range evs {
-		waittest.For(t, 10*time.Second, func() bool { return ev.Running() == 0 }, "the evaluators to let go of the evaluation")
-	}
-	if got := h.get(e.ID); got.Status != status.EvalCancelled {
-		t.Errorf("status %s, want cancelled", got.Status)
-	}
-	if n := h.queryInt(`SELECT count(*) FROM eval_attrs WHERE eval_id = $1`, e.ID); n != 0 {
-		t.Errorf("%d attributes left", n)
-	}
-	if n := h.queryInt(`SELECT count(*) FROM derivations WHERE name LIKE 'gated-%'`); n != 0 {
-		t.Errorf("%d gated derivations ingested", n)
-	}
-	for i := range children {
-		for _, p := range alive(&children[i]) {
-			t.Errorf("walker %d of ev-%d still runs", p, i+1)
-		}
-	}
+	h.cancelStopsAll(e.ID, append(children[0].alive(), children[1].alive()...), evs, &children[0], &children[1])
 }
