@@ -181,10 +181,11 @@ func (p *walkPool) take(ctx context.Context) ([]unit, bool) {
 		if ok {
 			return []unit{u}, true
 		}
+		// No signal: a worker waiting here polls the table anyway, and one woken by every failed
+		// claim would wake the others in turn.
 		p.mu.Lock()
 		p.busy--
 		idle := p.busy == 0 && len(p.queue) == 0
-		p.signal()
 		p.mu.Unlock()
 		if err != nil {
 			p.fail(ctx, err)
