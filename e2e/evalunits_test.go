@@ -6,7 +6,9 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -209,7 +211,24 @@ func twoEvaluatorNodes(t *testing.T, salt string, want map[string]string, kill b
 			t.Errorf("%s walked no unit", node)
 		}
 	}
+	// What each node ingested, as it logs it, adds up to the attributes: none sent twice (the
+	// table would have dropped a second copy silently).
+	ingested := 0
+	for _, m := range ingestedRE.FindAllStringSubmatch(f.procs[owner].Logs()+f.procs[helper].Logs(), -1) {
+		n, err := strconv.Atoi(m[1])
+		if err != nil {
+			t.Fatal(err)
+		}
+		ingested += n
+	}
+	if ingested != len(want) {
+		t.Errorf("the nodes ingested %d attributes in all, want %d", ingested, len(want))
+	}
 }
+
+// ingestedRE finds the attributes an evaluator node ingested for an evaluation, as its claimant
+// or as a helper, in its log.
+var ingestedRE = regexp.MustCompile(`msg="(?:evaluation succeeded|helped with the evaluation[^"]*)".* attrs=(\d+)`)
 
 // drvClosureOf is the closure of drvs, as nix-store lists it.
 func drvClosureOf(t *testing.T, drvs []string) []string {

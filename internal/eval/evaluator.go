@@ -575,6 +575,10 @@ func (e *Evaluator) walkIngest(ctx context.Context, c claim, v *view, shared *sh
 	batcher.close()
 	close(batches)
 	ingestErr := <-ingestDone
+	if in.helper && walkErr == nil && ingestErr == nil {
+		// Everything it walked is committed: the claimant may have finished meanwhile.
+		return in.stats, nil
+	}
 	if cause := context.Cause(tctx); tctx.Err() != nil && ctx.Err() == nil {
 		return in.stats, cause
 	}
