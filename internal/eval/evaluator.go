@@ -110,8 +110,8 @@ type Evaluator struct {
 	creds   *credentials // nil without Tickets
 
 	mu sync.Mutex
-	// running are the evaluations this node runs or helps with now: it claims no unit of them
-	// for another slot, and refuses (until an evaluation's next attempt) those it cannot help.
+	// running are the evaluations this node runs or helps with now, whose units it claims for
+	// no other slot; cantHelp those it found it would evaluate another commit of.
 	running  map[int64]int
 	cantHelp map[int64]bool
 	// nixVersion is the version of the Nix it evaluates with, found at start ("" if unknown).
@@ -268,7 +268,10 @@ func (e *Evaluator) claim(ctx context.Context, n int) ([]claim, error) {
 		}
 		if err := u.readSkip(ctx, e.pool); err != nil {
 			e.releaseUnits(u.evalID)
-			return claims, err
+			if len(claims) > 0 {
+				break
+			}
+			return nil, err
 		}
 		c := claim{id: u.evalID, node: e.cfg.NodeID, attempt: u.evalAttempt, unit: &u}
 		e.started(c)
