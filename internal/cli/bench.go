@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -141,7 +142,11 @@ sources, nested recurseForDerivations sets and a few attributes that throw. It r
 run, bare single-process nix-instantiate (of the set without the throwing attributes), an
 evaluation with one walker and one with --workers: wall time, CPU seconds of Nix, the node and
 PostgreSQL, the largest walker's peak memory, and the parallel efficiency (the one-walker
-run's CPU time ÷ (wall time × workers)).`,
+run's CPU time ÷ (wall time × workers)).
+
+--nodes 2 (layered shape) runs a second evaluator node in the process, on the same database,
+which walks units of the first node's evaluations (help_others): the report gives the units
+each node walked and whether the results are those of a single walker.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.Logger = benchLogger(cmd.ErrOrStderr())
@@ -150,6 +155,9 @@ run's CPU time ÷ (wall time × workers)).`,
 			switch shape {
 			case "layered":
 			case "packages":
+				if o.Nodes > 1 {
+					return errors.New("--nodes: only with --shape layered")
+				}
 				if !cmd.Flags().Changed("derivations") {
 					o.Derivations = 100_000
 				}
@@ -177,6 +185,9 @@ run's CPU time ÷ (wall time × workers)).`,
 			fmt.Fprintf(cmd.OutOrStdout(), "  nix-instantiate   %.2f s\n", r.NixSeconds)
 			fmt.Fprintf(cmd.OutOrStdout(), "  harmonia-ci eval  %.2f s   ratio %.2f\n", r.EvalSeconds, r.Ratio)
 			fmt.Fprintf(cmd.OutOrStdout(), "  ingested %d rows = %.0f rows/s; %d jobs; %d narinfos published\n", r.Rows, r.RowsPerSecond, r.Jobs, r.Published)
+			if r.Nodes > 1 {
+				fmt.Fprintf(cmd.OutOrStdout(), "  %d evaluator nodes; units walked by node %v; identical results: %v\n", r.Nodes, r.UnitsByNode, r.Identical)
+			}
 			return nil
 		},
 	}
@@ -185,6 +196,7 @@ run's CPU time ÷ (wall time × workers)).`,
 	f.IntVar(&o.Width, "width", 100, "derivations per layer")
 	f.IntVar(&o.Rounds, "rounds", 2, "runs per side, each with fresh derivations; the best is kept")
 	f.IntVar(&o.Workers, "workers", 0, "walker processes per evaluation ([eval] workers); 0: the default (half the cores), or the cores with --shape packages")
+	f.IntVar(&o.Nodes, "nodes", 1, "evaluator nodes taking part in each evaluation (layered shape)")
 	f.StringVar(&shape, "shape", "layered", "the generated project: layered, or packages (shaped like nixpkgs)")
 	f.BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd

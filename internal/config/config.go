@@ -272,6 +272,12 @@ type EvalConfig struct {
 	PollInterval   Duration `toml:"poll_interval"` // look for queued evaluations at least this often
 	// User is the unprivileged user Nix evaluates projects as when the node runs as root.
 	User string `toml:"user"`
+	// HelpOthers: when no evaluation is queued, a free slot walks units of a large evaluation
+	// another evaluator node runs.
+	HelpOthers bool `toml:"help_others"`
+	// SplitAbove: a set with more children than this is cut into units other workers and
+	// nodes may walk; 0 is the built-in threshold (1000).
+	SplitAbove int `toml:"split_above"`
 }
 
 // RetentionConfig says how long evaluations, their builds and cache objects, and logs are
@@ -353,6 +359,7 @@ func defaults(getenv func(string) string) *Config {
 			S3: S3Config{Region: "us-east-1", UseTLS: true}},
 		Signer: SignerConfig{URLExpiry: Duration{15 * time.Minute}},
 		Eval: EvalConfig{Timeout: Duration{time.Hour}, Workers: DefaultEvalWorkers(), MaxMemoryPerWorker: 4 * sizeGiB,
+			HelpOthers:   true,
 			PollInterval: Duration{slots.DefaultPollInterval},
 			MaxAttrs:     500_000, MaxDerivations: 1_000_000, User: "harmonia-eval"},
 		Substituters: SubstitutersConfig{

@@ -279,7 +279,7 @@ private_key_file = "app.pem"
 		Cache:  CacheConfig{Store: "local", Priority: 30, NarinfoMemory: 64 << 20, S3: S3Config{Region: "us-east-1", UseTLS: true}},
 		Signer: SignerConfig{URLExpiry: d("15m")},
 		Eval: EvalConfig{Timeout: d("20m"), Workers: 3, MaxMemory: 4 << 30, MaxMemoryPerWorker: 1 << 30, PollInterval: d("2s"), MaxAttrs: 1000, MaxDerivations: 5000,
-			User: "harmonia-eval"},
+			User: "harmonia-eval", HelpOthers: true},
 		Substituters: SubstitutersConfig{
 			URLs:              []string{"https://cache.example.org"},
 			TrustedPublicKeys: []string{"cache.example.org-1:6NCHdD59X431o0gWypbMrAURkbJ16ZPMQFGspcDShjY="},

@@ -257,6 +257,9 @@ func (c *Config) problems(from origins) []error {
 	if c.Eval.MaxMemory < 0 {
 		add("eval.max_memory", "eval.max_memory must be positive (or 0: eval.workers × eval.max_memory_per_worker), got %s", c.Eval.MaxMemory)
 	}
+	if c.Eval.SplitAbove < 0 {
+		add("eval.split_above", "eval.split_above must not be negative, got %d", c.Eval.SplitAbove)
+	}
 	if c.Eval.MaxMemoryPerWorker <= 0 {
 		add("eval.max_memory_per_worker", "eval.max_memory_per_worker must be positive, got %s", c.Eval.MaxMemoryPerWorker)
 	}

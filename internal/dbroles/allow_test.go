@@ -45,6 +45,10 @@ func TestRolesAllow(t *testing.T) {
 		sqlReleaseQuarantine  = realQuery(t, "signer", "sqlReleaseQuarantine")
 		sqlPromoteOutputs     = realQuery(t, "eval", "sqlPromoteOutputs")
 		sqlRecordKey          = realQuery(t, "signer", "sqlRecordKey")
+		sqlInsertUnits        = realQuery(t, "eval", "sqlInsertUnits")
+		sqlClaimUnitToHelp    = realQuery(t, "eval", "sqlClaimUnitToHelp")
+		sqlHoldEval           = realQuery(t, "eval", "sqlHoldEval")
+		sqlHoldUnits          = realQuery(t, "eval", "sqlHoldUnits")
 	)
 	pid := queuetest.NewProject(t, c.owner, "p", 100)
 	must := func(what string, err error) {
@@ -98,7 +102,7 @@ func TestRolesAllow(t *testing.T) {
 			return err
 		}
 		_, err := tx.Exec(ctx, sqlInsertAttrs, evalID, []string{"c", "x"},
-			[]string{queuetest.DrvPath("c"), queuetest.DrvPath("x")}, []string{"", ""})
+			[]string{queuetest.DrvPath("c"), queuetest.DrvPath("x")}, []string{"", ""}, []int64{0, 0})
 		return err
 	}))
 	// The readiness triggers ran as the owner: the evaluator could not have written these.
@@ -145,6 +149,47 @@ func TestRolesAllow(t *testing.T) {
 		Scan(&revived, &reset))
 	if len(revived) != 4 || len(reset) != 0 {
 		t.Fatalf("revive jobs as e1 revived %d, reset %d, want 4 and 0", len(revived), len(reset))
+	}
+	// e1 hands a part of the tree on as a unit; e2 claims it and ingests what it walked there
+	// (a new derivation, its job and its attribute) for e1's evaluation, marking the unit done.
+	if n := execN(t, c.as["e1"], sqlInsertUnits, evalID, evalAttempt, 0, "big", []string{"big"}, 1, `[["h"]]`, false, "e1", 0); n != 1 {
+		t.Fatalf("queue a unit as e1 inserted %d rows", n)
+	}
+	var unitID, unitEval int64
+	var unitAttempt, unitEvalAttempt, force int
+	var path, names []string
+	var retry bool
+	must("claim a unit as e2", c.as["e2"].QueryRow(ctx, sqlClaimUnitToHelp, "e2", []int64{}).
+		Scan(&unitID, &unitAttempt, &unitEval, &unitEvalAttempt, &path, &force, &names, &retry))
+	must("ingest a unit as e2", pgx.BeginFunc(ctx, c.as["e2"], func(tx pgx.Tx) error {
+		var status string
+		if err := tx.QueryRow(ctx, sqlHoldEval, evalID, evalAttempt).Scan(&status); err != nil {
+			return err
+		}
+		hold := func(done bool) error {
+			rows, err := tx.Query(ctx, sqlHoldUnits, "e2", []int64{unitID}, []int{unitAttempt}, []bool{done})
+			if err != nil {
+				return err
+			}
+			held, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+			if err != nil || len(held) != 1 {
+				return fmt.Errorf("held %v: %w", held, err)
+			}
+			return nil
+		}
+		if err := hold(false); err != nil {
+			return err
+		}
+		if _, err := queue.EnqueueTx(ctx, tx, queue.EnqueueParams{ProjectID: &pid, Derivations: []queue.Derivation{queuetest.Drv("h", system)}}); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, sqlInsertAttrs, evalID, []string{"big.h"}, []string{queuetest.DrvPath("h")}, []string{""}, []int64{unitID}); err != nil {
+			return err
+		}
+		return hold(true)
+	}))
+	if n := queuetest.QueryInt(t, c.owner, `SELECT count(*) FROM eval_units WHERE status = 'done' AND claimed_by = 'e2'`); n != 1 {
+		t.Fatalf("after e2's ingest: %d units done by e2", n)
 	}
 	// A pull request's evaluation records the merge it evaluates.
 	if n := execN(t, c.as["e1"], sqlSetMerge, evalID, "e1", evalAttempt, strings.Repeat("b", 40), strings.Repeat("c", 40)); n != 1 {

@@ -49,7 +49,7 @@ REVOKE ALL ON FUNCTION claim_jobs(TEXT[], TEXT[], TEXT, INT, INT)
          harmonia_builder;
 
 REVOKE ALL ON schema_migrations, derivations, derivation_outputs, derivation_inputs, repositories,
-    projects, evaluations, eval_attrs, build_jobs, build_attempts, build_log_tails, nodes, leaders,
+    projects, evaluations, eval_attrs, eval_units, build_jobs, build_attempts, build_log_tails, nodes, leaders,
     maintenance_runs, signing_keys, webhook_deliveries, gc_runs, gc_requests, drv_objects, node_grants, cache_tokens,
     repository_credentials, api_tokens, action_log
     FROM harmonia_node, harmonia_frontend, harmonia_evaluator, harmonia_signer, harmonia_cache,
@@ -69,7 +69,7 @@ $$;
 -- ===== Every node =====
 
 GRANT SELECT ON schema_migrations, derivations, derivation_outputs, derivation_inputs, repositories,
-    projects, evaluations, eval_attrs, build_jobs, build_attempts, build_log_tails, nodes, leaders,
+    projects, evaluations, eval_attrs, eval_units, build_jobs, build_attempts, build_log_tails, nodes, leaders,
     maintenance_runs, signing_keys, webhook_deliveries, gc_runs, gc_requests, drv_objects, node_grants,
     cache_tokens, -- sha256 of random tokens: reading them gives no token
     action_log
@@ -94,6 +94,7 @@ GRANT UPDATE (lease_until, renewed_at) ON leaders TO harmonia_node;
 GRANT UPDATE (status, claimed_by, claimed_at, started_at, finished_at, retry_count)
     ON build_jobs TO harmonia_node;
 GRANT UPDATE (status, claimed_by, claimed_at, started_at) ON evaluations TO harmonia_node;
+GRANT UPDATE (status, claimed_by, claimed_at) ON eval_units TO harmonia_node;
 
 -- ===== Frontend: webhooks, the UI's actions, commit statuses, projects, maintenance =====
 
@@ -120,6 +121,8 @@ GRANT INSERT, DELETE ON maintenance_runs TO harmonia_frontend;
 GRANT UPDATE (status, priority, claimed_by, claimed_at, started_at, finished_at, exit_code,
               retry_count, error_message, blocked_inputs, ready, failure_retries, retry_at)
     ON build_jobs TO harmonia_frontend;
+-- The reaper puts back the evaluation units of dead nodes.
+GRANT UPDATE (status, claimed_by, claimed_at) ON eval_units TO harmonia_frontend;
 -- Drain requests, dead nodes and their cleanup.
 GRANT UPDATE (status, draining), DELETE ON nodes TO harmonia_frontend;
 -- The maintenance leader's election.
@@ -132,6 +135,8 @@ GRANT UPDATE (status, claimed_by, claimed_at, started_at, finished_at, attempt, 
               worker_restarts)
     ON evaluations TO harmonia_evaluator;
 GRANT INSERT, DELETE ON eval_attrs TO harmonia_evaluator;
+-- The units of the evaluations it runs or helps with: split off, claimed, done, handed back.
+GRANT INSERT, UPDATE (status, claimed_by, claimed_at, attempt), DELETE ON eval_units TO harmonia_evaluator;
 GRANT INSERT ON derivations, derivation_inputs TO harmonia_evaluator;
 -- Never nar_hash or nar_size: the canonical NAR hash is the signer's to record.
 GRANT INSERT (drv_path, output_name, output_path) ON derivation_outputs TO harmonia_evaluator;
@@ -326,6 +331,14 @@ CREATE POLICY harmonia_own_release ON evaluations FOR UPDATE TO harmonia_node
 CREATE POLICY harmonia_evaluator_update ON evaluations FOR UPDATE TO harmonia_evaluator
     USING (claimed_by = session_user OR (status = 'queued' AND claimed_by IS NULL))
     WITH CHECK (claimed_by = session_user AND status IN ('running', 'succeeded', 'failed'));
+-- An evaluator walking a unit of a running evaluation fails it at its walk's first error, as
+-- the claimant would.
+CREATE POLICY harmonia_evaluator_fail_helped ON evaluations FOR UPDATE TO harmonia_evaluator
+    USING (status = 'running'
+           AND EXISTS (SELECT 1 FROM eval_units u
+                       WHERE u.eval_id = evaluations.id AND u.eval_attempt = evaluations.attempt
+                         AND u.claimed_by = session_user AND u.status = 'running'))
+    WITH CHECK (status = 'failed');
 CREATE POLICY harmonia_frontend_all ON evaluations FOR ALL TO harmonia_frontend USING (true) WITH CHECK (true);
 CREATE POLICY harmonia_signer_delete ON evaluations FOR DELETE TO harmonia_signer USING (true);
 
@@ -333,7 +346,10 @@ CREATE POLICY harmonia_signer_delete ON evaluations FOR DELETE TO harmonia_signe
 
 CREATE POLICY harmonia_read ON eval_attrs FOR SELECT TO harmonia_node USING (true);
 CREATE POLICY harmonia_evaluator_insert ON eval_attrs FOR INSERT TO harmonia_evaluator
-    WITH CHECK (EXISTS (SELECT 1 FROM evaluations e WHERE e.id = eval_id AND e.claimed_by = session_user));
+    WITH CHECK (EXISTS (SELECT 1 FROM evaluations e WHERE e.id = eval_id AND e.claimed_by = session_user)
+                OR EXISTS (SELECT 1 FROM evaluations e JOIN eval_units u ON u.eval_id = e.id AND u.eval_attempt = e.attempt
+                           WHERE e.id = eval_id AND e.status = 'running'
+                             AND u.claimed_by = session_user AND u.status = 'running'));
 CREATE POLICY harmonia_evaluator_delete ON eval_attrs FOR DELETE TO harmonia_evaluator
     USING (EXISTS (SELECT 1 FROM evaluations e WHERE e.id = eval_id AND e.claimed_by = session_user));
 CREATE POLICY harmonia_frontend_all ON eval_attrs FOR ALL TO harmonia_frontend USING (true) WITH CHECK (true);

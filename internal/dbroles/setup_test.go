@@ -23,6 +23,7 @@ var testNodes = []dbroles.Node{
 	{ID: "b1", Roles: []string{"builder"}, Systems: []string{system}, MaxJobs: 2},
 	{ID: "b2", Roles: []string{"builder"}, Systems: []string{system}, MaxJobs: 2},
 	{ID: "e1", Roles: []string{"evaluator"}},
+	{ID: "e2", Roles: []string{"evaluator"}},
 	{ID: "f1", Roles: []string{"frontend"}},
 	{ID: "s1", Roles: []string{"signer"}},
 	{ID: "c1", Roles: []string{"cache"}},

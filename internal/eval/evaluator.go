@@ -7,7 +7,9 @@ import (
 	"log/slog"
 	"net/http"
 	neturl "net/url"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -90,9 +92,12 @@ type Config struct {
 	// credential of a private repository (the signer client); nil: private repositories are
 	// fetched without one, and fail.
 	Tickets Ticketer
-	// DeadThreshold: frontends silent this long are not asked; default
-	// cluster.DefaultDeadThreshold.
+	// DeadThreshold: frontends silent this long are not asked, and evaluators silent this long
+	// do not count as others that might walk units; default cluster.DefaultDeadThreshold.
 	DeadThreshold time.Duration
+	// HelpOthers: a slot with no queued evaluation to take walks units of an evaluation another
+	// node runs ([eval] help_others).
+	HelpOthers bool
 }
 
 // Evaluator is the evaluator role: it claims queued evaluations, walks the project's
@@ -107,6 +112,12 @@ type Evaluator struct {
 	confine *confinement
 	metrics *evalMetrics
 	creds   *credentials // nil without Tickets
+
+	mu sync.Mutex
+	// running are the evaluations this node runs or helps with now, whose units it claims for
+	// no other slot; cantHelp those it found it would evaluate another commit of.
+	running  map[int64]int
+	cantHelp map[int64]bool
 	// nixVersion is the version of the Nix it evaluates with, found at start ("" if unknown).
 	nixVersion string
 }
@@ -158,7 +169,7 @@ func New(cfg Config, pool *pgxpool.Pool, logger *slog.Logger, clk clock.Clock) (
 		return nil, err
 	}
 	e := &Evaluator{cfg: cfg, pool: pool, clock: clk, logger: logger, confine: cf,
-		metrics: newEvalMetrics(cfg.Registerer)}
+		metrics: newEvalMetrics(cfg.Registerer), running: map[int64]int{}, cantHelp: map[int64]bool{}}
 	if cfg.Tickets != nil {
 		e.creds = &credentials{tickets: cfg.Tickets, pool: pool, http: &http.Client{Timeout: 2 * time.Minute},
 			deadThreshold: cfg.DeadThreshold}
@@ -173,7 +184,14 @@ func New(cfg Config, pool *pgxpool.Pool, logger *slog.Logger, clk clock.Clock) (
 				e.logger.Warn("claim evaluation failed", "error", err)
 			}
 		},
-		Run:     func(ctx context.Context, c claim, _ func()) { e.evaluate(ctx, c) },
+		Run: func(ctx context.Context, c claim, _ func()) {
+			defer e.finished(c)
+			if c.unit != nil {
+				e.help(ctx, c)
+				return
+			}
+			e.evaluate(ctx, c)
+		},
 		Release: e.release,
 	}, clk)
 	return e, nil
@@ -219,10 +237,12 @@ func (e *Evaluator) NixVersion() string { return e.nixVersion }
 // Running is the number of evaluations running now.
 func (e *Evaluator) Running() int { return e.slots.Running() }
 
-// claim claims up to n queued evaluations, one statement each; fewer when the queue runs dry.
+// claim claims up to n queued evaluations, one statement each, and, when the queue runs dry and
+// the node helps others, units of evaluations other nodes run (one per evaluation: the slot
+// that takes it walks that evaluation's units until none is left).
 func (e *Evaluator) claim(ctx context.Context, n int) ([]claim, error) {
 	var claims []claim
-	for range n {
+	for len(claims) < n {
 		c := claim{node: e.cfg.NodeID}
 		err := e.pool.QueryRow(ctx, sqlClaimEval, e.cfg.NodeID, e.nixVersion, e.cfg.Workers,
 			e.cfg.Confinement.MaxMemoryPerWorker).Scan(&c.id, &c.attempt)
@@ -236,16 +256,73 @@ func (e *Evaluator) claim(ctx context.Context, n int) ([]claim, error) {
 			}
 			return nil, err
 		}
+		e.started(c)
+		claims = append(claims, c)
+	}
+	for e.cfg.HelpOthers && len(claims) < n {
+		u, err := scanUnit(e.pool.QueryRow(ctx, sqlClaimUnitToHelp, e.cfg.NodeID, e.notToHelp()))
+		if errors.Is(err, pgx.ErrNoRows) {
+			break
+		}
+		if err != nil {
+			if len(claims) > 0 {
+				break
+			}
+			return nil, fmt.Errorf("claim a unit: %w", err)
+		}
+		if err := u.readSkip(ctx, e.pool); err != nil {
+			e.releaseUnits(u.evalID)
+			if len(claims) > 0 {
+				break
+			}
+			return nil, err
+		}
+		c := claim{id: u.evalID, node: e.cfg.NodeID, attempt: u.evalAttempt, unit: &u}
+		e.started(c)
 		claims = append(claims, c)
 	}
 	return claims, nil
 }
 
-// claim is one attempt at an evaluation.
+// claim is one attempt at an evaluation: its claim, or (unit set) a unit of it this node
+// claimed to help the node that runs it.
 type claim struct {
 	id      int64
 	node    string
-	attempt int
+	attempt int // the evaluation's
+	unit    *unit
+}
+
+// started and finished keep the evaluations this node takes part in.
+func (e *Evaluator) started(c claim) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.running[c.id]++
+}
+
+func (e *Evaluator) finished(c claim) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.running[c.id]--; e.running[c.id] <= 0 {
+		delete(e.running, c.id)
+	}
+}
+
+// notToHelp lists the evaluations whose units this node does not claim: those it takes part in
+// already, and those it found it cannot help with.
+func (e *Evaluator) notToHelp() []int64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	ids := []int64{}
+	for id := range e.running {
+		ids = append(ids, id)
+	}
+	for id := range e.cantHelp {
+		if e.running[id] == 0 {
+			ids = append(ids, id)
+		}
+	}
+	return ids
 }
 
 // maxCoalesced bounds the attributes prepared at once.
@@ -295,7 +372,7 @@ func (e *Evaluator) evaluate(ctx context.Context, c claim) {
 		log.Info("evaluation stopped: cancelled, superseded or reaped elsewhere")
 	case ctx.Err() != nil:
 		// Stopping (drain, shutdown): hand it back; the next claim starts over.
-		e.release(c)
+		e.handBack(c)
 		e.metrics.ended(outcomeReleased, time.Since(start))
 		log.Info("evaluation handed back to the queue")
 	default:
@@ -324,57 +401,117 @@ func (e *Evaluator) unrecorded(recordErr error, start time.Time) {
 
 // run evaluates; a nil error means every attribute was ingested.
 func (e *Evaluator) run(ctx context.Context, c claim, log *slog.Logger) (ingestStats, error) {
+	if err := evaluation.ClearAttrs(ctx, e.pool, c.id); err != nil {
+		return ingestStats{}, fmt.Errorf("clear attributes of an earlier attempt: %w", err)
+	}
+	if _, err := e.pool.Exec(ctx, sqlClearUnits, c.id, c.attempt); err != nil {
+		return ingestStats{}, fmt.Errorf("clear units of an earlier attempt: %w", err)
+	}
+	v, err := e.prepareView(ctx, c, log)
+	if v != nil {
+		defer v.close()
+	}
+	if err != nil {
+		return ingestStats{}, err
+	}
+	if v.settings.Retention > 0 {
+		// The garbage collector keeps this evaluation as long as its tree asks, up to the node's
+		// ceiling.
+		if m := e.cfg.MaxRetention; m > 0 && v.settings.Retention > m {
+			log.Info("retention cut to retention.max", "asked", v.settings.Retention, "max", m)
+			v.settings.Retention = m
+		}
+		if _, err := e.pool.Exec(ctx, sqlSetRetention, c.id, c.node, c.attempt, int64(v.settings.Retention.Seconds())); err != nil {
+			return ingestStats{}, fmt.Errorf("record the retention: %w", err)
+		}
+	}
+	// Units go to the table, for other evaluator nodes to walk, only when one is there to take
+	// them: alone, a node keeps its queue in memory and one worker walks in one process.
+	var shared *sharedUnits
+	var others bool
+	if err := e.pool.QueryRow(ctx, sqlOtherEvaluators, e.cfg.NodeID, e.deadThreshold().Seconds()).Scan(&others); err != nil {
+		return ingestStats{}, fmt.Errorf("look for other evaluators: %w", err)
+	}
+	if others {
+		shared = &sharedUnits{pool: e.pool, node: c.node, evalID: c.id, evalAttempt: c.attempt, owner: true,
+			poll: unitPollInterval}
+	}
+	return e.walkIngest(ctx, c, v, shared, func(ctx context.Context, cancel context.CancelCauseFunc) {
+		e.watchStatus(ctx, sqlEvalStatus, []any{c.id, c.node, c.attempt}, cancel)
+	}, log)
+}
+
+// deadThreshold is how long a node may be silent before it counts as dead.
+func (e *Evaluator) deadThreshold() time.Duration {
+	if e.cfg.DeadThreshold > 0 {
+		return e.cfg.DeadThreshold
+	}
+	return cluster.DefaultDeadThreshold
+}
+
+// view is what walking an evaluation needs on this node, for its claimant and for a node that
+// helps with its units alike: the project's source at the evaluated commit, its settings, a
+// runner confined to the view (with its private nix-daemon on a root node), and an ingester.
+type view struct {
+	spec     Spec
+	settings Settings
+	runner   NixRunner
+	in       *ingester
+	closers  []func()
+}
+
+func (v *view) close() {
+	for _, f := range slices.Backward(v.closers) {
+		f()
+	}
+}
+
+// prepareView fetches the repository of c's evaluation (with its read credential if private),
+// makes the confined workspace, decides the commit (the claimant records a pull request's
+// merge; a helper checks it makes the same) and the plan, and readies the runner and the
+// ingester. The returned view, even with an error, must be closed.
+func (e *Evaluator) prepareView(ctx context.Context, c claim, log *slog.Logger) (*view, error) {
 	var url, commit, branch, prBase string
 	var projectID int64
 	var prNumber int
 	var private, promote bool
-	if err := evaluation.ClearAttrs(ctx, e.pool, c.id); err != nil {
-		return ingestStats{}, fmt.Errorf("clear attributes of an earlier attempt: %w", err)
-	}
 	if err := e.pool.QueryRow(ctx, sqlRepoOfEval, c.id).Scan(&projectID, &url, &private, &commit, &branch, &prNumber, &prBase, &promote); err != nil {
-		return ingestStats{}, fmt.Errorf("read evaluation: %w", err)
+		return nil, fmt.Errorf("read evaluation: %w", err)
 	}
 	mirror, err := gitrepo.New(MirrorDir(e.cfg.StateDir, projectID), url)
 	if err != nil {
-		return ingestStats{}, err
+		return nil, err
 	}
 	if err := e.fetch(ctx, c, mirror, private, log); err != nil {
-		return ingestStats{}, err
+		return nil, err
 	}
 	if _, err := mirror.ResolveCommit(ctx, commit); err != nil {
-		return ingestStats{}, err
+		return nil, err
 	}
 	ws, err := e.confine.workspace(ctx, projectID, mirror)
 	if err != nil {
-		return ingestStats{}, err
+		return nil, err
+	}
+	record := func(base, merge string) error { return e.recordMerge(ctx, c, base, merge) }
+	if c.unit != nil {
+		record = func(_, merge string) error { return e.sameMerge(ctx, c, merge) }
 	}
 	// From here on the source copy, which holds the merges MergeInto makes.
-	commit, err = e.evaluatedCommit(ctx, c, ws.copy, commit, prNumber, prBase)
+	commit, err = e.evaluatedCommit(ctx, ws.copy, commit, prNumber, prBase, record)
 	if err != nil {
-		return ingestStats{}, err
+		return nil, err
 	}
-	spec, settings, err := e.plan(ctx, ws.copy, ws.source, commit, branch)
-	if err != nil {
-		return ingestStats{}, err
+	v := &view{}
+	if v.spec, v.settings, err = e.plan(ctx, ws.copy, ws.source, commit, branch); err != nil {
+		return v, err
 	}
-	if spec.Mode == "file" {
+	if v.spec.Mode == "file" {
 		dir, remove, err := ws.tree(ctx, commit)
 		if err != nil {
-			return ingestStats{}, err
+			return v, err
 		}
-		defer remove()
-		spec.Source = dir
-	}
-	if settings.Retention > 0 {
-		// The garbage collector keeps this evaluation as long as its tree asks, up to the node's
-		// ceiling.
-		if m := e.cfg.MaxRetention; m > 0 && settings.Retention > m {
-			log.Info("retention cut to retention.max", "asked", settings.Retention, "max", m)
-			settings.Retention = m
-		}
-		if _, err := e.pool.Exec(ctx, sqlSetRetention, c.id, c.node, c.attempt, int64(settings.Retention.Seconds())); err != nil {
-			return ingestStats{}, fmt.Errorf("record the retention: %w", err)
-		}
+		v.closers = append(v.closers, remove)
+		v.spec.Source = dir
 	}
 	runner := *e.cfg.Runner
 	runner.Home, runner.WorkDir = ws.home, ws.work
@@ -385,32 +522,39 @@ func (e *Evaluator) run(ctx context.Context, c claim, log *slog.Logger) (ingestS
 	if e.confine.user != nil {
 		d, closeDaemon, err := e.confine.newDaemon()
 		if err != nil {
-			return ingestStats{}, err
+			return v, err
 		}
-		defer closeDaemon()
+		v.closers = append(v.closers, closeDaemon)
 		runner.User, runner.Daemon, runner.DaemonPid = e.confine.user, d.Ensure, d.Pid
 	}
-
+	v.runner = runner
 	storeDB, err := nix.OpenStoreDB(e.cfg.StoreRoot)
 	if err != nil {
-		return ingestStats{}, err
+		return v, err
 	}
-	defer storeDB.Close()
-	in := &ingester{pool: e.pool, storeRoot: e.cfg.StoreRoot, storeDB: storeDB, cache: e.cfg.Cache,
+	v.closers = append(v.closers, func() { storeDB.Close() })
+	v.in = &ingester{pool: e.pool, storeRoot: e.cfg.StoreRoot, storeDB: storeDB, cache: e.cfg.Cache,
 		upstream: e.cfg.Upstream, publisher: e.cfg.Publisher,
-		evalID: c.id, node: c.node, attempt: c.attempt, projectID: projectID, order: e.cfg.Order,
+		evalID: c.id, node: c.node, attempt: c.attempt, helper: c.unit != nil, projectID: projectID, order: e.cfg.Order,
 		trusted: prNumber == 0, promote: promote,
 		maxDerivations: e.cfg.MaxDerivations,
 		known:          map[string]bool{}, prepared: map[string]bool{}, published: map[string]bool{},
 		checked: map[string]drvCheck{},
-		retry:   settings.Retry.Cap(e.cfg.MaxRetries, e.cfg.MaxRetryBackoff), failureExpiry: settings.FailureExpiry}
+		retry:   v.settings.Retry.Cap(e.cfg.MaxRetries, e.cfg.MaxRetryBackoff), failureExpiry: v.settings.FailureExpiry}
+	return v, nil
+}
 
+// walkIngest walks v's spec (with shared, the units of the evaluation's table too) and ingests
+// what it finds, until the walk ends, fails, times out, or watch cancels it.
+func (e *Evaluator) walkIngest(ctx context.Context, c claim, v *view, shared *sharedUnits,
+	watch func(context.Context, context.CancelCauseFunc), log *slog.Logger) (ingestStats, error) {
+	in := v.in
 	wctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	tctx, tcancel := context.WithTimeoutCause(wctx, settings.EvalTimeout,
-		fmt.Errorf("%w after %s", errTimeout, settings.EvalTimeout))
+	tctx, tcancel := context.WithTimeoutCause(wctx, v.settings.EvalTimeout,
+		fmt.Errorf("%w after %s", errTimeout, v.settings.EvalTimeout))
 	defer tcancel()
-	go e.watchStatus(tctx, c, cancel)
+	go watch(tctx, cancel)
 
 	batches := make(chan []Attr, maxCoalesced/50)
 	ingestDone := make(chan error, 1)
@@ -425,7 +569,11 @@ func (e *Evaluator) run(ctx context.Context, c claim, log *slog.Logger) (ingestS
 	}()
 	batcher := newBatcher(e.cfg.BatchAttrs, e.cfg.BatchWait, e.clock, batches)
 	var attrs atomic.Int64
-	walkErr := runner.Walk(tctx, spec, func(a Attr) error {
+	walkErr := v.runner.walk(tctx, v.spec, shared, func(a Attr) error {
+		if a.unitDone {
+			batcher.add(a)
+			return nil
+		}
 		if n := attrs.Add(1); e.cfg.MaxAttrs > 0 && n > int64(e.cfg.MaxAttrs) {
 			return fmt.Errorf("%w: more than %d attributes (eval.max_attrs)", ErrTooLarge, e.cfg.MaxAttrs)
 		}
@@ -435,6 +583,10 @@ func (e *Evaluator) run(ctx context.Context, c claim, log *slog.Logger) (ingestS
 	batcher.close()
 	close(batches)
 	ingestErr := <-ingestDone
+	if in.helper && walkErr == nil && ingestErr == nil {
+		// Everything it walked is committed: the claimant may have finished meanwhile.
+		return in.stats, nil
+	}
 	if cause := context.Cause(tctx); tctx.Err() != nil && ctx.Err() == nil {
 		return in.stats, cause
 	}
@@ -444,8 +596,63 @@ func (e *Evaluator) run(ctx context.Context, c claim, log *slog.Logger) (ingestS
 	if ingestErr != nil {
 		return in.stats, ingestErr
 	}
-	log.Debug("walk done", "mode", spec.Mode)
+	log.Debug("walk done", "mode", v.spec.Mode)
 	return in.stats, nil
+}
+
+// help walks units of evaluation c.id, which another node runs, starting with c.unit, until
+// none is queued: in a view prepared as the claimant prepares its own, ingesting what it finds
+// as the claimant does. Its first error fails the evaluation, as the claimant's would.
+func (e *Evaluator) help(ctx context.Context, c claim) {
+	log := e.logger.With("eval_id", c.id, "attempt", c.attempt, "helping", true)
+	start := time.Now()
+	v, err := e.prepareView(ctx, c, log)
+	if v != nil {
+		defer v.close()
+	}
+	var stats ingestStats
+	if err == nil {
+		shared := &sharedUnits{pool: e.pool, node: c.node, evalID: c.id, evalAttempt: c.attempt, poll: unitPollInterval}
+		shared.first.Store(c.unit)
+		v.spec.Roots = nil // the claimant's
+		stats, err = e.walkIngest(ctx, c, v, shared, func(ctx context.Context, cancel context.CancelCauseFunc) {
+			e.watchStatus(ctx, sqlEvalStatusAt, []any{c.id, c.attempt}, cancel)
+		}, log)
+	}
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	switch {
+	case err == nil:
+		log.Info("helped with the evaluation: no unit left to walk", "attrs", stats.Attrs,
+			"derivations", stats.Derivations, "jobs", stats.Jobs, "seconds", time.Since(start).Seconds())
+	case errors.Is(err, errGone) || errors.Is(err, errStale):
+		log.Info("stopped helping: the evaluation ended, or the unit was reaped elsewhere")
+	case ctx.Err() != nil:
+		e.handBack(c)
+		log.Info("units handed back to the evaluation")
+	case errors.Is(err, errCannotHelp):
+		e.mu.Lock()
+		e.cantHelp[c.id] = true
+		e.mu.Unlock()
+		e.releaseUnits(c.id)
+		log.Info("not helping with the evaluation", "error", err)
+	default:
+		rerr := e.end(fctx, c, sqlFailEvalHelped, status.EvalFailed, err.Error())
+		if rerr != nil {
+			log.Warn("could not record the failure of a unit", "error", rerr, "failure", err)
+			return
+		}
+		log.Info("evaluation failed in a unit this node walked", "error", err)
+	}
+}
+
+// releaseUnits hands back the units of evaluation id this node walks.
+func (e *Evaluator) releaseUnits(id int64) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := e.pool.Exec(ctx, sqlReleaseUnits, e.cfg.NodeID, id); err != nil {
+		e.logger.Warn("could not hand units back", "eval_id", id, "error", err)
+	}
 }
 
 // restarted counts a walker of c restarted past its memory limit, on attribute attr.
@@ -580,8 +787,10 @@ func (e *Evaluator) ingest(ctx context.Context, in *ingester, batches <-chan []A
 // merged into its base (pr 0 or base "": head itself), unless the settings choose the head. The
 // settings are the merge's, as they will be once merged, so a pull request that changes
 // pull-requests is evaluated the way its change says; without a merge (a conflict) the head's
-// decide. A conflict is errConflict.
-func (e *Evaluator) evaluatedCommit(ctx context.Context, c claim, m *gitrepo.Mirror, head string, pr int, base string) (string, error) {
+// decide. A conflict is errConflict. record is given what it evaluates: the base's tip and the
+// merge ("" and "": the head).
+func (e *Evaluator) evaluatedCommit(ctx context.Context, m *gitrepo.Mirror, head string, pr int, base string,
+	record func(base, merge string) error) (string, error) {
 	if pr == 0 || base == "" {
 		return head, nil
 	}
@@ -593,9 +802,9 @@ func (e *Evaluator) evaluatedCommit(ctx context.Context, c claim, m *gitrepo.Mir
 			return "", err
 		}
 		if mode == PRHead {
-			return head, e.recordMerge(ctx, c, "", "")
+			return head, record("", "")
 		}
-		if err := e.recordMerge(ctx, c, conflict.Base, ""); err != nil {
+		if err := record(conflict.Base, ""); err != nil {
 			return "", err
 		}
 		switch {
@@ -614,9 +823,9 @@ func (e *Evaluator) evaluatedCommit(ctx context.Context, c claim, m *gitrepo.Mir
 		return "", err
 	}
 	if mode == PRHead {
-		return head, e.recordMerge(ctx, c, "", "")
+		return head, record("", "")
 	}
-	return mg.Commit, e.recordMerge(ctx, c, mg.Base, mg.Commit)
+	return mg.Commit, record(mg.Base, mg.Commit)
 }
 
 // prMode is the pull-requests setting of commit's .harmonia-ci.toml.
@@ -640,6 +849,27 @@ func (e *Evaluator) recordMerge(ctx context.Context, c claim, base, merge string
 	}
 	if tag.RowsAffected() == 0 {
 		return errStale
+	}
+	return nil
+}
+
+// errCannotHelp: a helper would not evaluate the commit the evaluation's claimant evaluates (a
+// pull request's base moved on since the claimant merged it).
+var errCannotHelp = errors.New("this node would evaluate another commit than the evaluation's claimant")
+
+// sameMerge checks that a helper evaluates the merge ("": the head) c's claimant recorded.
+func (e *Evaluator) sameMerge(ctx context.Context, c claim, merge string) error {
+	var recorded string
+	var st status.EvalStatus
+	err := e.pool.QueryRow(ctx, sqlHelpedEval, c.id, c.attempt).Scan(&recorded, &st)
+	if errors.Is(err, pgx.ErrNoRows) || (err == nil && st != status.EvalRunning) {
+		return errStale
+	}
+	if err != nil {
+		return fmt.Errorf("read the evaluated commit: %w", err)
+	}
+	if recorded != merge {
+		return fmt.Errorf("%w: %q, not %q", errCannotHelp, merge, recorded)
 	}
 	return nil
 }
@@ -725,8 +955,9 @@ func flakeRef(ctx context.Context, m *gitrepo.Mirror, source, commit, branch str
 	return "git+file://" + source + "?" + q.Encode(), nil
 }
 
-// watchStatus cancels the evaluation once its row says it is no longer ours to run.
-func (e *Evaluator) watchStatus(ctx context.Context, c claim, cancel context.CancelCauseFunc) {
+// watchStatus cancels the evaluation once its row says it is no longer ours to run: query
+// (sqlEvalStatus, or a helper's sqlEvalStatusAt) with args reads its status.
+func (e *Evaluator) watchStatus(ctx context.Context, query string, args []any, cancel context.CancelCauseFunc) {
 	for {
 		select {
 		case <-ctx.Done():
@@ -734,7 +965,7 @@ func (e *Evaluator) watchStatus(ctx context.Context, c claim, cancel context.Can
 		case <-e.clock.After(e.cfg.StatusInterval):
 		}
 		var st status.EvalStatus
-		err := e.pool.QueryRow(ctx, sqlEvalStatus, c.id, c.node, c.attempt).Scan(&st)
+		err := e.pool.QueryRow(ctx, query, args...).Scan(&st)
 		if errors.Is(err, pgx.ErrNoRows) || (err == nil && st != status.EvalRunning) {
 			cancel(errGone)
 			return
@@ -762,7 +993,8 @@ func (e *Evaluator) fail(ctx context.Context, c claim, msg string) error {
 }
 
 // end rolls back an evaluation the claim c holds and records it as st with msg (query, one
-// of sqlFailEval and sqlConflictEval, guarded by the claim), in one transaction.
+// of sqlFailEval and sqlConflictEval, guarded by the claim, or sqlFailEvalHelped, guarded by a
+// unit it walks), in one transaction.
 func (e *Evaluator) end(ctx context.Context, c claim, query string, st status.EvalStatus, msg string) error {
 	return pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
 		tag, err := tx.Exec(ctx, query, c.id, c.node, c.attempt, msg)
@@ -779,7 +1011,18 @@ func (e *Evaluator) end(ctx context.Context, c claim, query string, st status.Ev
 	})
 }
 
+// release hands back a claim the slots refused to run.
 func (e *Evaluator) release(c claim) {
+	defer e.finished(c)
+	e.handBack(c)
+}
+
+// handBack hands an evaluation, or a helper's units of it, back to the queue.
+func (e *Evaluator) handBack(c claim) {
+	if c.unit != nil {
+		e.releaseUnits(c.id)
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if _, err := e.pool.Exec(ctx, sqlReleaseEval, c.id, c.node, c.attempt); err != nil {

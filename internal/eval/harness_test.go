@@ -436,6 +436,19 @@ func (p *pids) onStart(pid int) {
 	p.list = append(p.list, pid)
 }
 
+// alive lists the recorded children still running.
+func (p *pids) alive() []int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []int
+	for _, pid := range p.list {
+		if nixAlive(pid) {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
 func (p *pids) last() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()

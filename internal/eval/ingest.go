@@ -54,7 +54,10 @@ type ingester struct {
 	node      string
 	attempt   int
 	projectID int64
-	order     queue.Order
+	// helper: this node walks units of an evaluation another node claimed; its transactions
+	// prove the evaluation runs at attempt and that it holds the units it commits.
+	helper bool
+	order  queue.Order
 	// trusted: an evaluation of a branch, whose jobs build outputs everyone may substitute; a
 	// pull request's jobs are untrusted and their outputs quarantined. promote is the project's
 	// setting: a trusted evaluation takes a quarantined output as built, or else rebuilds it.
@@ -91,6 +94,7 @@ type batch struct {
 	build       []string // derivations that get a job
 	preexisting []string // known derivations it met, whose cancelled jobs it may need again
 	promote     []string // quarantined output paths a trusted evaluation takes as built
+	units       []Attr   // the claims of the table units its attributes came from, and those walked to the end
 }
 
 // prepare reads the closure of a batch of attributes down to what the database or an earlier
@@ -98,11 +102,18 @@ type batch struct {
 // files and sources. The caller holds the publication lock (publication.Hold) from the first
 // prepare until the commit of its rows.
 func (in *ingester) prepare(ctx context.Context, attrs []Attr) (batch, error) {
+	var units []Attr
+	attrs = slices.DeleteFunc(attrs, func(a Attr) bool {
+		if a.unit != 0 {
+			units = append(units, a)
+		}
+		return a.unitDone
+	})
 	attrs, err := in.verify(ctx, attrs)
 	if err != nil {
 		return batch{}, err
 	}
-	b := batch{attrs: attrs}
+	b := batch{attrs: attrs, units: units}
 	var roots []string
 	for _, a := range attrs {
 		if a.DrvPath != "" {
@@ -166,6 +177,8 @@ func (in *ingester) prepare(ctx context.Context, attrs []Attr) (batch, error) {
 func (in *ingester) commit(ctx context.Context, batches []batch) error {
 	var derivs []queue.Derivation
 	var names, drvs, errs, preexisting, promote []string
+	var unitIDs []int64
+	var units []Attr
 	build := []string{}
 	for _, b := range batches {
 		derivs = append(derivs, b.derivs...)
@@ -174,15 +187,23 @@ func (in *ingester) commit(ctx context.Context, batches []batch) error {
 		promote = append(promote, b.promote...)
 		for _, a := range b.attrs {
 			names, drvs, errs = append(names, a.Name), append(drvs, a.DrvPath), append(errs, a.Error)
+			unitIDs = append(unitIDs, a.unit)
 		}
+		units = append(units, b.units...)
 	}
-	if len(names) == 0 {
+	if len(names) == 0 && len(units) == 0 {
 		return nil
 	}
 	preexisting = uniq(preexisting)
 	var res queue.EnqueueResult
+	var raised bool
 	err := pgx.BeginFunc(ctx, in.pool, func(tx pgx.Tx) error {
+		raised = false
 		if err := in.holdClaim(ctx, tx); err != nil {
+			return err
+		}
+		done, err := in.holdUnits(ctx, tx, units, false)
+		if err != nil {
 			return err
 		}
 		// Job-need lock before the enqueue lock: evaluation.Rollback takes them in this order too.
@@ -190,14 +211,13 @@ func (in *ingester) commit(ctx context.Context, batches []batch) error {
 			return err
 		}
 		pid := in.projectID
-		var err error
 		res, err = queue.EnqueueTx(ctx, tx, queue.EnqueueParams{ProjectID: &pid, Derivations: derivs, Build: build,
 			Order: in.order, DeferRaise: true, Untrusted: !in.trusted,
 			RetryLimit: in.retry.Retries, RetryBackoff: in.retry.Backoff})
 		if err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, sqlInsertAttrs, in.evalID, names, drvs, errs); err != nil {
+		if _, err := tx.Exec(ctx, sqlInsertAttrs, in.evalID, names, drvs, errs, unitIDs); err != nil {
 			return fmt.Errorf("insert attributes: %w", err)
 		}
 		n, err := in.need(ctx, tx, preexisting, uniq(promote))
@@ -205,7 +225,20 @@ func (in *ingester) commit(ctx context.Context, batches []batch) error {
 			return err
 		}
 		res.NewJobs += n
-		return nil
+		if in.helper && done && in.order == queue.OrderCriticalPath {
+			// The claimant finishes the evaluation once every unit is done, without this
+			// node's jobs: their chains are raised before the units that found them are done.
+			if _, err := queue.RaiseDeferred(ctx, tx, append(slices.Clip(in.enqueued), derivs...), uniq(append(slices.Clip(in.needed), build...))); err != nil {
+				return err
+			}
+			raised = true
+		}
+		if done {
+			// Last: under per-role logins, what a helper writes is let through only while it
+			// walks a unit of the evaluation.
+			_, err = in.holdUnits(ctx, tx, units, true)
+		}
+		return err
 	})
 	if err != nil {
 		return fmt.Errorf("ingest %d attributes: %w", len(names), err)
@@ -214,7 +247,9 @@ func (in *ingester) commit(ctx context.Context, batches []batch) error {
 		in.known[d.DrvPath] = true
 		delete(in.prepared, d.DrvPath)
 	}
-	if in.order == queue.OrderCriticalPath {
+	if raised {
+		in.enqueued, in.needed = nil, nil
+	} else if in.order == queue.OrderCriticalPath {
 		in.enqueued = append(in.enqueued, derivs...)
 		in.needed = append(in.needed, build...)
 	}
@@ -285,11 +320,53 @@ func (in *ingester) applyRetryPolicy(ctx context.Context, tx pgx.Tx, preexisting
 // runs it: every ingest transaction proves its claim first.
 func (in *ingester) holdClaim(ctx context.Context, tx pgx.Tx) error {
 	var st status.EvalStatus
-	err := tx.QueryRow(ctx, sqlHoldClaim, in.evalID, in.node, in.attempt).Scan(&st)
+	var err error
+	if in.helper {
+		err = tx.QueryRow(ctx, sqlHoldEval, in.evalID, in.attempt).Scan(&st)
+	} else {
+		err = tx.QueryRow(ctx, sqlHoldClaim, in.evalID, in.node, in.attempt).Scan(&st)
+	}
 	if errors.Is(err, pgx.ErrNoRows) || (err == nil && st != status.EvalRunning) {
 		return errStale
 	}
 	return err
+}
+
+// holdUnits proves, in tx, that this node still holds the claims of the table units whose
+// attributes tx commits (errStale if one was reaped and claimed again), and with markDone marks
+// done those walked to the end. It reports whether any was walked to the end.
+func (in *ingester) holdUnits(ctx context.Context, tx pgx.Tx, units []Attr, markDone bool) (bool, error) {
+	if len(units) == 0 {
+		return false, nil
+	}
+	byID := map[int64]Attr{}
+	for _, u := range units {
+		if u.unitAttempt != byID[u.unit].unitAttempt && byID[u.unit].unit != 0 {
+			return false, errStale // two claims of one unit: the older one is not ours any more
+		}
+		u.unitDone = u.unitDone || byID[u.unit].unitDone
+		byID[u.unit] = u
+	}
+	var ids []int64
+	var attempts []int
+	var done []bool
+	anyDone := false
+	for id, u := range byID {
+		ids, attempts, done = append(ids, id), append(attempts, u.unitAttempt), append(done, u.unitDone && markDone)
+		anyDone = anyDone || u.unitDone
+	}
+	rows, err := tx.Query(ctx, sqlHoldUnits, in.node, ids, attempts, done)
+	if err != nil {
+		return false, fmt.Errorf("hold units: %w", err)
+	}
+	held, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return false, fmt.Errorf("hold units: %w", err)
+	}
+	if len(held) != len(ids) {
+		return false, errStale
+	}
+	return anyDone, nil
 }
 
 // raiseChains brings the dependent chains of the evaluation's jobs, and of the pending jobs below

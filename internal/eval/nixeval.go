@@ -31,6 +31,11 @@ type Attr struct {
 	Path    []string // the path's components
 	DrvPath string   // "" when Error is set
 	Error   string
+	// unit and unitAttempt name the claim of the table unit it was found in (0: a root);
+	// unitDone marks, instead of an attribute, the end of that unit's walk.
+	unit        int64
+	unitAttempt int
+	unitDone    bool
 }
 
 // Spec says what to evaluate.
@@ -190,6 +195,12 @@ func recordPrefix(nonce string) string { return "trace: @hci:" + nonce + " " }
 // with its error, and the walk goes on. Walk fails when Nix fails outside any attribute (a
 // syntax error in ci.nix, a missing flake.nix), is killed, or ctx ends.
 func (r *NixRunner) Walk(ctx context.Context, spec Spec, emit func(Attr) error) error {
+	return r.walk(ctx, spec, nil, emit)
+}
+
+// walk is Walk, with the units it splits off in the evaluation's table when shared is set
+// (a helper's spec has no roots: it walks only units of the table).
+func (r *NixRunner) walk(ctx context.Context, spec Spec, shared *sharedUnits, emit func(Attr) error) error {
 	dir, ws, err := r.prepareWalk(spec)
 	if err != nil {
 		return err
@@ -201,7 +212,7 @@ func (r *NixRunner) Walk(ctx context.Context, spec Spec, emit func(Attr) error) 
 	for i, p := range spec.Roots {
 		roots[i] = unit{Path: p, Force: spec.Force}
 	}
-	p := newWalkPool(r, spec, ws, dir, hex.EncodeToString(rnd[:]), emit)
+	p := newWalkPool(r, spec, ws, dir, hex.EncodeToString(rnd[:]), shared, emit)
 	return p.walk(ctx, roots)
 }
 

@@ -55,6 +55,9 @@ UPDATE evaluations SET retention_seconds = $4 WHERE id = $1 AND claimed_by = $2 
 
 	sqlEvalStatus = `SELECT status FROM evaluations WHERE id = $1 AND claimed_by = $2 AND attempt = $3`
 
+	// A helper's view of the evaluation: its status at the attempt the helper's units belong to.
+	sqlEvalStatusAt = `SELECT status FROM evaluations WHERE id = $1 AND attempt = $2`
+
 	sqlKnownDerivations = `SELECT drv_path FROM derivations WHERE drv_path = ANY($1)`
 
 	// Outputs the cache holds by the signer's record (canonical NAR hash set). $1 output paths.
@@ -181,11 +184,114 @@ WITH RECURSIVE to_fail(drv_path) AS (
 UPDATE build_jobs SET status = 'dep-failed', finished_at = now()
 WHERE drv_path IN (SELECT drv_path FROM to_fail) AND status = 'pending'`
 
-	// $1 eval, $2 attr[], $3 drv_path[] ('' = NULL), $4 error[] ('' = NULL)
+	// $1 eval, $2 attr[], $3 drv_path[] ('' = NULL), $4 error[] ('' = NULL), $5 the unit that
+	// reported each (0 = NULL: the evaluation's roots). An attribute already there (a reclaimed
+	// unit's walker reporting again what an earlier attempt committed) is left as it is.
 	sqlInsertAttrs = `
-INSERT INTO eval_attrs (eval_id, attr, drv_path, error)
-SELECT $1, a, NULLIF(d, ''), NULLIF(e, '') FROM unnest($2::text[], $3::text[], $4::text[]) AS t(a, d, e)
+INSERT INTO eval_attrs (eval_id, attr, drv_path, error, unit_id)
+SELECT $1, a, NULLIF(d, ''), NULLIF(e, ''), NULLIF(u, 0)
+FROM unnest($2::text[], $3::text[], $4::text[], $5::bigint[]) AS t(a, d, e, u)
 ON CONFLICT (eval_id, attr) DO NOTHING`
+
+	// Proves, inside an ingest transaction, that the units whose attributes it commits are still
+	// this node's, at the attempt that walked them, and marks done those walked to the end: one
+	// row locked per unit until commit, so the reaper cannot put one back meanwhile. $1 node,
+	// $2 unit ids, $3 their attempts, $4 done. Returns the units it holds.
+	sqlHoldUnits = `
+UPDATE eval_units u SET status = CASE WHEN v.done THEN 'done' ELSE u.status END
+FROM unnest($2::bigint[], $3::int[], $4::bool[]) AS v(id, attempt, done)
+WHERE u.id = v.id AND u.attempt = v.attempt AND u.claimed_by = $1 AND u.status = 'running'
+RETURNING u.id`
+
+	// A helper's ingest transaction proves the evaluation is running at the attempt its units
+	// belong to, keeps it so until commit, and names it (as sqlHoldClaim does). $1 id, $2 attempt.
+	sqlHoldEval = `
+SELECT e.status FROM evaluations e, set_config('harmonia.eval_id', $1::bigint::text, true)
+WHERE e.id = $1 AND e.attempt = $2 FOR SHARE OF e`
+
+	// Units a walker handed on, in one statement: the slices of a set it split, or the retry of
+	// one attribute (names NULL). Written only while the evaluation runs at that attempt and the
+	// parent unit is still the walker's (no parent: the claimant's own roots). $1 eval, $2 eval
+	// attempt, $3 parent (0: none), $4 the handed attribute, $5 path, $6 force, $7 a JSON array
+	// of the units' names (null: the whole attribute), $8 retry, $9 node, $10 parent's attempt.
+	sqlInsertUnits = `
+INSERT INTO eval_units (eval_id, eval_attempt, parent_id, handed, path, force, names, retry)
+SELECT $1, $2, NULLIF($3, 0), $4, $5, $6,
+       CASE WHEN jsonb_typeof(c.names) = 'array' THEN ARRAY(SELECT jsonb_array_elements_text(c.names)) END, $8
+FROM jsonb_array_elements($7::jsonb) WITH ORDINALITY AS c(names, n)
+WHERE EXISTS (SELECT 1 FROM evaluations e
+              WHERE e.id = $1 AND e.attempt = $2 AND e.status = 'running' AND ($3 <> 0 OR e.claimed_by = $9))
+  AND ($3 = 0 OR EXISTS (SELECT 1 FROM eval_units p
+                         WHERE p.id = $3 AND p.claimed_by = $9 AND p.attempt = $10 AND p.status = 'running'))
+ORDER BY c.n`
+
+	// Claims the oldest queued unit of evaluation $2 at attempt $3 for node $1.
+	sqlClaimUnitOf = `
+WITH next AS (
+    SELECT u.id FROM eval_units u JOIN evaluations e ON e.id = u.eval_id AND e.attempt = u.eval_attempt
+    WHERE u.eval_id = $2 AND u.eval_attempt = $3 AND u.status = 'queued' AND e.status = 'running'
+    ORDER BY u.id LIMIT 1
+    FOR UPDATE OF u SKIP LOCKED
+)
+UPDATE eval_units u SET status = 'running', claimed_by = $1, claimed_at = now(), attempt = u.attempt + 1
+FROM next WHERE u.id = next.id
+RETURNING u.id, u.attempt, u.eval_id, u.eval_attempt, u.path, u.force, COALESCE(u.names, '{}'), u.retry`
+
+	// An idle evaluator's claim of a unit of an evaluation another node runs: the oldest queued
+	// unit of the oldest running evaluation, none of $2 (those it takes part in already).
+	sqlClaimUnitToHelp = `
+WITH next AS (
+    SELECT u.id FROM eval_units u JOIN evaluations e ON e.id = u.eval_id AND e.attempt = u.eval_attempt
+    WHERE u.status = 'queued' AND e.status = 'running' AND e.claimed_by <> $1 AND NOT (u.eval_id = ANY($2))
+    ORDER BY u.eval_id, u.id LIMIT 1
+    FOR UPDATE OF u SKIP LOCKED
+)
+UPDATE eval_units u SET status = 'running', claimed_by = $1, claimed_at = now(), attempt = u.attempt + 1
+FROM next WHERE u.id = next.id
+RETURNING u.id, u.attempt, u.eval_id, u.eval_attempt, u.path, u.force, COALESCE(u.names, '{}'), u.retry`
+
+	// What a reclaimed unit's walker skips: the attributes its earlier attempts committed, and
+	// what they handed on as units. $1 unit.
+	sqlUnitSkip = `
+SELECT attr FROM eval_attrs WHERE unit_id = $1
+UNION ALL
+SELECT handed FROM eval_units WHERE parent_id = $1`
+
+	// Whether the claimant of evaluation $1 at attempt $2 must still wait: units queued, or
+	// walked by other nodes ($3 the claimant).
+	sqlUnitsOpen = `
+SELECT EXISTS (SELECT 1 FROM eval_units
+               WHERE eval_id = $1 AND eval_attempt = $2
+                 AND (status = 'queued' OR (status = 'running' AND claimed_by <> $3)))`
+
+	// A new attempt of an evaluation forgets the units of earlier ones. $1 id, $2 attempt.
+	sqlClearUnits = `DELETE FROM eval_units WHERE eval_id = $1 AND eval_attempt < $2`
+
+	// A helper that stops (drain, or it cannot take part) hands its units of evaluation $2 back.
+	// $1 node.
+	sqlReleaseUnits = `
+UPDATE eval_units SET status = 'queued', claimed_by = NULL, claimed_at = NULL
+WHERE claimed_by = $1 AND eval_id = $2 AND status = 'running'`
+
+	// A helper's walk failed (Nix outside any attribute, a ceiling of its node): the evaluation
+	// fails, as it does at its claimant's first error, while the helper still walks a unit of
+	// it. $1 id, $2 node, $3 attempt, $4 error.
+	sqlFailEvalHelped = `
+UPDATE evaluations e SET status = 'failed', finished_at = now(), error = $4
+WHERE e.id = $1 AND e.attempt = $3 AND e.status = 'running'
+  AND EXISTS (SELECT 1 FROM eval_units u
+              WHERE u.eval_id = e.id AND u.eval_attempt = e.attempt AND u.claimed_by = $2 AND u.status = 'running')`
+
+	// What a helper evaluates: the commit the claimant recorded (the merge, or the head), and
+	// the evaluation's status at the helper's attempt.
+	sqlHelpedEval = `
+SELECT COALESCE(merge_commit, ''), status FROM evaluations WHERE id = $1 AND attempt = $2`
+
+	// Live evaluator nodes other than $1; $2 the dead threshold in seconds.
+	sqlOtherEvaluators = `
+SELECT EXISTS (SELECT 1 FROM nodes
+               WHERE id <> $1 AND 'evaluator' = ANY(capabilities)
+                 AND last_seen > now() - make_interval(secs => $2) AND status <> 'dead' AND NOT draining)`
 
 	// Finishes. $1 id, $2 node, $3 attempt.
 	sqlSucceedEval = `

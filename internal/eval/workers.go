@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"time"
 )
 
 // unit is a part of an evaluation's attribute tree that one walker process takes: the attribute
@@ -19,6 +20,12 @@ type unit struct {
 	// alone: the retry of one attribute whose walker went past the per-worker memory limit;
 	// past it again, the attribute fails.
 	alone bool
+	// A unit of the evaluation's table (units.go): its row and the claim's attempt (id 0: a
+	// root, in the node's own queue), and what an earlier attempt of it walked already.
+	id, evalID  int64
+	attempt     int
+	evalAttempt int
+	skip        []string
 }
 
 // defaultSplitAbove: a set with more children than this is shared between workers. A walker
@@ -43,24 +50,34 @@ type walkPool struct {
 	emitMu sync.Mutex
 	emit   func(Attr) error
 
-	mu     sync.Mutex
-	wake   *sync.Cond
-	queue  []unit
-	busy   int
-	err    error                   // the first error: it ends the walk
-	cancel context.CancelCauseFunc // stops every worker's walker at the first error
+	// shared, if set, is the evaluation's table of units: split units go there, for any node.
+	shared *sharedUnits
+
+	mu      sync.Mutex
+	changed chan struct{} // closed and replaced at every change of the queue, busy or err
+	queue   []unit
+	busy    int
+	err     error                   // the first error: it ends the walk
+	cancel  context.CancelCauseFunc // stops every worker's walker at the first error
 }
 
-func newWalkPool(r *NixRunner, spec Spec, base walkSpec, dir, nonce string, emit func(Attr) error) *walkPool {
-	p := &walkPool{r: r, spec: spec, base: base, dir: dir, nonce: nonce, emit: emit, workers: max(r.Workers, 1)}
-	if p.workers > 1 {
+func newWalkPool(r *NixRunner, spec Spec, base walkSpec, dir, nonce string, shared *sharedUnits, emit func(Attr) error) *walkPool {
+	p := &walkPool{r: r, spec: spec, base: base, dir: dir, nonce: nonce, emit: emit, workers: max(r.Workers, 1),
+		shared: shared, changed: make(chan struct{})}
+	// One worker alone walks everything in one process; units in the table may go to others.
+	if p.workers > 1 || shared != nil {
 		p.split = r.SplitAbove
 		if p.split <= 0 {
 			p.split = defaultSplitAbove
 		}
 	}
-	p.wake = sync.NewCond(&p.mu)
 	return p
+}
+
+// signal wakes the workers waiting for a change; p.mu is held.
+func (p *walkPool) signal() {
+	close(p.changed)
+	p.changed = make(chan struct{})
 }
 
 // walk walks roots and everything they lead to.
@@ -70,12 +87,6 @@ func (p *walkPool) walk(ctx context.Context, roots []unit) error {
 	p.cancel = cancel
 	mw := newMemoryWatch(p.r.MaxMemoryPerWorker, p.r.MaxMemory, p.r.DaemonPid, p.r.memoryError(), cancel)
 	defer mw.close()
-	stopWaking := context.AfterFunc(ctx, func() {
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		p.wake.Broadcast()
-	})
-	defer stopWaking()
 	p.queue = roots
 	var wg sync.WaitGroup
 	for range p.workers {
@@ -109,10 +120,14 @@ func (p *walkPool) work(ctx context.Context, mw *memoryWatch) {
 		if err != nil {
 			p.fail(ctx, err)
 		}
+		if err == nil && units[0].id != 0 {
+			// Marked done in the transaction that commits the last of its attributes.
+			err = p.report(ctx, Attr{unit: units[0].id, unitAttempt: units[0].attempt, unitDone: true})
+		}
 		p.mu.Lock()
 		p.busy--
 		failed := p.err != nil
-		p.wake.Broadcast()
+		p.signal()
 		p.mu.Unlock()
 		if failed {
 			return
@@ -127,21 +142,78 @@ func (p *walkPool) fail(ctx context.Context, err error) {
 	if p.err == nil && ctx.Err() == nil {
 		p.err = err
 		p.cancel(err)
+		p.signal()
 	}
 }
 
 // take waits for units to walk: false once the walk is over. One worker takes every queued
 // unit into one process; several take one each, so a unit left over goes to whoever is idle. A
-// retry is always taken alone.
+// retry is always taken alone. With the evaluation's table, a worker with nothing queued here
+// claims a unit from it; the walk is over when nothing is queued anywhere and no worker here is
+// busy, and for the claimant also when no other node walks a unit.
 func (p *walkPool) take(ctx context.Context) ([]unit, bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for len(p.queue) == 0 && p.busy > 0 && p.err == nil && ctx.Err() == nil {
-		p.wake.Wait()
+	for {
+		p.mu.Lock()
+		if p.err != nil || ctx.Err() != nil {
+			p.mu.Unlock()
+			return nil, false
+		}
+		if len(p.queue) > 0 {
+			defer p.mu.Unlock()
+			return p.takeQueued(), true
+		}
+		changed := p.changed
+		if p.shared == nil {
+			idle := p.busy == 0
+			p.mu.Unlock()
+			if idle {
+				return nil, false
+			}
+			select {
+			case <-changed:
+			case <-ctx.Done():
+			}
+			continue
+		}
+		p.busy++ // claiming: the walk is not over meanwhile
+		p.mu.Unlock()
+		u, ok, err := p.shared.claim(ctx)
+		if ok {
+			return []unit{u}, true
+		}
+		// No signal: a worker waiting here polls the table anyway, and one woken by every failed
+		// claim would wake the others in turn.
+		p.mu.Lock()
+		p.busy--
+		idle := p.busy == 0 && len(p.queue) == 0
+		p.mu.Unlock()
+		if err != nil {
+			p.fail(ctx, err)
+			return nil, false
+		}
+		if idle {
+			if !p.shared.owner {
+				return nil, false
+			}
+			open, err := p.shared.open(ctx)
+			if err != nil {
+				p.fail(ctx, err)
+				return nil, false
+			}
+			if !open {
+				return nil, false
+			}
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+		case <-time.After(p.shared.poll):
+		}
 	}
-	if len(p.queue) == 0 || p.err != nil || ctx.Err() != nil {
-		return nil, false
-	}
+}
+
+// takeQueued takes the next units of the node's own queue, which is not empty; p.mu is held.
+func (p *walkPool) takeQueued() []unit {
 	n := 1
 	if p.workers == 1 && !p.queue[0].alone {
 		for n < len(p.queue) && !p.queue[n].alone {
@@ -151,15 +223,23 @@ func (p *walkPool) take(ctx context.Context) ([]unit, bool) {
 	units := slices.Clone(p.queue[:n])
 	p.queue = p.queue[n:]
 	p.busy++
-	return units, true
+	return units
 }
 
-// push queues units for any worker.
-func (p *walkPool) push(units ...unit) {
+// push queues units for any worker: in the evaluation's table when it has one, handed on by
+// the walker of parent (nil: the roots) from attribute handed, or else in the node's queue.
+func (p *walkPool) push(ctx context.Context, parent *unit, handed string, retry bool, units ...unit) error {
+	if p.shared != nil {
+		if err := p.shared.insert(ctx, parent, handed, retry, units); err != nil {
+			return err
+		}
+		units = nil
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.queue = append(p.queue, units...)
-	p.wake.Broadcast()
+	p.signal()
+	return nil
 }
 
 // splitUnits cuts the children of a reported set into units: about four per worker, so workers
@@ -202,6 +282,12 @@ func (w *walker) walk(ctx context.Context) error {
 	w.done = map[string]bool{}
 	ws := p.base
 	ws.Units, ws.Split = w.units, p.split
+	if len(w.units) == 1 && len(w.units[0].skip) > 0 {
+		for _, a := range w.units[0].skip {
+			w.done[a] = true
+		}
+		ws.Skip = slices.Clone(w.units[0].skip)
+	}
 	for {
 		before := len(w.done)
 		res, err := p.r.run(ctx, w.mw, p.dir, p.nonce, p.spec, ws, func(rec record) error { return w.record(ctx, rec) })
@@ -225,7 +311,7 @@ func (w *walker) walk(ctx context.Context) error {
 			return err
 		}
 		a.Error = msg
-		if err := p.report(ctx, a); err != nil {
+		if err := w.report(ctx, a); err != nil {
 			return err
 		}
 	}
@@ -236,14 +322,29 @@ func (w *walker) walk(ctx context.Context) error {
 func (w *walker) record(ctx context.Context, rec record) error {
 	if rec.Split != nil {
 		w.done[*rec.Split] = true
-		w.pool.push(w.pool.splitUnits(rec.Path, rec.Force, rec.Names)...)
-		return nil
+		return w.pool.push(ctx, w.tableUnit(), *rec.Split, false, w.pool.splitUnits(rec.Path, rec.Force, rec.Names)...)
 	}
 	w.done[rec.Attr] = true
 	a := Attr{Name: rec.Attr, Path: rec.Path, DrvPath: rec.Drv, Error: rec.Error}
 	if rec.Failed {
 		w.failed = append(w.failed, a) // probed at the end, for the message
 		return nil
+	}
+	return w.report(ctx, a)
+}
+
+// tableUnit is the unit of the evaluation's table the walker walks, nil if it walks roots.
+func (w *walker) tableUnit() *unit {
+	if len(w.units) == 1 && w.units[0].id != 0 {
+		return &w.units[0]
+	}
+	return nil
+}
+
+// report reports a, naming the unit of the table it was found in.
+func (w *walker) report(ctx context.Context, a Attr) error {
+	if u := w.tableUnit(); u != nil {
+		a.unit, a.unitAttempt = u.id, u.attempt
 	}
 	return w.pool.report(ctx, a)
 }
@@ -274,15 +375,14 @@ func (w *walker) restart(ctx context.Context, res runResult, progressed bool) er
 		}
 		w.done[attr] = true
 		if len(w.units) == 1 && w.units[0].alone && slices.Equal(w.units[0].Path, res.culpritPath) {
-			return p.report(ctx, Attr{Name: attr, Path: res.culpritPath, Error: p.r.workerMemoryMessage()})
+			return w.report(ctx, Attr{Name: attr, Path: res.culpritPath, Error: p.r.workerMemoryMessage()})
 		}
-		p.push(unit{Path: res.culpritPath, Force: w.forceAt(res.culpritPath), alone: true})
-		return nil
+		return p.push(ctx, w.tableUnit(), attr, true, unit{Path: res.culpritPath, Force: w.forceAt(res.culpritPath), alone: true})
 	case res.culprit == nil:
 		return fmt.Errorf("nix-instantiate failed: %s", res.message)
 	default:
 		w.done[*res.culprit] = true
-		return p.report(ctx, Attr{Name: *res.culprit, Path: res.culpritPath, Error: res.message})
+		return w.report(ctx, Attr{Name: *res.culprit, Path: res.culpritPath, Error: res.message})
 	}
 }
 

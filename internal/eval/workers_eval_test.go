@@ -122,17 +122,10 @@ let a = mk "a" [ ]; in {
 	}
 }
 
-// An evaluation cancelled while several workers walk: every walker process stops and nothing
-// more is ingested.
-func TestCancelStopsEveryWorker(t *testing.T) {
-	t.Parallel()
-	h := newHarness(t)
-	var children pids
-	ev := h.startEvaluator("ev-1", func(c *eval.Config) {
-		c.Workers = 4
-		c.Runner = &eval.NixRunner{SplitAbove: 2, OnStart: children.onStart}
-	})
-	g := newGate(t)
+// triggerGated triggers an evaluation of a project whose attributes a and b evaluate at once and
+// whose set gated has eight members, each blocked on g; it returns once a and b are ingested.
+func (h *harness) triggerGated(g *gate) evaluation.Evaluation {
+	h.t.Helper()
 	gated := make([]string, 8)
 	for i := range gated {
 		gated[i] = fmt.Sprintf("g%d = %s;", i, g.drv(fmt.Sprintf("gated-%d", i), h.salt))
@@ -145,40 +138,147 @@ let a = mk "a" [ ]; in {
 }`})
 	e, _ := h.trigger("gated", "", commit)
 	h.waitAttrs(e.ID, 2)
+	return e
+}
+
+// An evaluation cancelled while several workers walk: every walker process stops and nothing
+// more is ingested.
+func TestCancelStopsEveryWorker(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	var children pids
+	ev := h.startEvaluator("ev-1", func(c *eval.Config) {
+		c.Workers = 4
+		c.Runner = &eval.NixRunner{SplitAbove: 2, OnStart: children.onStart}
+	})
+	e := h.triggerGated(newGate(t))
 	// Four walkers, each stuck on the gated member its unit starts with.
-	var alive []int
+	var walking []int
 	waittest.For(t, finishTimeout, func() bool {
-		alive = alive[:0]
-		children.mu.Lock()
-		for _, p := range children.list {
-			if nixAlive(p) {
-				alive = append(alive, p)
-			}
-		}
-		children.mu.Unlock()
-		return len(alive) == 4
+		walking = children.alive()
+		return len(walking) == 4
 	}, "four walkers to run")
-	if err := evaluation.Cancel(h.ctx(), h.pool, e.ID, "cancelled by the test"); err != nil {
+	h.cancelStopsAll(e.ID, walking, []*eval.Evaluator{ev}, &children)
+}
+
+// cancelStopsAll cancels evaluation id while walking (the walker processes of evs) walk it, and
+// checks that they stop, every evaluator lets go, and nothing is left ingested.
+func (h *harness) cancelStopsAll(id int64, walking []int, evs []*eval.Evaluator, children ...*pids) {
+	t := h.t
+	t.Helper()
+	if err := evaluation.Cancel(h.ctx(), h.pool, id, "cancelled by the test"); err != nil {
 		t.Fatal(err)
 	}
-	for _, p := range alive {
+	for _, p := range walking {
 		waitNixGone(t, p)
 	}
-	waittest.For(t, 10*time.Second, func() bool { return ev.Running() == 0 }, "the evaluator to let go of the evaluation")
-	if got := h.get(e.ID); got.Status != status.EvalCancelled {
+	for _, ev := range evs {
+		waittest.For(t, 10*time.Second, func() bool { return ev.Running() == 0 }, "the evaluators to let go of the evaluation")
+	}
+	if got := h.get(id); got.Status != status.EvalCancelled {
 		t.Errorf("status %s, want cancelled", got.Status)
 	}
-	if n := h.queryInt(`SELECT count(*) FROM eval_attrs WHERE eval_id = $1`, e.ID); n != 0 {
+	if n := h.queryInt(`SELECT count(*) FROM eval_attrs WHERE eval_id = $1`, id); n != 0 {
 		t.Errorf("%d attributes left", n)
 	}
 	if n := h.queryInt(`SELECT count(*) FROM derivations WHERE name LIKE 'gated-%'`); n != 0 {
 		t.Errorf("%d gated derivations ingested", n)
 	}
-	children.mu.Lock()
-	defer children.mu.Unlock()
-	for _, p := range children.list {
-		if nixAlive(p) {
+	for _, c := range children {
+		for _, p := range c.alive() {
 			t.Errorf("walker %d still runs", p)
 		}
 	}
+}
+
+// liveEvaluators registers ids as live evaluator nodes, as their heartbeats would: a claimant
+// shares its units only when another evaluator is there to take them.
+func (h *harness) liveEvaluators(ids ...string) {
+	h.t.Helper()
+	for _, id := range ids {
+		h.exec(`INSERT INTO nodes (id, roles, endpoint, incarnation, last_seen)
+VALUES ($1, '{evaluator}', 'http://127.0.0.1:1', gen_random_uuid(), now() + interval '1 hour')`, id)
+	}
+}
+
+// Two evaluator nodes on one evaluation: the units the claimant's walk splits off are walked
+// by both, and the evaluation records the same attributes, derivations, jobs and errors as one
+// node with one worker, each attribute once.
+func TestTwoNodesIdenticalResults(t *testing.T) {
+	t.Parallel()
+	salt := salt(t)
+	single := newHarness(t)
+	single.salt = salt
+	single.startEvaluator("ev-1", func(c *eval.Config) { c.Workers = 1 })
+	_, commit := single.newProject("many", map[string]string{"ci.nix": eval.WorkersProject(salt)})
+	e, _ := single.trigger("many", "", commit)
+	single.waitSucceeded(e.ID)
+	want := single.evaluated(e.ID)
+
+	h := newHarness(t)
+	h.salt = salt
+	h.liveEvaluators("ev-1", "ev-2")
+	for _, id := range []string{"ev-1", "ev-2"} {
+		h.startEvaluator(id, func(c *eval.Config) {
+			c.Workers = 1
+			c.HelpOthers = true
+			c.Runner = &eval.NixRunner{SplitAbove: 2}
+		})
+	}
+	_, commit = h.newProject("many", map[string]string{"ci.nix": eval.WorkersProject(salt)})
+	e, _ = h.trigger("many", "", commit)
+	h.waitSucceeded(e.ID)
+	got := h.evaluated(e.ID)
+	for _, n := range slices.Sorted(maps.Keys(want.attrs)) {
+		if got.attrs[n] != want.attrs[n] {
+			t.Errorf("%s: two nodes %s, one %s", n, got.attrs[n], want.attrs[n])
+		}
+	}
+	if len(got.attrs) != len(want.attrs) {
+		t.Errorf("two nodes: %d attributes, one %d", len(got.attrs), len(want.attrs))
+	}
+	if !slices.Equal(got.derivations, want.derivations) {
+		t.Errorf("two nodes: derivations %v, one %v", got.derivations, want.derivations)
+	}
+	if !slices.Equal(got.jobs, want.jobs) {
+		t.Errorf("two nodes: jobs %v, one %v", got.jobs, want.jobs)
+	}
+	units := h.queryStrings(`SELECT claimed_by || ' ' || status FROM eval_units WHERE eval_id = $1`, e.ID)
+	walkedBy := map[string]bool{}
+	for _, u := range units {
+		node, st, _ := strings.Cut(u, " ")
+		walkedBy[node] = true
+		if st != string(status.UnitDone) {
+			t.Errorf("unit of %s left %s", node, st)
+		}
+	}
+	if !walkedBy["ev-1"] || !walkedBy["ev-2"] {
+		t.Errorf("units walked by %v, want both nodes: %q", slices.Sorted(maps.Keys(walkedBy)), units)
+	}
+	if n := h.queryInt(`SELECT count(*) FROM eval_attrs WHERE eval_id = $1 AND unit_id IS NOT NULL`, e.ID); n == 0 {
+		t.Errorf("no attribute came from a unit")
+	}
+}
+
+// An evaluation cancelled while both nodes walk its units: every walker of both stops and
+// nothing more is ingested.
+func TestCancelStopsEveryNode(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	h.liveEvaluators("ev-1", "ev-2")
+	var children [2]pids
+	var evs []*eval.Evaluator
+	for i, id := range []string{"ev-1", "ev-2"} {
+		evs = append(evs, h.startEvaluator(id, func(c *eval.Config) {
+			c.Workers = 2
+			c.HelpOthers = true
+			c.Runner = &eval.NixRunner{SplitAbove: 2, OnStart: children[i].onStart}
+		}))
+	}
+	e := h.triggerGated(newGate(t))
+	// Both nodes' walkers stuck on the gated members their units start with.
+	waittest.For(t, finishTimeout, func() bool {
+		return len(children[0].alive()) > 0 && len(children[1].alive()) > 0
+	}, "walkers to run on both nodes")
+	h.cancelStopsAll(e.ID, append(children[0].alive(), children[1].alive()...), evs, &children[0], &children[1])
 }

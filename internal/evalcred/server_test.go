@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -44,7 +45,7 @@ func (f *fakeForge) ReadCredential(_ context.Context, r forge.Repository) (gitre
 }
 
 // TestCredentialOnlyForTheHolder: only the evaluator that holds a running evaluation, at its
-// attempt, gets its repository's credential; everything else is refused before the forge is
+// attempt, or walks a unit of it, gets its repository's credential; everything else is refused before the forge is
 // asked.
 func TestCredentialOnlyForTheHolder(t *testing.T) {
 	t.Parallel()
@@ -93,6 +94,16 @@ VALUES ($1, 'git+file:///p', md5($2), 'main', 'running', 'eval-1', now(), now(),
 		}, ticketErr: http.StatusForbidden},
 		{name: "another node", setup: func(id int64) (string, error) { return ticket("eval-2", evaluator, id, 2) },
 			ticketErr: http.StatusConflict},
+		{name: "a node walking a unit of it", setup: func(id int64) (string, error) {
+			queuetest.Exec(t, pool, `INSERT INTO eval_units (eval_id, eval_attempt, handed, path, force, status, claimed_by, attempt)
+VALUES ($1, 2, 'big', '{big}', 1, 'running', 'eval-2', 1)`, id)
+			return ticket("eval-2", evaluator, id, 2)
+		}, endpoint: frontend, code: http.StatusOK},
+		{name: "a node whose unit is done", setup: func(id int64) (string, error) {
+			queuetest.Exec(t, pool, `INSERT INTO eval_units (eval_id, eval_attempt, handed, path, force, status, claimed_by, attempt)
+VALUES ($1, 2, 'big', '{big}', 1, 'done', 'eval-2', 1)`, id)
+			return ticket("eval-2", evaluator, id, 2)
+		}, ticketErr: http.StatusConflict},
 		{name: "stale attempt", setup: func(id int64) (string, error) { return ticket("eval-1", evaluator, id, 1) },
 			ticketErr: http.StatusConflict},
 		{name: "finished after the ticket", setup: func(id int64) (string, error) {
@@ -154,8 +165,8 @@ VALUES ($1, 'git+file:///p', md5($2), 'main', 'running', 'eval-1', now(), now(),
 	}
 	ff.mu.Lock()
 	defer ff.mu.Unlock()
-	if len(ff.asked) != 1 || ff.asked[0] != "owner/private" {
-		t.Errorf("the forge was asked for %q, want owner/private once (for the holder)", ff.asked)
+	if !slices.Equal(ff.asked, []string{"owner/private", "owner/private"}) {
+		t.Errorf("the forge was asked for %q, want owner/private twice (for the holder, and the node walking a unit)", ff.asked)
 	}
 	if code, _ := post(t, frontend, map[string]string{}); code != http.StatusBadRequest {
 		t.Errorf("no ticket: %d, want 400", code)

@@ -225,6 +225,8 @@ func (n *node) roleWorkers(notifier *notify.Notifier, announcer *queue.Announcer
 			MaxAttrs: cfg.Eval.MaxAttrs, MaxDerivations: cfg.Eval.MaxDerivations,
 			MaxRetention: cfg.Retention.Max.Duration,
 			Gate:         &n.inFlight, Notifier: notifier, Upstream: up, Registerer: n.reg,
+			HelpOthers: cfg.Eval.HelpOthers, DeadThreshold: cfg.Cluster.Heartbeat.DeadThreshold.Duration,
+			Runner: &eval.NixRunner{SplitAbove: cfg.Eval.SplitAbove},
 			Confinement: eval.Confinement{
 				User: cfg.Eval.User, MaxMemory: cfg.Eval.TotalMemory(),
 				MaxMemoryPerWorker: int64(cfg.Eval.MaxMemoryPerWorker),
@@ -240,7 +242,6 @@ func (n *node) roleWorkers(notifier *notify.Notifier, announcer *queue.Announcer
 			ecfg.Cache = client
 			ecfg.Publisher = &upload.Publisher{Signer: client}
 			ecfg.Tickets = client
-			ecfg.DeadThreshold = cfg.Cluster.Heartbeat.DeadThreshold.Duration
 		} else {
 			n.logger.Warn("evaluator without a node token: .drv closures are not published to the cache and outputs are not looked up there (set auth.node_token_file)")
 		}

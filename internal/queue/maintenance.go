@@ -81,11 +81,18 @@ func MaintenanceTasks(cfg MaintenanceConfig, logger *slog.Logger) []cluster.Task
 			if err != nil {
 				return 0, fmt.Errorf("reap dead evaluations: %w", err)
 			}
+			units, err := tx.Exec(ctx, sqlReapDeadUnits, cfg.DeadThreshold.Seconds())
+			if err != nil {
+				return 0, fmt.Errorf("reap dead evaluation units: %w", err)
+			}
+			if units.RowsAffected() > 0 {
+				logger.Warn("put back the evaluation units of dead nodes", "units", units.RowsAffected())
+			}
 			m.released("transient", jobs, n)
 			if len(jobs) > 0 {
 				logger.Warn("reaped the claims of dead nodes", "jobs", len(jobs), "dep_failed", n-int64(len(jobs)))
 			}
-			return n + tag.RowsAffected(), nil
+			return n + tag.RowsAffected() + units.RowsAffected(), nil
 		}},
 		{Name: "fail-unsupported", Interval: cfg.UnsupportedInterval, Run: func(ctx context.Context, tx pgx.Tx) (int64, error) {
 			rows, err := tx.Query(ctx, sqlFailUnsupported, cfg.UnsupportedGrace.Seconds(), cfg.DeadThreshold.Seconds())
@@ -183,6 +190,9 @@ func ReleaseNode(ctx context.Context, tx pgx.Tx, nodeID string) error {
 	}
 	if _, err := tx.Exec(ctx, sqlReleaseNodeEvals, nodeID); err != nil {
 		return fmt.Errorf("release evaluations of node %s: %w", nodeID, err)
+	}
+	if _, err := tx.Exec(ctx, sqlReleaseNodeUnits, nodeID); err != nil {
+		return fmt.Errorf("release evaluation units of node %s: %w", nodeID, err)
 	}
 	return nil
 }

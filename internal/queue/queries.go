@@ -296,6 +296,20 @@ WHERE e.status = 'running'
   AND NOT EXISTS (SELECT 1 FROM nodes n
                   WHERE n.id = e.claimed_by AND n.last_seen >= now() - make_interval(secs => $1))`
 
+	// The units of evaluations that dead nodes walk go back to the queue, for any evaluator; the
+	// next claim raises their attempt, so the dead node's walk can no longer mark them done. $1
+	// liveness threshold seconds.
+	sqlReapDeadUnits = `
+UPDATE eval_units u SET status = 'queued', claimed_by = NULL, claimed_at = NULL
+WHERE u.status = 'running'
+  AND NOT EXISTS (SELECT 1 FROM nodes n
+                  WHERE n.id = u.claimed_by AND n.last_seen >= now() - make_interval(secs => $1))`
+
+	// The units one node id walks (its previous incarnation, at re-registration).
+	sqlReleaseNodeUnits = `
+UPDATE eval_units SET status = 'queued', claimed_by = NULL, claimed_at = NULL
+WHERE claimed_by = $1 AND status = 'running'`
+
 	// Releases everything one node id holds (its previous incarnation, at re-registration).
 	sqlReleaseNodeClaims = `
 UPDATE build_jobs SET

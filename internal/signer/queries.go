@@ -50,10 +50,15 @@ LEFT JOIN LATERAL (SELECT dep.drv_path, dep.status FROM derivation_inputs di
                    ORDER BY dep.drv_path LIMIT 1) u ON true
 WHERE j.id = $1 AND j.claimed_by = $2 AND j.attempt = $3 AND j.status IN ('building', 'uploading')`
 
-	// $1 evaluation, $2 node, $3 attempt.
+	// The node holds the evaluation, or a unit of it that it walks to help its claimant. $1
+	// evaluation, $2 node, $3 attempt.
 	sqlCheckEvalClaim = `
-SELECT EXISTS (SELECT 1 FROM evaluations
-               WHERE id = $1 AND claimed_by = $2 AND attempt = $3 AND status = 'running')`
+SELECT EXISTS (SELECT 1 FROM evaluations e
+               WHERE e.id = $1 AND e.attempt = $3 AND e.status = 'running'
+                 AND (e.claimed_by = $2
+                      OR EXISTS (SELECT 1 FROM eval_units u
+                                 WHERE u.eval_id = e.id AND u.eval_attempt = e.attempt
+                                   AND u.claimed_by = $2 AND u.status = 'running')))`
 
 	// First writer wins: the NAR hash the cache serves for an output is its canonical one. Only
 	// the rows of the derivation built ($4) are written: another derivation listing the same

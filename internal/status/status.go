@@ -135,3 +135,16 @@ func AllAttempts() []AttemptStatus {
 
 // Failed reports whether the attempt's build failed, for good or transiently.
 func (s AttemptStatus) Failed() bool { return s == AttemptFailed || s == AttemptRetried }
+
+// UnitStatus is the status of a unit of an evaluation's attribute tree (eval_units.status).
+type UnitStatus string
+
+// Unit statuses.
+const (
+	UnitQueued  UnitStatus = "queued"  // waiting for an evaluator node
+	UnitRunning UnitStatus = "running" // claimed: a walker of that node walks it
+	UnitDone    UnitStatus = "done"    // walked, and everything it reported committed
+)
+
+// AllUnits returns every unit status, in the order a unit moves through them.
+func AllUnits() []UnitStatus { return []UnitStatus{UnitQueued, UnitRunning, UnitDone} }

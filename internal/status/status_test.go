@@ -55,6 +55,7 @@ func TestAllListsEveryConstant(t *testing.T) {
 		{"NodeStatus", strs(status.AllNodes())},
 		{"GCRunStatus", strs(status.AllGCRuns())},
 		{"AttemptStatus", strs(status.AllAttempts())},
+		{"UnitStatus", strs(status.AllUnits())},
 	}
 	if len(declared) != len(tests) {
 		t.Errorf("status.go declares constants of %d types, the test knows %d", len(declared), len(tests))
@@ -98,6 +99,7 @@ func TestSetsMatchSchema(t *testing.T) {
 		{"nodes", "nodes", regexp.MustCompile(`\(status = ANY \(ARRAY\[([^\]]*)\]\)\)`), strs(status.AllNodes())},
 		{"gc runs", "gc_runs", regexp.MustCompile(`\(status = ANY \(ARRAY\[([^\]]*)\]\)\)`), strs(status.AllGCRuns())},
 		{"attempts", "build_attempts", regexp.MustCompile(`\(status = ANY \(ARRAY\[([^\]]*)\]\)\)`), strs(status.AllAttempts())},
+		{"units", "eval_units", regexp.MustCompile(`\(status = ANY \(ARRAY\[([^\]]*)\]\)\)`), strs(status.AllUnits())},
 	}
 	word := regexp.MustCompile(`'([^']*)'::text`)
 	for _, tt := range tests {

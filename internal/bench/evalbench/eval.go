@@ -32,7 +32,11 @@ type EvalOptions struct {
 	Width       int // derivations per layer; default 100
 	Rounds      int // each side runs this often with fresh salts; the best is kept; default 2
 	Workers     int // the evaluator's [eval] workers; default the machine's cores
-	Logger      *slog.Logger
+	// Nodes is how many evaluator nodes take part in each evaluation: the first, which also
+	// runs the frontend, signer and cache roles, and Nodes-1 running the evaluator role alone,
+	// which walk units of the first's evaluations. Default 1.
+	Nodes  int
+	Logger *slog.Logger
 }
 
 // EvalReport is what the benchmark measured.
@@ -45,6 +49,7 @@ type EvalReport struct {
 	Width       int    `json:"width"`
 	Rounds      int    `json:"rounds"`
 	Workers     int    `json:"workers"`
+	Nodes       int    `json:"nodes"`
 	// NixSeconds is bare nix-instantiate of the same kind of expression (another salt, so its
 	// .drv files are new too).
 	NixSeconds float64 `json:"nix_instantiate_seconds"`
@@ -57,6 +62,12 @@ type EvalReport struct {
 	RowsPerSecond float64 `json:"rows_per_second"`
 	Jobs          int64   `json:"jobs"`
 	Published     int64   `json:"published_narinfos"`
+	// UnitsByNode counts, over every round, the units of the attribute tree each evaluator node
+	// walked (nothing with one node: it keeps its units in memory).
+	UnitsByNode map[string]int `json:"units_by_node,omitempty"`
+	// Identical: every round's evaluation recorded one attribute, derivation and job per
+	// generated derivation and no error, what a single walker records.
+	Identical bool `json:"identical"`
 }
 
 func (o *EvalOptions) defaults() {
@@ -64,6 +75,7 @@ func (o *EvalOptions) defaults() {
 	o.Width = bench.Positive(o.Width, 100)
 	o.Workers = bench.Positive(o.Workers, config.DefaultEvalWorkers())
 	o.Rounds = bench.Positive(o.Rounds, 2)
+	o.Nodes = bench.Positive(o.Nodes, 1)
 	if o.Derivations < o.Width {
 		o.Width = o.Derivations
 	}
@@ -78,8 +90,8 @@ func Eval(ctx context.Context, o EvalOptions) (EvalReport, error) {
 	o.defaults()
 	r := EvalReport{
 		Date: time.Now().UTC().Format(time.RFC3339), Derivations: o.Derivations, Width: o.Width, Rounds: o.Rounds, Workers: o.Workers,
-		Machine: bench.Machine(),
-		Nix:     bench.ToolVersion("nix-instantiate", "--version"),
+		Nodes: o.Nodes, Machine: bench.Machine(),
+		Nix: bench.ToolVersion("nix-instantiate", "--version"),
 	}
 	if err := bench.NeedTool("nix-instantiate", "install nix-bin (scripts/deps.sh bench)"); err != nil {
 		return r, fmt.Errorf("bench eval: %w", err)
@@ -107,9 +119,23 @@ func Eval(ctx context.Context, o EvalOptions) (EvalReport, error) {
 		return r, err
 	}
 	nodeDone := make(chan error, 1) // the node stopped on its own
-	n := bench.StartNode(ctx, cfg, o.Logger, node.Options{Version: "bench"}, nodeDone)
-	defer n.Stop()
-	if err := bench.WaitReady(ctx, n); err != nil {
+	nodes := []*bench.Node{bench.StartNode(ctx, cfg, o.Logger, node.Options{Version: "bench"}, nodeDone)}
+	defer func() {
+		for _, n := range nodes {
+			n.Stop()
+		}
+	}()
+	for i := 2; i <= o.Nodes; i++ {
+		hcfg := *cfg
+		hcfg.Node.ID = fmt.Sprintf("bench-eval-%d", i)
+		hcfg.Node.Roles = []string{config.RoleEvaluator}
+		hcfg.StateDir = filepath.Join(dir, hcfg.Node.ID)
+		if err := os.MkdirAll(hcfg.StateDir, 0o755); err != nil {
+			return r, err
+		}
+		nodes = append(nodes, bench.StartNode(ctx, &hcfg, o.Logger, node.Options{Version: "bench"}, nodeDone))
+	}
+	if err := bench.WaitReady(ctx, nodes...); err != nil {
 		return r, err
 	}
 	rn := &evalRound{o: o, pool: pool, dir: dir, nodeDone: nodeDone}
@@ -143,6 +169,30 @@ func Eval(ctx context.Context, o EvalOptions) (EvalReport, error) {
 	if r.Jobs != int64(o.Derivations) {
 		return r, fmt.Errorf("evaluation made %d jobs for %d derivations", r.Jobs, o.Derivations)
 	}
+	rows, err := pool.Query(ctx, sqlUnitsByNode)
+	if err != nil {
+		return r, err
+	}
+	for rows.Next() {
+		var node string
+		var units int
+		if err := rows.Scan(&node, &units); err != nil {
+			return r, err
+		}
+		if r.UnitsByNode == nil {
+			r.UnitsByNode = map[string]int{}
+		}
+		r.UnitsByNode[node] = units
+	}
+	if err := rows.Err(); err != nil {
+		return r, err
+	}
+	var attrs, errs, derivations int64
+	if err := pool.QueryRow(ctx, sqlEvalTotals).Scan(&attrs, &errs, &derivations); err != nil {
+		return r, err
+	}
+	want := int64(o.Derivations * o.Rounds)
+	r.Identical = attrs == want && errs == 0 && derivations == want && r.Jobs == int64(o.Derivations)
 	return r, nil
 }
 

@@ -11,6 +11,16 @@ const (
 	    (SELECT count(*) FROM derivation_inputs) + (SELECT count(*) FROM eval_attrs) +
 	    (SELECT count(*) FROM build_jobs),
 	    (SELECT count(*) FROM build_jobs)`
+
+	// sqlUnitsByNode counts the units each evaluator node walked.
+	sqlUnitsByNode = `SELECT claimed_by, count(*) FROM eval_units WHERE status = 'done' GROUP BY claimed_by ORDER BY claimed_by`
+
+	// sqlEvalTotals counts every evaluation's attributes, those with an error, and the
+	// derivations recorded.
+	sqlEvalTotals = `SELECT
+	    (SELECT count(*) FROM eval_attrs),
+	    (SELECT count(*) FROM eval_attrs WHERE error IS NOT NULL),
+	    (SELECT count(*) FROM derivations)`
 )
 
 // The scale benchmark's SQL.
