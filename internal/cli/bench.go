@@ -16,6 +16,7 @@ import (
 	"github.com/harmonia-ci/harmonia-ci/internal/bench/gcbench"
 	"github.com/harmonia-ci/harmonia-ci/internal/bench/queuebench"
 	"github.com/harmonia-ci/harmonia-ci/internal/bench/webhookbench"
+	"github.com/harmonia-ci/harmonia-ci/internal/config"
 	"github.com/harmonia-ci/harmonia-ci/internal/queue"
 )
 
@@ -126,7 +127,7 @@ func printQueueReport(w io.Writer, r queuebench.QueueReport) {
 func newBenchEval() *cobra.Command {
 	var o evalbench.EvalOptions
 	var asJSON bool
-	var shape string
+	var shape, workerMemory string
 	cmd := &cobra.Command{
 		Use:   "eval",
 		Short: "Evaluate a generated 10,000-derivation project against bare nix-instantiate",
@@ -142,7 +143,9 @@ sources, nested recurseForDerivations sets and a few attributes that throw. It r
 run, bare single-process nix-instantiate (of the set without the throwing attributes), an
 evaluation with one walker and one with --workers: wall time, CPU seconds of Nix, the node and
 PostgreSQL, the largest walker's peak memory, and the parallel efficiency (the one-walker
-run's CPU time ÷ (wall time × workers)).
+run's CPU time ÷ (wall time × workers)). With --max-memory-per-worker, a fourth run bounds each
+of the --workers walkers to that size: set below the one walker's peak, it shows restarts and
+whether the results stay those of the unbounded runs.
 
 --nodes 2 (layered shape) runs a second evaluator node in the process, on the same database,
 which walks units of the first node's evaluations (help_others): the report gives the units
@@ -157,6 +160,13 @@ each node walked and whether the results are those of a single walker.`,
 			case "packages":
 				if o.Nodes > 1 {
 					return errors.New("--nodes: only with --shape layered")
+				}
+				if workerMemory != "" {
+					var b config.ByteSize
+					if err := b.UnmarshalText([]byte(workerMemory)); err != nil || b == 0 {
+						return usageError{fmt.Errorf("--max-memory-per-worker %q: want a size such as 300MiB", workerMemory)}
+					}
+					o.WorkerMemory = int64(b)
 				}
 				if !cmd.Flags().Changed("derivations") {
 					o.Derivations = 100_000
@@ -198,6 +208,7 @@ each node walked and whether the results are those of a single walker.`,
 	f.IntVar(&o.Workers, "workers", 0, "walker processes per evaluation ([eval] workers); 0: the default (half the cores), or the cores with --shape packages")
 	f.IntVar(&o.Nodes, "nodes", 1, "evaluator nodes taking part in each evaluation (layered shape)")
 	f.StringVar(&shape, "shape", "layered", "the generated project: layered, or packages (shaped like nixpkgs)")
+	f.StringVar(&workerMemory, "max-memory-per-worker", "", "with --shape packages, also run --workers walkers each bounded to this size (e.g. 300MiB), below what one walker needs")
 	f.BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
 }
@@ -214,8 +225,17 @@ func printScaleReport(w io.Writer, r evalbench.ScaleReport) {
 			row.run.NixCPU, row.run.NodeCPU, row.run.PostgresCPU, row.run.PeakWorkerMB, row.run.Attributes, row.run.EvalErrors,
 			row.run.Jobs, row.run.Restarts)
 	}
+	if r.Bounded != nil {
+		b := *r.Bounded
+		fmt.Fprintf(w, "  %-22s %8.2f %7.2f %9.2f %9.2f %9.2f %9.0f %8d %6d %5d %8d\n", fmt.Sprintf("%d workers ≤ %.0f MB", r.Workers, r.WorkerMemoryMB),
+			b.Seconds, b.Ratio, b.NixCPU, b.NodeCPU, b.PostgresCPU, b.PeakWorkerMB, b.Attributes, b.EvalErrors, b.Jobs, b.Restarts)
+	}
 	fmt.Fprintf(w, "  parallel efficiency %.2f (1-worker CPU %.1f s ÷ (%.1f s × %d)); identical results: %v\n",
 		r.Efficiency, r.One.CPU(), r.Many.Seconds, r.Workers, r.Identical)
+	if r.Bounded != nil {
+		fmt.Fprintf(w, "  bounded to %.0f MB per walker (one walker peaked at %.0f MB): %d restarts; the same attributes, errors and jobs as unbounded: %v\n",
+			r.WorkerMemoryMB, r.One.PeakWorkerMB, r.Bounded.Restarts, r.BoundedIdentical)
+	}
 }
 
 func newBenchCache() *cobra.Command {

@@ -35,8 +35,11 @@ type EvalOptions struct {
 	// Nodes is how many evaluator nodes take part in each evaluation: the first, which also
 	// runs the frontend, signer and cache roles, and Nodes-1 running the evaluator role alone,
 	// which walk units of the first's evaluations. Default 1.
-	Nodes  int
-	Logger *slog.Logger
+	Nodes int
+	// WorkerMemory, with --shape packages, adds a run of Workers walkers each bounded to this
+	// many bytes ([eval] max_memory_per_worker), to set below what one walker needs; 0: none.
+	WorkerMemory int64
+	Logger       *slog.Logger
 }
 
 // EvalReport is what the benchmark measured.

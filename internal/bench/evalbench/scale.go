@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/bench"
+	"github.com/harmonia-ci/harmonia-ci/internal/config"
 	"github.com/harmonia-ci/harmonia-ci/internal/eval"
 	"github.com/harmonia-ci/harmonia-ci/internal/evaluation"
 	"github.com/harmonia-ci/harmonia-ci/internal/nixgen"
@@ -44,6 +45,11 @@ type ScaleReport struct {
 	Efficiency float64 `json:"parallel_efficiency"`
 	// Identical says the two harmonia-ci runs recorded the same attributes, errors and jobs.
 	Identical bool `json:"identical"`
+	// Bounded is the run with each walker bounded to WorkerMemoryMB (nil: not asked for), and
+	// BoundedIdentical says it recorded the same attributes, errors and jobs as the unbounded.
+	WorkerMemoryMB   float64   `json:"worker_memory_mb,omitempty"`
+	Bounded          *ScaleRun `json:"bounded_run,omitempty"`
+	BoundedIdentical bool      `json:"bounded_identical,omitempty"`
 }
 
 // ScaleRun is one side's figures. CPU times are seconds: Nix is the Nix processes (bare
@@ -102,20 +108,37 @@ func Scale(ctx context.Context, o EvalOptions) (ScaleReport, error) {
 	if r.Many, err = s.ours(ctx, o.Workers); err != nil {
 		return r, err
 	}
-	for _, run := range []*ScaleRun{&r.One, &r.Many} {
+	runs := []*ScaleRun{&r.One, &r.Many}
+	if o.WorkerMemory > 0 {
+		s.workerMemory = o.WorkerMemory
+		bounded, err := s.ours(ctx, o.Workers)
+		if err != nil {
+			return r, err
+		}
+		r.WorkerMemoryMB, r.Bounded = float64(o.WorkerMemory)/(1<<20), &bounded
+		r.BoundedIdentical = sameShape(r.One, bounded)
+		runs = append(runs, r.Bounded)
+	}
+	for _, run := range runs {
 		run.Ratio = run.Seconds / r.Bare.Seconds
 	}
 	r.Efficiency = r.One.CPU() / (r.Many.Seconds * float64(o.Workers))
-	r.Identical = r.One.Attributes == r.Many.Attributes && r.One.EvalErrors == r.Many.EvalErrors && r.One.Jobs == r.Many.Jobs
+	r.Identical = sameShape(r.One, r.Many)
 	return r, nil
 }
 
+// sameShape says two runs recorded the same numbers of attributes, errors and jobs.
+func sameShape(a, b ScaleRun) bool {
+	return a.Attributes == b.Attributes && a.EvalErrors == b.EvalErrors && a.Jobs == b.Jobs
+}
+
 type scale struct {
-	o      EvalOptions
-	dir    string
-	url    string
-	pool   *pgxpool.Pool
-	pgData string
+	o            EvalOptions
+	workerMemory int64 // [eval] max_memory_per_worker of the next run; 0: the default
+	dir          string
+	url          string
+	pool         *pgxpool.Pool
+	pgData       string
 }
 
 // bare times single-process nix-instantiate of the set without its throwing attributes (it
@@ -157,6 +180,10 @@ func (s *scale) ours(ctx context.Context, workers int) (ScaleRun, error) {
 		return run, err
 	}
 	cfg.Node.ID = "bench-eval-" + strconv.Itoa(workers)
+	if s.workerMemory > 0 {
+		cfg.Node.ID += "-bounded"
+		cfg.Eval.MaxMemoryPerWorker = config.ByteSize(s.workerMemory)
+	}
 	nodeDone := make(chan error, 1)
 	n := bench.StartNode(ctx, cfg, s.o.Logger, node.Options{Version: "bench"}, nodeDone)
 	defer n.Stop()
