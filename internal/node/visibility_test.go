@@ -103,6 +103,7 @@ var declared = map[string]access.ScopeKind{
 	"GET /api/v1/projects/{project}/evaluations":   access.KindProject,
 	"GET /api/v1/evaluations/{id}":                 access.KindEval,
 	"GET /api/v1/evaluations/{id}/failures":        access.KindEval,
+	"GET /api/v1/evaluations/{id}/diff":            access.KindEval,
 	"GET /api/v1/builds/{id}":                      access.KindJob,
 	"GET /api/v1/nodes":                            access.KindFree,
 	"GET /api/v1/queue":                            access.KindFiltered,
