@@ -596,6 +596,17 @@ func (e *Evaluator) walkIngest(ctx context.Context, c claim, v *view, shared *sh
 	if ingestErr != nil {
 		return in.stats, ingestErr
 	}
+	if shared != nil && e.cfg.MaxAttrs > 0 {
+		// Each node counts what it walked; the ceiling is the evaluation's, so the claimant
+		// counts every node's once all are committed.
+		var n int64
+		if err := e.pool.QueryRow(ctx, sqlCountAttrs, c.id).Scan(&n); err != nil {
+			return in.stats, fmt.Errorf("count attributes: %w", err)
+		}
+		if n > int64(e.cfg.MaxAttrs) {
+			return in.stats, fmt.Errorf("%w: more than %d attributes (eval.max_attrs)", ErrTooLarge, e.cfg.MaxAttrs)
+		}
+	}
 	log.Debug("walk done", "mode", v.spec.Mode)
 	return in.stats, nil
 }

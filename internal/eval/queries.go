@@ -187,6 +187,9 @@ WHERE drv_path IN (SELECT drv_path FROM to_fail) AND status = 'pending'`
 	// $1 eval, $2 attr[], $3 drv_path[] ('' = NULL), $4 error[] ('' = NULL), $5 the unit that
 	// reported each (0 = NULL: the evaluation's roots). An attribute already there (a reclaimed
 	// unit's walker reporting again what an earlier attempt committed) is left as it is.
+	// The attributes evaluation $1 recorded, every node's.
+	sqlCountAttrs = `SELECT count(*) FROM eval_attrs WHERE eval_id = $1`
+
 	sqlInsertAttrs = `
 INSERT INTO eval_attrs (eval_id, attr, drv_path, error, unit_id)
 SELECT $1, a, NULLIF(d, ''), NULLIF(e, ''), NULLIF(u, 0)

@@ -260,6 +260,37 @@ func TestTwoNodesIdenticalResults(t *testing.T) {
 	}
 }
 
+// eval.max_attrs bounds the evaluation, not each node's part of it: two nodes that each walk
+// fewer attributes than the ceiling, together past it, fail the evaluation with its message.
+func TestMaxAttrsAcrossNodes(t *testing.T) {
+	t.Parallel()
+	salt := salt(t)
+	single := newHarness(t)
+	single.salt = salt
+	single.startEvaluator("ev-1", func(c *eval.Config) { c.Workers = 1 })
+	_, commit := single.newProject("many", map[string]string{"ci.nix": eval.WorkersProject(salt)})
+	e, _ := single.trigger("many", "", commit)
+	single.waitSucceeded(e.ID)
+	total := len(single.evaluated(e.ID).attrs)
+
+	h := newHarness(t)
+	h.salt = salt
+	h.liveEvaluators("ev-1", "ev-2")
+	for _, id := range []string{"ev-1", "ev-2"} {
+		h.startEvaluator(id, func(c *eval.Config) {
+			c.Workers, c.HelpOthers, c.MaxAttrs = 1, true, total-1
+			c.Runner = &eval.NixRunner{SplitAbove: 2}
+		})
+	}
+	_, commit = h.newProject("many", map[string]string{"ci.nix": eval.WorkersProject(salt)})
+	e, _ = h.trigger("many", "", commit)
+	got := h.waitStatus(e.ID, status.EvalFailed)
+	if want := fmt.Sprintf("more than %d attributes (eval.max_attrs)", total-1); !strings.Contains(got.Error, want) {
+		t.Errorf("error %q, want %q", got.Error, want)
+	}
+	t.Logf("units walked: %q", h.queryStrings(`SELECT claimed_by || ' ' || status FROM eval_units WHERE eval_id = $1`, e.ID))
+}
+
 // An evaluation cancelled while both nodes walk its units: every walker of both stops and
 // nothing more is ingested.
 func TestCancelStopsEveryNode(t *testing.T) {
