@@ -533,6 +533,13 @@ func (e *Evaluator) prepareView(ctx context.Context, c claim, log *slog.Logger) 
 		return v, err
 	}
 	v.closers = append(v.closers, func() { storeDB.Close() })
+	retry, expiry := v.settings.Retry.Cap(e.cfg.MaxRetries, e.cfg.MaxRetryBackoff), v.settings.FailureExpiry
+	if prNumber != 0 {
+		// Jobs are shared with the branches' evaluations (and other projects'): a pull
+		// request's tree, untrusted, sets no policy on them and sends no failure back to the
+		// queue. Its jobs keep what branch evaluations set.
+		retry, expiry = RetryPolicy{}, 0
+	}
 	v.in = &ingester{pool: e.pool, storeRoot: e.cfg.StoreRoot, storeDB: storeDB, cache: e.cfg.Cache,
 		upstream: e.cfg.Upstream, publisher: e.cfg.Publisher,
 		evalID: c.id, node: c.node, attempt: c.attempt, helper: c.unit != nil, projectID: projectID, order: e.cfg.Order,
@@ -540,7 +547,7 @@ func (e *Evaluator) prepareView(ctx context.Context, c claim, log *slog.Logger) 
 		maxDerivations: e.cfg.MaxDerivations,
 		known:          map[string]bool{}, prepared: map[string]bool{}, published: map[string]bool{},
 		checked: map[string]drvCheck{},
-		retry:   v.settings.Retry.Cap(e.cfg.MaxRetries, e.cfg.MaxRetryBackoff), failureExpiry: v.settings.FailureExpiry}
+		retry:   retry, failureExpiry: expiry}
 	return v, nil
 }
 

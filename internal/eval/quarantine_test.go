@@ -3,6 +3,7 @@ package eval_test
 import (
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/harmonia-ci/harmonia-ci/internal/eval"
 	"github.com/harmonia-ci/harmonia-ci/internal/evaluation"
@@ -74,5 +75,40 @@ let dep = mk "dep-%[1]s" [ ]; in { inherit dep; top = mk "top-%[1]s" [ dep ]; ru
 			t.Errorf("%s: dep quarantined %v, its job %s (trusted %v), top ready %v; want dep rebuilt, trusted, and top waiting for it",
 				name, quarantined, depStatus, trusted(dep), topReady)
 		}
+	}
+}
+
+// A pull request's tree sets no retry policy on the jobs it shares with the branches and sends
+// no cached failure back to the queue, whatever its .harmonia-ci.toml asks; a branch's does.
+func TestPullRequestSetsNoRetryPolicy(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	h.startEvaluator("ev-1", func(c *eval.Config) { c.MaxRetries, c.MaxRetryBackoff = 3, time.Hour })
+	ci := h.lib() + `{ broken = fail "broken-policy" [ ]; }`
+	settings := "pull-requests = \"head\"\nfailure-expiry = \"1m\"\n[retry]\nattempts = 3\n"
+	repo, commit := h.newProject("pr-policy", map[string]string{"ci.nix": ci, eval.SettingsFile: "pull-requests = \"head\"\n"})
+	pid := h.queryInt(`SELECT id FROM projects WHERE name = 'pr-policy'`)
+	first, _ := h.trigger("pr-policy", "", commit)
+	h.waitSucceeded(first.ID)
+	drv := h.attrs(first.ID)["broken"].DrvPath
+	h.exec(`UPDATE build_jobs SET status = 'failed', finished_at = now() - interval '1 hour', attempt = 1 WHERE drv_path = $1`, drv)
+
+	prCommit := repo.Commit("the policy, in a pull request", map[string]string{eval.SettingsFile: settings})
+	repo.Git("update-ref", "refs/pull/1/head", prCommit)
+	pr, created, err := evaluation.Request(h.ctx(), h.pool, evaluation.RequestParams{ProjectID: pid, FlakeURL: repo.Dir,
+		Commit: prCommit, Branch: "pull/1", PRNumber: 1, PRBase: "main"})
+	if err != nil || !created {
+		t.Fatalf("request: %v (created %v)", err, created)
+	}
+	h.waitSucceeded(pr.ID)
+	if st, limit := h.jobStatus(drv), h.queryInt(`SELECT retry_limit FROM build_jobs WHERE drv_path = $1`, drv); st != status.JobFailed || limit != 0 {
+		t.Fatalf("after the pull request's evaluation: %s with retry limit %d, want failed with 0", st, limit)
+	}
+
+	// The same settings on the branch: the old failure goes back to the queue, with the policy.
+	second, _ := h.trigger("pr-policy", "", prCommit)
+	h.waitSucceeded(second.ID)
+	if st, limit := h.jobStatus(drv), h.queryInt(`SELECT retry_limit FROM build_jobs WHERE drv_path = $1`, drv); st != status.JobPending || limit != 2 {
+		t.Errorf("after the branch's evaluation: %s with retry limit %d, want pending with 2", st, limit)
 	}
 }

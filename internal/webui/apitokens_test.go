@@ -270,6 +270,15 @@ func TestMachineTokens(t *testing.T) {
 	if who := fx.str(`SELECT actor || ' ' || token_name FROM action_log WHERE job_id = $1`, job); who != fmt.Sprintf("machine token %d deploy", admin.ID) {
 		t.Errorf("audit of the machine token's rebuild: %q", who)
 	}
+	// A machine token that is not the admin's owns no token: it revokes none, not even itself.
+	for _, path := range []string{fmt.Sprintf("/ci/tokens/api/%d/revoke", admin.ID), fmt.Sprintf("/ci/tokens/api/%d/revoke", reads.ID)} {
+		if code, _, _ := fx.bearer("POST", path, reads.Token); code != http.StatusForbidden {
+			t.Errorf("POST %s with the project machine token: %d, want 403", path, code)
+		}
+	}
+	if code, _, _ := fx.bearer("GET", "/api/v1/projects/other", admin.Token); code != http.StatusOK {
+		t.Errorf("the admin machine token after the project token's revokes: %d, want it still live", code)
+	}
 }
 
 // manualClock is a clock the test moves.
@@ -332,6 +341,20 @@ func TestAPIRateLimit(t *testing.T) {
 	code, _, h = fx.bearer("GET", "/api/v1/projects", "")
 	if code != http.StatusTooManyRequests || h.Get("Retry-After") != "2" {
 		t.Fatalf("anonymous past the burst: %d, Retry-After %q; want 429, 2", code, h.Get("Retry-After"))
+	}
+	// A page's live view (an EventSource: the build page's log) is not limited with the API.
+	req, err := http.NewRequestWithContext(fx.ctx, http.MethodGet, fx.srv.URL+"/api/v1/projects", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Accept", "text/event-stream")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode == http.StatusTooManyRequests {
+		t.Errorf("an event stream request from the limited anonymous client: 429, want it not limited")
 	}
 	clock.add(2 * time.Second)
 	if code, _, _ := fx.bearer("GET", "/api/v1/projects", ""); code != http.StatusOK {

@@ -320,6 +320,12 @@ func (u *UI) revoke(w http.ResponseWriter, r *http.Request, what, notice string,
 		u.fail(w, r, err, "/ci/tokens")
 		return
 	}
+	if !who.admin && who.userID == 0 {
+		// A machine token that is not the admin's owns no token; an empty forge would
+		// otherwise mean anyone's.
+		u.fail(w, r, httpapi.Errorf(http.StatusForbidden, "this token may not revoke tokens"), "/ci/tokens")
+		return
+	}
 	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
 	if err != nil || id <= 0 {
 		u.fail(w, r, notFound("no %s %.40q", what, r.PathValue("id")), "/ci/tokens")
