@@ -23,6 +23,8 @@ type fixture struct {
 	job                         map[string]int64
 	evalOther, evalOwn, evalNew int64
 	evalOwnPR                   int64 // a pull request's, running for e1
+	// Units of evalOwn (e1's): one e1 walks, one queued.
+	unitWalked, unitQueued int64
 }
 
 // foreignSystem is a system no node of the fixture builds.
@@ -63,6 +65,11 @@ VALUES ($1, 'git+file:///p', 'c3', 'main', 'running', 'e1', now(), now(), 1) RET
 	fx.evalOwnPR = queuetest.QueryInt(t, o, `
 INSERT INTO evaluations (project_id, flake_url, commit_sha, branch, pr_number, pr_base, status, claimed_by, claimed_at, started_at, attempt)
 VALUES ($1, 'git+file:///p', 'c4', 'pull/1', 1, 'main', 'running', 'e1', now(), now(), 1) RETURNING id`, fx.project)
+	fx.unitWalked = queuetest.QueryInt(t, o, `
+INSERT INTO eval_units (eval_id, eval_attempt, handed, path, force, status, claimed_by, claimed_at, attempt)
+VALUES ($1, 1, 'big', '{big}', 0, 'running', 'e1', now(), 1) RETURNING id`, fx.evalOwn)
+	fx.unitQueued = queuetest.QueryInt(t, o, `
+INSERT INTO eval_units (eval_id, eval_attempt, handed, path, force) VALUES ($1, 1, 'big2', '{big2}', 0) RETURNING id`, fx.evalOwn)
 	// built succeeded, for a pull request: its output is quarantined.
 	queuetest.Exec(t, o, `UPDATE build_jobs SET status = 'succeeded', finished_at = now(), trusted = false WHERE id = $1`, fx.job["built"])
 	queuetest.Exec(t, o, `UPDATE derivation_outputs SET nar_hash = 'sha256:bb', nar_size = 1, quarantined = true WHERE drv_path = $1`,
@@ -148,7 +155,26 @@ WHERE role = $2`, node, role)
 	insertOut := `INSERT INTO derivation_outputs (drv_path, output_name, output_path) VALUES ($1, 'dev', $2)`
 	insertJob := `INSERT INTO build_jobs (drv_path, project_id, system) VALUES ($1, $2, 'x86_64-linux')`
 	jobQueued := `SELECT EXISTS (SELECT 1 FROM build_jobs WHERE drv_path = $1)`
+	unitDone := stmt(`UPDATE eval_units SET status = 'done' WHERE id = $1`, fx.unitWalked)
+	isDone := `SELECT status = 'done' FROM eval_units WHERE id = $1`
+	takeUnit := func(node string) func(ctx context.Context, tx pgx.Tx) error {
+		return stmt(`UPDATE eval_units SET status = 'running', claimed_by = $2, claimed_at = now(), attempt = attempt + 1
+WHERE id = $1`, fx.unitQueued, node)
+	}
+	unitTaken := `SELECT claimed_by IS NOT DISTINCT FROM $2 FROM eval_units WHERE id = $1`
 	return []attack{
+		// Units of an evaluation: only their walker marks them done; a builder claims none; an
+		// evaluator queues units only for what it walks and clears only its evaluations'.
+		{as: "b1", name: "mark another node's unit done", do: unitDone, effect: isDone, args: []any{fx.unitWalked}},
+		{as: "e2", name: "mark another evaluator's unit done", do: unitDone, effect: isDone, args: []any{fx.unitWalked}},
+		{as: "b1", name: "claim a unit", do: takeUnit("b1"), effect: unitTaken, args: []any{fx.unitQueued, "b1"}},
+		{as: "e2", name: "steal a walked unit", do: stmt(`UPDATE eval_units SET claimed_by = 'e2', attempt = attempt + 1 WHERE id = $1`, fx.unitWalked),
+			effect: unitTaken, args: []any{fx.unitWalked, "e2"}},
+		{as: "e2", name: "clear another evaluator's units", do: stmt(`DELETE FROM eval_units WHERE eval_id = $1`, fx.evalOwn),
+			effect: `SELECT NOT EXISTS (SELECT 1 FROM eval_units WHERE eval_id = $1)`, args: []any{fx.evalOwn}},
+		{as: "e2", name: "queue a unit of an evaluation it does not walk",
+			do:     stmt(`INSERT INTO eval_units (eval_id, eval_attempt, handed, path, force) VALUES ($1, 1, 'evil', '{evil}', 0)`, fx.evalOwn),
+			effect: `SELECT EXISTS (SELECT 1 FROM eval_units WHERE path = '{evil}')`},
 		// A builder: its own claims and log tails only, never a success.
 		{as: "b1", name: "fail a job another builder holds",
 			do:     stmt(`UPDATE build_jobs SET status = 'failed', finished_at = now() WHERE id = $1`, h),

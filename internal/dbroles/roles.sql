@@ -189,6 +189,7 @@ ALTER TABLE build_jobs ENABLE ROW LEVEL SECURITY;
 ALTER TABLE build_log_tails ENABLE ROW LEVEL SECURITY;
 ALTER TABLE evaluations ENABLE ROW LEVEL SECURITY;
 ALTER TABLE eval_attrs ENABLE ROW LEVEL SECURITY;
+ALTER TABLE eval_units ENABLE ROW LEVEL SECURITY;
 ALTER TABLE derivations ENABLE ROW LEVEL SECURITY;
 ALTER TABLE derivation_outputs ENABLE ROW LEVEL SECURITY;
 ALTER TABLE derivation_inputs ENABLE ROW LEVEL SECURITY;
@@ -348,11 +349,43 @@ CREATE POLICY harmonia_read ON eval_attrs FOR SELECT TO harmonia_node USING (tru
 CREATE POLICY harmonia_evaluator_insert ON eval_attrs FOR INSERT TO harmonia_evaluator
     WITH CHECK (EXISTS (SELECT 1 FROM evaluations e WHERE e.id = eval_id AND e.claimed_by = session_user)
                 OR EXISTS (SELECT 1 FROM evaluations e JOIN eval_units u ON u.eval_id = e.id AND u.eval_attempt = e.attempt
-                           WHERE e.id = eval_id AND e.status = 'running'
+                           WHERE e.id = eval_attrs.eval_id AND e.status = 'running'
                              AND u.claimed_by = session_user AND u.status = 'running'));
 CREATE POLICY harmonia_evaluator_delete ON eval_attrs FOR DELETE TO harmonia_evaluator
     USING (EXISTS (SELECT 1 FROM evaluations e WHERE e.id = eval_id AND e.claimed_by = session_user));
 CREATE POLICY harmonia_frontend_all ON eval_attrs FOR ALL TO harmonia_frontend USING (true) WITH CHECK (true);
+
+-- eval_units: the parts of an evaluation's tree that several evaluators walk. A node gives back
+-- only its own; an evaluator claims a queued unit of a running evaluation and moves on only
+-- its own running ones; units are queued by the evaluation's claimant or by the walker of the
+-- unit they come from, and cleared by the claimant. The frontend's reaper puts back a dead
+-- node's. (Subqueries in WITH CHECK read the row as it was before the statement.)
+
+CREATE POLICY harmonia_read ON eval_units FOR SELECT TO harmonia_node USING (true);
+CREATE POLICY harmonia_own_release ON eval_units FOR UPDATE TO harmonia_node
+    USING (claimed_by = session_user)
+    WITH CHECK (status = 'queued' AND claimed_by IS NULL
+                AND (SELECT o.claimed_by FROM eval_units o WHERE o.id = eval_units.id) = session_user);
+CREATE POLICY harmonia_evaluator_claim ON eval_units FOR UPDATE TO harmonia_evaluator
+    USING (status = 'queued' AND claimed_by IS NULL)
+    WITH CHECK (status = 'running' AND claimed_by = session_user
+                AND (SELECT o.status = 'queued' AND o.claimed_by IS NULL FROM eval_units o WHERE o.id = eval_units.id));
+CREATE POLICY harmonia_evaluator_walk ON eval_units FOR UPDATE TO harmonia_evaluator
+    USING (claimed_by = session_user AND status = 'running')
+    WITH CHECK (claimed_by = session_user AND status IN ('running', 'done')
+                AND (SELECT o.claimed_by = session_user AND o.status = 'running' AND o.attempt = eval_units.attempt
+                     FROM eval_units o WHERE o.id = eval_units.id));
+CREATE POLICY harmonia_evaluator_insert ON eval_units FOR INSERT TO harmonia_evaluator
+    WITH CHECK (status = 'queued' AND claimed_by IS NULL
+                AND (EXISTS (SELECT 1 FROM evaluations e
+                             WHERE e.id = eval_units.eval_id AND e.attempt = eval_units.eval_attempt
+                               AND e.status = 'running' AND e.claimed_by = session_user)
+                     OR EXISTS (SELECT 1 FROM eval_units p
+                                WHERE p.id = eval_units.parent_id AND p.eval_id = eval_units.eval_id
+                                  AND p.claimed_by = session_user AND p.status = 'running')));
+CREATE POLICY harmonia_evaluator_delete ON eval_units FOR DELETE TO harmonia_evaluator
+    USING (EXISTS (SELECT 1 FROM evaluations e WHERE e.id = eval_units.eval_id AND e.claimed_by = session_user));
+CREATE POLICY harmonia_frontend_all ON eval_units FOR ALL TO harmonia_frontend USING (true) WITH CHECK (true);
 
 -- derivations, derivation_outputs, derivation_inputs: an evaluator writes them only in an
 -- ingest transaction that names an evaluation it holds and is running (ingest_project,
