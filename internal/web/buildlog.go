@@ -371,7 +371,7 @@ func (s *Server) handleBuildLog(w http.ResponseWriter, r *http.Request) error {
 		// An EventSource opened by a page that showed the build running, just as the build
 		// ended: it gets the end of the stream (the page reloads), not a redirect to a text
 		// log, which it would reject.
-		if acceptsEventStream(r) {
+		if httpapi.Accepts(r, "Accept", "text/event-stream") {
 			setStreamHeaders(w.Header())
 			w.WriteHeader(http.StatusOK)
 			var b bytes.Buffer
@@ -431,7 +431,7 @@ func (s *Server) serveArchivedLog(w http.ResponseWriter, r *http.Request, id int
 	h := w.Header()
 	h.Set("Content-Type", "text/plain; charset=utf-8")
 	h.Set("Vary", "Accept-Encoding")
-	if acceptsZstd(r) {
+	if httpapi.Accepts(r, "Accept-Encoding", "zstd") {
 		h.Set("Content-Encoding", "zstd")
 		_, _ = io.Copy(w, rc)
 		return nil
@@ -443,33 +443,6 @@ func (s *Server) serveArchivedLog(w http.ResponseWriter, r *http.Request, id int
 	defer dec.Close()
 	_, _ = io.Copy(w, dec) // past the first byte the status is sent: a broken copy just ends the body
 	return nil
-}
-
-// acceptsZstd reports whether the request's Accept-Encoding lists zstd.
-func acceptsZstd(r *http.Request) bool {
-	for _, v := range r.Header.Values("Accept-Encoding") {
-		for _, enc := range strings.Split(v, ",") {
-			name, _, _ := strings.Cut(enc, ";")
-			if strings.EqualFold(strings.TrimSpace(name), "zstd") {
-				return true
-			}
-		}
-	}
-	return false
-}
-
-// acceptsEventStream reports whether the request asks for an event stream (an EventSource's
-// Accept header).
-func acceptsEventStream(r *http.Request) bool {
-	for _, v := range r.Header.Values("Accept") {
-		for part := range strings.SplitSeq(v, ",") {
-			media, _, _ := strings.Cut(strings.TrimSpace(part), ";")
-			if strings.EqualFold(strings.TrimSpace(media), "text/event-stream") {
-				return true
-			}
-		}
-	}
-	return false
 }
 
 // streamBuildLog serves the event stream from the hub's reads; errors past the headers can only

@@ -103,7 +103,7 @@ func (u *UI) front(w http.ResponseWriter, r *http.Request, route access.Route, n
 	}
 	// Event streams are the pages' live views (the build page's log among them), one long
 	// request each and capped per node: not limited with the API.
-	api := strings.HasPrefix(route.Path(), "/api/") && !strings.HasPrefix(route.Path(), "/api/events/") && !eventStream(r)
+	api := strings.HasPrefix(route.Path(), "/api/") && !strings.HasPrefix(route.Path(), "/api/events/") && !httpapi.Accepts(r, "Accept", "text/event-stream")
 	key := ""
 	if tok, ok := httpapi.BearerToken(r); ok {
 		switch {
@@ -166,19 +166,6 @@ func (u *UI) allow(w http.ResponseWriter, r *http.Request, lim *ratelimit.Limite
 }
 
 // clientAddr is the address the request came from (the TCP peer: no proxy header is trusted).
-// eventStream reports whether r asks for an event stream (an EventSource's Accept header).
-func eventStream(r *http.Request) bool {
-	for _, v := range r.Header.Values("Accept") {
-		for _, media := range strings.Split(v, ",") {
-			media, _, _ = strings.Cut(media, ";")
-			if strings.EqualFold(strings.TrimSpace(media), "text/event-stream") {
-				return true
-			}
-		}
-	}
-	return false
-}
-
 func clientAddr(r *http.Request) string {
 	host, _, err := net.SplitHostPort(r.RemoteAddr)
 	if err != nil {
